@@ -1,0 +1,39 @@
+"""The ``retrysafe`` command line. Subcommands load lazily, so ``retrysafe --help`` stays fast
+and a subcommand's dependencies are imported only when it runs."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+__all__ = ["main"]
+
+# name -> "module:attribute" of a click command or group.
+_COMMANDS: dict[str, str] = {
+    "gateway": "retrysafe.cli._gateway:gateway",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _COMMANDS:
+            module, _, attr = _COMMANDS[cmd_name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="retrysafe")
+def cli() -> None:
+    """Make side-effecting calls safe to retry across networks that lose answers."""
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console entry point."""
+    return cli.main(args=argv, prog_name="retrysafe")

@@ -1,0 +1,188 @@
+"""The server's decision table (SPEC §3) as pure functions over values.
+
+Drivers (the ASGI and WSGI middleware, the gateway) call :func:`check_key` before touching the
+store, claim the key, and when the claim finds an existing record call :func:`decide`. Neither
+function does I/O or reads a clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from retrysafe._exceptions import InvalidKeyError
+from retrysafe.core._keys import parse_key
+from retrysafe.core._records import KeyRecord, KeyState, StoredResponse
+
+__all__ = [
+    "Claim",
+    "Decision",
+    "InProgress",
+    "InvalidKey",
+    "KeyCheck",
+    "KeyReused",
+    "Keyed",
+    "MissingKey",
+    "NotProtected",
+    "Replay",
+    "ReplayUnavailable",
+    "TakeOver",
+    "Unkeyed",
+    "check_key",
+    "decide",
+    "should_store",
+]
+
+
+# ----------------------------------------------------------------------------- key check
+@dataclass(frozen=True, slots=True)
+class NotProtected:
+    """The method is not protected (e.g. GET): pass straight through."""
+
+
+@dataclass(frozen=True, slots=True)
+class MissingKey:
+    """Protected request without a key on a route that requires one: 400 ``missing-key``."""
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidKey:
+    """The key header is malformed: 400 ``invalid-key``."""
+
+    error: InvalidKeyError
+
+
+@dataclass(frozen=True, slots=True)
+class Unkeyed:
+    """Protected request without a key on a route where the key is optional: run, log."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keyed:
+    """Protected request with a valid key."""
+
+    key: str
+
+
+KeyCheck = NotProtected | MissingKey | InvalidKey | Unkeyed | Keyed
+
+
+def check_key(
+    method: str,
+    header: str | None,
+    *,
+    protected_methods: Collection[str],
+    key_required: bool,
+) -> KeyCheck:
+    """First rows of SPEC §3: is the request protected, and is its key present and valid?
+
+    Args:
+        method: request method, upper case.
+        header: the ``Idempotency-Key`` header value, or None when absent.
+        protected_methods: upper-case methods that are protected (default POST, PATCH).
+        key_required: whether this route requires a key.
+    """
+    if method not in protected_methods:
+        return NotProtected()
+    if header is None:
+        return MissingKey() if key_required else Unkeyed()
+    try:
+        return Keyed(parse_key(header))
+    except InvalidKeyError as exc:
+        return InvalidKey(exc)
+
+
+# ----------------------------------------------------------------------------- decision
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """No live record: claim the key and run the handler."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Completed with the same fingerprint: send the stored response, do not run the handler."""
+
+    response: StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayUnavailable:
+    """Completed, but the response exceeded the replay limit; the handler must not run again."""
+
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReused:
+    """The key belongs to a different request: 422 ``key-reused`` (status configurable)."""
+
+    stored_fingerprint: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """Another attempt holds a valid lease: 409 ``request-in-progress`` with ``Retry-After``.
+
+    Attributes:
+        lease_remaining: seconds until the owner's lease expires (> 0).
+        retry_after: whole seconds to advertise in ``Retry-After`` (1–5).
+    """
+
+    lease_remaining: float
+    retry_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """The owner's lease expired (it crashed or hung): take over from ``fencing_token``."""
+
+    fencing_token: int
+
+
+Decision = Claim | Replay | ReplayUnavailable | KeyReused | InProgress | TakeOver
+
+
+def decide(record: KeyRecord | None, fingerprint: str, now: float) -> Decision:
+    """Decide what to do with a protected, keyed request given what the store holds (SPEC §3).
+
+    Args:
+        record: the store's record for the key hash, or None.
+        fingerprint: the incoming request's fingerprint.
+        now: current Unix time, seconds.
+
+    Returns:
+        One of :class:`Claim`, :class:`Replay`, :class:`ReplayUnavailable`, :class:`KeyReused`,
+        :class:`InProgress`, :class:`TakeOver`.
+    """
+    if record is None or record.expires_at <= now:
+        return Claim()
+    if record.fingerprint != fingerprint:
+        # Same key, other method/path/query/body: a client bug (IETF draft §2.7, Stripe).
+        return KeyReused(record.fingerprint, fingerprint)
+    if record.state is KeyState.COMPLETED:
+        response = record.response
+        if response is None:  # defensive: a completed record always has a response
+            return ReplayUnavailable(500)
+        if not response.replayable:
+            return ReplayUnavailable(response.status)
+        return Replay(response)
+    remaining = record.lease_expires_at - now
+    if remaining <= 0:
+        return TakeOver(record.fencing_token)
+    return InProgress(remaining, max(1, min(5, math.ceil(remaining))))
+
+
+def should_store(status: int, *, store_server_errors: bool = False) -> bool:
+    """Whether a handler's response completes the key (SPEC §4).
+
+    2xx, 3xx and 4xx are stored, except 408 and 429, which describe the attempt rather than
+    the operation. 5xx releases the key so the next attempt runs the handler again, unless
+    ``store_server_errors`` is set (Stripe's behaviour, for handlers that cannot re-run safely).
+    """
+    if status in (408, 429):
+        return False
+    if status >= 500:
+        return store_server_errors
+    return 100 <= status < 500

@@ -1,0 +1,116 @@
+"""The store seam: the few atomic primitives every store offers, and their contract.
+
+Stores are dumb (STYLE §2): they run atomic statements and hold no policy. TTLs, fingerprints,
+what to store and when to take over are decided by :mod:`retrysafe.core` and passed in as
+plain values. One contract test suite (``tests/stores``) runs against every implementation.
+
+Times are Unix seconds (float). ``lease`` and ``retention`` are durations in seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from retrysafe.core import KeyRecord, StoredResponse
+
+__all__ = ["AsyncKeyStore", "KeyStore"]
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Idempotency-key storage for the middleware (SPEC §3, §4, §9).
+
+    Concurrency contract (every implementation keeps it, across threads and processes that
+    share the store):
+
+    * ``claim`` is one atomic step: it inserts the key if absent or if its retention expired,
+      else it returns the existing record untouched. Of N concurrent claims of one absent key
+      exactly one returns ``claimed=True``.
+    * ``take_over``, ``complete``, ``release`` and ``extend_lease`` are compare-and-swap on the
+      fencing token: they change the record only while it is ``running`` under exactly that
+      token, so an owner whose lease was taken over can never overwrite or delete the new
+      owner's record.
+    * Every fencing token of a key hash is larger than all earlier ones.
+
+    Errors: :class:`~retrysafe.StoreUnavailableError` when the store cannot serve now (callers
+    answer 503), :class:`~retrysafe.StoreError` for anything else; driver errors are chained.
+    """
+
+    def claim(
+        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+    ) -> tuple[bool, KeyRecord]:
+        """Insert a running record (lease until ``now + lease``, retained until ``now +
+        retention``) if absent or expired; return ``(True, new)`` or ``(False, existing)``."""
+        ...
+
+    def take_over(
+        self, key_hash: str, fencing_token: int, *, now: float, lease: float
+    ) -> KeyRecord | None:
+        """Give a running record whose lease expired a new token and lease; None if the
+        record changed meanwhile (someone else took over, it completed, or was released)."""
+        ...
+
+    def complete(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        """Store the response and mark completed, retained until ``now + retention``.
+        False when the token no longer owns the running record (nothing is written)."""
+        ...
+
+    def release(self, key_hash: str, fencing_token: int) -> bool:
+        """Delete the running record so the next attempt runs again. False when not owner."""
+        ...
+
+    def extend_lease(self, key_hash: str, fencing_token: int, *, now: float, lease: float) -> bool:
+        """Move the owner's lease to ``now + lease``. False when not owner."""
+        ...
+
+    def get(self, key_hash: str) -> KeyRecord | None:
+        """The record as stored (expired or not), or None."""
+        ...
+
+    def purge_keys(self, *, now: float, batch: int = 1000) -> int:
+        """Delete records whose retention ended at or before ``now``, at most ``batch`` per
+        statement, until none remain; return how many were deleted."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class AsyncKeyStore(Protocol):
+    """The async face of :class:`KeyStore`: the same methods and contract, awaitable."""
+
+    async def claim(
+        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+    ) -> tuple[bool, KeyRecord]: ...
+
+    async def take_over(
+        self, key_hash: str, fencing_token: int, *, now: float, lease: float
+    ) -> KeyRecord | None: ...
+
+    async def complete(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool: ...
+
+    async def release(self, key_hash: str, fencing_token: int) -> bool: ...
+
+    async def extend_lease(
+        self, key_hash: str, fencing_token: int, *, now: float, lease: float
+    ) -> bool: ...
+
+    async def get(self, key_hash: str) -> KeyRecord | None: ...

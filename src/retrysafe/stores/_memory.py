@@ -1,0 +1,155 @@
+"""An in-process store for unit tests. **Unsafe for production** (SPEC §9).
+
+It lives in one process's memory: several API replicas each keep their own keys and a restart
+forgets every key, so duplicates come back. Use :class:`~retrysafe.stores.SQLiteStore` (one
+host) or PostgreSQL/Redis (many) for anything real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from retrysafe.core import KeyRecord, KeyState, StoredResponse
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Dict-backed :class:`~retrysafe.stores.KeyStore`; one lock makes each primitive atomic."""
+
+    dialect = "memory"
+    url = "memory://"
+
+    def __init__(self) -> None:
+        self._keys: dict[str, KeyRecord] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "MemoryStore()"
+
+    def claim(
+        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+    ) -> tuple[bool, KeyRecord]:
+        with self._lock:
+            existing = self._keys.get(key_hash)
+            if existing is not None and existing.expires_at > now:
+                return False, existing
+            record = KeyRecord(
+                key_hash=key_hash,
+                fingerprint=fingerprint,
+                state=KeyState.RUNNING,
+                fencing_token=1 if existing is None else existing.fencing_token + 1,
+                lease_expires_at=now + lease,
+                expires_at=now + max(retention, lease),
+            )
+            self._keys[key_hash] = record
+            return True, record
+
+    def _owned(self, key_hash: str, token: int) -> KeyRecord | None:
+        rec = self._keys.get(key_hash)
+        if rec is None or rec.fencing_token != token or rec.state is not KeyState.RUNNING:
+            return None
+        return rec
+
+    def take_over(
+        self, key_hash: str, fencing_token: int, *, now: float, lease: float
+    ) -> KeyRecord | None:
+        with self._lock:
+            rec = self._owned(key_hash, fencing_token)
+            if rec is None or rec.lease_expires_at > now:
+                return None
+            new = dataclasses.replace(
+                rec, fencing_token=rec.fencing_token + 1, lease_expires_at=now + lease
+            )
+            self._keys[key_hash] = new
+            return new
+
+    def complete(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        with self._lock:
+            rec = self._owned(key_hash, fencing_token)
+            if rec is None:
+                return False
+            self._keys[key_hash] = dataclasses.replace(
+                rec, state=KeyState.COMPLETED, response=response, expires_at=now + retention
+            )
+            return True
+
+    def release(self, key_hash: str, fencing_token: int) -> bool:
+        with self._lock:
+            if self._owned(key_hash, fencing_token) is None:
+                return False
+            del self._keys[key_hash]
+            return True
+
+    def extend_lease(self, key_hash: str, fencing_token: int, *, now: float, lease: float) -> bool:
+        with self._lock:
+            rec = self._owned(key_hash, fencing_token)
+            if rec is None:
+                return False
+            self._keys[key_hash] = dataclasses.replace(rec, lease_expires_at=now + lease)
+            return True
+
+    def get(self, key_hash: str) -> KeyRecord | None:
+        with self._lock:
+            return self._keys.get(key_hash)
+
+    def purge_keys(self, *, now: float, batch: int = 1000) -> int:
+        with self._lock:
+            dead = [k for k, r in self._keys.items() if r.expires_at <= now]
+            for k in dead:
+                del self._keys[k]
+            return len(dead)
+
+    def close(self) -> None:
+        pass
+
+    def asyncio_key_store(self) -> _AsyncMemoryKeys:
+        return _AsyncMemoryKeys(self)
+
+
+class _AsyncMemoryKeys:
+    """Async face of :class:`MemoryStore`; each call is a dict operation, run inline."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._s = store
+
+    async def claim(
+        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+    ) -> tuple[bool, KeyRecord]:
+        return self._s.claim(key_hash, fingerprint, now=now, lease=lease, retention=retention)
+
+    async def take_over(
+        self, key_hash: str, fencing_token: int, *, now: float, lease: float
+    ) -> KeyRecord | None:
+        return self._s.take_over(key_hash, fencing_token, now=now, lease=lease)
+
+    async def complete(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        return self._s.complete(key_hash, fencing_token, response, now=now, retention=retention)
+
+    async def release(self, key_hash: str, fencing_token: int) -> bool:
+        return self._s.release(key_hash, fencing_token)
+
+    async def extend_lease(
+        self, key_hash: str, fencing_token: int, *, now: float, lease: float
+    ) -> bool:
+        return self._s.extend_lease(key_hash, fencing_token, now=now, lease=lease)
+
+    async def get(self, key_hash: str) -> KeyRecord | None:
+        return self._s.get(key_hash)

@@ -1,0 +1,78 @@
+"""Store URLs: ``sqlite:///path.db``, ``memory://`` (more schemes arrive with their stores)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from retrysafe._exceptions import ConfigurationError
+from retrysafe.stores._base import AsyncKeyStore, KeyStore
+from retrysafe.stores._memory import MemoryStore
+from retrysafe.stores._sqlite import SQLiteStore, sqlite_path_from_url
+
+__all__ = ["as_async_key_store", "open_store"]
+
+
+def open_store(url: str, **options: Any) -> Any:
+    """Open the store a URL names.
+
+    Args:
+        url: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` or ``memory://``
+            (tests only: unsafe, SPEC §9).
+        options: passed to the store's constructor (e.g. ``busy_timeout``).
+
+    Raises:
+        ConfigurationError: unknown scheme or malformed URL.
+        StoreUnavailableError / SchemaError: as the store's constructor raises them.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"store URL {url!r} is not a URL; expected e.g. sqlite:///retrysafe.db",
+            option="store",
+        )
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        return SQLiteStore(sqlite_path_from_url(url), **options)
+    if scheme == "memory":
+        return MemoryStore()
+    raise ConfigurationError(
+        f"unsupported store scheme {scheme!r} in {url!r}; supported: sqlite, memory",
+        option="store",
+    )
+
+
+class _ThreadedKeys:
+    """Runs a sync :class:`KeyStore` in worker threads so the event loop never blocks."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self._s = store
+
+    async def claim(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._s.claim, *a, **k)
+
+    async def take_over(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._s.take_over, *a, **k)
+
+    async def complete(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._s.complete, *a, **k)
+
+    async def release(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._s.release, *a, **k)
+
+    async def extend_lease(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._s.extend_lease, *a, **k)
+
+    async def get(self, *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(self._s.get, *a, **k)
+
+
+def as_async_key_store(store: KeyStore | AsyncKeyStore) -> AsyncKeyStore:
+    """The async face of a store: its own (``asyncio_key_store()``), or threads around it."""
+    factory = getattr(store, "asyncio_key_store", None)
+    if factory is not None:
+        result: AsyncKeyStore = factory()
+        return result
+    if isinstance(store, KeyStore):
+        threaded: AsyncKeyStore = _ThreadedKeys(store)
+        return threaded
+    return store
