@@ -1,0 +1,46 @@
+"""The apps the middleware benchmark serves under uvicorn (one per variant).
+
+Every variant is the same trivial FastAPI JSON POST endpoint; only the middleware differs.
+Selected with ``uvicorn --factory benchmarks._apps:<variant>``; ``BENCH_DB`` names the SQLite
+file for the variants that need one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import FastAPI
+
+
+def _endpoint() -> FastAPI:
+    app = FastAPI()
+    counter = {"n": 0}
+
+    @app.post("/posts", status_code=201)
+    async def create_post(post: dict[str, Any]) -> dict[str, Any]:
+        counter["n"] += 1
+        return {"id": counter["n"], "title": post.get("title")}
+
+    return app
+
+
+def baseline() -> Any:
+    """(a) no middleware."""
+    return _endpoint()
+
+
+def retrysafe_sqlite() -> Any:
+    """(b)/(c) retrysafe's IdempotencyMiddleware on SQLite."""
+    from retrysafe import IdempotencyMiddleware, SQLiteStore
+
+    return IdempotencyMiddleware(_endpoint(), store=SQLiteStore(os.environ["BENCH_DB"]))
+
+
+def competitor_sqlite() -> Any:
+    """(d) fastapi-idempotency-key 0.1.1 with its SQLite backend."""
+    from fastapi_idempotency_key import IdempotencyMiddleware, SQLiteBackend
+
+    app = _endpoint()
+    app.add_middleware(IdempotencyMiddleware, backend=SQLiteBackend(os.environ["BENCH_DB"]))
+    return app

@@ -1,0 +1,174 @@
+"""Requests/s of a trivial JSON POST endpoint under uvicorn, with and without idempotency.
+
+Variants, each served by one uvicorn process (one core) and loaded by wrk (the other core):
+
+  (a) no middleware                                   -- the baseline
+  (b) retrysafe IdempotencyMiddleware, SQLite, a new key per request
+  (c) retrysafe IdempotencyMiddleware, SQLite, replays of 100 completed keys
+  (d) fastapi-idempotency-key 0.1.1, SQLiteBackend, a new key per request
+
+Rounds are interleaved (a b c d a b c d …) so machine noise hits every variant alike; the
+medians and their ratios to (a) are printed. This is a benchmark, not a test: run it by hand.
+
+Needs wrk (Debian: ``apt-get install -y wrk``) and the bench extra
+(``pip install -e '.[bench]'``).
+
+    python benchmarks/middleware_bench.py --duration 10 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+VARIANTS = {
+    "a": ("baseline", "none", "no middleware"),
+    "b": ("retrysafe_sqlite", "first", "retrysafe, SQLite, first-time keys"),
+    "c": ("retrysafe_sqlite", "replay", "retrysafe, SQLite, replays"),
+    "d": ("competitor_sqlite", "first", "fastapi-idempotency-key, SQLite, first-time keys"),
+}
+TARGETS = {"b": ("a", 0.7), "c": ("a", 0.9)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("server did not start")
+
+
+def run_variant(code: str, duration: float, connections: int, workdir: Path) -> float:
+    factory, mode, _ = VARIANTS[code]
+    port = free_port()
+    db = workdir / f"{code}-{uuid.uuid4().hex[:8]}.db"
+    env = dict(os.environ, BENCH_DB=str(db), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            f"benchmarks._apps:{factory}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--lifespan",
+            "off",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        wait_listening(port, proc)
+        url = f"http://127.0.0.1:{port}"
+        prefix = uuid.uuid4().hex[:12]
+        body = {"title": "hello", "text": "a trivial post for the benchmark"}
+        with httpx.Client(base_url=url, timeout=10) as client:
+            # warm up imports and connections; for replays, complete the 100 keys first
+            for i in range(100):
+                headers = {"Idempotency-Key": f"{prefix}-replay-{i}"} if mode == "replay" else {}
+                r = client.post("/posts", json=body, headers=headers)
+                if r.status_code >= 300:
+                    raise SystemExit(f"warm-up got {r.status_code}: {r.text[:200]}")
+        out = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{connections}",
+                f"-d{int(duration)}s",
+                "-s",
+                str(HERE / "_wrk.lua"),
+                url,
+            ],
+            env=dict(os.environ, BENCH_MODE=mode, BENCH_PREFIX=prefix),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        errors = re.search(r"Socket errors: (.*)", out)
+        if bad or errors:
+            found = " ".join(m.group(0) for m in (bad, errors) if m)
+            print(f"  warning: {code}: {found}")
+        rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+        return rps
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per variant")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--variants", default="abcd")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install -y wrk")
+    results: dict[str, list[float]] = {v: [] for v in args.variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for code in args.variants:
+                rps = run_variant(code, args.duration, args.connections, Path(tmp))
+                results[code].append(rps)
+                print(f"round {r + 1} ({code}) {VARIANTS[code][2]}: {rps:,.0f} req/s", flush=True)
+    med = {code: statistics.median(v) for code, v in results.items()}
+    print()
+    print(f"{'variant':<52} {'median req/s':>13} {'vs (a)':>8}")
+    for code in args.variants:
+        ratio = med[code] / med["a"] if "a" in med else float("nan")
+        print(f"({code}) {VARIANTS[code][2]:<48} {med[code]:>13,.0f} {ratio:>8.2f}")
+    if "b" in med and "d" in med:
+        ratio_bd = med["b"] / med["d"]
+        print(f"\n(b)/(d) retrysafe vs fastapi-idempotency-key, first-time keys: {ratio_bd:.2f}x")
+    for code, (base, target) in TARGETS.items():
+        if code in med and base in med:
+            ratio = med[code] / med[base]
+            verdict = "met" if ratio >= target else "MISSED"
+            print(f"target ({code}) >= {target} x ({base}): {ratio:.2f} {verdict}")
+    if "b" in med and "d" in med:
+        ratio = med["b"] / med["d"]
+        print(f"target (b) >= 4 x (d): {ratio:.2f} {'met' if ratio >= 4 else 'MISSED'}")
+    if args.json:
+        print(json.dumps({"medians": med, "runs": results}))
+
+
+if __name__ == "__main__":
+    main()

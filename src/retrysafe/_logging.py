@@ -1,0 +1,53 @@
+"""Structured log lines: one JSON object per line, for the gateway, the worker and the proxy.
+
+retrysafe's modules log with ``logging`` and put their fields in ``extra={...}``; this
+formatter turns every record into ``{"ts": …, "level": …, "logger": …, "msg": …, <fields>}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, TextIO
+
+__all__ = ["JSONFormatter", "configure_json_logging"]
+
+# Attributes every LogRecord has; everything else came from ``extra``.
+_STANDARD = frozenset(
+    logging.LogRecord("x", 0, "x", 0, "x", None, None).__dict__.keys()
+    | {"message", "asctime", "taskName"}
+)
+
+
+class JSONFormatter(logging.Formatter):
+    """Formats a record as one JSON line with its ``extra`` fields at top level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for name, value in record.__dict__.items():
+            if name not in _STANDARD and not name.startswith("_"):
+                doc[name] = value
+        if record.exc_info and record.exc_info[0] is not None:
+            doc["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        return json.dumps(doc, default=str, separators=(",", ":"))
+
+
+def configure_json_logging(
+    level: int = logging.INFO, *, stream: TextIO | None = None, logger: str = "retrysafe"
+) -> logging.Handler:
+    """Send ``logger`` (default: all of retrysafe) to ``stream`` (stderr) as JSON lines."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JSONFormatter())
+    log = logging.getLogger(logger)
+    log.handlers = [h for h in log.handlers if not getattr(h, "_retrysafe_json", False)]
+    handler._retrysafe_json = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+    return handler
