@@ -1,0 +1,17 @@
+"""Server side: the idempotency middleware for ASGI and WSGI apps (SPEC §3, §4).
+
+:class:`IdempotencyMiddleware` (ASGI) and :class:`WSGIIdempotencyMiddleware` (WSGI) share one
+engine over :mod:`retrysafe.core` and a :mod:`retrysafe.stores` key store, configured by one
+frozen :class:`IdempotencyConfig`. Importing this package imports no web framework.
+"""
+
+from retrysafe.server._asgi import IdempotencyMiddleware
+from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
+from retrysafe.server._wsgi import WSGIIdempotencyMiddleware
+
+__all__ = [
+    "DEFAULT_REPLAY_HEADERS",
+    "IdempotencyConfig",
+    "IdempotencyMiddleware",
+    "WSGIIdempotencyMiddleware",
+]

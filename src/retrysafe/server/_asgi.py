@@ -1,0 +1,307 @@
+"""Pure ASGI idempotency middleware (starlette style: config on ``self``, per-request state in a
+small responder that wraps ``send``; never ``BaseHTTPMiddleware``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from retrysafe._exceptions import StoreError
+from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
+from retrysafe.server._config import IdempotencyConfig, resolve_config
+from retrysafe.server._engine import (
+    Answer,
+    Capture,
+    Engine,
+    RequestState,
+    acall_op,
+    adrive,
+)
+from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store, open_store
+
+__all__ = ["IdempotencyMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class _ClientGone(Exception):
+    """The client disconnected while the request body was being read."""
+
+
+class IdempotencyMiddleware:
+    """ASGI middleware that makes protected requests safe to retry (SPEC §3, §4).
+
+    A request with an ``Idempotency-Key`` (IETF draft-ietf-httpapi-idempotency-key-header)
+    claims the key in the store; the handler runs once per key, its response streams to the
+    client while a copy is stored, and repeats get that response replayed with
+    ``Idempotent-Replayed: true``. Answers of its own are RFC 9457 problem details; see
+    ``docs/server.md`` for every case.
+
+    Use it like any pure ASGI middleware::
+
+        app = IdempotencyMiddleware(app, "sqlite:///keys.db", key_required=True)
+        # or: starlette_app.add_middleware(IdempotencyMiddleware, store=store, lease=30)
+
+    Args:
+        app: the ASGI application to protect. Non-HTTP scopes (lifespan, websocket) and
+            unprotected methods pass straight through.
+        store: a :class:`~retrysafe.stores.KeyStore`, an
+            :class:`~retrysafe.stores.AsyncKeyStore`, or a store URL (``sqlite:///keys.db``);
+            a store opened from a URL is closed by :meth:`close`. Its async face is taken once
+            here (SQLite runs uncontended statements inline on the loop).
+        config: an :class:`IdempotencyConfig`; or pass its fields as keyword ``options``.
+
+    Raises:
+        ConfigurationError: invalid options, both ``config`` and options, a bad store URL.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        /,
+        store: KeyStore | AsyncKeyStore | str,
+        *,
+        config: IdempotencyConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.app = app
+        self.config = resolve_config(config, options)
+        self._owned: Any = None
+        if isinstance(store, str):
+            self._owned = open_store(store)
+            self.store = as_async_key_store(self._owned)
+        else:
+            self.store = as_async_key_store(store)
+        self._engine = Engine(self.config)
+        self._methods = self._engine.protected_methods
+
+    def close(self) -> None:
+        """Close the store if this middleware opened it from a URL. Idempotent."""
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self._methods:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        engine = self._engine
+        method: str = scope["method"]
+        path: str = scope["path"]
+        header: str | None = None
+        duplicate = False
+        content_type: str | None = None
+        content_length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"idempotency-key":
+                duplicate = header is not None
+                header = value.decode("latin-1")
+            elif name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"content-length":
+                content_length = value
+        check = engine.duplicate_key(header) if duplicate and header else engine.check(
+            method, path, header
+        )
+        if isinstance(check, (MissingKey, InvalidKey)):
+            answer = engine.rejection(check)
+            engine.log_decision(answer.decision, method, path, answer.status, started)
+            await _send_answer(send, answer)
+            return
+        if not isinstance(check, Keyed):  # Unkeyed: no key, and the key is optional here
+            engine.log_decision("unkeyed", method, path, 0, started)
+            await self.app(scope, receive, send)
+            return
+
+        if content_length is not None:
+            try:
+                declared = int(content_length)
+            except ValueError:
+                declared = -1
+            if declared > engine.max_body_size:
+                await self._too_large(send, method, path, started)
+                return
+        try:
+            body = await _read_body(receive, engine.max_body_size)
+        except _ClientGone:
+            engine.log_decision("disconnect", method, path, 0, started)
+            return
+        if body is None:
+            await self._too_large(send, method, path, started)
+            return
+
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        query = scope.get("query_string", b"").decode("latin-1")
+        req = RequestState(
+            method,
+            path,
+            key_hash(engine.scope(headers), check.key),
+            fingerprint(method, path, query, body, content_type),
+            started,
+        )
+        replay_receive = _BodyReceive(body, receive)
+        try:
+            answer_or_run = await adrive(engine.admit(req), self.store)
+        except StoreError as exc:
+            if engine.fail_open:
+                engine.log_decision(
+                    "fail-open", method, path, 0, started, req.key_hash,
+                    level=logging.WARNING, error=repr(exc),
+                )
+                await self.app(scope, replay_receive, send)
+                return
+            answer = engine.store_unavailable()
+            engine.log_decision(
+                answer.decision, method, path, answer.status, started, req.key_hash,
+                level=logging.WARNING, error=repr(exc),
+            )
+            await _send_answer(send, answer)
+            return
+        if answer_or_run is not None:
+            engine.log_decision(
+                answer_or_run.decision, method, path, answer_or_run.status, started, req.key_hash
+            )
+            await _send_answer(send, answer_or_run)
+            return
+
+        responder = _Responder(engine, self.store, req, send)
+        try:
+            await self.app(scope, replay_receive, responder.send)
+        except BaseException as exc:
+            await responder.abort(exc)
+            raise
+        if not responder.finalized:
+            # The app returned without finishing a response (client gone, app bug): release.
+            await responder.abort(None)
+
+    async def _too_large(self, send: Send, method: str, path: str, started: float) -> None:
+        answer = self._engine.body_too_large()
+        self._engine.log_decision(answer.decision, method, path, answer.status, started)
+        await _send_answer(send, answer)
+
+
+class _Responder:
+    """Per-request: forwards the response unchanged, keeps a copy, and completes or releases
+    the key just before the last body chunk leaves (so a completed response is durable before
+    the client can see it)."""
+
+    __slots__ = ("capture", "engine", "finalized", "req", "store", "wrapped")
+
+    def __init__(
+        self, engine: Engine, store: AsyncKeyStore, req: RequestState, send: Send
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.req = req
+        self.wrapped = send
+        self.capture = Capture(engine.max_replay_size)
+        self.finalized = False
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":
+            capture = self.capture
+            capture.add(message.get("body", b""))
+            if not message.get("more_body", False) and not self.finalized:
+                capture.complete = True
+                await self._finalize()
+        elif kind == "http.response.start":
+            self.capture.status = message["status"]
+            self.capture.headers = message.get("headers") or ()
+        await self.wrapped(message)
+
+    async def _finalize(self) -> None:
+        self.finalized = True
+        engine = self.engine
+        op = engine.finish(self.req, self.capture)
+        try:
+            ok = await acall_op(self.store, op)
+        except StoreError as exc:
+            req = self.req
+            engine.log_decision(
+                "store-failed", req.method, req.path, self.capture.status, req.started,
+                req.key_hash, level=logging.ERROR, error=repr(exc), operation=op[0],
+            )
+            return
+        engine.log_finish(self.req, op, bool(ok), self.capture.status)
+
+    async def abort(self, exc: BaseException | None) -> None:
+        """The handler raised (``exc``) or stopped without a complete response: release."""
+        if self.finalized:
+            return
+        self.finalized = True
+        engine = self.engine
+        req = self.req
+        op = engine.release(req)
+        error = "incomplete response" if exc is None else repr(exc)
+        try:
+            ok = await acall_op(self.store, op)
+        except StoreError as store_exc:
+            engine.log_decision(
+                "store-failed", req.method, req.path, self.capture.status, req.started,
+                req.key_hash, level=logging.ERROR, error=repr(store_exc), operation="release",
+            )
+            return
+        if not ok:
+            engine.log_finish(req, op, False, self.capture.status)
+            return
+        engine.log_decision(
+            "released", req.method, req.path, self.capture.status, req.started, req.key_hash,
+            level=logging.WARNING, claim=req.claim, error=error,
+        )
+
+
+class _BodyReceive:
+    """``receive`` that first hands the app the buffered body, then defers to the server."""
+
+    __slots__ = ("body", "receive", "sent")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self.body = body
+        self.receive = receive
+        self.sent = False
+
+    async def __call__(self) -> Message:
+        if not self.sent:
+            self.sent = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        return await self.receive()
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None when it exceeds ``limit`` bytes.
+
+    Raises:
+        _ClientGone: the client disconnected first.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+async def _send_answer(send: Send, answer: Answer) -> None:
+    # A copy: outer middleware may append to the list, and some answers are shared constants.
+    headers = list(answer.headers)
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})

@@ -1,0 +1,528 @@
+"""The idempotency middleware's shared logic, driven by the ASGI and the WSGI middleware.
+
+Every rule lives here once: the key check (SPEC §3 first rows, via :func:`core.check_key`),
+the claim / decide / take-over / wait loop (via :func:`core.decide`), what is stored and which
+headers are replayed (SPEC §4, via :func:`core.should_store`), the problem answers and the log
+line. The store conversation is a generator of *store operations* (sans-I/O, as in h11): the
+ASGI middleware drives it with ``await``, the WSGI middleware with plain calls, so both
+frameworks run the very same steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Generator, Iterable
+from http import HTTPStatus
+from typing import Any
+
+from retrysafe._exceptions import InvalidKeyError
+from retrysafe.core import (
+    InProgress,
+    InvalidKey,
+    KeyCheck,
+    KeyReused,
+    MissingKey,
+    Problem,
+    Replay,
+    ReplayUnavailable,
+    StoredResponse,
+    TakeOver,
+    check_key,
+    decide,
+    should_store,
+)
+from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
+
+__all__ = [
+    "Answer",
+    "Capture",
+    "Engine",
+    "Op",
+    "RequestState",
+    "acall_op",
+    "adrive",
+    "call_op",
+    "drive",
+    "log",
+    "status_line",
+]
+
+log = logging.getLogger("retrysafe.server")
+
+#: One store operation: ``(method name, positional args, keyword args)``; ``"sleep"`` waits.
+Op = tuple[str, tuple[Any, ...], dict[str, Any]]
+RawHeaders = list[tuple[bytes, bytes]]
+
+_POLL_INITIAL = 0.02  # seconds: first wait while polling a running key (in_progress_wait)
+_POLL_MAX = 0.25  # seconds: longest single wait while polling
+_MAX_RACES = 8  # claim/take-over races lost in a row before answering 409
+_REPLAYED = (b"idempotent-replayed", b"true")
+
+
+class Answer:
+    """A response the middleware gives itself (a problem or a replay).
+
+    Attributes:
+        status: HTTP status code.
+        headers: raw ``(lower-case name, value)`` byte pairs, Content-Length included.
+        body: the body bytes.
+        decision: the log's ``decision`` field, e.g. ``"replay"``.
+    """
+
+    __slots__ = ("body", "decision", "headers", "status")
+
+    def __init__(self, status: int, headers: RawHeaders, body: bytes, decision: str) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.decision = decision
+
+    def str_headers(self) -> list[tuple[str, str]]:
+        """Headers as WSGI wants them: ``(name, value)`` strings."""
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers]
+
+    @property
+    def status_line(self) -> str:
+        """``"409 Conflict"``: the WSGI status string."""
+        return status_line(self.status)
+
+
+def status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+class RequestState:
+    """Per-request values of a protected, keyed request (mutable, slotted)."""
+
+    __slots__ = ("claim", "fingerprint", "key_hash", "method", "path", "started", "token")
+
+    def __init__(
+        self, method: str, path: str, key_hash: str, fingerprint: str, started: float
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.key_hash = key_hash
+        self.fingerprint = fingerprint
+        self.started = started
+        self.token = 0
+        self.claim = "new"
+
+
+class Capture:
+    """A copy of the response as it streams to the client, up to the replay limit.
+
+    Attributes:
+        status: the response status (0 until the response starts).
+        headers: the response headers as sent (bytes pairs for ASGI, str pairs for WSGI).
+        chunks: body chunks kept so far; emptied once the body exceeds the limit.
+        size: body bytes seen, in total.
+        overflow: the body exceeded ``limit`` bytes; it cannot be replayed.
+        complete: the handler finished the response (last body chunk seen).
+    """
+
+    __slots__ = ("chunks", "complete", "headers", "limit", "overflow", "size", "status")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.status = 0
+        self.headers: Iterable[tuple[Any, Any]] = ()
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.overflow = False
+        self.complete = False
+
+    def add(self, chunk: bytes) -> None:
+        size = self.size + len(chunk)
+        self.size = size
+        if self.overflow:
+            return
+        if size > self.limit:
+            self.overflow = True
+            self.chunks = []
+        elif chunk:
+            self.chunks.append(chunk)
+
+
+class Engine:
+    """The configured rules, resolved once per middleware instance.
+
+    Args:
+        config: the middleware configuration.
+    """
+
+    __slots__ = (
+        "_missing_key",
+        "_replay_bytes",
+        "_replay_str",
+        "_store_unavailable",
+        "clock",
+        "config",
+        "fail_open",
+        "key_required",
+        "key_reused_status",
+        "lease",
+        "max_body_size",
+        "max_replay_size",
+        "protected_methods",
+        "retention",
+        "scope",
+        "store_server_errors",
+        "wait",
+    )
+
+    def __init__(self, config: IdempotencyConfig) -> None:
+        self.config = config
+        self.protected_methods = frozenset(config.protected_methods)
+        self.key_required = config.key_required
+        self.scope = config.scope
+        self.lease = config.lease_seconds
+        self.retention = config.retention_seconds
+        self.wait = config.in_progress_wait_seconds
+        self.max_body_size = config.max_body_size
+        self.max_replay_size = config.max_replay_size
+        self.store_server_errors = config.store_server_errors
+        self.key_reused_status = config.key_reused_status
+        self.fail_open = config.fail_open
+        self.clock = config.clock
+        names = DEFAULT_REPLAY_HEADERS | frozenset(config.replay_headers)
+        self._replay_str = names
+        self._replay_bytes = frozenset(n.encode("latin-1") for n in names)
+        self._missing_key = self._problem(
+            Problem(
+                "missing-key",
+                400,
+                "This endpoint requires an Idempotency-Key header: create one unique key per "
+                "operation (e.g. a UUIDv4) and send it with every attempt of that operation.",
+            ),
+            "missing-key",
+        )
+        self._store_unavailable = self._problem(
+            Problem(
+                "store-unavailable",
+                503,
+                "The idempotency store is unavailable, so this request cannot be protected "
+                "against duplicates. Nothing was run; retry later with the same key.",
+                retry_after=config.store_retry_after,
+            ),
+            "store-unavailable",
+        )
+
+    # ------------------------------------------------------------------ key check
+    def check(self, method: str, path: str, header: str | None) -> KeyCheck:
+        """SPEC §3 first rows: protected? key present and well formed? (``core.check_key``)."""
+        required = self.key_required
+        if not isinstance(required, bool):
+            required = bool(required(method, path)) if method in self.protected_methods else False
+        return check_key(
+            method, header, protected_methods=self.protected_methods, key_required=required
+        )
+
+    @staticmethod
+    def duplicate_key(header: str) -> InvalidKey:
+        """Two ``Idempotency-Key`` headers: ambiguous, so malformed."""
+        return InvalidKey(InvalidKeyError("more than one Idempotency-Key header", key=header))
+
+    # ------------------------------------------------------------------ answers
+    @staticmethod
+    def _problem(problem: Problem, decision: str, *, replayed: bool = False) -> Answer:
+        body = problem.body()
+        headers = [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in problem.headers(len(body))
+        ]
+        if replayed:
+            headers.append(_REPLAYED)
+        return Answer(problem.status, headers, body, decision)
+
+    def rejection(self, check: MissingKey | InvalidKey) -> Answer:
+        """400 ``missing-key`` or 400 ``invalid-key`` (detail from ``InvalidKeyError.reason``)."""
+        if isinstance(check, MissingKey):
+            return self._missing_key
+        return self._problem(
+            Problem(
+                "invalid-key",
+                400,
+                f"The Idempotency-Key header is malformed: {check.error.reason}. A key is "
+                "1-255 visible ASCII characters, sent bare (abc) or as a structured-field "
+                'string ("abc").',
+            ),
+            "invalid-key",
+        )
+
+    def body_too_large(self) -> Answer:
+        """413 ``body-too-large``: nothing was claimed, the handler did not run."""
+        return self._problem(
+            Problem(
+                "body-too-large",
+                413,
+                f"The request body exceeds {self.max_body_size} bytes, the most this endpoint "
+                "reads to recognise repeated requests.",
+                extra={"max_body_size": self.max_body_size},
+            ),
+            "body-too-large",
+        )
+
+    def store_unavailable(self) -> Answer:
+        """503 ``store-unavailable`` with ``Retry-After`` (fail closed, SPEC §3)."""
+        return self._store_unavailable
+
+    def replay(self, response: StoredResponse) -> Answer:
+        """The stored status, replayable headers and body, plus ``Idempotent-Replayed: true``."""
+        headers: RawHeaders = [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers
+        ]
+        if response.status >= 200 and response.status not in (204, 304):
+            headers.append((b"content-length", str(len(response.body)).encode("ascii")))
+        headers.append(_REPLAYED)
+        return Answer(response.status, headers, response.body, "replay")
+
+    def replay_unavailable(self, status: int) -> Answer:
+        """The original status with a ``replay-unavailable`` problem (SPEC §4).
+
+        The status stays the original one (a 201 stays 201) and ``Idempotent-Replayed: true``
+        is set, so clients classify the operation by its real outcome and never run it again.
+        """
+        if status < 200 or status in (204, 205, 304):
+            status = 200  # these statuses cannot carry the problem body
+        return self._problem(
+            Problem(
+                "replay-unavailable",
+                status,
+                "This operation already completed, but its response was larger than the "
+                "replay limit and was not kept. The operation was not run again.",
+            ),
+            "replay-unavailable",
+            replayed=True,
+        )
+
+    def key_reused(self, decision: KeyReused) -> Answer:
+        """``key-reused`` (422 by default) with both fingerprints as extension members."""
+        return self._problem(
+            Problem(
+                "key-reused",
+                self.key_reused_status,
+                "This Idempotency-Key was already used for a different request (method, path, "
+                "query or body differ). Use a new key for a new operation.",
+                extra={
+                    "stored_fingerprint": decision.stored_fingerprint,
+                    "fingerprint": decision.fingerprint,
+                },
+            ),
+            "key-reused",
+        )
+
+    def in_progress(self, retry_after: int) -> Answer:
+        """409 ``request-in-progress`` with ``Retry-After``."""
+        return self._problem(
+            Problem(
+                "request-in-progress",
+                409,
+                "A request with this Idempotency-Key is still running. Retry after the "
+                "indicated delay with the same key to receive its response.",
+                retry_after=retry_after,
+            ),
+            "in-progress",
+        )
+
+    # ------------------------------------------------------------------ the store conversation
+    def admit(self, req: RequestState) -> Generator[Op, Any, Answer | None]:
+        """Claim the key or answer for it (SPEC §3 rows with a valid key).
+
+        Yields store operations; the driver sends back each result. Returns None when the
+        handler must run (``req.token`` then holds the fencing token), else the answer.
+        """
+        now = self.clock()
+        claim_args = (req.key_hash, req.fingerprint)
+        claimed, record = yield (
+            "claim",
+            claim_args,
+            {"now": now, "lease": self.lease, "retention": self.retention},
+        )
+        if claimed:
+            req.token = record.fencing_token
+            return None
+        deadline = -1.0
+        delay = _POLL_INITIAL
+        races = 0
+        while True:
+            decision = decide(record, req.fingerprint, now)
+            if isinstance(decision, Replay):
+                return self.replay(decision.response)
+            if isinstance(decision, KeyReused):
+                return self.key_reused(decision)
+            if isinstance(decision, ReplayUnavailable):
+                return self.replay_unavailable(decision.status)
+            if isinstance(decision, InProgress):
+                if self.wait > 0:
+                    t = time.monotonic()
+                    if deadline < 0:
+                        deadline = t + self.wait
+                    if t < deadline:
+                        yield ("sleep", (min(delay, deadline - t),), {})
+                        delay = min(delay * 1.5, _POLL_MAX)
+                        record = yield ("get", (req.key_hash,), {})
+                        now = self.clock()
+                        continue
+                return self.in_progress(decision.retry_after)
+            races += 1
+            if races > _MAX_RACES:
+                return self.in_progress(1)
+            if isinstance(decision, TakeOver):
+                new = yield (
+                    "take_over",
+                    (req.key_hash, decision.fencing_token),
+                    {"now": now, "lease": self.lease},
+                )
+                if new is not None:
+                    req.token = new.fencing_token
+                    req.claim = "takeover"
+                    return None
+                record = yield ("get", (req.key_hash,), {})
+                now = self.clock()
+                continue
+            # Claim: the record was released or expired since we looked; claim it again.
+            now = self.clock()
+            claimed, record = yield (
+                "claim",
+                claim_args,
+                {"now": now, "lease": self.lease, "retention": self.retention},
+            )
+            if claimed:
+                req.token = record.fencing_token
+                return None
+
+    def finish(self, req: RequestState, capture: Capture) -> Op:
+        """After the handler: complete the key with the response or release it (SPEC §4).
+
+        A complete response whose status :func:`core.should_store` accepts completes the key
+        with its replayable headers and body (an empty body is a valid stored body); a body
+        larger than ``max_replay_size`` completes it as not replayable. Anything else (5xx,
+        408, 429, no complete response) releases the key so the next attempt runs again.
+        """
+        if capture.complete and should_store(
+            capture.status, store_server_errors=self.store_server_errors
+        ):
+            if capture.overflow:
+                response = StoredResponse(capture.status, self._headers(capture), b"", False)
+            else:
+                chunks = capture.chunks
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                response = StoredResponse(capture.status, self._headers(capture), body)
+            return (
+                "complete",
+                (req.key_hash, req.token, response),
+                {"now": self.clock(), "retention": self.retention},
+            )
+        return ("release", (req.key_hash, req.token), {})
+
+    def release(self, req: RequestState) -> Op:
+        """Release the key (the handler raised or the client went away)."""
+        return ("release", (req.key_hash, req.token), {})
+
+    def _headers(self, capture: Capture) -> tuple[tuple[str, str], ...]:
+        out: list[tuple[str, str]] = []
+        for name, value in capture.headers:
+            if isinstance(name, bytes):
+                if name.lower() in self._replay_bytes:
+                    out.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+            elif name.lower() in self._replay_str:
+                out.append((name.lower(), value))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ logging
+    def log_decision(
+        self,
+        decision: str,
+        method: str,
+        path: str,
+        status: int,
+        started: float,
+        key_hash: str = "",
+        *,
+        level: int = logging.INFO,
+        **fields: Any,
+    ) -> None:
+        """One structured line on ``retrysafe.server``: ``decision=<name>`` plus fields."""
+        if not log.isEnabledFor(level):
+            return
+        extra = {
+            "decision": decision,
+            "method": method,
+            "path": path,
+            "status": status,
+            "key_hash": key_hash[:12],
+            "duration_ms": round((time.perf_counter() - started) * 1000.0, 3),
+        }
+        extra.update(fields)
+        log.log(level, "decision=%s", decision, extra=extra)
+
+    def log_finish(self, req: RequestState, op: Op, ok: bool, status: int) -> None:
+        """The line for a request whose handler ran: stored, released or fenced off."""
+        if not ok:
+            self.log_decision(
+                "fenced",
+                req.method,
+                req.path,
+                status,
+                req.started,
+                req.key_hash,
+                level=logging.WARNING,
+                claim=req.claim,
+                fencing_token=req.token,
+                detail=f"lease lost: {op[0]} not written (handler outlived its lease)",
+            )
+            return
+        self.log_decision(
+            "stored" if op[0] == "complete" else "released",
+            req.method,
+            req.path,
+            status,
+            req.started,
+            req.key_hash,
+            claim=req.claim,
+        )
+
+
+# ---------------------------------------------------------------------- drivers
+def call_op(store: Any, op: Op) -> Any:
+    """Run one store operation synchronously (``"sleep"`` sleeps)."""
+    name, args, kwargs = op
+    if name == "sleep":
+        time.sleep(args[0])
+        return None
+    return getattr(store, name)(*args, **kwargs)
+
+
+async def acall_op(store: Any, op: Op) -> Any:
+    """Run one store operation on an :class:`~retrysafe.stores.AsyncKeyStore`."""
+    name, args, kwargs = op
+    if name == "sleep":
+        await asyncio.sleep(args[0])
+        return None
+    return await getattr(store, name)(*args, **kwargs)
+
+
+def drive(gen: Generator[Op, Any, Answer | None], store: Any) -> Answer | None:
+    """Run :meth:`Engine.admit` against a sync store; store errors propagate."""
+    try:
+        op = next(gen)
+        while True:
+            op = gen.send(call_op(store, op))
+    except StopIteration as stop:
+        result: Answer | None = stop.value
+        return result
+
+
+async def adrive(gen: Generator[Op, Any, Answer | None], store: Any) -> Answer | None:
+    """Run :meth:`Engine.admit` against an async store; store errors propagate."""
+    try:
+        op = next(gen)
+        while True:
+            op = gen.send(await acall_op(store, op))
+    except StopIteration as stop:
+        result: Answer | None = stop.value
+        return result

@@ -1,0 +1,104 @@
+"""SPEC §3 last row: a store that cannot serve answers 503 (fail closed) or, by option, runs
+the handler unprotected (fail open). Nothing is ever corrupted."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from retrysafe.stores import SQLiteStore
+
+from .harness import Serve, assert_problem, is_replay, records
+
+
+def _writable(path: Path) -> bool:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE probe (x)")
+        conn.execute("DROP TABLE probe")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
+    return True
+
+
+@pytest.fixture
+def read_only_store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    """A SQLite store whose file (and directory) became read-only after the schema was made.
+
+    chmod is enough for ordinary users; root ignores it, so as root the file is also marked
+    immutable (``chattr +i``). The test is skipped only when neither works.
+    """
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "keys.db"
+    SQLiteStore(path).close()
+    path.chmod(0o444)
+    directory.chmod(0o555)
+    immutable = False
+    if _writable(path) and os.geteuid() == 0:
+        immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    try:
+        if _writable(path):
+            pytest.skip("cannot make a file read-only here (root without chattr)")
+        store = SQLiteStore(path)
+        yield store
+        store.close()
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        directory.chmod(0o755)
+        path.chmod(0o644)
+
+
+@pytest.fixture
+def locked_store(tmp_path: Path) -> Iterator[tuple[SQLiteStore, sqlite3.Connection]]:
+    """A store (busy timeout 50 ms) while another connection holds ``BEGIN EXCLUSIVE``."""
+    path = tmp_path / "locked.db"
+    store = SQLiteStore(path, busy_timeout=0.05)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    yield store, holder
+    holder.close()
+    store.close()
+
+
+def test_read_only_store_answers_503(serve: Serve, read_only_store: SQLiteStore) -> None:
+    """A read-only store: 503 store-unavailable with Retry-After; the handler does not run."""
+    h = serve(store=read_only_store, store_retry_after=2)
+    r = h.post("/posts", key="k1", json={})
+    assert_problem(r, 503, "store-unavailable")
+    assert r.headers["retry-after"] == "2"
+    assert h.effects.counts["posts"] == 0
+
+
+def test_read_only_store_fail_open_runs_unprotected(
+    serve: Serve, read_only_store: SQLiteStore
+) -> None:
+    """With ``fail_open=True`` the handler runs unprotected when the store fails."""
+    h = serve(store=read_only_store, fail_open=True)
+    assert h.post("/posts", key="k1", json={"a": 1}).json()["body_len"] == 7
+    second = h.post("/posts", key="k1", json={"a": 1})
+    assert not is_replay(second)
+    assert h.effects.counts["posts"] == 2
+
+
+def test_locked_store_answers_503_and_nothing_is_corrupted(
+    serve: Serve, locked_store: tuple[SQLiteStore, sqlite3.Connection]
+) -> None:
+    """A store locked by another writer: 503; once unlocked it works and stays intact."""
+    store, holder = locked_store
+    h = serve(store=store)
+    assert_problem(h.post("/posts", key="k1", json={}), 503, "store-unavailable")
+    assert h.effects.counts["posts"] == 0
+    holder.execute("COMMIT")
+    assert records(store) == []
+    assert h.post("/posts", key="k1", json={}).status_code == 201
+    assert is_replay(h.post("/posts", key="k1", json={}))
+    assert store.run(lambda c: c.execute("PRAGMA integrity_check").fetchone()) == ("ok",)
