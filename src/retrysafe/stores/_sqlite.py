@@ -27,6 +27,7 @@ from retrysafe._exceptions import (
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._sql import queries
+from retrysafe.stores._sqlite_outbox import SQLiteOutboxMixin
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -80,7 +81,7 @@ def _row_to_record(row: tuple[Any, ...]) -> KeyRecord:
     )
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteOutboxMixin):
     """SQLite-backed :class:`~retrysafe.stores.KeyStore` (and the outbox's store).
 
     Args:

@@ -1,0 +1,405 @@
+"""``retrysafe worker | jobs | reconcile | dlq``: the outbox from the command line.
+
+Human tables (rich) by default, ``--json`` for scripts; errors are one line on stderr and a
+non-zero exit code (1: retrysafe error, 2: usage).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from retrysafe._exceptions import RetrysafeError
+from retrysafe.client import DEAD_LETTER_STATES, Attempt, Job, JobState, Outbox, RetryPolicy
+from retrysafe.client._policy import Step
+
+__all__ = ["dlq", "jobs", "reconcile_command", "worker"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_STATES = [s.value for s in JobState]
+
+
+def _store_option(fn: _F) -> _F:
+    return click.option(
+        "--store",
+        envvar="RETRYSAFE_STORE",
+        default="sqlite:///retrysafe.db",
+        show_default=True,
+        help="Outbox store URL (env RETRYSAFE_STORE).",
+    )(fn)
+
+
+def _json_option(fn: _F) -> _F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+@contextmanager
+def _outbox(store: str, policy: RetryPolicy | None = None) -> Iterator[Outbox]:
+    with _errors(), Outbox(store, policy=policy) as outbox:
+        yield outbox
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except RetrysafeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=None, sort_keys=True))
+
+
+def _when(ts: float | None) -> str:
+    return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _jobs_table(jobs: list[Job], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("id", no_wrap=True, min_width=12)
+    table.add_column("state", no_wrap=True)
+    for col in ("attempts", "last", "method", "url", "created", "key"):
+        table.add_column(col, overflow="fold")
+    for j in jobs:
+        last = f"{j.last_status or ''} {j.last_outcome or ''}".strip()
+        table.add_row(
+            j.id[:12],
+            j.state.value,
+            str(j.attempts),
+            last,
+            j.method,
+            j.url,
+            _when(j.created_at),
+            j.key,
+        )
+    Console().print(table)
+
+
+def _attempts_table(attempts: list[Attempt]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="attempts")
+    for col in ("#", "started", "duration", "outcome", "status", "error", "replayed", "counted"):
+        table.add_column(col)
+    for a in attempts:
+        table.add_row(
+            str(a.number),
+            _when(a.started_at),
+            f"{a.duration:.3f}s",
+            a.outcome,
+            "" if a.status is None else str(a.status),
+            a.error_type or "",
+            "yes" if a.replayed else "",
+            "yes" if a.counted else "no",
+        )
+    Console().print(table)
+
+
+def _policy(attempts: int, timeout: float, wait_initial: float, wait_max: float) -> RetryPolicy:
+    with _errors():
+        return RetryPolicy(
+            attempts=attempts, timeout=timeout, wait_initial=wait_initial, wait_max=wait_max
+        )
+
+
+# ---------------------------------------------------------------------- worker
+class _JsonLines(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        data = getattr(record, "retrysafe", None)
+        line = {"level": record.levelname.lower(), "message": record.getMessage()}
+        if isinstance(data, dict):
+            line = {"event": "attempt", **data}
+        click.echo(json.dumps(line, sort_keys=True))
+
+
+@click.command("worker")
+@_store_option
+@click.option("--concurrency", "-c", default=8, show_default=True, help="Attempts in flight.")
+@click.option("--attempts", default=5, show_default=True, help="Counted attempts per job.")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds per attempt.")
+@click.option("--wait-initial", default=1.0, show_default=True, help="Backoff base, seconds.")
+@click.option("--wait-max", default=30.0, show_default=True, help="Backoff cap, seconds.")
+@click.option("--lease", type=float, default=None, help="Lease seconds (default 3 × timeout).")
+@click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
+@_json_option
+def worker(
+    store: str,
+    concurrency: int,
+    attempts: int,
+    timeout: float,
+    wait_initial: float,
+    wait_max: float,
+    lease: float | None,
+    until_idle: bool,
+    as_json: bool,
+) -> None:
+    """Deliver outbox jobs until stopped (SIGTERM: graceful; Ctrl-C: release and exit)."""
+    policy = _policy(attempts, timeout, wait_initial, wait_max)
+    log = logging.getLogger("retrysafe.client")
+    tty = sys.stdout.isatty() and not as_json
+    live: Any = None
+    handler: logging.Handler | None = None
+    old_level = logging.NOTSET
+    with _outbox(store, policy) as outbox:
+        with _errors():
+            w = outbox.worker(concurrency=concurrency, lease=lease)
+        if tty:
+            from rich.live import Live
+
+            def render() -> str:
+                s = w.stats
+                return (
+                    f"[bold]retrysafe worker[/] {store}  sent {s.attempts}  "
+                    f"[green]succeeded {s.succeeded}[/]  [red]rejected {s.rejected}[/]  "
+                    f"[yellow]unknown {s.unknown}[/]  retries {s.retries_scheduled}  "
+                    f"polls {s.polls}  deferred {s.deferred}"
+                )
+
+            live = Live(render(), refresh_per_second=4)
+
+            def hook(job: Job, attempt: Attempt, step: Step) -> None:
+                live.update(render())
+
+            w._on_attempt = hook
+            live.start()
+        else:
+            handler = _JsonLines()
+            log.addHandler(handler)
+            old_level = log.level
+            log.setLevel(logging.INFO)
+        try:
+            with _errors():
+                stats = w.run(until_idle=until_idle, handle_signals=True)
+        except KeyboardInterrupt:
+            stats = w.stats
+            click.echo("interrupted: in-flight jobs released (pending, same key)", err=True)
+        finally:
+            if live is not None:
+                live.stop()
+            if handler is not None:
+                log.removeHandler(handler)
+                log.setLevel(old_level)
+        summary = {"event": "stopped", **stats.to_dict()}
+        if as_json or not tty:
+            _emit(summary)
+        else:
+            click.echo(
+                f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
+                f"{stats.unknown} unknown, {stats.deferred} deferred"
+            )
+
+
+# ---------------------------------------------------------------------- jobs
+@click.group("jobs")
+def jobs() -> None:
+    """Submit, list, inspect, retry and cancel outbox jobs."""
+
+
+@jobs.command("submit")
+@_store_option
+@click.argument("url")
+@click.option("--data", "-d", default=None, help="JSON body (default {}).")
+@click.option("--method", "-X", default="POST", show_default=True)
+@click.option("--header", "-H", multiple=True, help="'Name: value', repeatable.")
+@click.option("--key", default=None, help="Your own idempotency key (default UUIDv4).")
+@click.option("--deadline", type=float, default=None, help="Seconds from now.")
+@_json_option
+def jobs_submit(
+    store: str,
+    url: str,
+    data: str | None,
+    method: str,
+    header: tuple[str, ...],
+    key: str | None,
+    deadline: float | None,
+    as_json: bool,
+) -> None:
+    """Record a job for URL; a worker delivers it."""
+    try:
+        payload = {} if data is None else json.loads(data)
+    except ValueError as exc:
+        raise click.UsageError(f"--data is not JSON: {exc}") from None
+    headers: dict[str, str] = {}
+    for h in header:
+        name, sep, value = h.partition(":")
+        if not sep:
+            raise click.UsageError(f"--header {h!r} is not 'Name: value'")
+        headers[name.strip()] = value.strip()
+    with _outbox(store) as outbox:
+        job = outbox.submit(
+            url, json=payload, method=method, headers=headers, key=key, deadline=deadline
+        )
+    if as_json:
+        _emit(job.to_dict())
+    else:
+        click.echo(f"{job.id} {job.state.value} key={job.key}")
+
+
+@jobs.command("list")
+@_store_option
+@click.option("--state", "states", multiple=True, type=click.Choice(_STATES))
+@click.option("--limit", default=100, show_default=True)
+@_json_option
+def jobs_list(store: str, states: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """List jobs, oldest first."""
+    with _outbox(store) as outbox:
+        found = outbox.jobs(states=list(states) or None, limit=limit)
+        counts = outbox.counts()
+    if as_json:
+        _emit(
+            {
+                "jobs": [j.to_dict() for j in found],
+                "counts": {s.value: n for s, n in counts.items()},
+            }
+        )
+    else:
+        _jobs_table(found, "jobs  " + "  ".join(f"{s.value}={n}" for s, n in counts.items()))
+
+
+@jobs.command("show")
+@_store_option
+@click.argument("job_id")
+@_json_option
+def jobs_show(store: str, job_id: str, as_json: bool) -> None:
+    """Show one job (id or unique prefix) and its attempts."""
+    with _outbox(store) as outbox:
+        job = outbox.get(job_id)
+        attempts = outbox.attempts(job.id)
+    if as_json:
+        _emit({**job.to_dict(body=True), "attempt_log": [a.to_dict() for a in attempts]})
+        return
+    _jobs_table([job], f"job {job.id}")
+    if job.last_error:
+        click.echo(f"last error: {job.last_error}")
+    _attempts_table(attempts)
+
+
+def _change(store: str, job_id: str, as_json: bool, op: Callable[[Outbox, str], Job]) -> None:
+    with _outbox(store) as outbox:
+        job = op(outbox, job_id)
+    if as_json:
+        _emit(job.to_dict())
+    else:
+        click.echo(f"{job.id} {job.state.value} key={job.key}")
+
+
+@jobs.command("retry")
+@_store_option
+@click.argument("job_id")
+@_json_option
+def jobs_retry(store: str, job_id: str, as_json: bool) -> None:
+    """Send an UNKNOWN, REJECTED or CANCELLED job again with the same key."""
+    _change(store, job_id, as_json, lambda o, j: o.retry(j))
+
+
+@jobs.command("cancel")
+@_store_option
+@click.argument("job_id")
+@_json_option
+def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
+    """Cancel a PENDING job."""
+    _change(store, job_id, as_json, lambda o, j: o.cancel(j))
+
+
+# ---------------------------------------------------------------------- reconcile
+@click.command("reconcile")
+@_store_option
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds per attempt.")
+@click.option("--limit", default=1000, show_default=True)
+@click.option("--concurrency", "-c", default=8, show_default=True)
+@click.argument("job_ids", nargs=-1)
+@_json_option
+def reconcile_command(
+    store: str,
+    timeout: float,
+    limit: int,
+    concurrency: int,
+    job_ids: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Re-send UNKNOWN jobs with their same key; the server's replay settles them."""
+    policy = _policy(1, timeout, 1.0, 30.0)
+    with _outbox(store, policy) as outbox:
+        ids = [outbox.resolve(j) for j in job_ids] or None
+        report = outbox.reconcile(ids=ids, limit=limit, concurrency=concurrency)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        click.echo(
+            f"reconciled {len(report.jobs)}: {report.succeeded} succeeded, "
+            f"{report.rejected} rejected, {report.unknown} still unknown"
+        )
+
+
+# ---------------------------------------------------------------------- dlq
+@click.group("dlq")
+def dlq() -> None:
+    """The dead-letter queue: UNKNOWN and REJECTED jobs."""
+
+
+@dlq.command("list")
+@_store_option
+@click.option("--limit", default=100, show_default=True)
+@_json_option
+def dlq_list(store: str, limit: int, as_json: bool) -> None:
+    """List dead letters with their attempts."""
+    with _outbox(store) as outbox:
+        dead = outbox.dead_letters(limit=limit)
+        attempts = {j.id: outbox.attempts(j.id) for j in dead}
+    if as_json:
+        _emit([{**j.to_dict(), "attempt_log": [a.to_dict() for a in attempts[j.id]]} for j in dead])
+    else:
+        _jobs_table(dead, f"dead letters ({len(dead)})")
+
+
+@dlq.command("replay")
+@_store_option
+@click.argument("job_ids", nargs=-1)
+@click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
+@_json_option
+def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> None:
+    """Put dead letters back to PENDING (same key, fresh attempts)."""
+    if not job_ids and not replay_all:
+        raise click.UsageError("name job ids or pass --all")
+    with _outbox(store) as outbox:
+        ids = [j.id for j in outbox.dead_letters(limit=1_000_000)] if replay_all else job_ids
+        replayed = [outbox.retry(j) for j in ids]
+    if as_json:
+        _emit([j.to_dict() for j in replayed])
+    else:
+        click.echo(f"replayed {len(replayed)} job(s)")
+
+
+@dlq.command("purge")
+@_store_option
+@click.option("--older-than", type=float, default=0.0, help="Seconds unchanged.")
+@click.option(
+    "--state", "states", multiple=True, type=click.Choice([s.value for s in DEAD_LETTER_STATES])
+)
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@_json_option
+def dlq_purge(
+    store: str, older_than: float, states: tuple[str, ...], yes: bool, as_json: bool
+) -> None:
+    """Delete dead letters (and their attempts)."""
+    if not yes and not as_json:
+        click.confirm("Delete dead letters permanently?", abort=True)
+    with _outbox(store) as outbox:
+        n = outbox.purge(states=list(states) or DEAD_LETTER_STATES, older_than=older_than)
+    if as_json:
+        _emit({"purged": n})
+    else:
+        click.echo(f"purged {n} job(s)")

@@ -1,0 +1,42 @@
+"""The client side: a durable outbox of side-effecting HTTP requests and the worker that
+delivers them with one stable idempotency key per job (SPEC §5).
+
+Typical use::
+
+    outbox = Outbox("sqlite:///app.db")
+    job = outbox.submit("https://api.example.com/posts", json={"text": "hello"})
+    outbox.worker(concurrency=8).run_until_idle()
+    outbox.reconcile()            # UNKNOWN jobs: re-send with the same key
+    print(outbox.get(job.id).state)
+"""
+
+from retrysafe.client._budget import BudgetState, RetryBudget
+from retrysafe.client._outbox import DEAD_LETTER_STATES, AsyncOutbox, Outbox
+from retrysafe.client._policy import RetryPolicy, Step, next_step, reconcile_step
+from retrysafe.client._sender import IDEMPOTENCY_KEY_HEADER, SendResult, make_client, send_attempt
+from retrysafe.client._worker import ReconcileReport, Worker, WorkerStats, areconcile, reconcile
+from retrysafe.stores._base import Attempt, Job, JobState
+
+__all__ = [
+    "DEAD_LETTER_STATES",
+    "IDEMPOTENCY_KEY_HEADER",
+    "AsyncOutbox",
+    "Attempt",
+    "BudgetState",
+    "Job",
+    "JobState",
+    "Outbox",
+    "ReconcileReport",
+    "RetryBudget",
+    "RetryPolicy",
+    "SendResult",
+    "Step",
+    "Worker",
+    "WorkerStats",
+    "areconcile",
+    "make_client",
+    "next_step",
+    "reconcile",
+    "reconcile_step",
+    "send_attempt",
+]

@@ -1,0 +1,212 @@
+"""Job values and their validation at submit time (bad input fails here, never later).
+
+A job's idempotency key is minted here — UUIDv4, 122 random bits (SPEC §2) — and inserted
+with the job in one write; no retry, restart or crash ever regenerates it.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import math
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from retrysafe._exceptions import ConfigurationError, InvalidKeyError, PayloadError
+from retrysafe.core import parse_key
+from retrysafe.stores._base import Attempt, Job, JobState, NewJob
+
+__all__ = [
+    "Attempt",
+    "Job",
+    "JobState",
+    "NewJob",
+    "build_job",
+    "destination_of",
+    "notify_submitted",
+    "on_submit",
+]
+
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+_MISSING: Any = object()
+
+
+def destination_of(url: str) -> str:
+    """``scheme://host:port`` of ``url`` (the retry budget's unit)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+def _check_url(url: object) -> str:
+    if not isinstance(url, str):
+        raise ConfigurationError(f"url must be a string, got {type(url).__name__}", option="url")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        raise ConfigurationError(f"url {url!r} is malformed: {exc}", option="url") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigurationError(
+            f"url {url!r} is not http(s); the outbox only sends http:// and https:// requests",
+            option="url",
+        )
+    if not parts.hostname:
+        raise ConfigurationError(f"url {url!r} has no host", option="url")
+    if any(c.isspace() for c in url):
+        raise ConfigurationError(f"url {url!r} contains whitespace", option="url")
+    return url
+
+
+def _find_unserialisable(value: Any, path: str) -> tuple[str, str] | None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"{value!r} is not valid JSON")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _find_unserialisable(item, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return path, f"object key {k!r} is not a string"
+            found = _find_unserialisable(item, f"{path}.{k}")
+            if found:
+                return found
+        return None
+    return path, f"{type(value).__name__} is not JSON-serialisable"
+
+
+def _encode_json(value: Any) -> bytes:
+    found = _find_unserialisable(value, "$")
+    if found is not None:
+        path, why = found
+        raise PayloadError(f"payload cannot be serialised to JSON at {path}: {why}", path=path)
+    try:
+        return jsonlib.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadError(f"payload cannot be serialised to JSON: {exc}") from exc
+
+
+def _deadline_at(deadline: float | timedelta | datetime | None, now: float) -> float | None:
+    if deadline is None:
+        return None
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None:
+            raise ConfigurationError("deadline datetime must be timezone-aware", option="deadline")
+        at = deadline.timestamp()
+        if at <= now:
+            raise ConfigurationError("deadline is in the past", option="deadline")
+        return at
+    if isinstance(deadline, timedelta):
+        deadline = deadline.total_seconds()
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+        raise ConfigurationError(
+            "deadline must be seconds, a timedelta or an aware datetime", option="deadline"
+        )
+    if not math.isfinite(deadline) or deadline <= 0:
+        raise ConfigurationError(
+            f"deadline must be > 0 seconds, got {deadline!r}", option="deadline"
+        )
+    return now + float(deadline)
+
+
+def build_job(
+    url: str,
+    *,
+    json: Any = _MISSING,
+    content: bytes | str | None = None,
+    method: str = "POST",
+    headers: Mapping[str, str] | None = None,
+    key: str | None = None,
+    deadline: float | timedelta | datetime | None = None,
+    now: float,
+) -> NewJob:
+    """Validate a submission and mint its id and key.
+
+    Raises:
+        ConfigurationError: a URL that is not http(s), a bad method/header/deadline, both
+            ``json`` and ``content``, or an ``Idempotency-Key`` header (pass ``key=``).
+        PayloadError: ``json`` cannot be serialised (NaN, sets, objects, non-string keys…).
+        InvalidKeyError: ``key`` is not 1–255 visible ASCII characters.
+    """
+    url = _check_url(url)
+    if not isinstance(method, str) or not method or not set(method) <= _TOKEN_CHARS:
+        raise ConfigurationError(f"method {method!r} is not an HTTP method", option="method")
+    method = method.upper()
+    pairs: list[tuple[str, str]] = []
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigurationError("headers must map str to str", option="headers")
+        if not name or not set(name) <= _TOKEN_CHARS or any(c in value for c in "\r\n\0"):
+            raise ConfigurationError(f"header {name!r} is not a valid header", option="headers")
+        if name.lower() == "idempotency-key":
+            raise ConfigurationError(
+                "pass the idempotency key as key=…, not as a header", option="headers"
+            )
+        pairs.append((name, value))
+    if json is not _MISSING and content is not None:
+        raise ConfigurationError("pass json= or content=, not both", option="content")
+    if json is not _MISSING:
+        body = _encode_json(json)
+        if not any(n.lower() == "content-type" for n, _ in pairs):
+            pairs.append(("Content-Type", "application/json"))
+    elif isinstance(content, str):
+        body = content.encode()
+    elif isinstance(content, (bytes, bytearray, memoryview)):
+        body = bytes(content)
+    elif content is None:
+        body = b""
+    else:
+        raise PayloadError(f"content must be bytes or str, got {type(content).__name__}")
+    if key is None:
+        key = str(uuid.uuid4())
+    else:
+        if not isinstance(key, str):
+            raise InvalidKeyError("the key must be a string", key=repr(key))
+        if parse_key(key) != key:
+            raise InvalidKeyError("the key must be 1–255 visible ASCII characters", key=key)
+    return NewJob(
+        id=uuid.uuid4().hex,
+        key=key,
+        method=method,
+        url=url,
+        destination=destination_of(url),
+        headers=tuple(pairs),
+        body=body,
+        deadline_at=_deadline_at(deadline, now),
+    )
+
+
+# ------------------------------------------------------------------ in-process wake-ups
+_listeners: dict[str, set[Callable[[], None]]] = {}
+_listeners_lock = threading.Lock()
+
+
+def on_submit(store_url: str, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` (from any thread) when a job is submitted in this process to the
+    store at ``store_url``. Returns the function that unsubscribes."""
+    with _listeners_lock:
+        _listeners.setdefault(store_url, set()).add(callback)
+
+    def unsubscribe() -> None:
+        with _listeners_lock:
+            _listeners.get(store_url, set()).discard(callback)
+
+    return unsubscribe
+
+
+def notify_submitted(store_url: str) -> None:
+    """Wake the workers of this process that serve ``store_url``."""
+    with _listeners_lock:
+        callbacks = list(_listeners.get(store_url, ()))
+    for cb in callbacks:
+        cb()

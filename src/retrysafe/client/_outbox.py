@@ -1,0 +1,367 @@
+"""The durable outbox: submit jobs, inspect them, cancel, retry, purge (SPEC §5).
+
+``Outbox.submit`` validates the request, mints the job's idempotency key and inserts both in
+one write. Pass ``connection=`` (from ``store.transaction()``) to commit the job together with
+the application's own rows: the transactional outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+from retrysafe._exceptions import JobError, JobNotFoundError
+from retrysafe.client._jobs import _MISSING, build_job, notify_submitted
+from retrysafe.client._policy import RetryPolicy
+from retrysafe.client._worker import ReconcileReport, Worker, areconcile, open_outbox_store
+from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
+
+__all__ = ["DEAD_LETTER_STATES", "AsyncOutbox", "Outbox"]
+
+#: The states the dead-letter view shows: stopped without a definitive answer, or rejected.
+DEAD_LETTER_STATES = (JobState.UNKNOWN, JobState.REJECTED)
+_RETRYABLE = (JobState.UNKNOWN, JobState.REJECTED, JobState.CANCELLED)
+
+
+class Outbox:
+    """A durable outbox of side-effecting HTTP requests.
+
+    Args:
+        store: an outbox store or its URL (default ``sqlite:///retrysafe.db``). The SQLite
+            file's directory must exist.
+        policy: the default :class:`RetryPolicy` (its ``deadline`` applies to jobs submitted
+            without one; workers made by :meth:`worker` use it).
+        clock: Unix-seconds clock.
+
+    Raises:
+        ConfigurationError: a malformed store URL, a missing directory, a store without an
+            outbox.
+    """
+
+    def __init__(
+        self,
+        store: str | OutboxStore = "sqlite:///retrysafe.db",
+        *,
+        policy: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self._owns_store = open_outbox_store(store)
+        self.policy = policy or RetryPolicy()
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"Outbox({self.store.url!r})"
+
+    def submit(
+        self,
+        url: str,
+        *,
+        json: Any = _MISSING,
+        content: bytes | str | None = None,
+        method: str = "POST",
+        headers: Mapping[str, str] | None = None,
+        key: str | None = None,
+        deadline: float | timedelta | datetime | None = None,
+        connection: Any = None,
+    ) -> Job:
+        """Record one logical operation; a worker will deliver it.
+
+        Args:
+            url: an ``http://`` or ``https://`` URL.
+            json: a JSON-serialisable payload (sent with ``Content-Type: application/json``).
+            content: raw body bytes or text (instead of ``json``).
+            method: the HTTP method (default POST).
+            headers: extra request headers (not ``Idempotency-Key``: pass ``key``).
+            key: your own idempotency key (1–255 visible ASCII characters); default a fresh
+                UUIDv4. Submitting an existing key with the same request returns that job.
+            deadline: seconds / timedelta from now, or an aware datetime, after which no
+                attempt starts (default ``policy.deadline``).
+            connection: the ``sqlite3.Connection`` from ``store.transaction()``: the job
+                commits or rolls back with your own rows (transactional outbox).
+
+        Returns:
+            The PENDING :class:`Job` with its ``id`` and ``key``.
+
+        Raises:
+            ConfigurationError: the URL is not http(s), bad method/headers/deadline.
+            PayloadError: the payload cannot be serialised to JSON.
+            InvalidKeyError: a malformed ``key``.
+            JobError: ``key`` is already used by a different request.
+            StoreError: the store failed (nothing was recorded).
+        """
+        now = self._clock()
+        new = build_job(
+            url,
+            json=json,
+            content=content,
+            method=method,
+            headers=headers,
+            key=key,
+            deadline=self.policy.deadline_s if deadline is None else deadline,
+            now=now,
+        )
+        created, job = self.store.insert_job(new, now=now, connection=connection)
+        if not created and (job.method, job.url, job.body) != (new.method, new.url, new.body):
+            raise JobError(
+                f"idempotency key {new.key!r} is already used by job {job.id} for a different "
+                "request",
+                job_id=job.id,
+            )
+        notify_submitted(self.store.url)
+        return job
+
+    # ------------------------------------------------------------------ inspection
+    def resolve(self, job_id: str) -> str:
+        """The full id of ``job_id`` or of the one job whose id starts with it.
+
+        Raises:
+            JobNotFoundError: no such job (or the prefix is ambiguous).
+        """
+        if self.store.get_job(job_id) is not None:
+            return job_id
+        full = self.store.resolve_job_id(job_id.lower())
+        if full is None:
+            raise JobNotFoundError(f"no job {job_id!r} in {self.store.url}", job_id=job_id)
+        return full
+
+    def get(self, job_id: str) -> Job:
+        """The job (full id or unique prefix). Raises :class:`JobNotFoundError`."""
+        job = self.store.get_job(self.resolve(job_id))
+        if job is None:
+            raise JobNotFoundError(f"no job {job_id!r} in {self.store.url}", job_id=job_id)
+        return job
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        """Every recorded attempt of the job, in order."""
+        return self.store.list_attempts(self.resolve(job_id))
+
+    def jobs(
+        self, *, states: Sequence[JobState | str] | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs, oldest first, optionally only in ``states``."""
+        wanted = None if states is None else [JobState(s) for s in states]
+        return self.store.list_jobs(states=wanted, limit=limit)
+
+    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+        """The dead-letter view: UNKNOWN and REJECTED jobs (see :meth:`attempts` for each)."""
+        return self.store.list_jobs(states=DEAD_LETTER_STATES, limit=limit)
+
+    def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state."""
+        return self.store.count_jobs()
+
+    # ------------------------------------------------------------------ changes
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a PENDING job (it is never sent again).
+
+        Raises:
+            JobNotFoundError: no such job.
+            JobError: the job is IN_FLIGHT (its attempt may commit; cancel after it ends)
+                or already terminal.
+        """
+        full = self.resolve(job_id)
+        job = self.store.transition_job(
+            full, from_states=[JobState.PENDING], state=JobState.CANCELLED, now=self._clock()
+        )
+        if job is None:
+            current = self.get(full)
+            raise JobError(
+                f"job {full} is {current.state.value}; only pending jobs can be cancelled",
+                job_id=full,
+            )
+        return job
+
+    def retry(self, job_id: str, *, deadline: float | timedelta | None = None) -> Job:
+        """Send an UNKNOWN, REJECTED or CANCELLED job again, with the **same key** and a fresh
+        attempt budget (the attempt history stays).
+
+        Raises:
+            JobNotFoundError: no such job.
+            JobError: the job is PENDING, IN_FLIGHT or SUCCEEDED.
+        """
+        full = self.resolve(job_id)
+        now = self._clock()
+        if deadline is None:
+            deadline = self.policy.deadline_s
+        deadline_at = None
+        if deadline is not None:
+            d = deadline.total_seconds() if isinstance(deadline, timedelta) else float(deadline)
+            deadline_at = now + d
+        job = self.store.transition_job(
+            full,
+            from_states=_RETRYABLE,
+            state=JobState.PENDING,
+            now=now,
+            reset=True,
+            deadline_at=deadline_at,
+        )
+        if job is None:
+            current = self.get(full)
+            raise JobError(
+                f"job {full} is {current.state.value}; only unknown, rejected or cancelled "
+                "jobs can be retried",
+                job_id=full,
+            )
+        notify_submitted(self.store.url)
+        return job
+
+    def purge(
+        self,
+        *,
+        states: Sequence[JobState | str] = DEAD_LETTER_STATES,
+        older_than: float | timedelta = 0.0,
+    ) -> int:
+        """Delete jobs (and their attempts) in ``states`` unchanged for ``older_than``
+        seconds; return how many. Refuses PENDING and IN_FLIGHT (that would lose work).
+
+        Raises:
+            JobError: ``states`` includes PENDING or IN_FLIGHT.
+        """
+        wanted = [JobState(s) for s in states]
+        if any(not s.is_terminal for s in wanted):
+            raise JobError("refusing to purge pending or in-flight jobs")
+        age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        return self.store.purge_jobs(states=wanted, before=self._clock() - age)
+
+    # ------------------------------------------------------------------ delivery
+    def worker(self, **options: Any) -> Worker:
+        """A :class:`Worker` on this outbox's store and policy (``options`` as for Worker)."""
+        options.setdefault("policy", self.policy)
+        options.setdefault("clock", self._clock)
+        return Worker(self.store, **options)
+
+    def reconcile(self, **options: Any) -> ReconcileReport:
+        """Re-send UNKNOWN jobs with their same key (see :func:`retrysafe.client.reconcile`)."""
+        options.setdefault("policy", self.policy)
+        return asyncio.run(areconcile(self.store, **options))
+
+    def close(self) -> None:
+        """Close the store if this outbox opened it from a URL. Idempotent."""
+        if self._owns_store:
+            self.store.close()
+            self._owns_store = False
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncOutbox:
+    """The async face of :class:`Outbox`: the same methods, awaitable; close with
+    :meth:`aclose`. ``submit`` runs on the event loop (an uncontended SQLite insert takes
+    microseconds) and moves to a thread only when another process holds the write lock."""
+
+    def __init__(
+        self,
+        store: str | OutboxStore = "sqlite:///retrysafe.db",
+        *,
+        policy: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._sync = Outbox(store, policy=policy, clock=clock)
+        self.store = self._sync.store
+        self.policy = self._sync.policy
+        self._clock = clock
+        factory = getattr(self.store, "asyncio_outbox_store", None)
+        self._astore: AsyncOutboxStore | None = factory() if factory is not None else None
+
+    def __repr__(self) -> str:
+        return f"AsyncOutbox({self.store.url!r})"
+
+    async def submit(
+        self,
+        url: str,
+        *,
+        json: Any = _MISSING,
+        content: bytes | str | None = None,
+        method: str = "POST",
+        headers: Mapping[str, str] | None = None,
+        key: str | None = None,
+        deadline: float | timedelta | datetime | None = None,
+    ) -> Job:
+        """See :meth:`Outbox.submit` (without ``connection``)."""
+        if self._astore is None:
+            return await asyncio.to_thread(
+                self._sync.submit,
+                url,
+                json=json,
+                content=content,
+                method=method,
+                headers=headers,
+                key=key,
+                deadline=deadline,
+            )
+        now = self._clock()
+        new = build_job(
+            url,
+            json=json,
+            content=content,
+            method=method,
+            headers=headers,
+            key=key,
+            deadline=self.policy.deadline_s if deadline is None else deadline,
+            now=now,
+        )
+        created, job = await self._astore.insert_job(new, now=now)
+        if not created and (job.method, job.url, job.body) != (new.method, new.url, new.body):
+            raise JobError(
+                f"idempotency key {new.key!r} is already used by job {job.id} for a different "
+                "request",
+                job_id=job.id,
+            )
+        notify_submitted(self.store.url)
+        return job
+
+    async def get(self, job_id: str) -> Job:
+        return await asyncio.to_thread(self._sync.get, job_id)
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        return await asyncio.to_thread(self._sync.attempts, job_id)
+
+    async def jobs(
+        self, *, states: Sequence[JobState | str] | None = None, limit: int = 100
+    ) -> list[Job]:
+        return await asyncio.to_thread(lambda: self._sync.jobs(states=states, limit=limit))
+
+    async def counts(self) -> dict[JobState, int]:
+        return await asyncio.to_thread(self._sync.counts)
+
+    async def cancel(self, job_id: str) -> Job:
+        return await asyncio.to_thread(self._sync.cancel, job_id)
+
+    async def retry(self, job_id: str, *, deadline: float | timedelta | None = None) -> Job:
+        return await asyncio.to_thread(lambda: self._sync.retry(job_id, deadline=deadline))
+
+    def worker(self, **options: Any) -> Worker:
+        """A :class:`Worker` on this outbox's store; run it with ``await worker.serve()``."""
+        return self._sync.worker(**options)
+
+    async def reconcile(self, **options: Any) -> ReconcileReport:
+        options.setdefault("policy", self.policy)
+        return await areconcile(self.store, **options)
+
+    async def aclose(self) -> None:
+        """Close the store if this outbox opened it from a URL. Idempotent."""
+        self._sync.close()
+
+    async def __aenter__(self) -> AsyncOutbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

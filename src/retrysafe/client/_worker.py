@@ -1,0 +1,600 @@
+"""The outbox worker: claim due jobs, send one attempt each, record it, schedule the next.
+
+A thin async driver around the pure rules: :func:`~retrysafe.core.classify_response` and
+:func:`~retrysafe.core.classify_transport_error` (what an attempt saw), :func:`next_step`
+(what happens next) and :class:`RetryBudget` (may this retry go now). The store leases jobs
+atomically, so any number of workers, in any number of processes, can share one store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
+from retrysafe.client._budget import BudgetState, RetryBudget
+from retrysafe.client._jobs import on_submit
+from retrysafe.client._policy import (
+    RetryPolicy,
+    Step,
+    deadline_passed,
+    next_step,
+    reconcile_step,
+    seconds,
+)
+from retrysafe.client._sender import SendResult, make_client, send_attempt
+from retrysafe.core import Action, AttemptOutcome
+from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "ReconcileReport",
+    "Worker",
+    "WorkerStats",
+    "areconcile",
+    "open_outbox_store",
+    "reconcile",
+]
+
+logger = logging.getLogger("retrysafe.client")
+
+AttemptHook = Callable[[Job, Attempt, Step], None]
+
+
+def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
+    """``(store, owned)``: open a URL (owned: close it when done) or take a store object.
+
+    Raises:
+        ConfigurationError: the URL is malformed, names a missing directory, or a store
+            without an outbox (``memory://``).
+    """
+    if isinstance(store, str):
+        from retrysafe.stores import open_store
+
+        opened = open_store(store)
+        if not isinstance(opened, OutboxStore):
+            with contextlib.suppress(Exception):
+                opened.close()
+            raise ConfigurationError(
+                f"store {store!r} has no outbox; use sqlite:///path.db", option="store"
+            )
+        return opened, True
+    if not isinstance(store, OutboxStore):
+        raise ConfigurationError(
+            f"{store!r} is not an outbox store (needs the OutboxStore methods)", option="store"
+        )
+    return store, False
+
+
+def _async_face(store: OutboxStore) -> AsyncOutboxStore:
+    factory = getattr(store, "asyncio_outbox_store", None)
+    if factory is None:
+        raise ConfigurationError(f"{store!r} has no async outbox face", option="store")
+    face: AsyncOutboxStore = factory()
+    return face
+
+
+@dataclass
+class WorkerStats:
+    """Counters since the worker started. ``deferred`` counts retries the retry budget
+    postponed (not attempts); ``released`` counts jobs handed back on cancel/shutdown."""
+
+    claimed: int = 0
+    attempts: int = 0
+    succeeded: int = 0
+    rejected: int = 0
+    unknown: int = 0
+    retries_scheduled: int = 0
+    polls: int = 0
+    deferred: int = 0
+    released: int = 0
+    lease_lost: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Budgets:
+    """The per-destination buckets (mutable holder around the pure :class:`RetryBudget`)."""
+
+    def __init__(self, budget: RetryBudget) -> None:
+        self.budget = budget
+        self._state: dict[str, BudgetState] = {}
+
+    def spend(self, destination: str, now: float) -> tuple[bool, float]:
+        state = self._state.get(destination) or self.budget.full(now)
+        allowed, wait, new = self.budget.spend(state, now)
+        self._state[destination] = new
+        return allowed, wait
+
+    def credit(self, destination: str, now: float) -> None:
+        state = self._state.get(destination) or self.budget.full(now)
+        self._state[destination] = self.budget.credit(state, now)
+
+
+def _check_lease(lease: float | timedelta | None, policy: RetryPolicy) -> float:
+    if lease is None:
+        return 3.0 * policy.timeout_s
+    value = seconds(lease, "lease")
+    if value <= policy.timeout_s:
+        raise ConfigurationError(
+            f"lease ({value} s) must be longer than the request timeout ({policy.timeout_s} s): "
+            "otherwise a second worker re-sends a job whose first attempt is still running",
+            option="lease",
+        )
+    if value < 2 * policy.timeout_s:
+        warnings.warn(
+            f"lease ({value} s) is shorter than twice the request timeout ({policy.timeout_s} s); "
+            "a slow store write after a slow attempt may let another worker take the job over",
+            RetrysafeWarning,
+            stacklevel=3,
+        )
+    return value
+
+
+class Worker:
+    """Delivers outbox jobs: at-least-once sends, one key per job, effects made exactly-once by
+    the server's idempotency layer (SPEC §5).
+
+    Args:
+        store: an outbox store or its URL (``sqlite:///path.db``).
+        policy: retries, backoff and timeouts (default :class:`RetryPolicy`).
+        concurrency: attempts in flight at once (default 8).
+        lease: seconds a claimed job stays leased (default ``3 × timeout``). Must exceed the
+            request timeout; a warning below twice it.
+        poll_interval: seconds between store polls when idle (default 0.2); in-process
+            submissions wake the worker at once.
+        budget: per-destination retry budget (default :class:`RetryBudget`); None disables.
+        grace: seconds :meth:`stop` lets in-flight attempts finish before releasing them.
+        transport: an ``httpx.AsyncBaseTransport`` to send through (tests, proxies); default
+            ``httpx.AsyncHTTPTransport(retries=0)``.
+        rng: random source for jitter (seed it in tests).
+        clock: Unix-seconds clock.
+        on_attempt: called after every recorded attempt with ``(job, attempt, step)``.
+
+    Raises:
+        ConfigurationError: bad concurrency/poll interval/grace, a lease not longer than the
+            timeout, or a store without an outbox.
+    """
+
+    def __init__(
+        self,
+        store: str | OutboxStore,
+        *,
+        policy: RetryPolicy | None = None,
+        concurrency: int = 8,
+        lease: float | timedelta | None = None,
+        poll_interval: float | timedelta = 0.2,
+        budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen value
+        grace: float | timedelta = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+        on_attempt: AttemptHook | None = None,
+    ) -> None:
+        self.policy = policy or RetryPolicy()
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError("concurrency must be an integer >= 1", option="concurrency")
+        self.concurrency = concurrency
+        self.lease = _check_lease(lease, self.policy)
+        self.poll_interval = seconds(poll_interval, "poll_interval")
+        self.grace = seconds(grace, "grace", allow_zero=True)
+        self.store, self._owns_store = open_outbox_store(store)
+        self._astore = _async_face(self.store)
+        self._budgets = None if budget is None else _Budgets(budget)
+        self._transport = transport
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._on_attempt = on_attempt
+        self.stats = WorkerStats()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"Worker({self.store!r}, concurrency={self.concurrency})"
+
+    # ------------------------------------------------------------------ control
+    def stop(self) -> None:
+        """Graceful shutdown, from any thread or a signal handler: stop claiming, let in-flight
+        attempts finish for up to ``grace`` seconds, release the rest (PENDING, same key)."""
+        self._stopping = True
+        self._wake_threadsafe()
+
+    def _wake_threadsafe(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or loop.is_closed():
+            return
+        try:
+            if asyncio.get_running_loop() is loop:
+                wake.set()
+                return
+        except RuntimeError:
+            pass
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(wake.set)
+
+    def close(self) -> None:
+        """Close the store if the worker opened it from a URL. Idempotent."""
+        if self._owns_store:
+            self.store.close()
+            self._owns_store = False
+
+    def run(self, *, until_idle: bool = False, handle_signals: bool = False) -> WorkerStats:
+        """Run :meth:`serve` in a new event loop (blocking). See :meth:`serve`."""
+        return asyncio.run(self.serve(until_idle=until_idle, handle_signals=handle_signals))
+
+    def run_until_idle(self) -> WorkerStats:
+        """Run until no job is PENDING or IN_FLIGHT (every job SUCCEEDED, REJECTED, UNKNOWN or
+        CANCELLED), waiting for backoff delays in real time. Blocking."""
+        return self.run(until_idle=True)
+
+    # ------------------------------------------------------------------ main loop
+    async def serve(self, *, until_idle: bool = False, handle_signals: bool = False) -> WorkerStats:
+        """Claim and deliver jobs until :meth:`stop` (or, with ``until_idle``, until no job is
+        PENDING or IN_FLIGHT).
+
+        Cancelling the task running it (Ctrl-C) cancels in-flight attempts: they are not
+        retried and not counted, and their jobs go back to PENDING with the same key.
+
+        Args:
+            until_idle: return once every job in the store is terminal.
+            handle_signals: install SIGTERM (graceful :meth:`stop`) on the running loop.
+
+        Returns:
+            The worker's :class:`WorkerStats`.
+        """
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        self._stopping = False
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        wake = self._wake = asyncio.Event()
+        unsubscribe = on_submit(self.store.url, self._wake_threadsafe)
+        if handle_signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGTERM, self.stop)
+        tasks: set[asyncio.Task[None]] = set()
+        client = make_client(
+            self.policy, transport=self._transport, max_connections=max(self.concurrency, 1)
+        )
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            wake.set()
+
+        try:
+            while not self._stopping:
+                wake.clear()
+                free = self.concurrency - len(tasks)
+                claimed: list[Job] = []
+                if free > 0:
+                    claimed = await self._astore.claim_jobs(
+                        token=uuid.uuid4().hex, now=self._clock(), lease=self.lease, limit=free
+                    )
+                    for job in claimed:
+                        self.stats.claimed += 1
+                        task = asyncio.create_task(self._process(client, job))
+                        tasks.add(task)
+                        task.add_done_callback(done)
+                    if len(claimed) == free:
+                        await asyncio.sleep(0)
+                        continue  # there may be more due jobs
+                if until_idle and not tasks:
+                    counts = await self._astore.count_jobs()
+                    if counts[JobState.PENDING] + counts[JobState.IN_FLIGHT] == 0:
+                        break
+                timeout = self.poll_interval
+                if not tasks:
+                    due = await self._astore.next_due()
+                    if due is not None:
+                        timeout = min(timeout, max(0.0, due - self._clock()))
+                if timeout > 0 and not wake.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(wake.wait(), timeout)
+            # Graceful stop: let in-flight attempts finish, then release the rest.
+            if tasks:
+                _, pending = await asyncio.wait(set(tasks), timeout=self.grace)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.gather(*pending, return_exceptions=True)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+            raise
+        finally:
+            unsubscribe()
+            if handle_signals:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(client.aclose())
+            self._running = False
+            self._loop = None
+            self._wake = None
+        return self.stats
+
+    # ------------------------------------------------------------------ one job
+    async def _process(self, client: httpx.AsyncClient, job: Job) -> None:
+        token = job.lease_token or ""
+        try:
+            now = self._clock()
+            if deadline_passed(job.deadline_at, now):
+                await self._astore.release_job(
+                    job.id,
+                    token,
+                    state=JobState.UNKNOWN,
+                    due_at=now,
+                    error="deadline passed before the next attempt",
+                    now=now,
+                )
+                self.stats.unknown += 1
+                logger.info("job=%s key=%s state=unknown reason=deadline", job.id, job.key)
+                return
+            is_retry = job.attempts > 0 and job.last_outcome != AttemptOutcome.IN_PROGRESS.value
+            if is_retry and self._budgets is not None:
+                allowed, wait = self._budgets.spend(job.destination, now)
+                if not allowed:
+                    # Deferred, not dropped, and not an attempt (SPEC §5 retry budget).
+                    await self._astore.release_job(
+                        job.id,
+                        token,
+                        state=JobState.PENDING,
+                        due_at=now + wait + self._rng.uniform(0, wait),
+                        error=None,
+                        now=now,
+                    )
+                    self.stats.deferred += 1
+                    logger.debug(
+                        "job=%s deferred by the retry budget of %s", job.id, job.destination
+                    )
+                    return
+            result = await send_attempt(
+                client, job, timeout=self.policy.timeout_s, clock=self._clock
+            )
+            end = self._clock()
+            step = next_step(
+                result.classification,
+                policy=self.policy,
+                attempts=job.attempts,
+                polls=job.polls,
+                now=end,
+                deadline_at=job.deadline_at,
+                previous_delay=job.last_delay,
+                retry_after=result.retry_after,
+                rng=self._rng,
+            )
+            if self._budgets is not None and step.state is JobState.SUCCEEDED:
+                self._budgets.credit(job.destination, end)
+            await self._record(job, token, result, step, end)
+        except asyncio.CancelledError:
+            # Cancellation is never retried nor counted: back to PENDING, same key, now.
+            self._release_now(job, token, "cancelled")
+            raise
+        except Exception as exc:  # a bug or a store failure: never leave the job stuck
+            logger.exception("job=%s failed in the worker", job.id)
+            with contextlib.suppress(Exception):
+                now = self._clock()
+                self.store.release_job(
+                    job.id,
+                    token,
+                    state=JobState.PENDING,
+                    due_at=now + self.policy.wait_initial_s,
+                    error=f"worker error: {exc!r}",
+                    now=now,
+                )
+
+    def _release_now(self, job: Job, token: str, why: str) -> None:
+        try:
+            now = self._clock()
+            if self.store.release_job(
+                job.id, token, state=JobState.PENDING, due_at=now, error=None, now=now
+            ):
+                self.stats.released += 1
+                logger.info("job=%s key=%s released (%s): pending, same key", job.id, job.key, why)
+        except Exception:  # the lease will expire and another worker takes over
+            logger.exception("job=%s could not be released; its lease will expire", job.id)
+
+    async def _record(
+        self, job: Job, token: str, result: SendResult, step: Step, end: float
+    ) -> None:
+        attempt = Attempt(
+            job_id=job.id,
+            key=job.key,
+            number=job.sends + 1,
+            started_at=result.started_at,
+            duration=result.duration,
+            outcome=result.classification.outcome.value,
+            status=result.status,
+            error_type=result.error_type,
+            replayed=result.replayed,
+            counted=step.counted,
+        )
+        error = None if step.state is JobState.SUCCEEDED else result.detail
+        recorded = await self._astore.finish_attempt(
+            job.id,
+            token,
+            attempt,
+            state=step.state,
+            due_at=step.due_at,
+            last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
+            error=error,
+            now=end,
+        )
+        if recorded is None:
+            self.stats.lease_lost += 1
+            logger.warning("job=%s lost its lease during the attempt; not recorded", job.id)
+            return
+        s = self.stats
+        s.attempts += 1
+        s.outcomes[attempt.outcome] = s.outcomes.get(attempt.outcome, 0) + 1
+        if step.state is JobState.SUCCEEDED:
+            s.succeeded += 1
+        elif step.state is JobState.REJECTED:
+            s.rejected += 1
+        elif step.state is JobState.UNKNOWN:
+            s.unknown += 1
+        elif result.classification.action is Action.POLL:
+            s.polls += 1
+        else:
+            s.retries_scheduled += 1
+        _log_attempt(recorded, step)
+        if self._on_attempt is not None:
+            self._on_attempt(job, recorded, step)
+
+
+def _log_attempt(attempt: Attempt, step: Step) -> None:
+    data = attempt.to_dict()
+    data.update(next_state=step.state.value, next_in=round(step.delay, 3), reason=step.reason)
+    logger.info(
+        "attempt job=%s key=%s n=%d outcome=%s status=%s error=%s replayed=%s "
+        "duration=%.3fs next=%s in=%.3fs",
+        attempt.job_id,
+        attempt.key,
+        attempt.number,
+        attempt.outcome,
+        attempt.status,
+        attempt.error_type,
+        attempt.replayed,
+        attempt.duration,
+        step.state.value,
+        step.delay,
+        extra={"retrysafe": data},
+    )
+
+
+# ---------------------------------------------------------------------- reconcile
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What one reconciliation pass did: the jobs it re-sent, by resulting state."""
+
+    succeeded: int
+    rejected: int
+    unknown: int
+    jobs: tuple[Job, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "succeeded": self.succeeded,
+            "rejected": self.rejected,
+            "unknown": self.unknown,
+            "jobs": [j.to_dict() for j in self.jobs],
+        }
+
+
+async def areconcile(
+    store: str | OutboxStore,
+    *,
+    policy: RetryPolicy | None = None,
+    ids: Sequence[str] | None = None,
+    limit: int = 1000,
+    concurrency: int = 8,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], float] = time.time,
+) -> ReconcileReport:
+    """Re-send UNKNOWN jobs once each with their **same key** (SPEC §5).
+
+    The server's replay answers definitively: 2xx → SUCCEEDED, a rejecting 4xx → REJECTED.
+    Anything else (no answer, 5xx, 409 still in progress) leaves the job UNKNOWN; every
+    attempt is recorded either way.
+
+    Args:
+        store: an outbox store or its URL.
+        policy: timeouts (default :class:`RetryPolicy`).
+        ids: only these job ids (default: every UNKNOWN job, oldest first, up to ``limit``).
+        limit: most jobs to reconcile in this pass.
+        concurrency: attempts in flight at once.
+        transport: an ``httpx.AsyncBaseTransport`` (tests, proxies).
+        clock: Unix-seconds clock.
+    """
+    policy = policy or RetryPolicy()
+    outbox_store, owned = open_outbox_store(store)
+    astore = _async_face(outbox_store)
+    lease = 3.0 * policy.timeout_s
+    try:
+        jobs = await astore.claim_unknown_jobs(
+            token=uuid.uuid4().hex, now=clock(), lease=lease, limit=limit, ids=ids
+        )
+        sem = asyncio.Semaphore(max(1, concurrency))
+        finals: list[Job] = []
+        counts = dict.fromkeys(JobState, 0)
+        async with make_client(policy, transport=transport, max_connections=concurrency) as client:
+
+            async def one(job: Job) -> None:
+                token = job.lease_token or ""
+                async with sem:
+                    try:
+                        result = await send_attempt(
+                            client, job, timeout=policy.timeout_s, clock=clock
+                        )
+                    except asyncio.CancelledError:
+                        now = clock()
+                        outbox_store.release_job(
+                            job.id, token, state=JobState.UNKNOWN, due_at=now, error=None, now=now
+                        )
+                        raise
+                state = reconcile_step(result.classification)
+                end = clock()
+                attempt = Attempt(
+                    job_id=job.id,
+                    key=job.key,
+                    number=job.sends + 1,
+                    started_at=result.started_at,
+                    duration=result.duration,
+                    outcome=result.classification.outcome.value,
+                    status=result.status,
+                    error_type=result.error_type,
+                    replayed=result.replayed,
+                    counted=result.classification.action is not Action.POLL,
+                )
+                recorded = await astore.finish_attempt(
+                    job.id,
+                    token,
+                    attempt,
+                    state=state,
+                    due_at=end,
+                    last_delay=job.last_delay,
+                    error=None if state is JobState.SUCCEEDED else result.detail,
+                    now=end,
+                )
+                if recorded is not None:
+                    counts[state] += 1
+                    _log_attempt(recorded, Step(state, end, 0.0, attempt.counted, "reconcile"))
+                final = outbox_store.get_job(job.id)
+                if final is not None:
+                    finals.append(final)
+
+            await asyncio.gather(*(one(j) for j in jobs))
+        finals.sort(key=lambda j: j.created_at)
+        return ReconcileReport(
+            succeeded=counts[JobState.SUCCEEDED],
+            rejected=counts[JobState.REJECTED],
+            unknown=counts[JobState.UNKNOWN],
+            jobs=tuple(finals),
+        )
+    finally:
+        if owned:
+            outbox_store.close()
+
+
+def reconcile(store: str | OutboxStore, **options: Any) -> ReconcileReport:
+    """Blocking :func:`areconcile` (runs its own event loop)."""
+    return asyncio.run(areconcile(store, **options))

@@ -1,0 +1,143 @@
+"""A real local HTTP server whose answers each test scripts, per path, request by request."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from retrysafe import Outbox, RetryPolicy
+from retrysafe._serving import ServerThread
+
+# Policies with tiny waits so tests never sleep through real backoff.
+FAST = RetryPolicy(attempts=4, wait_initial=0.01, wait_max=0.05, timeout=2.0, poll_interval=0.01)
+
+
+@dataclass
+class Step:
+    """One scripted answer: ``status`` after ``sleep`` seconds, or a truncated answer."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    sleep: float = 0.0
+    truncate: bool = False
+
+
+@dataclass
+class Seen:
+    path: str
+    key: str | None
+    body: bytes
+    at: float
+
+
+class _Truncated(Response):
+    """Promises 1000 bytes, sends 10, then fails: the client sees a truncated answer."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"1000")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"0123456789", "more_body": True})
+        raise RuntimeError("connection dropped mid-answer (scripted)")
+
+
+class Script:
+    """Per-path queues of :class:`Step`; the last step of a path repeats forever."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, list[Step]] = {}
+        self.seen: list[Seen] = []
+        self.in_flight: dict[str, int] = {}
+        self.max_in_flight: dict[str, int] = {}
+        self.started = threading.Event()
+        self._lock = threading.Lock()
+
+    def plan(self, path: str, *steps: Step) -> str:
+        self.plans[path] = list(steps)
+        return path
+
+    def requests(self, path: str) -> list[Seen]:
+        return [s for s in self.seen if s.path == path]
+
+    def _next(self, path: str) -> Step:
+        with self._lock:
+            plan = self.plans.get(path) or [Step()]
+            return plan.pop(0) if len(plan) > 1 else plan[0]
+
+    async def endpoint(self, request: Request) -> Response:
+        path = request.url.path
+        key = request.headers.get("idempotency-key")
+        body = await request.body()
+        step = self._next(path)
+        with self._lock:
+            self.seen.append(Seen(path, key, body, time.time()))
+            k = key or ""
+            self.in_flight[k] = self.in_flight.get(k, 0) + 1
+            self.max_in_flight[k] = max(self.max_in_flight.get(k, 0), self.in_flight[k])
+        self.started.set()
+        try:
+            if step.sleep:
+                await asyncio.sleep(step.sleep)
+            if step.truncate:
+                return _Truncated()
+            if step.body is not None and step.headers.get("content-type") == (
+                "application/problem+json"
+            ):
+                import json
+
+                return Response(json.dumps(step.body), step.status, headers=step.headers)
+            return JSONResponse(
+                step.body if step.body is not None else {"path": path},
+                step.status,
+                headers=step.headers,
+            )
+        finally:
+            with self._lock:
+                self.in_flight[k] -= 1
+
+
+@pytest.fixture(scope="session")
+def _server() -> Iterator[tuple[ServerThread, list[Script]]]:
+    holder: list[Script] = [Script()]
+
+    async def endpoint(request: Request) -> Response:
+        return await holder[0].endpoint(request)
+
+    app = Starlette(routes=[Route("/{path:path}", endpoint, methods=["POST", "PUT", "PATCH"])])
+    with ServerThread(app) as server:
+        yield server, holder
+
+
+@pytest.fixture
+def script(_server: tuple[ServerThread, list[Script]]) -> Script:
+    """A fresh script on the session's server."""
+    _server[1][0] = Script()
+    return _server[1][0]
+
+
+@pytest.fixture
+def base_url(_server: tuple[ServerThread, list[Script]]) -> str:
+    return _server[0].url
+
+
+@pytest.fixture
+def outbox(sqlite_path: Path) -> Iterator[Outbox]:
+    with Outbox(f"sqlite:///{sqlite_path}", policy=FAST) as ob:
+        yield ob

@@ -1,0 +1,118 @@
+"""Bad input fails loudly at submit or startup; no job is silently lost or stuck IN_FLIGHT."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from retrysafe import (
+    ConfigurationError,
+    InvalidKeyError,
+    Outbox,
+    PayloadError,
+    RetryPolicy,
+    RetrysafeWarning,
+    Worker,
+)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.test/x",
+        "example.test/x",
+        "file:///etc/passwd",
+        "http:///nohost",
+        "http://exa mple.test/",
+        "http://example.test:99999/",
+    ],
+)
+def test_non_http_url_is_refused_at_submit(outbox: Outbox, url: str) -> None:
+    """A URL that is not http(s) (or is malformed) is a ConfigurationError; nothing stored."""
+    with pytest.raises(ConfigurationError):
+        outbox.submit(url, json={})
+    assert outbox.jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        ({"a": object()}, "$.a"),
+        ({"a": [1, {2, 3}]}, "$.a[1]"),
+        ({"x": math.nan}, "$.x"),
+        ({1: "int key"}, "$"),
+    ],
+)
+def test_unserialisable_payload_is_refused_with_its_path(
+    outbox: Outbox, payload: object, path: str
+) -> None:
+    """A payload that is not JSON raises PayloadError naming where the bad value sits."""
+    with pytest.raises(PayloadError) as info:
+        outbox.submit("http://example.test/x", json=payload)
+    assert info.value.path == path
+    assert outbox.jobs() == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, math.inf])
+def test_zero_negative_or_infinite_timeout_is_refused(timeout: float) -> None:
+    """timeout <= 0 (or not finite) is a ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(timeout=timeout)
+
+
+def test_lease_not_longer_than_timeout_is_refused(sqlite_path: Path) -> None:
+    """A lease <= the request timeout is refused at worker startup."""
+    with pytest.raises(ConfigurationError, match="lease"):
+        Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=10), lease=5)
+
+
+def test_lease_shorter_than_twice_the_timeout_warns(sqlite_path: Path) -> None:
+    """A lease between 1× and 2× the timeout works but warns."""
+    with pytest.warns(RetrysafeWarning):
+        Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=10), lease=15).close()
+
+
+def test_store_in_a_missing_directory_is_refused(tmp_path: Path) -> None:
+    """A SQLite path in a directory that does not exist fails at startup, clearly."""
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        Outbox(f"sqlite:///{tmp_path}/missing/dir/outbox.db")
+
+
+def test_store_without_an_outbox_is_refused() -> None:
+    """memory:// has no outbox: a ConfigurationError, not a crash later."""
+    with pytest.raises(ConfigurationError, match="no outbox"):
+        Outbox("memory://")
+
+
+@pytest.mark.parametrize("key", ["", "a b", "é", "x" * 256])
+def test_malformed_key_is_refused(outbox: Outbox, key: str) -> None:
+    """A key that is not 1–255 visible ASCII characters raises InvalidKeyError."""
+    with pytest.raises(InvalidKeyError):
+        outbox.submit("http://example.test/x", json={}, key=key)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"deadline": 0},
+        {"deadline": -3},
+        {"method": "PO ST"},
+        {"headers": {"Idempotency-Key": "k"}},
+        {"content": b"x"},
+    ],
+)
+def test_other_bad_submissions_are_refused(outbox: Outbox, kwargs: dict[str, object]) -> None:
+    """Bad deadline, method, an Idempotency-Key header, or json+content: ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        outbox.submit("http://example.test/x", json={}, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad", [{"attempts": 0}, {"wait_initial": 5, "wait_max": 1}, {"jitter": "wild"}, {"polls": -1}]
+)
+def test_bad_policy_values_are_refused(bad: dict[str, object]) -> None:
+    """attempts < 1, wait_max < wait_initial, an unknown jitter: ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(**bad)  # type: ignore[arg-type]

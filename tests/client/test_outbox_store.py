@@ -1,0 +1,176 @@
+"""The outbox store's contract on SQLite: one write per job, atomic claims, fenced writes,
+and the transactional outbox."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from retrysafe import JobError, JobState, Outbox, SQLiteStore
+from retrysafe.stores import Attempt, OutboxStore
+
+NOW = 1_700_000_000.0
+
+
+def _attempt(job_id: str, key: str) -> Attempt:
+    return Attempt(
+        job_id=job_id,
+        key=key,
+        number=0,
+        started_at=NOW,
+        duration=0.1,
+        outcome="success",
+        status=200,
+        error_type=None,
+        replayed=False,
+        counted=True,
+    )
+
+
+def test_sqlite_store_is_an_outbox_store(sqlite_store: SQLiteStore) -> None:
+    """SQLiteStore implements the OutboxStore protocol."""
+    assert isinstance(sqlite_store, OutboxStore)
+
+
+def test_submit_stores_job_and_key_in_one_write(sqlite_store: SQLiteStore) -> None:
+    """submit returns a PENDING job whose UUIDv4 key is already stored with it."""
+    outbox = Outbox(sqlite_store)
+    job = outbox.submit("http://example.test/x", json={"a": 1})
+    stored = sqlite_store.get_job(job.id)
+    assert stored is not None and stored.key == job.key and stored.state is JobState.PENDING
+    assert len(job.key) == 36 and job.key[14] == "4"
+    assert stored.body == b'{"a":1}'
+
+
+def test_submit_with_an_existing_key_returns_that_job(sqlite_store: SQLiteStore) -> None:
+    """The same key and request twice gives one job; a different request is an error."""
+    outbox = Outbox(sqlite_store)
+    a = outbox.submit("http://example.test/x", json={"a": 1}, key="order-1")
+    b = outbox.submit("http://example.test/x", json={"a": 1}, key="order-1")
+    assert a.id == b.id and len(outbox.jobs()) == 1
+    with pytest.raises(JobError):
+        outbox.submit("http://example.test/x", json={"a": 2}, key="order-1")
+
+
+def test_claims_from_many_threads_never_lease_a_job_twice(sqlite_path: object) -> None:
+    """Concurrent claim_jobs calls (own connections) each get disjoint jobs."""
+    store = SQLiteStore(str(sqlite_path))
+    outbox = Outbox(store)
+    ids = {outbox.submit("http://example.test/x", json={"i": i}).id for i in range(200)}
+    got: list[list[str]] = []
+    lock = threading.Lock()
+
+    def claim(n: int) -> None:
+        s = SQLiteStore(str(sqlite_path))
+        mine: list[str] = []
+        while True:
+            jobs = s.claim_jobs(token=f"t{n}", now=time.time() + 1000, lease=60, limit=7)
+            if not jobs:
+                break
+            mine += [j.id for j in jobs]
+        with lock:
+            got.append(mine)
+        s.close()
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [i for mine in got for i in mine]
+    assert len(flat) == len(set(flat)) == 200 and set(flat) == ids
+    store.close()
+
+
+def test_expired_lease_makes_an_in_flight_job_claimable_again(sqlite_store: SQLiteStore) -> None:
+    """A job IN_FLIGHT under an expired lease (owner crashed) is claimed again, same key."""
+    job = Outbox(sqlite_store).submit("http://example.test/x", json={})
+    [first] = sqlite_store.claim_jobs(token="a", now=job.created_at + 1, lease=10, limit=5)
+    assert sqlite_store.claim_jobs(token="b", now=job.created_at + 5, lease=10, limit=5) == []
+    [again] = sqlite_store.claim_jobs(token="b", now=job.created_at + 12, lease=10, limit=5)
+    assert again.id == first.id and again.key == job.key and again.lease_token == "b"
+
+
+def test_writes_are_fenced_by_the_lease_token(sqlite_store: SQLiteStore) -> None:
+    """After a take-over the old owner can neither finish nor release the job."""
+    job = Outbox(sqlite_store).submit("http://example.test/x", json={})
+    sqlite_store.claim_jobs(token="old", now=job.created_at + 1, lease=1, limit=1)
+    sqlite_store.claim_jobs(token="new", now=job.created_at + 3, lease=10, limit=1)
+    stale = sqlite_store.finish_attempt(
+        job.id,
+        "old",
+        _attempt(job.id, job.key),
+        state=JobState.SUCCEEDED,
+        due_at=NOW,
+        last_delay=0,
+        error=None,
+        now=NOW,
+    )
+    assert stale is None
+    assert not sqlite_store.release_job(
+        job.id, "old", state=JobState.PENDING, due_at=NOW, error=None, now=NOW
+    )
+    assert sqlite_store.list_attempts(job.id) == []
+    done = sqlite_store.finish_attempt(
+        job.id,
+        "new",
+        _attempt(job.id, job.key),
+        state=JobState.SUCCEEDED,
+        due_at=NOW,
+        last_delay=0,
+        error=None,
+        now=NOW,
+    )
+    assert done is not None and done.number == 1
+    assert sqlite_store.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_transactional_outbox_commits_job_with_the_business_row(sqlite_store: SQLiteStore) -> None:
+    """submit(connection=…) inside store.transaction(): the job commits with the app's row."""
+    sqlite_store.run(lambda c: c.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+    outbox = Outbox(sqlite_store)
+    with sqlite_store.transaction() as conn:
+        conn.execute("INSERT INTO orders (id) VALUES (1)")
+        job = outbox.submit("http://example.test/charge", json={"order": 1}, connection=conn)
+    assert sqlite_store.get_job(job.id) is not None
+    assert sqlite_store.run(lambda c: c.execute("SELECT COUNT(*) FROM orders").fetchone()[0]) == 1
+
+
+def test_transactional_outbox_rollback_leaves_no_job(sqlite_store: SQLiteStore) -> None:
+    """A rolled-back transaction leaves neither the app's row nor the job."""
+    sqlite_store.run(lambda c: c.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+    outbox = Outbox(sqlite_store)
+
+    def business_transaction() -> None:
+        with sqlite_store.transaction() as conn:
+            conn.execute("INSERT INTO orders (id) VALUES (1)")
+            outbox.submit("http://example.test/charge", json={"order": 1}, connection=conn)
+            assert isinstance(conn, sqlite3.Connection)
+            raise RuntimeError("business rule failed")
+
+    with pytest.raises(RuntimeError):
+        business_transaction()
+    assert outbox.jobs() == []
+    assert sqlite_store.run(lambda c: c.execute("SELECT COUNT(*) FROM orders").fetchone()[0]) == 0
+
+
+def test_cancel_retry_and_purge_follow_the_states(sqlite_store: SQLiteStore) -> None:
+    """cancel only PENDING; retry UNKNOWN/REJECTED/CANCELLED with the same key; purge terminal."""
+    outbox = Outbox(sqlite_store)
+    job = outbox.submit("http://example.test/x", json={})
+    cancelled = outbox.cancel(job.id[:8])
+    assert cancelled.state is JobState.CANCELLED
+    with pytest.raises(JobError):
+        outbox.cancel(job.id)
+    again = outbox.retry(job.id)
+    assert (again.state, again.key, again.attempts) == (JobState.PENDING, job.key, 0)
+    with pytest.raises(JobError):
+        outbox.retry(job.id)
+    with pytest.raises(JobError):
+        outbox.purge(states=[JobState.PENDING])
+    outbox.cancel(job.id)
+    assert outbox.purge(states=[JobState.CANCELLED]) == 1
+    assert outbox.jobs() == []

@@ -1,0 +1,187 @@
+"""The worker's safety properties: leases, cancellation, shutdown, budget, Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from pathlib import Path
+
+from retrysafe import JobState, Outbox, RetryBudget, RetryPolicy, SQLiteStore, Worker
+
+from .conftest import FAST, Script, Step
+
+
+def test_two_workers_on_one_sqlite_file_never_send_a_job_twice_at_once(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Two workers (own connections) on one file: at most one in-flight request per key."""
+    with Outbox(f"sqlite:///{sqlite_path}", policy=FAST) as outbox:
+        script.plan("/pair", Step(200, sleep=0.02))
+        jobs = [outbox.submit(base_url + "/pair", json={"i": i}) for i in range(60)]
+    stores = [SQLiteStore(sqlite_path), SQLiteStore(sqlite_path)]
+    workers = [Worker(s, policy=FAST, concurrency=8, poll_interval=0.01) for s in stores]
+    threads = [threading.Thread(target=w.run_until_idle) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(w.stats.succeeded > 0 for w in workers)
+    assert sum(w.stats.succeeded for w in workers) == 60
+    keys = [s.key or "" for s in script.requests("/pair")]
+    assert sorted(keys) == sorted(j.key for j in jobs)  # each job sent exactly once
+    assert max(script.max_in_flight.values()) == 1
+    for s in stores:
+        s.close()
+
+
+def test_cancelled_worker_leaves_its_job_pending_with_the_same_key(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """Cancelling the worker mid-attempt: not retried, not counted; PENDING, same key."""
+    script.plan("/hang", Step(200, sleep=5.0))
+    job = outbox.submit(base_url + "/hang", json={})
+    worker = outbox.worker()
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.serve())
+        assert await asyncio.to_thread(script.started.wait, 10)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    final = outbox.get(job.id)
+    assert final.state is JobState.PENDING
+    assert final.key == job.key
+    assert final.attempts == 0 and final.lease_token is None
+    assert outbox.attempts(job.id) == []
+    assert worker.stats.released == 1
+
+
+def test_graceful_stop_finishes_in_flight_attempts(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """stop() stops claiming and lets the in-flight attempt finish within the grace period."""
+    script.plan("/finish", Step(201, sleep=0.3))
+    job = outbox.submit(base_url + "/finish", json={})
+    worker = outbox.worker(grace=5.0)
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.serve())
+        assert await asyncio.to_thread(script.started.wait, 10)
+        worker.stop()
+        await task
+
+    asyncio.run(main())
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+
+
+def test_graceful_stop_releases_what_outlives_the_grace_period(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """An attempt still running when the grace period ends goes back to PENDING, same key."""
+    script.plan("/outlive", Step(201, sleep=3.0))
+    job = outbox.submit(base_url + "/outlive", json={})
+    worker = outbox.worker(grace=0.1)
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.serve())
+        assert await asyncio.to_thread(script.started.wait, 10)
+        worker.stop()
+        await task
+
+    asyncio.run(main())
+    final = outbox.get(job.id)
+    assert (final.state, final.key, final.attempts) == (JobState.PENDING, job.key, 0)
+
+
+def test_retry_budget_defers_but_never_drops_jobs(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """While a destination fails the budget defers retries; every job still succeeds."""
+    script.plan("/outage", *[Step(503)] * 30, Step(201))
+    jobs = [outbox.submit(base_url + "/outage", json={"i": i}) for i in range(10)]
+    policy = RetryPolicy(attempts=50, wait_initial=0.01, wait_max=0.02, timeout=2.0)
+    worker = outbox.worker(
+        policy=policy, concurrency=10, budget=RetryBudget(capacity=3, refill_per_second=40.0)
+    )
+    worker.run_until_idle()
+    assert worker.stats.deferred > 0
+    assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    for j in jobs:  # a deferral is not an attempt
+        assert outbox.get(j.id).attempts == len(outbox.attempts(j.id))
+
+
+def test_retry_budget_limits_retries_during_an_outage(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """Without the budget an outage multiplies requests; with it they are bounded."""
+    script.plan("/storm", Step(503))
+    for i in range(20):
+        outbox.submit(base_url + "/storm", json={"i": i}, deadline=0.6)
+    policy = RetryPolicy(attempts=100, wait_initial=0.01, wait_max=0.01, timeout=1.0)
+    outbox.worker(
+        policy=policy, concurrency=20, budget=RetryBudget(capacity=5, refill_per_second=10.0)
+    ).run_until_idle()
+    sent = len(script.requests("/storm"))
+    # 20 first attempts + a burst of 5 + about 10/s for 0.6 s (with slack for timing).
+    assert sent <= 20 + 5 + 10 + 10
+    assert {j.state for j in outbox.jobs()} == {JobState.UNKNOWN}
+
+
+def test_retry_after_variants_are_handled_without_crashing(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """Retry-After `1m0s` (ignored), a past HTTP-date and a huge value (capped) all work."""
+    script.plan("/ra1", Step(429, headers={"Retry-After": "1m0s"}), Step(201))
+    script.plan(
+        "/ra2", Step(503, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}), Step(201)
+    )
+    script.plan("/ra3", Step(429, headers={"Retry-After": "9" * 30}), Step(201))
+    jobs = [outbox.submit(base_url + p, json={}) for p in ("/ra1", "/ra2", "/ra3")]
+    policy = RetryPolicy(wait_initial=0.01, wait_max=0.02, retry_after_max=0.2)
+    outbox.worker(policy=policy).run_until_idle()
+    assert [outbox.get(j.id).state for j in jobs] == [JobState.SUCCEEDED] * 3
+
+
+def test_submit_wakes_a_running_worker_immediately(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """An in-process submit wakes an idle worker without waiting for the poll interval."""
+    script.plan("/wake", Step(201))
+    worker = outbox.worker(poll_interval=30.0)
+    done = threading.Event()
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.serve())
+        await asyncio.sleep(0.1)
+        job = await asyncio.to_thread(outbox.submit, base_url + "/wake", json={})
+        for _ in range(200):
+            if outbox.get(job.id).state is JobState.SUCCEEDED:
+                done.set()
+                break
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await task
+
+    asyncio.run(main())
+    assert done.is_set()
+
+
+def test_every_attempt_is_recorded_and_logged(
+    outbox: Outbox, script: Script, base_url: str, caplog: object
+) -> None:
+    """Each attempt row has job id, key, number, start, duration, outcome, status, error type."""
+    import logging
+
+    script.plan("/log", Step(503), Step(201))
+    job = outbox.submit(base_url + "/log", json={})
+    with caplog.at_level(logging.INFO, logger="retrysafe.client"):  # type: ignore[attr-defined]
+        outbox.worker().run_until_idle()
+    first, second = outbox.attempts(job.id)
+    assert (first.number, first.status, first.outcome) == (1, 503, "server_error")
+    assert (second.number, second.status, second.outcome) == (2, 201, "success")
+    assert first.key == second.key == job.key and first.duration >= 0 and first.started_at > 0
+    records = [r for r in caplog.records if hasattr(r, "retrysafe")]  # type: ignore[attr-defined]
+    assert [r.retrysafe["number"] for r in records] == [1, 2]
