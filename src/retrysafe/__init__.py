@@ -10,26 +10,50 @@ from retrysafe._exceptions import (
     JobNotFoundError,
     PayloadError,
     RetrysafeError,
+    RetrysafeWarning,
     SchemaError,
     StoreError,
     StoreUnavailableError,
 )
+from retrysafe.client import (
+    AsyncOutbox,
+    Job,
+    JobState,
+    Outbox,
+    RetryBudget,
+    RetryPolicy,
+    Worker,
+    reconcile,
+)
+from retrysafe.server import IdempotencyConfig, IdempotencyMiddleware, WSGIIdempotencyMiddleware
 from retrysafe.stores import MemoryStore, SQLiteStore, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncOutbox",
     "ConfigurationError",
+    "IdempotencyConfig",
+    "IdempotencyMiddleware",
     "InvalidKeyError",
+    "Job",
     "JobError",
     "JobNotFoundError",
+    "JobState",
     "MemoryStore",
+    "Outbox",
     "PayloadError",
+    "RetryBudget",
+    "RetryPolicy",
     "RetrysafeError",
+    "RetrysafeWarning",
     "SQLiteStore",
     "SchemaError",
     "StoreError",
     "StoreUnavailableError",
+    "WSGIIdempotencyMiddleware",
+    "Worker",
     "__version__",
     "open_store",
+    "reconcile",
 ]

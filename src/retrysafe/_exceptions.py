@@ -13,6 +13,10 @@ structured attributes instead of information buried in the message::
     │   └── JobNotFoundError        no job with that id
     └── PayloadError                a payload that cannot be serialised to JSON
 
+    RetrysafeWarning (UserWarning)  a configuration that works but is dangerous
+                                    (retention shorter than the lease, a worker lease
+                                    shorter than twice the request timeout, …)
+
 Driver errors (``sqlite3``, ``psycopg``, ``redis``) are translated to these in one place per
 store and always chained with ``raise … from``.
 """
@@ -99,3 +103,10 @@ class PayloadError(RetrysafeError, TypeError):
     def __init__(self, message: str, *, path: str = "$") -> None:
         super().__init__(message)
         self.path = path
+
+
+class RetrysafeWarning(UserWarning):
+    """A configuration that works but is dangerous, e.g. a retention shorter than the lease.
+
+    Turn it into an error in tests with ``-W error::retrysafe.RetrysafeWarning``.
+    """

@@ -77,7 +77,7 @@ class ServerThread:
     def _run(self) -> None:
         try:
             self.server.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by start()
+        except BaseException as exc:  # reported by start()
             self._error = exc
 
     def start(self) -> ServerThread:

@@ -12,7 +12,13 @@ __all__ = ["main"]
 
 # name -> "module:attribute" of a click command or group.
 _COMMANDS: dict[str, str] = {
+    "chaos": "retrysafe.cli._chaos:chaos",
+    "demo": "retrysafe.cli._demo:demo",
     "gateway": "retrysafe.cli._gateway:gateway",
+    "dlq": "retrysafe.cli._client:dlq",
+    "jobs": "retrysafe.cli._client:jobs",
+    "reconcile": "retrysafe.cli._client:reconcile_command",
+    "worker": "retrysafe.cli._client:worker",
 }
 
 

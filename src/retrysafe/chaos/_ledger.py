@@ -1,0 +1,142 @@
+"""The effect ledger: what really happened on the server side, per logical operation (SPEC §8).
+
+A server's handler calls :meth:`EffectLedger.record` exactly where its side effect commits (the
+post is published, the card charged). The ledger never trusts the client: comparing its counts
+with what each client believes is how :func:`retrysafe.chaos.build_report` finds duplicates and
+lost operations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrysafe._exceptions import ConfigurationError
+
+__all__ = ["Effect", "EffectLedger"]
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One committed effect.
+
+    Attributes:
+        operation_id: the logical operation it belongs to.
+        ts: wall-clock time of the commit, seconds since the epoch.
+        detail: whatever the server chose to record (JSON-serialisable when persisted).
+    """
+
+    operation_id: str
+    ts: float
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EffectLedger:
+    """Counts effects per logical operation; thread-safe.
+
+    In memory by default (safe across threads of one process). With ``path``, every effect is
+    also appended to a JSONL file with one ``write`` on a file opened in append mode, so several
+    processes on one host can share a ledger: each process records into the same file and
+    :meth:`counts` / :meth:`effects` read the file, which holds every process's effects. Lines
+    are ``{"operation_id": …, "ts": …, "detail": {…}}``.
+
+    Args:
+        path: optional JSONL file shared across processes; created if missing, appended to if
+            present (existing lines count).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._effects: list[Effect] = []
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.touch(exist_ok=True)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot open the effect ledger file {self.path}: {exc}", option="path"
+                ) from exc
+
+    def record(self, operation_id: str, **detail: Any) -> int:
+        """Record one committed effect of ``operation_id``.
+
+        Args:
+            operation_id: the logical operation (job id, idempotency key, …).
+            **detail: anything worth keeping with the effect (JSON-serialisable with a file).
+
+        Returns:
+            How many effects ``operation_id`` has now, this one included (this process's view
+            when the ledger is in memory; every process's with a file).
+        """
+        effect = Effect(operation_id, time.time(), dict(detail))
+        with self._lock:
+            self._effects.append(effect)
+            if self.path is None:
+                return sum(1 for e in self._effects if e.operation_id == operation_id)
+            line = json.dumps(
+                {"operation_id": operation_id, "ts": effect.ts, "detail": effect.detail},
+                separators=(",", ":"),
+                default=str,
+            )
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode("utf-8"))
+            finally:
+                os.close(fd)
+        return self.count(operation_id)
+
+    def effects(self, operation_id: str | None = None) -> list[Effect]:
+        """Every recorded effect in commit order, or only those of ``operation_id``."""
+        if self.path is None:
+            with self._lock:
+                found = list(self._effects)
+        else:
+            found = list(self._read_file())
+        if operation_id is not None:
+            found = [e for e in found if e.operation_id == operation_id]
+        return found
+
+    def counts(self) -> dict[str, int]:
+        """``{operation_id: number of effects}`` for every operation with at least one effect."""
+        out: dict[str, int] = {}
+        for effect in self.effects():
+            out[effect.operation_id] = out.get(effect.operation_id, 0) + 1
+        return out
+
+    def count(self, operation_id: str) -> int:
+        """How many effects ``operation_id`` has (0 if none)."""
+        return len(self.effects(operation_id))
+
+    def total(self) -> int:
+        """How many effects were recorded in all."""
+        return len(self.effects())
+
+    def _read_file(self) -> list[Effect]:
+        assert self.path is not None
+        out: list[Effect] = []
+        with self.path.open("r", encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                    out.append(Effect(str(doc["operation_id"]), float(doc["ts"]), doc["detail"]))
+                except (ValueError, KeyError, TypeError) as exc:
+                    if not line.endswith("\n"):
+                        continue  # another process is still writing this line
+                    raise ConfigurationError(
+                        f"{self.path}:{number}: not an effect ledger line: {line.strip()[:200]!r}",
+                        option="path",
+                    ) from exc
+        return out
+
+    def __repr__(self) -> str:
+        where = str(self.path) if self.path is not None else "memory"
+        return f"EffectLedger({where}, effects={self.total()})"

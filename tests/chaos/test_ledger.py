@@ -1,0 +1,72 @@
+"""The effect ledger counts effects per logical operation, in memory or in a shared file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from retrysafe import ConfigurationError
+from retrysafe.chaos import EffectLedger
+
+
+def test_record_counts_effects_per_operation() -> None:
+    """record() returns the operation's count so far; counts() maps every operation to it."""
+    ledger = EffectLedger()
+    assert ledger.record("a") == 1
+    assert ledger.record("a", attempt=2) == 2
+    assert ledger.record("b") == 1
+    assert ledger.counts() == {"a": 2, "b": 1}
+    assert (ledger.count("a"), ledger.count("missing"), ledger.total()) == (2, 0, 3)
+    assert [dict(e.detail) for e in ledger.effects("a")] == [{}, {"attempt": 2}]
+
+
+def test_concurrent_records_are_all_counted() -> None:
+    """Eight threads recording 250 effects each lose none of them."""
+    ledger = EffectLedger()
+
+    def work(worker: int) -> None:
+        for i in range(250):
+            ledger.record(f"op-{i % 10}", worker=worker)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ledger.total() == 2000
+    assert set(ledger.counts().values()) == {200}
+
+
+def test_file_ledger_is_shared_between_processes(tmp_path: Path) -> None:
+    """With a JSONL file, effects recorded by another process count here too."""
+    path = tmp_path / "effects.jsonl"
+    ledger = EffectLedger(path)
+    ledger.record("a", where="here")
+    code = (
+        "import sys; from retrysafe.chaos import EffectLedger; "
+        "l = EffectLedger(sys.argv[1]); l.record('a', where='there'); l.record('b')"
+    )
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=30)
+    assert ledger.counts() == {"a": 2, "b": 1}
+    assert ledger.record("b") == 2
+    assert EffectLedger(path).total() == 4
+
+
+def test_malformed_ledger_line_names_the_file_and_line(tmp_path: Path) -> None:
+    """A line that is not an effect raises ConfigurationError with file:line."""
+    path = tmp_path / "effects.jsonl"
+    path.write_text('{"operation_id": "a", "ts": 1.0, "detail": {}}\nnot json\n')
+    with pytest.raises(ConfigurationError, match=r"effects\.jsonl:2"):
+        EffectLedger(path).counts()
+
+
+def test_unwritable_ledger_path_is_a_configuration_error(tmp_path: Path) -> None:
+    """A ledger path under a regular file raises ConfigurationError."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigurationError):
+        EffectLedger(blocker / "effects.jsonl")
