@@ -3,6 +3,8 @@
 The public door. Importing it never imports psycopg, redis or a web framework.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from retrysafe._exceptions import (
     ConfigurationError,
     InvalidKeyError,
@@ -28,11 +30,16 @@ from retrysafe.client import (
 from retrysafe.server import IdempotencyConfig, IdempotencyMiddleware, WSGIIdempotencyMiddleware
 from retrysafe.stores import MemoryStore, SQLiteStore, open_store
 
+if TYPE_CHECKING:
+    from retrysafe.chaos import ChaosProxy, EffectLedger
+
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncOutbox",
+    "ChaosProxy",
     "ConfigurationError",
+    "EffectLedger",
     "IdempotencyConfig",
     "IdempotencyMiddleware",
     "InvalidKeyError",
@@ -57,3 +64,12 @@ __all__ = [
     "open_store",
     "reconcile",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The chaos harness (h11, the proxy) loads only when asked for.
+    if name in ("ChaosProxy", "EffectLedger"):
+        from retrysafe import chaos
+
+        return getattr(chaos, name)
+    raise AttributeError(f"module 'retrysafe' has no attribute {name!r}")

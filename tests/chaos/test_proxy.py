@@ -139,7 +139,9 @@ def test_closing_the_proxy_ends_a_pending_hold(upstream: Upstream) -> None:
 
     caller = threading.Thread(target=call)
     caller.start()
+    deadline = time.monotonic() + 5
     while upstream.ledger.total() == 0:
+        assert time.monotonic() < deadline, "the request never reached the upstream"
         time.sleep(0.01)
     started = time.monotonic()
     proxy.close()
@@ -340,3 +342,30 @@ async def test_async_start_and_aclose_serve_in_the_callers_loop(upstream: Upstre
         response = await client.post(f"{proxy.url}/effects/op-1")
     assert response.status_code == 503
     assert upstream.ledger.counts() == {"op-1": 1}
+
+
+def test_expect_100_continue_is_answered_without_delay(upstream: Upstream) -> None:
+    """A client sending ``Expect: 100-continue`` gets ``100`` first, then the answer."""
+    with (
+        ChaosProxy(upstream.url) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port)) as s,
+    ):
+        s.settimeout(5)
+        s.sendall(
+            b"POST /effects/big HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        assert s.recv(65536).startswith(b"HTTP/1.1 100 ")
+        s.sendall(b"hello")
+        assert s.recv(65536).startswith(b"HTTP/1.1 201 ")
+    assert upstream.ledger.counts() == {"big": 1}
+
+
+def test_on_record_receives_every_log_record(upstream: Upstream) -> None:
+    """The on_record callback gets one record per request, in order."""
+    seen: list[dict[str, object]] = []
+    with ChaosProxy(upstream.url, on_record=seen.append) as proxy:
+        post(proxy, "a")
+        post(proxy, "b")
+        wait_for_records(proxy, 2)
+    assert [r["seq"] for r in seen] == [1, 2]

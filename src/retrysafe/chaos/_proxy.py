@@ -19,6 +19,7 @@ import contextlib
 import datetime as dt
 import errno
 import json
+import logging
 import os
 import random
 import socket
@@ -40,6 +41,8 @@ from retrysafe.chaos._faults import Fault, FaultChoice, FaultRates, choose_fault
 from retrysafe.core import Problem
 
 __all__ = ["ChaosProxy", "Outcome", "ProxyStats"]
+
+log = logging.getLogger("retrysafe.chaos")
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus fields the proxy recomputes.
 _HOP_BY_HOP = frozenset(
@@ -435,6 +438,9 @@ class ChaosProxy:
             raise
         except (OSError, h11.LocalProtocolError):
             conn.abort()
+        except Exception:
+            log.exception("chaos proxy: unexpected error on a client connection")
+            conn.abort()
         finally:
             self._tasks.discard(task)
             if not writer.transport.is_closing():
@@ -449,6 +455,11 @@ class ChaosProxy:
             if not isinstance(event, h11.Request):
                 return False  # ConnectionClosed, or a stray event
             request = event
+            if conn.h11.they_are_waiting_for_100_continue:
+                # curl sends "Expect: 100-continue" for larger bodies; don't make it wait.
+                conn.writer.write(
+                    conn.h11.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+                )
             chunks: list[bytes] = []
             while True:
                 event = await conn.next_event()
@@ -582,6 +593,10 @@ class ChaosProxy:
             record["_error"] = f"upstream {self.upstream} failed: {type(exc).__name__}: {exc}"
             with self._lock:
                 self._upstream_errors += 1
+            log.warning(
+                "upstream failed; answering 502",
+                extra={"upstream": str(self.upstream), "error": record["upstream_error"]},
+            )
             return None
         record["upstream_s"] = round(time.perf_counter() - started, 6)
         record["upstream_status"] = response.status_code
@@ -630,8 +645,12 @@ class ChaosProxy:
         if self._log is not None:
             self._log.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._log.flush()
+        log.debug("chaos request", extra=record)
         if self._on_record is not None:
-            self._on_record(record)
+            try:
+                self._on_record(record)
+            except Exception:
+                log.exception("on_record callback failed", extra={"seq": record["seq"]})
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -1,0 +1,288 @@
+"""The gateway: the middleware in front of any HTTP upstream, over real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from retrysafe import ConfigurationError
+from retrysafe._serving import ServerThread, free_port
+from retrysafe.server import IdempotencyMiddleware
+from retrysafe.server._gateway import ReverseProxy
+from retrysafe.stores import SQLiteStore
+
+
+def _upstream(effects: Counter[str]) -> Starlette:
+    async def posts(request: Request) -> Response:
+        body = await request.json()
+        effects["posts"] += 1
+        n = effects["posts"]
+        return JSONResponse(
+            {"id": n, "title": body.get("title")},
+            status_code=201,
+            headers={"Location": f"/posts/{n}", "X-Upstream": "yes"},
+        )
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        effects["echo"] += 1
+        return Response(
+            body,
+            status_code=202,
+            media_type=request.headers.get("content-type", "application/octet-stream"),
+            headers={
+                "X-Seen-Query": request.url.query,
+                "X-Seen-Header": request.headers.get("x-custom", ""),
+                "X-Seen-Host": request.headers.get("x-forwarded-host", ""),
+            },
+        )
+
+    async def stream(request: Request) -> Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            for i in range(200):
+                yield (f"{i:05d}" * 200).encode()
+
+        effects["stream"] += 1
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    async def boom(request: Request) -> Response:
+        effects["boom"] += 1
+        return JSONResponse({"error": "down"}, status_code=503)
+
+    return Starlette(
+        routes=[
+            Route("/posts", posts, methods=["POST"]),
+            Route("/echo", echo, methods=["POST", "PUT", "GET"]),
+            Route("/stream", stream, methods=["POST", "GET"]),
+            Route("/boom", boom, methods=["POST"]),
+        ]
+    )
+
+
+@pytest.fixture
+def effects() -> Counter[str]:
+    return Counter()
+
+
+@pytest.fixture
+def upstream(effects: Counter[str]) -> Iterator[ServerThread]:
+    with ServerThread(_upstream(effects)) as server:
+        yield server
+
+
+@pytest.fixture
+def gateway(upstream: ServerThread, tmp_path: Path) -> Iterator[str]:
+    store = SQLiteStore(tmp_path / "gateway.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=5), store=store)
+    with ServerThread(app) as server:
+        yield server.url
+    store.close()
+
+
+def test_forwards_status_headers_query_and_binary_body(gateway: str) -> None:
+    """Method, path, query, headers and a binary body reach the upstream; its answer returns."""
+    blob = bytes(range(256)) * 10
+    r = httpx.put(
+        gateway + "/echo?b=2&a=1",
+        content=blob,
+        headers={"X-Custom": "kept", "Content-Type": "application/octet-stream"},
+    )
+    assert r.status_code == 202
+    assert r.content == blob
+    assert r.headers["x-seen-query"] == "b=2&a=1"
+    assert r.headers["x-seen-header"] == "kept"
+    assert r.headers["x-seen-host"].startswith("127.0.0.1:")
+
+
+def test_repeated_key_runs_upstream_once_and_replays(gateway: str, effects: Counter[str]) -> None:
+    """The same key twice: one upstream effect, the second answer is a marked replay."""
+    headers = {"Idempotency-Key": "gw-1"}
+    first = httpx.post(gateway + "/posts", json={"title": "a"}, headers=headers)
+    second = httpx.post(gateway + "/posts", json={"title": "a"}, headers=headers)
+    assert first.status_code == second.status_code == 201
+    assert second.json() == first.json()
+    assert second.headers["location"] == first.headers["location"]
+    assert second.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in first.headers
+    assert effects["posts"] == 1
+
+
+def test_replays_after_the_upstream_is_stopped(
+    upstream: ServerThread, gateway: str, effects: Counter[str]
+) -> None:
+    """A completed key replays from the store even when the upstream is gone."""
+    headers = {"Idempotency-Key": "gw-2"}
+    first = httpx.post(gateway + "/posts", json={"title": "b"}, headers=headers)
+    upstream.stop()
+    replay = httpx.post(gateway + "/posts", json={"title": "b"}, headers=headers)
+    assert replay.status_code == 201
+    assert replay.json() == first.json()
+    assert replay.headers["idempotent-replayed"] == "true"
+    fresh = httpx.post(gateway + "/posts", json={"title": "c"}, headers={"Idempotency-Key": "x"})
+    assert fresh.status_code == 502
+    assert fresh.headers["content-type"] == "application/problem+json"
+    assert effects["posts"] == 1
+
+
+def test_missing_upstream_answers_502_and_releases_the_key(tmp_path: Path) -> None:
+    """An unreachable upstream is a 502 problem; the key is released so a retry runs."""
+    effects: Counter[str] = Counter()
+    port = free_port()
+    store = SQLiteStore(tmp_path / "g.db")
+    app = IdempotencyMiddleware(ReverseProxy(f"http://127.0.0.1:{port}", timeout=2), store=store)
+    headers = {"Idempotency-Key": "gw-3"}
+    with ServerThread(app) as gw:
+        down = httpx.post(gw.url + "/posts", json={"title": "d"}, headers=headers)
+        assert down.status_code == 502
+        assert down.json()["type"] == "urn:retrysafe:problem:bad-gateway"
+        with ServerThread(_upstream(effects), port=port):
+            up = httpx.post(gw.url + "/posts", json={"title": "d"}, headers=headers)
+    assert up.status_code == 201
+    assert "idempotent-replayed" not in up.headers
+    assert effects["posts"] == 1
+
+
+def test_upstream_5xx_is_forwarded_and_not_stored(gateway: str, effects: Counter[str]) -> None:
+    """A 5xx from the upstream reaches the client and the next attempt runs again (SPEC §4)."""
+    headers = {"Idempotency-Key": "gw-4"}
+    assert httpx.post(gateway + "/boom", json={}, headers=headers).status_code == 503
+    assert httpx.post(gateway + "/boom", json={}, headers=headers).status_code == 503
+    assert effects["boom"] == 2
+
+
+def test_streamed_response_passes_through_and_replays(gateway: str, effects: Counter[str]) -> None:
+    """A chunked 200 KB upstream answer arrives whole, and replays whole."""
+    expected = b"".join((f"{i:05d}" * 200).encode() for i in range(200))
+    headers = {"Idempotency-Key": "gw-5"}
+    first = httpx.post(gateway + "/stream", json={}, headers=headers)
+    second = httpx.post(gateway + "/stream", json={}, headers=headers)
+    assert first.content == expected
+    assert second.content == expected
+    assert second.headers["idempotent-replayed"] == "true"
+    assert effects["stream"] == 1
+
+
+def test_unprotected_methods_pass_straight_through(gateway: str, effects: Counter[str]) -> None:
+    """GET is not protected: each one reaches the upstream."""
+    for _ in range(2):
+        assert httpx.get(gateway + "/echo", headers={"Idempotency-Key": "g"}).status_code == 202
+    assert effects["echo"] == 2
+
+
+@pytest.mark.parametrize("url", ["ftp://host", "127.0.0.1:8000", "http://", "http://h/?q=1"])
+def test_bad_upstream_urls_are_refused(url: str) -> None:
+    """Only absolute http(s) URLs without query are accepted as upstream."""
+    with pytest.raises(ConfigurationError):
+        ReverseProxy(url)
+
+
+# --------------------------------------------------------------------------- the CLI
+def _wait_port(port: int, proc: subprocess.Popen[str], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway exited: {proc.communicate()[1]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("gateway did not start")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "retrysafe", *args]
+
+
+def test_cli_gateway_logs_one_json_line_per_decision(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """`retrysafe gateway` protects the upstream and logs each decision as a JSON line."""
+    port = free_port()
+    proc = subprocess.Popen(
+        _cli(
+            "gateway",
+            "--upstream",
+            upstream.url,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--store",
+            f"sqlite:///{tmp_path}/cli.db",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        _wait_port(port, proc)
+        url = f"http://127.0.0.1:{port}/posts"
+        for _ in range(2):
+            r = httpx.post(url, json={"title": "cli"}, headers={"Idempotency-Key": "cli-1"})
+            assert r.status_code == 201
+        assert httpx.post(url, content=b"{}", headers={"Idempotency-Key": ""}).status_code == 400
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    decisions = [line["decision"] for line in lines if "decision" in line]
+    assert len(decisions) == 3, err
+    assert decisions[1] == "replay"
+    assert all(line["logger"].startswith("retrysafe") for line in lines)
+    assert effects["posts"] == 1
+
+
+def test_cli_gateway_port_in_use_is_a_clear_error(upstream: ServerThread, tmp_path: Path) -> None:
+    """A taken port gives one clear line and exit status 1, no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            _cli(
+                "gateway",
+                "--upstream",
+                upstream.url,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--store",
+                f"sqlite:///{tmp_path}/p.db",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert out.returncode == 1
+    assert "already in use" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--upstream", "ftp://x"], "http"),
+        (["--upstream", "http://127.0.0.1:1", "--listen", "nonsense"], "HOST:PORT"),
+        (["--upstream", "http://127.0.0.1:1", "--store", "sqlite:////no/such/dir/x.db"], "exist"),
+        (["--upstream", "http://127.0.0.1:1", "--lease", "-1"], "lease"),
+    ],
+)
+def test_cli_gateway_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
+    """Bad upstream, listen address, store path or lease: a clear message, non-zero exit."""
+    out = subprocess.run(_cli("gateway", *args), capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
