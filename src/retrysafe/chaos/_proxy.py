@@ -37,6 +37,7 @@ import h11
 import httpx
 
 from retrysafe._exceptions import ConfigurationError
+from retrysafe._http import HOP_BY_HOP
 from retrysafe.chaos._faults import Fault, FaultChoice, FaultRates, choose_fault
 from retrysafe.core import Problem
 
@@ -44,22 +45,8 @@ __all__ = ["ChaosProxy", "Outcome", "ProxyStats"]
 
 log = logging.getLogger("retrysafe.chaos")
 
-# RFC 9110 §7.6.1 hop-by-hop fields, plus fields the proxy recomputes.
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-    }
-)
+# Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes.
+_HOP_BY_HOP = HOP_BY_HOP | {b"host", b"content-length"}
 _READ_SIZE = 65536
 _MAX_RECORDS = 100_000
 

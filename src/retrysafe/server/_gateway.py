@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from retrysafe._exceptions import ConfigurationError
+from retrysafe._http import HOP_BY_HOP
 from retrysafe.core import Problem
 
 __all__ = ["ReverseProxy", "validate_upstream"]
@@ -28,20 +29,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("retrysafe.gateway")
 
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-    }
-)
+# Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes.
+_HOP_BY_HOP = HOP_BY_HOP | {b"host"}
 
 
 def validate_upstream(url: str) -> str:
