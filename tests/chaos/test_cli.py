@@ -114,3 +114,16 @@ def test_proxy_runs_until_interrupted_and_prints_a_summary(tmp_path: Path) -> No
     assert "1 requests (seed 7)" in stdout
     assert "upstream errors (502)  1" in stdout
     assert json.loads(log.read_text())["outcome"] == "bad_gateway"
+
+
+def test_log_in_a_missing_directory_is_a_usage_error_and_creates_nothing(tmp_path: Path) -> None:
+    """--log under a directory that does not exist exits 2 naming --log; no directory appears."""
+    log = tmp_path / "no" / "such" / "chaos.jsonl"
+    code, output = run(
+        "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{free_port()}",
+        "--log", str(log),
+    )  # fmt: skip
+    assert code == 2
+    assert "--log" in output
+    assert "does not exist" in output
+    assert not (tmp_path / "no").exists()

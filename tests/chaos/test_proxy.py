@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import socket
 import threading
@@ -150,6 +151,35 @@ def test_closing_the_proxy_ends_a_pending_hold(upstream: Upstream) -> None:
     assert len(errors) == 1
 
 
+def test_dropping_busy_and_idle_connections_logs_nothing(
+    upstream: Upstream, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Impatient clients, lost and held answers, then close with connections open: no
+    asyncio error is logged and nothing reaches stderr."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    rates = FaultRates(lose_after_commit=0.3, hold_after_commit=0.3, hold_seconds=30)
+    proxy = ChaosProxy(upstream.url, rates=rates, seed=4)
+    proxy.start_in_thread()
+
+    def call(i: int) -> None:
+        with contextlib.suppress(httpx.TransportError):
+            post(proxy, f"op-{i}", timeout=0.2 if i % 2 else 30)
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(24)]
+    with socket.create_connection(("127.0.0.1", proxy.port)) as idle:
+        for caller in callers:
+            caller.start()
+        wait_for_records(proxy, 8)
+        idle.sendall(b"POST /effects/half HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n")
+        time.sleep(0.3)  # the impatient clients give up; held answers are still pending
+        proxy.close()
+        for caller in callers:
+            caller.join(timeout=10)
+    asyncio_errors = [r for r in caplog.records if r.name == "asyncio"]
+    assert asyncio_errors == []
+    assert capfd.readouterr().err == ""
+
+
 def test_latency_delays_the_answer(upstream: Upstream) -> None:
     """With latency at rate 1, every answer takes at least the configured latency."""
     rates = FaultRates(latency=1.0, latency_seconds=(0.2, 0.2))
@@ -197,6 +227,14 @@ def test_bad_upstream_url_is_rejected(upstream_url: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         ChaosProxy(upstream_url)
     assert info.value.option == "upstream"
+
+
+def test_log_path_in_a_missing_directory_is_rejected(upstream: Upstream, tmp_path: Path) -> None:
+    """A log file whose directory does not exist raises ConfigurationError(option="log")."""
+    with pytest.raises(ConfigurationError, match="does not exist") as caught:
+        ChaosProxy(upstream.url, log_path=tmp_path / "missing" / "chaos.jsonl")
+    assert caught.value.option == "log"
+    assert not (tmp_path / "missing").exists()
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(upstream: Upstream) -> None:

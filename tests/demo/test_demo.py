@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from retrysafe import ConfigurationError
-from retrysafe.demo import DemoOptions, load_jobs, run_demo
+from retrysafe.demo import MAX_BODY_SIZE, DemoOptions, Progress, load_jobs, run_demo
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -21,6 +24,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=300,
     )
+
+
+def _flat(text: str) -> str:
+    """Rich wraps stderr at 80 columns when it is not a terminal; compare word by word."""
+    return " ".join(text.split())
+
+
+def _write_jobs(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
 
 
 def test_naive_duplicates_and_protected_has_none() -> None:
@@ -117,3 +130,107 @@ def test_jobs_file_without_job_objects_is_refused(tmp_path: Path, content: str) 
     path.write_text(content, encoding="utf-8")
     with pytest.raises(ConfigurationError):
         load_jobs(path, 3)
+
+
+def test_total_loss_run_prints_no_traceback() -> None:
+    """Every answer lost, short timeouts: exit 0 and nothing on stderr looks like a traceback."""
+    out = _cli("--loss-rate", "1", "--jobs", "10", "--attempts", "2", "--timeout", "0.5")
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "Exception in callback" not in out.stderr
+
+
+def test_jobs_file_with_a_body_over_the_service_limit_is_refused(tmp_path: Path) -> None:
+    """A job whose body exceeds the middleware's limit is refused, naming file, line and limit."""
+    path = _write_jobs(
+        tmp_path / "jobs.jsonl", '{"text": "ok"}', json.dumps({"text": "x" * MAX_BODY_SIZE})
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        load_jobs(path, 2)
+    message = str(caught.value)
+    assert f"{path}, line 2" in message
+    assert f"{MAX_BODY_SIZE} bytes" in message
+
+
+def test_protected_pass_that_publishes_nothing_is_not_ok() -> None:
+    """Jobs the service rejects (413) leave duplicates and lost at 0, yet the demo fails."""
+    big = {"job_id": "big", "text": "x" * (MAX_BODY_SIZE + 1)}
+    result = run_demo(
+        DemoOptions(jobs=2, loss_rate=0.0, naive=False, concurrency=2),
+        jobs=[big, {**big, "job_id": "big~1"}],
+    )
+    report = result.protected.report
+    assert (report.duplicates, report.lost, report.rejected, report.effects) == (0, 0, 2, 0)
+    assert not result.ok
+    assert result.to_dict()["ok"] is False
+    assert any("REJECTED" in reason for reason in result.failures)
+
+
+def test_jobs_file_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    """Invalid UTF-8 is reported as 'FILE is not UTF-8 text (byte N …', not a codec error."""
+    path = tmp_path / "jobs.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": "\xff"}\n')
+    with pytest.raises(ConfigurationError, match=r"is not UTF-8 text \(byte 16, line 2\)"):
+        load_jobs(path, 1)
+
+
+def test_cli_jobs_file_errors_come_before_the_banner(tmp_path: Path) -> None:
+    """A missing jobs file exits 2 with one error line; the demo never announces itself."""
+    out = _cli("--jobs-file", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"retrysafe: error: jobs file {tmp_path / 'missing.jsonl'} does not exist"
+    ]
+
+
+def test_cli_banner_says_when_the_jobs_file_is_cycled(tmp_path: Path) -> None:
+    """A 2-line jobs file run with --jobs 4 is announced as '2 jobs from FILE, cycled to 4'."""
+    path = _write_jobs(tmp_path / "jobs.jsonl", '{"job_id": "a"}', '{"text": "no id"}')
+    out = _cli("--jobs-file", str(path), "--jobs", "4", "--loss-rate", "0", "--no-naive")
+    assert out.returncode == 0, out.stderr
+    assert f"2 jobs from {path}, cycled to 4" in _flat(out.stderr)
+
+
+def test_progress_notes_say_why_the_demo_waits() -> None:
+    """Between phases the demo announces what it does, e.g. reconciling the UNKNOWN jobs."""
+    notes: list[str] = []
+
+    class Notes(Progress):
+        def note(self, message: str) -> None:
+            notes.append(message)
+
+    run_demo(DemoOptions(jobs=3, loss_rate=1.0, naive=False, attempts=1, timeout=0.5), Notes())
+    assert "healing the link, reconciling 3 UNKNOWN jobs with their same keys" in notes
+
+
+def test_cli_sigterm_stops_cleanly_and_removes_the_temporary_directory(tmp_path: Path) -> None:
+    """SIGTERM mid-run: one clear line, exit 143, no traceback, no retrysafe-demo-* left."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "demo", "--jobs", "200", "--loss-rate", "0.5",
+         "--timeout", "0.5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(private_tmp), "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("naive client") for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            seen.append(proc.stderr.readline())
+        assert list(private_tmp.glob("retrysafe-demo-*"))  # the run's files exist now
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143
+    assert "Traceback" not in rest
+    assert "retrysafe: error: terminated (SIGTERM)" in rest
+    assert list(private_tmp.iterdir()) == []

@@ -107,6 +107,20 @@ def _check_upstream(upstream: str) -> httpx.URL:
     return url
 
 
+def _check_log_path(log_path: str | os.PathLike[str] | None) -> Path | None:
+    """The log file's path; its directory must exist (like a SQLite store's, never created)."""
+    if log_path is None:
+        return None
+    path = Path(log_path)
+    parent = path.expanduser().resolve().parent
+    if not parent.is_dir():
+        raise ConfigurationError(
+            f"cannot open the log file {str(path)!r}: directory {str(parent)!r} does not exist",
+            option="log",
+        )
+    return path
+
+
 class _Conn:
     """One client connection: the h11 state machine and the stream pair."""
 
@@ -166,13 +180,15 @@ class ChaosProxy:
             arrival order; None seeds from the OS (and is then not reproducible).
         host: address to listen on (default loopback).
         port: port to listen on; 0 picks a free one (see :attr:`port` once started).
-        log_path: append one JSON line per request to this file; None for no file.
+        log_path: append one JSON line per request to this file; None for no file. Its
+            directory must exist.
         upstream_timeout: seconds to wait for the upstream before answering 502.
         on_record: called with every log record (a dict) from the proxy's event loop.
 
     Raises:
-        ConfigurationError: a bad ``upstream`` URL (``option="upstream"``); from ``start``,
-            a port that cannot be bound (``option="listen"``).
+        ConfigurationError: a bad ``upstream`` URL (``option="upstream"``), a ``log_path``
+            whose directory does not exist (``option="log"``); from ``start``, a port that
+            cannot be bound (``option="listen"``) or a log file that cannot be opened.
     """
 
     def __init__(
@@ -193,7 +209,7 @@ class ChaosProxy:
         self._rng = random.Random(seed)
         self.host = host
         self.port = port
-        self.log_path = Path(log_path) if log_path is not None else None
+        self.log_path = _check_log_path(log_path)
         self._upstream_timeout = upstream_timeout
         self._on_record = on_record
         self._lock = threading.Lock()
@@ -304,7 +320,6 @@ class ChaosProxy:
         )
         if self.log_path is not None:
             try:
-                self.log_path.parent.mkdir(parents=True, exist_ok=True)
                 self._log = self.log_path.open("a", encoding="utf-8")
             except OSError as exc:
                 await self.aclose()
@@ -421,8 +436,10 @@ class ChaosProxy:
             while await self._one_exchange(conn):
                 conn.h11.start_next_cycle()
         except asyncio.CancelledError:
+            # aclose() (or the loop shutting down) drops the connection. This task is the
+            # connection's whole life, so it ends here, quietly: on Python 3.11 asyncio's own
+            # done-callback for a cancelled connection task logs "Exception in callback".
             conn.abort()
-            raise
         except (OSError, h11.LocalProtocolError):
             conn.abort()
         except Exception:
@@ -432,7 +449,7 @@ class ChaosProxy:
             self._tasks.discard(task)
             if not writer.transport.is_closing():
                 writer.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
 
     async def _one_exchange(self, conn: _Conn) -> bool:

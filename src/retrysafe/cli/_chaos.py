@@ -130,7 +130,7 @@ def chaos() -> None:
     "log_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Append one JSON line per request to this file.",
+    help="Append one JSON line per request to this file (its directory must exist).",
 )
 def proxy(
     upstream: str,
@@ -183,7 +183,8 @@ def proxy(
             upstream_timeout=upstream_timeout,
         )
     except ConfigurationError as exc:
-        raise click.BadParameter(str(exc), param_hint="--upstream") from None
+        hint = "--log" if exc.option == "log" else "--upstream"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
     try:
         chaos_proxy.start_in_thread()
     except ConfigurationError as exc:

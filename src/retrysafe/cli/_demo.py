@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
@@ -65,7 +70,12 @@ def _unit_rate(ctx: click.Context, param: click.Parameter, value: float) -> floa
     "--jobs-file",
     type=click.Path(dir_okay=False),
     default=None,
-    help="JSONL file of jobs (one JSON object per line) instead of the bundled set.",
+    help=(
+        "JSONL file of jobs instead of the bundled set: one JSON object per line, sent as "
+        "the post's body; its optional job_id names the operation (default line-N). A file "
+        "with fewer lines than --jobs is cycled, copies getting job_id~1, ~2, …; each body "
+        "must fit the service's 1 MiB limit."
+    ),
 )
 @click.option(
     "--timeout",
@@ -107,7 +117,17 @@ def demo(
     proxy that loses answers after the post was published, then sends the same jobs with a
     naive client and through the outbox worker, and prints both reports side by side.
 
-    Exit status 0 only when the retrysafe pass has zero duplicates and zero lost jobs.
+    \b
+    Exit status:
+      0    every retrysafe job SUCCEEDED, each with exactly one post
+      1    the retrysafe pass had duplicates, lost jobs, or jobs that ended
+           REJECTED, UNKNOWN or FAILED (a run that delivers nothing is no proof)
+      2    bad options or jobs file (nothing was started)
+      130  interrupted (Ctrl-C)
+      143  terminated (SIGTERM)
+
+    Interrupted or terminated, it stops its service, proxy and worker and removes its
+    temporary directory before exiting.
     """
     from rich.console import Console
     from rich.progress import (
@@ -120,7 +140,7 @@ def demo(
     from rich.progress import Progress as Bars
 
     from retrysafe.chaos import render_reports
-    from retrysafe.demo import DemoOptions, Progress, run_demo
+    from retrysafe.demo import DemoOptions, Progress, cycle_jobs, read_jobs, run_demo
 
     # Attempt log lines would drown the progress bars; warnings still show.
     logging.getLogger("retrysafe").setLevel(logging.WARNING)
@@ -136,6 +156,9 @@ def demo(
             attempts=attempts,
             naive=naive,
         )
+        # Load and check every job before announcing anything.
+        base = read_jobs(jobs_file, copies=jobs)
+        job_list = cycle_jobs(base, jobs)
     except RetrysafeError as exc:
         fail(str(exc), code=2)
 
@@ -166,20 +189,28 @@ def demo(
             total = next(t.total for t in bars.tasks if t.id == task)
             bars.update(task, completed=total)
 
+        def note(self, message: str) -> None:
+            err.print(f"[dim]{message} …[/dim]", highlight=False)
+
     rates = options.fault_rates()
-    err.print(
-        f"[bold]retrysafe demo[/bold]: {jobs} post-publishing jobs per pass, "
-        f"{loss_rate:.1%} of answers lost after commit "
-        f"(+ resets, 503s, stalls: {sum(rates.rate(f) for f in _other_faults()):.1%}), "
-        f"seed {seed}, concurrency {concurrency}"
-    )
-    try:
-        with bars:
-            result = run_demo(options, _Bars())
-    except RetrysafeError as exc:
-        fail(str(exc))
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
+    with _sigterm_interrupts() as terminated:
+        try:
+            err.print(
+                f"[bold]retrysafe demo[/bold]: {jobs} post-publishing jobs per pass "
+                f"({_source(jobs_file, len(base), jobs)}), "
+                f"{loss_rate:.1%} of answers lost after commit "
+                f"(+ resets, 503s, stalls: {sum(rates.rate(f) for f in _other_faults()):.1%}), "
+                f"seed {seed}, concurrency {concurrency}",
+                highlight=False,
+            )
+            with bars:
+                result = run_demo(options, _Bars(), jobs=job_list)
+        except RetrysafeError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            if terminated.is_set():
+                fail("terminated (SIGTERM); stopped the demo and removed its files", code=143)
+            fail("interrupted", code=130)
 
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -195,12 +226,52 @@ def demo(
             timing.append(f"naive {result.naive.seconds:.1f} s")
         timing.append(f"retrysafe {result.protected.seconds:.1f} s")
         out.print("wall time: " + ", ".join(timing))
-        out.print(
-            "verdict: [green]0 duplicates, 0 lost with retrysafe[/green]"
-            if result.ok
-            else "verdict: [red]retrysafe pass had duplicates or lost jobs[/red]"
-        )
+        out.print(_verdict(result.failures), highlight=False)
+    if as_json:  # stdout stays pure JSON; the verdict goes to stderr
+        err.print(_verdict(result.failures), highlight=False)
     sys.exit(0 if result.ok else 1)
+
+
+def _verdict(failures: list[str]) -> str:
+    if not failures:
+        return (
+            "verdict: [green]every job published exactly once with retrysafe "
+            "(0 duplicates, 0 lost)[/green]"
+        )
+    return "verdict: [red]FAILED: retrysafe pass had " + ", ".join(failures) + "[/red]"
+
+
+def _source(jobs_file: str | None, lines: int, jobs: int) -> str:
+    """Where the jobs come from: ``N jobs from FILE (cycled to M)`` or ``first M of N …``."""
+    name = "the bundled set" if jobs_file is None else jobs_file
+    if jobs > lines:
+        return f"{lines} jobs from {name}, cycled to {jobs}"
+    if jobs < lines:
+        return f"the first {jobs} of {lines} jobs from {name}"
+    return f"{lines} jobs from {name}"
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[threading.Event]:
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` like Ctrl-C (once; further
+    SIGTERMs are ignored while shutting down), so the demo stops cleanly. Yields an event set
+    when SIGTERM arrived."""
+    terminated = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield terminated
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if terminated.is_set():
+            return
+        terminated.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _other_faults() -> list[Fault]:

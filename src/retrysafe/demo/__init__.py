@@ -1,16 +1,20 @@
 """``retrysafe demo``: a naive client's duplicates next to retrysafe's zero (SPEC §8)."""
 
-from retrysafe.demo._jobs import load_jobs
+from retrysafe.demo._jobs import MAX_BODY_SIZE, cycle_jobs, job_body, load_jobs, read_jobs
 from retrysafe.demo._naive import run_naive
 from retrysafe.demo._run import DemoOptions, DemoResult, Progress, run_demo
 from retrysafe.demo._service import PublishingService
 
 __all__ = [
+    "MAX_BODY_SIZE",
     "DemoOptions",
     "DemoResult",
     "Progress",
     "PublishingService",
+    "cycle_jobs",
+    "job_body",
     "load_jobs",
+    "read_jobs",
     "run_demo",
     "run_naive",
 ]

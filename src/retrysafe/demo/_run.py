@@ -8,6 +8,11 @@
    outbox worker (a key per job, minted before the first attempt). UNKNOWN jobs are
    reconciled with the same key once the link heals.
 4. One report per pass, side by side.
+
+The run succeeds (:attr:`DemoResult.ok`) only when retrysafe delivered: every protected job
+SUCCEEDED, each with exactly one post. Interrupting it (Ctrl-C, or SIGTERM turned into
+``KeyboardInterrupt`` by the CLI) stops the worker, the proxy and the server and removes the
+temporary directory before the exception propagates.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +30,8 @@ from retrysafe._exceptions import ConfigurationError
 from retrysafe._serving import ServerThread
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, EffectLedger, FaultRates, Report
 from retrysafe.chaos import build_report as _build_report
-from retrysafe.client import Outbox, RetryPolicy
-from retrysafe.demo._jobs import load_jobs
+from retrysafe.client import Outbox, RetryPolicy, Worker
+from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
 from retrysafe.demo._service import PublishingService
 from retrysafe.server import IdempotencyMiddleware
@@ -129,15 +134,38 @@ class DemoResult:
     faults: dict[str, Any]
 
     @property
-    def ok(self) -> bool:
-        """True when the protected pass has zero duplicates and zero lost jobs."""
+    def failures(self) -> list[str]:
+        """Why the protected pass failed, one phrase per reason; empty when it succeeded.
+
+        It fails on any duplicate post, any lost job, and any job that did not end SUCCEEDED
+        (REJECTED, UNKNOWN after reconciliation, FAILED): a run in which retrysafe delivers
+        nothing is no proof.
+        """
         r = self.protected.report
-        return r.duplicates == 0 and r.lost == 0
+        reasons = []
+        if r.duplicates:
+            reasons.append(f"{r.duplicates} duplicate posts")
+        if r.lost:
+            reasons.append(f"{r.lost} lost jobs")
+        if r.rejected:
+            reasons.append(f"{r.rejected} jobs REJECTED by the service (never published)")
+        if r.unknown:
+            reasons.append(f"{r.unknown} jobs still UNKNOWN after reconciliation")
+        if r.failed:
+            reasons.append(f"{r.failed} jobs FAILED")
+        return reasons
+
+    @property
+    def ok(self) -> bool:
+        """True when every job of the protected pass SUCCEEDED with exactly one post: zero
+        duplicates, zero lost, and no job REJECTED, UNKNOWN or FAILED (see :attr:`failures`)."""
+        return not self.failures
 
     def to_dict(self) -> dict[str, Any]:
         opts = self.options
         return {
             "ok": self.ok,
+            "failures": self.failures,
             "options": {
                 "jobs": opts.jobs,
                 "loss_rate": opts.loss_rate,
@@ -165,21 +193,40 @@ class Progress:
     def finish(self, phase: str) -> None:
         """The phase ended."""
 
+    def note(self, message: str) -> None:
+        """What the demo does next, between phases (e.g. ``"healing the link, …"``)."""
 
-def run_demo(options: DemoOptions, progress: Progress | None = None) -> DemoResult:
+
+def run_demo(
+    options: DemoOptions,
+    progress: Progress | None = None,
+    *,
+    jobs: Sequence[dict[str, Any]] | None = None,
+) -> DemoResult:
     """Run the whole demo and return both reports. Starts and stops everything it needs.
+
+    Args:
+        options: what to run.
+        progress: callbacks for progress bars and notes.
+        jobs: the jobs, already loaded (see :func:`load_jobs`); default: load
+            ``options.jobs`` jobs from ``options.jobs_file``.
 
     Raises:
         ConfigurationError: bad options or jobs file, or a server that could not start.
+        KeyboardInterrupt: interrupted; everything was stopped and the temporary directory
+            removed first.
     """
     progress = progress or Progress()
-    jobs = load_jobs(options.jobs_file, options.jobs)
+    job_list = list(jobs) if jobs is not None else load_jobs(options.jobs_file, options.jobs)
     rates = options.fault_rates()
     with tempfile.TemporaryDirectory(prefix="retrysafe-demo-") as tmp:
         workdir = Path(tmp)
         ledger = EffectLedger()
+        progress.note("starting the publishing service and the chaos proxy on loopback")
         keys = SQLiteStore(workdir / "keys.db")
-        app = IdempotencyMiddleware(PublishingService(ledger), store=keys, lease=30.0)
+        app = IdempotencyMiddleware(
+            PublishingService(ledger), store=keys, lease=30.0, max_body_size=MAX_BODY_SIZE
+        )
         try:
             with (
                 ServerThread(app) as server,
@@ -188,17 +235,20 @@ def run_demo(options: DemoOptions, progress: Progress | None = None) -> DemoResu
                 url = proxy.url + "/posts"
                 naive = None
                 if options.naive:
-                    naive = _naive_pass(url, jobs, options, ledger, progress)
+                    naive = _naive_pass(url, job_list, options, ledger, progress)
                 proxy.set_rates(rates)
-                protected = _protected_pass(url, jobs, options, ledger, proxy, workdir, progress)
+                protected = _protected_pass(
+                    url, job_list, options, ledger, proxy, workdir, progress
+                )
                 faults = proxy.stats().to_dict()
+                progress.note("stopping the service and the proxy")
         finally:
             keys.close()
     return DemoResult(options=options, naive=naive, protected=protected, faults=faults)
 
 
 def _bodies(jobs: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
-    return [{**job, "operation": f"{tag}:{job['job_id']}"} for job in jobs]
+    return [job_body(job, tag) for job in jobs]
 
 
 def _report(beliefs: list[ClientBelief], ledger: EffectLedger, tag: str) -> Report:
@@ -257,20 +307,26 @@ def _protected_pass(
     )
     store = SQLiteStore(workdir / "outbox.db")
     with Outbox(store, policy=policy) as outbox:
+        progress.note(f"recording {len(bodies)} jobs and their keys in the outbox")
         started = time.monotonic()
         # Each job and its key are recorded before any attempt (SPEC §2); one transaction.
         with store.transaction() as conn:
             ids = [outbox.submit(url, json=body, connection=conn).id for body in bodies]
         operation = {job_id: body["operation"] for job_id, body in zip(ids, bodies, strict=True)}
         progress.start("retrysafe", len(ids))
-        worker = outbox.worker(concurrency=options.concurrency)
-        _run_with_progress(worker.run_until_idle, outbox, "retrysafe", len(ids), progress)
+        # No grace on stop: an interrupted demo drops its in-flight attempts at once.
+        worker = outbox.worker(concurrency=options.concurrency, grace=0.0)
+        _run_with_progress(worker, outbox, "retrysafe", len(ids), progress)
         progress.finish("retrysafe")
         delivered = time.monotonic()
 
         # The link heals; UNKNOWN jobs are re-sent with the same key (SPEC §5).
         unknown = [j.id for j in outbox.jobs(states=[JobState.UNKNOWN], limit=len(ids))]
         if unknown:
+            progress.note(
+                f"healing the link, reconciling {len(unknown)} UNKNOWN "
+                f"job{'s' if len(unknown) != 1 else ''} with their same keys"
+            )
             proxy.heal()
             progress.start("reconcile", len(unknown))
             outbox.reconcile(ids=unknown, limit=len(unknown), concurrency=options.concurrency)
@@ -301,23 +357,34 @@ def _protected_pass(
 
 
 def _run_with_progress(
-    run: Callable[[], object], outbox: Outbox, phase: str, total: int, progress: Progress
+    worker: Worker, outbox: Outbox, phase: str, total: int, progress: Progress
 ) -> None:
-    """Run the blocking ``run`` in a thread; poll the outbox's counts for the progress bar."""
+    """Run ``worker`` until idle in a thread; poll the outbox's counts for the progress bar.
+
+    If the caller's thread is interrupted (``KeyboardInterrupt``), the worker is stopped and
+    its thread joined before the exception propagates, so nothing still writes to the store.
+    """
     error: list[BaseException] = []
 
     def target() -> None:
         try:
-            run()
+            worker.run_until_idle()
         except BaseException as exc:  # re-raised below in the caller's thread
             error.append(exc)
 
     thread = threading.Thread(target=target, name="retrysafe-demo-worker", daemon=True)
     thread.start()
     terminal = (JobState.SUCCEEDED, JobState.REJECTED, JobState.UNKNOWN, JobState.CANCELLED)
-    while thread.is_alive():
-        thread.join(timeout=0.2)
-        counts = outbox.counts()
-        progress.advance(phase, sum(counts.get(s, 0) for s in terminal))
+    try:
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+            counts = outbox.counts()
+            progress.advance(phase, sum(counts.get(s, 0) for s in terminal))
+    except BaseException:
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline:
+            worker.stop()  # again each time: a worker not yet serving forgets an early stop
+            thread.join(timeout=0.1)
+        raise
     if error:
         raise error[0]
