@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -159,3 +160,15 @@ async def test_async_face_keeps_the_contract(key_store: KeyStore) -> None:
     assert await store.complete(H, rec.fencing_token, RESP, now=NOW, retention=100)
     got = await store.get(H)
     assert got is not None and got.response == RESP
+
+
+@pytest.mark.anyio
+async def test_concurrent_async_claims_have_one_winner(key_store: KeyStore) -> None:
+    """Of 16 claims of one absent key issued at once on the async face, exactly one wins and
+    every loser sees the winner's token."""
+    store = as_async_key_store(key_store)
+    results = await asyncio.gather(
+        *(store.claim(H, FP, now=NOW, lease=10, retention=100) for _ in range(16))
+    )
+    assert [claimed for claimed, _ in results].count(True) == 1
+    assert {rec.fencing_token for _, rec in results} == {1}

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from retrysafe import ConfigurationError, RetrysafeError, SchemaError, StoreUnavailableError
-from retrysafe.stores import SQLiteStore, open_store
+from retrysafe import (
+    ConfigurationError,
+    RetrysafeError,
+    SchemaError,
+    StoreError,
+    StoreUnavailableError,
+)
+from retrysafe.core import KeyState, StoredResponse
+from retrysafe.stores import AsyncKeyStore, SQLiteStore, open_store
 
 H = "b" * 64
 
@@ -109,4 +117,152 @@ def test_sqlite_url_opens_a_file(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/via-url.db")
     assert isinstance(store, SQLiteStore)
     assert (tmp_path / "via-url.db").exists()
+    store.close()
+
+
+# ---------------------------------------------------------------------- group commit
+def _traced(store: SQLiteStore) -> tuple[AsyncKeyStore, list[str]]:
+    """The async face, and the list of statements its inline connection runs."""
+    seen: list[str] = []
+    keys = store.asyncio_key_store()
+    keys._inline_conn().set_trace_callback(seen.append)
+    return keys, seen
+
+
+@pytest.mark.anyio
+async def test_operations_issued_together_commit_together(tmp_path: Path) -> None:
+    """Operations issued in one event-loop iteration run in one transaction, and each gets
+    its own result only once that transaction committed."""
+    store = SQLiteStore(tmp_path / "gc.db")
+    keys, seen = _traced(store)
+    results = await asyncio.gather(
+        *(keys.claim(f"{i:064x}", "fp", now=1.0, lease=10, retention=100) for i in range(8))
+    )
+    assert all(claimed for claimed, _ in results)
+    assert [s for s in seen if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    with sqlite3.connect(tmp_path / "gc.db") as other:  # durable: another connection sees them
+        assert other.execute("SELECT COUNT(*) FROM idempotency_keys").fetchone() == (8,)
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_failing_statement_fails_only_its_own_operation(tmp_path: Path) -> None:
+    """A statement error inside a batch (a NOT NULL violation) fails that operation alone;
+    the others of the batch commit."""
+    store = SQLiteStore(tmp_path / "gc.db")
+    keys, seen = _traced(store)
+    results = await asyncio.gather(
+        keys.claim("1" * 64, "fp", now=1.0, lease=10, retention=100),
+        keys.claim("2" * 64, None, now=1.0, lease=10, retention=100),  # type: ignore[arg-type]
+        keys.claim("3" * 64, "fp", now=1.0, lease=10, retention=100),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], StoreError)
+    assert not isinstance(results[1], StoreUnavailableError)
+    assert isinstance(results[1].__cause__, sqlite3.IntegrityError)
+    assert results[0][0] and results[2][0]  # type: ignore[index]
+    assert seen.count("BEGIN IMMEDIATE") == 1 and seen.count("COMMIT") == 1
+    assert store.get("1" * 64) is not None and store.get("3" * 64) is not None
+    assert store.get("2" * 64) is None
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_an_operation_raising_a_python_error_fails_alone(tmp_path: Path) -> None:
+    """An operation that raises a non-SQLite error rolls its batch back; the batch's other
+    operations then run one by one and succeed, and no transaction is left open."""
+    store = SQLiteStore(tmp_path / "gc.db")
+    keys = store.asyncio_key_store()
+    _, a = await keys.claim("1" * 64, "fp", now=1.0, lease=10, retention=100)
+    _, b = await keys.claim("2" * 64, "fp", now=1.0, lease=10, retention=100)
+    bad = StoredResponse(201, (("x-odd", object()),), b"")  # type: ignore[arg-type]
+    good = StoredResponse(201, (), b"ok")
+    results = await asyncio.gather(
+        keys.complete("1" * 64, a.fencing_token, bad, now=1.0, retention=100),
+        keys.complete("2" * 64, b.fencing_token, good, now=1.0, retention=100),
+        keys.claim("3" * 64, "fp", now=1.0, lease=10, retention=100),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], TypeError)
+    assert results[1] is True and results[2][0]  # type: ignore[index]
+    first, second = store.get("1" * 64), store.get("2" * 64)
+    assert first is not None and first.state is KeyState.RUNNING
+    assert second is not None and second.response == good
+    assert not keys._inline_conn().in_transaction
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_batch_waits_in_a_thread_while_another_process_writes(tmp_path: Path) -> None:
+    """While another connection holds ``BEGIN EXCLUSIVE`` the batch waits in a worker thread
+    (the event loop keeps running) and commits once the lock is free."""
+    path = tmp_path / "gc.db"
+    store = SQLiteStore(path, busy_timeout=5)
+    keys = store.asyncio_key_store()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    claims = asyncio.gather(
+        *(keys.claim(f"{i:064x}", "fp", now=1.0, lease=10, retention=100) for i in range(4))
+    )
+    await asyncio.sleep(0.2)
+    assert not claims.done() and ticks >= 5
+    holder.execute("COMMIT")
+    results = await claims
+    ticker.cancel()
+    assert all(claimed for claimed, _ in results)
+    assert not keys._inline_conn().in_transaction
+    holder.close()
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_batch_fails_as_unavailable_when_the_lock_stays(tmp_path: Path) -> None:
+    """A write lock held past busy_timeout fails every operation of the batch with
+    StoreUnavailableError; nothing is left open and the store works once it is free."""
+    path = tmp_path / "gc.db"
+    store = SQLiteStore(path, busy_timeout=0.05)
+    keys = store.asyncio_key_store()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    results = await asyncio.gather(
+        *(keys.claim(f"{i:064x}", "fp", now=1.0, lease=10, retention=100) for i in range(3)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, StoreUnavailableError) for r in results)
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert (await keys.claim("0" * 64, "fp", now=1.0, lease=10, retention=100))[0]
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_claim_is_not_run_but_a_cancelled_completion_is(
+    tmp_path: Path,
+) -> None:
+    """A claim whose caller was cancelled before the batch ran claims nothing; a completion
+    whose caller was cancelled is still written (the handler's effect happened)."""
+    store = SQLiteStore(tmp_path / "gc.db")
+    keys = store.asyncio_key_store()
+    _, rec = await keys.claim("1" * 64, "fp", now=1.0, lease=10, retention=100)
+    resp = StoredResponse(201, (), b"done")
+    claim = asyncio.ensure_future(keys.claim("2" * 64, "fp", now=1.0, lease=10, retention=100))
+    done = asyncio.ensure_future(
+        keys.complete("1" * 64, rec.fencing_token, resp, now=1.0, retention=100)
+    )
+    await asyncio.sleep(0)  # both submitted, the batch not yet run
+    claim.cancel()
+    done.cancel()
+    await asyncio.sleep(0.01)
+    assert store.get("2" * 64) is None
+    completed = store.get("1" * 64)
+    assert completed is not None and completed.response == resp
     store.close()

@@ -14,6 +14,10 @@ from urllib.parse import parse_qsl, urlencode
 
 __all__ = ["canonical_body", "fingerprint", "is_json_content_type"]
 
+# One encoder for every canonical body: json.dumps with these options builds a new encoder
+# per call, which costs as much as encoding a small body.
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
 
 def is_json_content_type(content_type: str | None) -> bool:
     """True for ``application/json`` and any ``+json`` media type (parameters ignored)."""
@@ -40,9 +44,7 @@ def canonical_body(body: bytes, content_type: str | None) -> bytes:
             parsed = json.loads(body)
         except (ValueError, RecursionError):
             return body
-        return json.dumps(
-            parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        return _CANONICAL_JSON.encode(parsed).encode("utf-8")
     return body
 
 

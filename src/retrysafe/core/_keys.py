@@ -44,6 +44,10 @@ def parse_key(raw: str) -> str:
         key = _parse_sf_string(value, raw)
         # Inside a structured-field string a space is legal; everything else must be visible.
         bad = [c for c in key if c != " " and ord(c) not in _VCHAR]
+    elif value.isascii() and value.isprintable() and " " not in value:
+        # The common case, checked in C: printable ASCII without space is exactly VCHAR.
+        key = value
+        bad = []
     else:
         key = value
         bad = [c for c in key if ord(c) not in _VCHAR]

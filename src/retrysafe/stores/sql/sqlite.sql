@@ -1,5 +1,7 @@
 -- retrysafe's SQLite statements. Every statement the SQLite store runs is a named block here
--- ("-- name: <name>"), loaded once by retrysafe.stores._sql. Parameters are named (:name).
+-- ("-- name: <name>"), loaded once by retrysafe.stores._sql. Parameters are named (:name),
+-- except in the key statements the middleware runs per request, which take numbered
+-- parameters (?1, ?2, …; listed above each statement) because binding a tuple is cheaper.
 -- Times are Unix seconds (REAL). Keys are stored only as SHA-256 hashes of (scope, key).
 
 -- name: schema
@@ -7,8 +9,12 @@ CREATE TABLE IF NOT EXISTS retrysafe_meta (
     name  TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+-- A rowid table with a unique index on key_hash, not a WITHOUT ROWID table keyed by it: key
+-- hashes are random, so keying the rows by them makes every claim and every completion
+-- rewrite a random page of wide rows, while rowids grow, so new rows (and their completions)
+-- share the last few pages and only the narrow key_hash index takes a random page per claim.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
-    key_hash         TEXT PRIMARY KEY,
+    key_hash         TEXT NOT NULL UNIQUE,
     fingerprint      TEXT NOT NULL,
     state            TEXT NOT NULL CHECK (state IN ('running', 'completed')),
     fencing_token    INTEGER NOT NULL,
@@ -18,7 +24,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     headers          TEXT,
     body             BLOB,
     replayable       INTEGER NOT NULL DEFAULT 1
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at);
 CREATE TABLE IF NOT EXISTS outbox_jobs (
     id               TEXT PRIMARY KEY,
@@ -70,11 +76,12 @@ INSERT INTO retrysafe_meta (name, value) VALUES ('schema_version', :version)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 
 -- name: claim_key
+-- ?1 key_hash, ?2 fingerprint, ?3 lease_expires_at, ?4 expires_at, ?5 now.
 -- Insert if absent; replace if the record's retention has expired (it counts as absent).
--- Returns the row only when this call claimed the key; otherwise no row.
+-- Returns the new fencing token only when this call claimed the key; otherwise no row.
 INSERT INTO idempotency_keys
     (key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at)
-VALUES (:key_hash, :fingerprint, 'running', 1, :lease_expires_at, :expires_at)
+VALUES (?1, ?2, 'running', 1, ?3, ?4)
 ON CONFLICT (key_hash) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'running',
@@ -82,42 +89,47 @@ ON CONFLICT (key_hash) DO UPDATE SET
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     status = NULL, headers = NULL, body = NULL, replayable = 1
-WHERE idempotency_keys.expires_at <= :now
-RETURNING key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
-          status, headers, body, replayable;
+WHERE idempotency_keys.expires_at <= ?5
+RETURNING fencing_token;
 
 -- name: get_key
+-- ?1 key_hash.
 SELECT key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
        status, headers, body, replayable
-FROM idempotency_keys WHERE key_hash = :key_hash;
+FROM idempotency_keys WHERE key_hash = ?1;
 
 -- name: take_over_key
+-- ?1 key_hash, ?2 fencing_token, ?3 lease_expires_at, ?4 now.
 -- Compare-and-swap: only when the lease of the given token has expired.
 UPDATE idempotency_keys
-SET fencing_token = fencing_token + 1, lease_expires_at = :lease_expires_at
-WHERE key_hash = :key_hash AND fencing_token = :fencing_token AND state = 'running'
-  AND lease_expires_at <= :now
+SET fencing_token = fencing_token + 1, lease_expires_at = ?3
+WHERE key_hash = ?1 AND fencing_token = ?2 AND state = 'running'
+  AND lease_expires_at <= ?4
 RETURNING key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
           status, headers, body, replayable;
 
 -- name: complete_key
+-- ?1 key_hash, ?2 fencing_token, ?3 status, ?4 headers, ?5 body, ?6 replayable,
+-- ?7 expires_at.
 UPDATE idempotency_keys
-SET state = 'completed', status = :status, headers = :headers, body = :body,
-    replayable = :replayable, expires_at = :expires_at
-WHERE key_hash = :key_hash AND fencing_token = :fencing_token AND state = 'running';
+SET state = 'completed', status = ?3, headers = ?4, body = ?5, replayable = ?6,
+    expires_at = ?7
+WHERE key_hash = ?1 AND fencing_token = ?2 AND state = 'running';
 
 -- name: release_key
+-- ?1 key_hash, ?2 fencing_token.
 DELETE FROM idempotency_keys
-WHERE key_hash = :key_hash AND fencing_token = :fencing_token AND state = 'running';
+WHERE key_hash = ?1 AND fencing_token = ?2 AND state = 'running';
 
 -- name: extend_key_lease
-UPDATE idempotency_keys SET lease_expires_at = :lease_expires_at
-WHERE key_hash = :key_hash AND fencing_token = :fencing_token AND state = 'running';
+-- ?1 key_hash, ?2 fencing_token, ?3 lease_expires_at.
+UPDATE idempotency_keys SET lease_expires_at = ?3
+WHERE key_hash = ?1 AND fencing_token = ?2 AND state = 'running';
 
 -- name: purge_keys
 DELETE FROM idempotency_keys
-WHERE key_hash IN (
-    SELECT key_hash FROM idempotency_keys WHERE expires_at <= :now LIMIT :batch
+WHERE rowid IN (
+    SELECT rowid FROM idempotency_keys WHERE expires_at <= :now LIMIT :batch
 );
 
 
