@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -59,6 +60,12 @@ def _upstream(effects: Counter[str]) -> Starlette:
         effects["stream"] += 1
         return StreamingResponse(chunks(), media_type="text/plain")
 
+    async def slow(request: Request) -> Response:
+        await request.body()
+        await asyncio.sleep(1.0)
+        effects["slow"] += 1
+        return JSONResponse({"done": True}, status_code=201)
+
     async def boom(request: Request) -> Response:
         effects["boom"] += 1
         return JSONResponse({"error": "down"}, status_code=503)
@@ -69,6 +76,7 @@ def _upstream(effects: Counter[str]) -> Starlette:
             Route("/echo", echo, methods=["POST", "PUT", "GET"]),
             Route("/stream", stream, methods=["POST", "GET"]),
             Route("/boom", boom, methods=["POST"]),
+            Route("/slow", slow, methods=["POST"]),
         ]
     )
 
@@ -154,6 +162,26 @@ def test_missing_upstream_answers_502_and_releases_the_key(tmp_path: Path) -> No
     assert up.status_code == 201
     assert "idempotent-replayed" not in up.headers
     assert effects["posts"] == 1
+
+
+def test_upstream_timeout_keeps_the_key_claimed(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """A request sent but unanswered in time is "I don't know": 504, and the key is not
+    released, so a retry gets 409 instead of running the effect a second time (SPEC §0)."""
+    store = SQLiteStore(tmp_path / "t.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=0.3), store=store, lease=30)
+    headers = {"Idempotency-Key": "slow-1"}
+    with ServerThread(app) as gw:
+        first = httpx.post(gw.url + "/slow", json={}, headers=headers)
+        assert first.status_code == 504
+        assert first.json()["type"] == "urn:retrysafe:problem:gateway-timeout"
+        retry = httpx.post(gw.url + "/slow", json={}, headers=headers)
+        assert retry.status_code == 409
+        assert "retry-after" in retry.headers
+    time.sleep(1.2)  # the upstream finishes the first request meanwhile
+    assert effects["slow"] == 1
+    store.close()
 
 
 def test_upstream_5xx_is_forwarded_and_not_stored(gateway: str, effects: Counter[str]) -> None:

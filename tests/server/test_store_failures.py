@@ -6,14 +6,17 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from retrysafe.stores import SQLiteStore
 
-from .harness import Serve, assert_problem, is_replay, records
+from .harness import HOLD, Serve, assert_problem, is_replay, records
 
 
 def _writable(path: Path) -> bool:
@@ -102,3 +105,32 @@ def test_locked_store_answers_503_and_nothing_is_corrupted(
     assert h.post("/posts", key="k1", json={}).status_code == 201
     assert is_replay(h.post("/posts", key="k1", json={}))
     assert store.run(lambda c: c.execute("PRAGMA integrity_check").fetchone()) == ("ok",)
+
+
+def test_a_store_outage_while_the_handler_runs_does_not_lose_its_record(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A store locked when the handler finishes: the completion is retried within the lease,
+    the client gets its answer once it is stored, and a repeat replays it (no second run)."""
+    path = tmp_path / "outage.db"
+    store = SQLiteStore(path, busy_timeout=0.05)
+    h = serve(store=store)
+    result: list[httpx.Response] = []
+    worker = threading.Thread(
+        target=lambda: result.append(h.post("/slow", key="k-out", json={}, headers=HOLD))
+    )
+    worker.start()
+    assert h.effects.entered.wait(10)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        h.effects.gate.set()
+        time.sleep(0.6)  # the handler has finished; its completion waits for the lock
+        assert result == []
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    worker.join(10)
+    assert result[0].status_code == 201
+    assert is_replay(h.post("/slow", key="k-out", json={}))
+    assert h.effects.counts["slow"] == 1

@@ -149,4 +149,14 @@ def gateway(
         "gateway listening",
         extra={"listen": f"{host}:{port}", "upstream": proxy.upstream, "store": store},
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        # The upstream's own Date and Server headers pass through; don't add a second pair.
+        server_header=False,
+        date_header=False,
+    )

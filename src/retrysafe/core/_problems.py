@@ -24,6 +24,7 @@ _TITLES = {
     "body-too-large": "Request body too large",
     "replay-unavailable": "Stored response cannot be replayed",
     "bad-gateway": "Upstream unavailable",
+    "gateway-timeout": "Upstream did not answer in time",
 }
 
 

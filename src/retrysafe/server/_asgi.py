@@ -9,16 +9,23 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from retrysafe._exceptions import StoreError
-from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
+from retrysafe.core import (
+    InvalidKey,
+    Keyed,
+    MissingKey,
+    fingerprint,
+    key_hash,
+    scope_from_authorization,
+)
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
     Answer,
     Capture,
     Engine,
     RequestState,
-    acall_op,
     adrive,
 )
+from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store, open_store
 
 __all__ = ["IdempotencyMiddleware"]
@@ -99,6 +106,7 @@ class IdempotencyMiddleware:
         duplicate = False
         content_type: str | None = None
         content_length: bytes | None = None
+        authorization: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"idempotency-key":
                 duplicate = header is not None
@@ -107,6 +115,8 @@ class IdempotencyMiddleware:
                 content_type = value.decode("latin-1")
             elif name == b"content-length":
                 content_length = value
+            elif name == b"authorization":
+                authorization = value
         check = engine.duplicate_key(header) if duplicate and header else engine.check(
             method, path, header
         )
@@ -137,7 +147,14 @@ class IdempotencyMiddleware:
             await self._too_large(send, method, path, started)
             return
 
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str]
+        if engine.scope is scope_from_authorization:
+            # The default scope reads Authorization only: no need to decode every header.
+            headers = {}
+            if authorization is not None:
+                headers["authorization"] = authorization.decode("latin-1")
+        else:
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         query = scope.get("query_string", b"").decode("latin-1")
         req = RequestState(
             method,
@@ -172,6 +189,7 @@ class IdempotencyMiddleware:
             return
 
         responder = _Responder(engine, self.store, req, send)
+        scope[SCOPE_KEY] = responder.state  # lets the app say "outcome unknown"
         try:
             await self.app(scope, replay_receive, responder.send)
         except BaseException as exc:
@@ -192,7 +210,7 @@ class _Responder:
     the key just before the last body chunk leaves (so a completed response is durable before
     the client can see it)."""
 
-    __slots__ = ("capture", "engine", "finalized", "req", "store", "wrapped")
+    __slots__ = ("capture", "engine", "finalized", "req", "state", "store", "wrapped")
 
     def __init__(
         self, engine: Engine, store: AsyncKeyStore, req: RequestState, send: Send
@@ -203,6 +221,7 @@ class _Responder:
         self.wrapped = send
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
+        self.state: dict[str, Any] = {}
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -220,9 +239,12 @@ class _Responder:
     async def _finalize(self) -> None:
         self.finalized = True
         engine = self.engine
+        if outcome_unknown(self.state):
+            engine.log_unknown(self.req, self.capture.status)
+            return
         op = engine.finish(self.req, self.capture)
         try:
-            ok = await acall_op(self.store, op)
+            ok = await adrive(engine.settle(self.req, op), self.store)
         except StoreError as exc:
             req = self.req
             engine.log_decision(
@@ -239,10 +261,13 @@ class _Responder:
         self.finalized = True
         engine = self.engine
         req = self.req
+        if outcome_unknown(self.state):
+            engine.log_unknown(req, self.capture.status)
+            return
         op = engine.release(req)
         error = "incomplete response" if exc is None else repr(exc)
         try:
-            ok = await acall_op(self.store, op)
+            ok = await adrive(engine.settle(req, op), self.store)
         except StoreError as store_exc:
             engine.log_decision(
                 "store-failed", req.method, req.path, self.capture.status, req.started,

@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import Generator, Iterable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
-from retrysafe._exceptions import InvalidKeyError
+from retrysafe._exceptions import InvalidKeyError, StoreError, StoreUnavailableError
 from retrysafe.core import (
     InProgress,
     InvalidKey,
@@ -54,10 +54,13 @@ log = logging.getLogger("retrysafe.server")
 #: One store operation: ``(method name, positional args, keyword args)``; ``"sleep"`` waits.
 Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 RawHeaders = list[tuple[bytes, bytes]]
+_R = TypeVar("_R")
 
 _POLL_INITIAL = 0.02  # seconds: first wait while polling a running key (in_progress_wait)
 _POLL_MAX = 0.25  # seconds: longest single wait while polling
 _MAX_RACES = 8  # claim/take-over races lost in a row before answering 409
+_SETTLE_INITIAL = 0.05  # seconds: first wait before retrying a failed complete/release
+_SETTLE_MAX = 1.0  # seconds: longest wait between those retries
 _REPLAYED = (b"idempotent-replayed", b"true")
 
 
@@ -99,7 +102,16 @@ def status_line(status: int) -> str:
 class RequestState:
     """Per-request values of a protected, keyed request (mutable, slotted)."""
 
-    __slots__ = ("claim", "fingerprint", "key_hash", "method", "path", "started", "token")
+    __slots__ = (
+        "claim",
+        "fingerprint",
+        "key_hash",
+        "lease_deadline",
+        "method",
+        "path",
+        "started",
+        "token",
+    )
 
     def __init__(
         self, method: str, path: str, key_hash: str, fingerprint: str, started: float
@@ -111,6 +123,7 @@ class RequestState:
         self.started = started
         self.token = 0
         self.claim = "new"
+        self.lease_deadline = 0.0  # time.monotonic() by which the lease surely still holds
 
 
 class Capture:
@@ -344,6 +357,7 @@ class Engine:
         )
         if claimed:
             req.token = record.fencing_token
+            req.lease_deadline = self._lease_deadline()
             return None
         deadline = -1.0
         delay = _POLL_INITIAL
@@ -380,6 +394,7 @@ class Engine:
                 if new is not None:
                     req.token = new.fencing_token
                     req.claim = "takeover"
+                    req.lease_deadline = self._lease_deadline()
                     return None
                 record = yield ("get", (req.key_hash,), {})
                 now = self.clock()
@@ -393,7 +408,37 @@ class Engine:
             )
             if claimed:
                 req.token = record.fencing_token
+                req.lease_deadline = self._lease_deadline()
                 return None
+
+    def _lease_deadline(self) -> float:
+        # Measured from just after the claim; a tenth of the lease is kept as a safety margin
+        # for clock drift between this process and the store's clock.
+        return time.monotonic() + 0.9 * self.lease
+
+    def settle(self, req: RequestState, op: Op) -> Generator[Op, Any, bool]:
+        """Run the completing or releasing ``op``; retry it while the lease still holds.
+
+        A store that is briefly unavailable (locked, restarting) must not turn a finished
+        handler into a lost record: the key would stay claimed until its lease ends and the
+        next attempt would run the effect again. So a ``StoreUnavailableError`` is retried with
+        capped backoff (50 ms doubling to 1 s) until the lease's deadline; after that the
+        error propagates (the fencing token could no longer be trusted to hold anyway).
+
+        Returns:
+            Whether the store applied the operation (False: the lease was taken over).
+        """
+        delay = _SETTLE_INITIAL
+        while True:
+            try:
+                ok = yield op
+            except StoreUnavailableError:
+                if time.monotonic() + delay >= req.lease_deadline:
+                    raise
+                yield ("sleep", (delay,), {})
+                delay = min(delay * 2.0, _SETTLE_MAX)
+                continue
+            return bool(ok)
 
     def finish(self, req: RequestState, capture: Capture) -> Op:
         """After the handler: complete the key with the response or release it (SPEC §4).
@@ -460,6 +505,20 @@ class Engine:
         extra.update(fields)
         log.log(level, "decision=%s", decision, extra=extra)
 
+    def log_unknown(self, req: RequestState, status: int) -> None:
+        """The app marked the outcome unknown: the key stays claimed until its lease ends."""
+        self.log_decision(
+            "outcome-unknown",
+            req.method,
+            req.path,
+            status,
+            req.started,
+            req.key_hash,
+            level=logging.WARNING,
+            claim=req.claim,
+            detail="the effect may have happened; the key stays claimed until its lease ends",
+        )
+
     def log_finish(self, req: RequestState, op: Op, ok: bool, status: int) -> None:
         """The line for a request whose handler ran: stored, released or fenced off."""
         if not ok:
@@ -506,23 +565,42 @@ async def acall_op(store: Any, op: Op) -> Any:
     return await getattr(store, name)(*args, **kwargs)
 
 
-def drive(gen: Generator[Op, Any, Answer | None], store: Any) -> Answer | None:
-    """Run :meth:`Engine.admit` against a sync store; store errors propagate."""
+def drive(gen: Generator[Op, Any, _R], store: Any) -> _R:
+    """Run an engine conversation against a sync store.
+
+    Store errors are thrown into the generator, which may handle them (:meth:`Engine.settle`)
+    or let them propagate to the caller.
+    """
     try:
         op = next(gen)
         while True:
-            op = gen.send(call_op(store, op))
+            try:
+                value = call_op(store, op)
+            except StoreError as exc:
+                op = gen.throw(exc)
+                continue
+            op = gen.send(value)
     except StopIteration as stop:
-        result: Answer | None = stop.value
+        result: _R = stop.value
         return result
 
 
-async def adrive(gen: Generator[Op, Any, Answer | None], store: Any) -> Answer | None:
-    """Run :meth:`Engine.admit` against an async store; store errors propagate."""
+async def adrive(gen: Generator[Op, Any, _R], store: Any) -> _R:
+    """Run an engine conversation against an async store (see :func:`drive`)."""
     try:
-        op = next(gen)
+        name, args, kwargs = next(gen)
         while True:
-            op = gen.send(await acall_op(store, op))
+            # acall_op, inlined: one coroutine less per store operation.
+            try:
+                if name == "sleep":
+                    await asyncio.sleep(args[0])
+                    value = None
+                else:
+                    value = await getattr(store, name)(*args, **kwargs)
+            except StoreError as exc:
+                name, args, kwargs = gen.throw(exc)
+                continue
+            name, args, kwargs = gen.send(value)
     except StopIteration as stop:
-        result: Answer | None = stop.value
+        result: _R = stop.value
         return result

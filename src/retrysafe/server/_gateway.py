@@ -3,8 +3,10 @@
 Wrapped in :class:`~retrysafe.server.IdempotencyMiddleware` it gives idempotency to a service
 nobody can modify, whatever its language. Request and response bodies stream through (httpx on
 the upstream side); hop-by-hop headers (RFC 9110 §7.6.1) are dropped; ``X-Forwarded-*`` are
-added. An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504``: both are
-5xx, so the middleware releases the key and the client's retry runs again.
+added. An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504``; both are
+5xx: when nothing reached the upstream (connection refused) the middleware releases the key
+and the client's retry runs again; when the request was sent and the answer never came (read
+timeout, reset), the outcome is unknown and the key stays claimed until its lease ends.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import httpx
 from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP
 from retrysafe.core import Problem
+from retrysafe.server._outcome import mark_outcome_unknown
 
 __all__ = ["ReverseProxy", "validate_upstream"]
+
+# Failures that prove the request never reached the upstream.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -132,15 +138,33 @@ class ReverseProxy:
         )
         try:
             response = await client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            await _problem(send, Problem("bad-gateway", 504, f"upstream timed out: {exc!r}"))
-            log.warning("upstream timeout", extra={"upstream": self.upstream, "error": repr(exc)})
-            return
-        except httpx.HTTPError as exc:
+        except _NOT_SENT as exc:
+            # Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4).
             await _problem(
                 send, Problem("bad-gateway", 502, f"upstream unreachable: {type(exc).__name__}")
             )
-            log.warning("upstream error", extra={"upstream": self.upstream, "error": repr(exc)})
+            log.warning(
+                "upstream unreachable", extra={"upstream": self.upstream, "error": repr(exc)}
+            )
+            return
+        except httpx.HTTPError as exc:
+            # The request may have reached the upstream and committed: "I don't know" (SPEC §0).
+            # Releasing the key would let a retry run the effect twice, so the key stays
+            # claimed until its lease ends; repeats meanwhile get 409 request-in-progress.
+            mark_outcome_unknown(scope)
+            timeout = isinstance(exc, httpx.TimeoutException)
+            await _problem(
+                send,
+                Problem(
+                    "gateway-timeout" if timeout else "bad-gateway",
+                    504 if timeout else 502,
+                    f"no complete answer from the upstream ({type(exc).__name__}); it may have "
+                    "acted on the request. Retry with the same Idempotency-Key.",
+                ),
+            )
+            log.warning(
+                "upstream outcome unknown", extra={"upstream": self.upstream, "error": repr(exc)}
+            )
             return
         try:
             out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
@@ -157,7 +181,9 @@ class ReverseProxy:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.HTTPError as exc:
                 # The answer broke off mid-body: the client sees a truncated response, exactly
-                # what the upstream gave. Raising lets the server abort the connection.
+                # what the upstream gave. Raising lets the server abort the connection; the
+                # upstream did act, so the key must not be released.
+                mark_outcome_unknown(scope)
                 log.warning(
                     "upstream body truncated",
                     extra={"upstream": self.upstream, "error": repr(exc)},

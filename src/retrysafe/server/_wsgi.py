@@ -12,7 +12,7 @@ from typing import Any
 from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
 from retrysafe.server._config import IdempotencyConfig, resolve_config
-from retrysafe.server._engine import Capture, Engine, RequestState, call_op, drive
+from retrysafe.server._engine import Capture, Engine, RequestState, drive
 from retrysafe.stores import KeyStore, open_store
 
 __all__ = ["WSGIIdempotencyMiddleware"]
@@ -177,7 +177,7 @@ class _Run:
         engine = self.engine
         op = engine.finish(self.req, self.capture)
         try:
-            ok = call_op(self.store, op)
+            ok = drive(engine.settle(self.req, op), self.store)
         except StoreError as exc:
             req = self.req
             engine.log_decision(
@@ -197,7 +197,7 @@ class _Run:
         op = engine.release(req)
         error = "incomplete response" if exc is None else repr(exc)
         try:
-            ok = call_op(self.store, op)
+            ok = drive(engine.settle(req, op), self.store)
         except StoreError as store_exc:
             engine.log_decision(
                 "store-failed", req.method, req.path, self.capture.status, req.started,
