@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from retrysafe import (
     ConfigurationError,
     InvalidKeyError,
+    JobState,
     Outbox,
     PayloadError,
     RetryPolicy,
     RetrysafeWarning,
     Worker,
+    reconcile,
 )
+from retrysafe.client._jobs import MAX_PAYLOAD_DEPTH
+
+from .conftest import Script, Step
 
 
 @pytest.mark.parametrize(
@@ -116,3 +122,83 @@ def test_bad_policy_values_are_refused(bad: dict[str, object]) -> None:
     """attempts < 1, wait_max < wait_initial, an unknown jitter: ConfigurationError."""
     with pytest.raises(ConfigurationError):
         RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+def _circular() -> dict[str, object]:
+    payload: dict[str, object] = {"items": [1]}
+    payload["items"].append(payload)  # type: ignore[attr-defined]
+    return payload
+
+
+def _deep(levels: int) -> list[object]:
+    payload: list[object] = []
+    inner = payload
+    for _ in range(levels):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        (_circular(), "$.items[1]"),
+        ({"text": ["ok", "\ud800"]}, "$.text[1]"),
+        ({"a": {"\udfff": 1}}, "$.a"),
+        (_deep(5000), "$" + "[0]" * MAX_PAYLOAD_DEPTH),
+    ],
+    ids=["circular", "lone-surrogate", "lone-surrogate-key", "deep"],
+)
+def test_circular_surrogate_or_deep_payload_is_refused_with_its_path(
+    outbox: Outbox, payload: object, path: str
+) -> None:
+    """Circular, lone-surrogate or too-deep payloads raise PayloadError naming the path."""
+    with pytest.raises(PayloadError) as info:
+        outbox.submit("http://example.test/x", json=payload)
+    assert info.value.path == path
+    assert outbox.jobs() == []
+
+
+def test_lone_surrogate_in_text_content_is_refused(outbox: Outbox) -> None:
+    """content= text that cannot be UTF-8 raises PayloadError, not UnicodeEncodeError."""
+    with pytest.raises(PayloadError):
+        outbox.submit("http://example.test/x", content="bad \ud800")
+    assert outbox.jobs() == []
+
+
+def test_payload_nested_to_the_limit_is_accepted(outbox: Outbox) -> None:
+    """Nesting up to MAX_PAYLOAD_DEPTH levels, and a value shared twice, are fine."""
+    shared = [1, 2]
+    job = outbox.submit(
+        "http://example.test/x", json=[_deep(MAX_PAYLOAD_DEPTH - 2), shared, shared]
+    )
+    assert job.body.startswith(b"[[")
+
+
+@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"concurrency": -1}, {"limit": 0}])
+def test_reconcile_refuses_counts_below_one_and_sends_nothing(
+    outbox: Outbox, script: Script, base_url: str, bad: dict[str, int]
+) -> None:
+    """reconcile(concurrency=0 / limit=0): ConfigurationError; no attempt is recorded."""
+    script.plan("/unknown", Step(503))
+    job = outbox.submit(base_url + "/unknown", json={})
+    outbox.worker(policy=RetryPolicy(attempts=1, wait_initial=0.01, timeout=2)).run_until_idle()
+    with pytest.raises(ConfigurationError):
+        reconcile(outbox.store, **bad)
+    assert len(outbox.attempts(job.id)) == 1
+    assert outbox.get(job.id).state is JobState.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda o: o.jobs(limit=-5),
+        lambda o: o.dead_letters(limit=0),
+        lambda o: o.purge(older_than=-5),
+    ],
+    ids=["jobs-limit", "dead-letters-limit", "purge-older-than"],
+)
+def test_negative_limits_and_ages_are_refused(outbox: Outbox, call: Any) -> None:
+    """A limit < 1 or a negative purge age is a ConfigurationError, not 'everything'."""
+    with pytest.raises(ConfigurationError):
+        call(outbox)

@@ -4,9 +4,12 @@ and a subcommand's dependencies are imported only when it runs."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import warnings
+from typing import Any, TextIO
 
 import click
+
+from retrysafe._exceptions import RetrysafeWarning
 
 __all__ = ["main"]
 
@@ -38,6 +41,25 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="retrysafe")
 def cli() -> None:
     """Make side-effecting calls safe to retry across networks that lose answers."""
+    warnings.showwarning = _show_warning
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A :class:`~retrysafe.RetrysafeWarning` is one line for a person, not a source location."""
+    if issubclass(category, RetrysafeWarning):
+        click.echo(f"retrysafe: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
 
 
 def main(argv: list[str] | None = None) -> Any:

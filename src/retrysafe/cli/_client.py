@@ -1,7 +1,9 @@
 """``retrysafe worker | jobs | reconcile | dlq``: the outbox from the command line.
 
-Human tables (rich) by default, ``--json`` for scripts; errors are one line on stderr and a
-non-zero exit code (1: retrysafe error, 2: usage).
+Human tables (rich) by default, ``--json`` for scripts; errors are one line on stderr
+(``retrysafe: error: …``, from :func:`~retrysafe.cli._common.fail`) and a non-zero exit code
+(1: retrysafe error, 2: usage, 130: interrupted). Reading commands (``jobs list``, ``jobs
+show``, ``dlq list``) open the store read-only and never create it.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from retrysafe._exceptions import RetrysafeError
+from retrysafe._exceptions import RetrysafeError, StoreUnavailableError
+from retrysafe.cli._common import fail, store_option
 from retrysafe.client import DEAD_LETTER_STATES, Attempt, Job, JobState, Outbox, RetryPolicy
 from retrysafe.client._policy import Step
 
@@ -24,35 +28,87 @@ __all__ = ["dlq", "jobs", "reconcile_command", "worker"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _STATES = [s.value for s in JobState]
-
-
-def _store_option(fn: _F) -> _F:
-    return click.option(
-        "--store",
-        envvar="RETRYSAFE_STORE",
-        default="sqlite:///retrysafe.db",
-        show_default=True,
-        help="Outbox store URL (env RETRYSAFE_STORE).",
-    )(fn)
+_COUNT = click.IntRange(min=1)
+_SECONDS = click.FloatRange(min=0, min_open=True)
+_READERS = "`jobs list`, `jobs show` and `dlq list`"
 
 
 def _json_option(fn: _F) -> _F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
 
 
+def _sqlite_path(store: str) -> str | None:
+    """The file of a ``sqlite://`` URL (None for other schemes or a malformed URL)."""
+    if not store.lower().startswith("sqlite://"):
+        return None
+    from retrysafe.stores._sqlite import sqlite_path_from_url
+
+    try:
+        return sqlite_path_from_url(store)
+    except RetrysafeError:
+        return None
+
+
+def _is_read_only(store: str, exc: StoreUnavailableError) -> bool:
+    """Did a write fail because the store can be read but not written?"""
+    low = str(exc).lower()
+    if "readonly" in low or "read-only" in low:
+        return True
+    path = _sqlite_path(store)
+    if path is None or "unable to open" not in low or not Path(path).expanduser().is_file():
+        return False
+    from retrysafe.stores import SQLiteStore
+
+    try:
+        SQLiteStore(path, readonly=True).close()
+    except RetrysafeError:
+        return False
+    return True
+
+
+@contextmanager
+def _errors(store: str | None = None) -> Iterator[None]:
+    """Turn retrysafe errors into one ``retrysafe: error: …`` line and exit 1."""
+    try:
+        yield
+    except StoreUnavailableError as exc:
+        if store is not None and _is_read_only(store, exc):
+            fail(
+                f"the store {_sqlite_path(store) or store} is read-only: {_READERS} can read "
+                "it, this command needs to write"
+            )
+        fail(str(exc))
+    except RetrysafeError as exc:
+        fail(str(exc))
+
+
 @contextmanager
 def _outbox(store: str, policy: RetryPolicy | None = None) -> Iterator[Outbox]:
-    with _errors(), Outbox(store, policy=policy) as outbox:
+    """The outbox for a command that writes (creates the SQLite file if missing)."""
+    with _errors(store), Outbox(store, policy=policy) as outbox:
         yield outbox
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
-    try:
-        yield
-    except RetrysafeError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+def _reader(store: str) -> Iterator[Outbox]:
+    """The outbox for a command that only reads: a SQLite store is opened read-only, and a
+    file that does not exist is an error (a typo must not create an empty store)."""
+    path = _sqlite_path(store)
+    if path is None:
+        with _outbox(store) as outbox:
+            yield outbox
+        return
+    if not Path(path).expanduser().exists():
+        fail(f"no store at {path} (create one by submitting a job or with a worker)")
+    from retrysafe.stores import SQLiteStore
+
+    with _errors(store):
+        opened = SQLiteStore(path, readonly=True)
+        try:
+            with Outbox(opened) as outbox:
+                yield outbox
+        finally:
+            opened.close()
 
 
 def _emit(data: Any) -> None:
@@ -126,13 +182,23 @@ class _JsonLines(logging.Handler):
 
 
 @click.command("worker")
-@_store_option
-@click.option("--concurrency", "-c", default=8, show_default=True, help="Attempts in flight.")
-@click.option("--attempts", default=5, show_default=True, help="Counted attempts per job.")
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds per attempt.")
-@click.option("--wait-initial", default=1.0, show_default=True, help="Backoff base, seconds.")
-@click.option("--wait-max", default=30.0, show_default=True, help="Backoff cap, seconds.")
-@click.option("--lease", type=float, default=None, help="Lease seconds (default 3 × timeout).")
+@store_option
+@click.option(
+    "--concurrency", "-c", type=_COUNT, default=8, show_default=True, help="Attempts in flight."
+)
+@click.option(
+    "--attempts", type=_COUNT, default=5, show_default=True, help="Counted attempts per job."
+)
+@click.option(
+    "--timeout", type=_SECONDS, default=10.0, show_default=True, help="Seconds per attempt."
+)
+@click.option(
+    "--wait-initial", type=_SECONDS, default=1.0, show_default=True, help="Backoff base, seconds."
+)
+@click.option(
+    "--wait-max", type=_SECONDS, default=30.0, show_default=True, help="Backoff cap, seconds."
+)
+@click.option("--lease", type=_SECONDS, default=None, help="Lease seconds (default 3 × timeout).")
 @click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
 @_json_option
 def worker(
@@ -146,7 +212,8 @@ def worker(
     until_idle: bool,
     as_json: bool,
 ) -> None:
-    """Deliver outbox jobs until stopped (SIGTERM: graceful; Ctrl-C: release and exit)."""
+    """Deliver outbox jobs until stopped (SIGTERM: graceful, exit 0; Ctrl-C: release in-flight
+    jobs, exit 130). A store that is unavailable for a while is waited out."""
     policy = _policy(attempts, timeout, wait_initial, wait_max)
     log = logging.getLogger("retrysafe.client")
     tty = sys.stdout.isatty() and not as_json
@@ -180,12 +247,16 @@ def worker(
             log.addHandler(handler)
             old_level = log.level
             log.setLevel(logging.INFO)
+        interrupted = False
         try:
-            with _errors():
+            with _errors(store):
                 stats = w.run(until_idle=until_idle, handle_signals=True)
         except KeyboardInterrupt:
             stats = w.stats
-            click.echo("interrupted: in-flight jobs released (pending, same key)", err=True)
+            interrupted = True
+            click.echo(
+                "retrysafe: interrupted: in-flight jobs released (pending, same key)", err=True
+            )
         finally:
             if live is not None:
                 live.stop()
@@ -200,6 +271,8 @@ def worker(
                 f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
                 f"{stats.unknown} unknown, {stats.deferred} deferred"
             )
+    if interrupted:
+        raise SystemExit(130)  # 128 + SIGINT, as shells expect
 
 
 # ---------------------------------------------------------------------- jobs
@@ -209,13 +282,13 @@ def jobs() -> None:
 
 
 @jobs.command("submit")
-@_store_option
+@store_option
 @click.argument("url")
 @click.option("--data", "-d", default=None, help="JSON body (default {}).")
 @click.option("--method", "-X", default="POST", show_default=True)
 @click.option("--header", "-H", multiple=True, help="'Name: value', repeatable.")
 @click.option("--key", default=None, help="Your own idempotency key (default UUIDv4).")
-@click.option("--deadline", type=float, default=None, help="Seconds from now.")
+@click.option("--deadline", type=_SECONDS, default=None, help="Seconds from now.")
 @_json_option
 def jobs_submit(
     store: str,
@@ -237,6 +310,8 @@ def jobs_submit(
         name, sep, value = h.partition(":")
         if not sep:
             raise click.UsageError(f"--header {h!r} is not 'Name: value'")
+        if name.strip().lower() == "idempotency-key":
+            raise click.UsageError("pass the idempotency key with --key, not as a header")
         headers[name.strip()] = value.strip()
     with _outbox(store) as outbox:
         job = outbox.submit(
@@ -249,13 +324,13 @@ def jobs_submit(
 
 
 @jobs.command("list")
-@_store_option
+@store_option
 @click.option("--state", "states", multiple=True, type=click.Choice(_STATES))
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", type=_COUNT, default=100, show_default=True)
 @_json_option
 def jobs_list(store: str, states: tuple[str, ...], limit: int, as_json: bool) -> None:
     """List jobs, oldest first."""
-    with _outbox(store) as outbox:
+    with _reader(store) as outbox:
         found = outbox.jobs(states=list(states) or None, limit=limit)
         counts = outbox.counts()
     if as_json:
@@ -270,12 +345,12 @@ def jobs_list(store: str, states: tuple[str, ...], limit: int, as_json: bool) ->
 
 
 @jobs.command("show")
-@_store_option
+@store_option
 @click.argument("job_id")
 @_json_option
 def jobs_show(store: str, job_id: str, as_json: bool) -> None:
     """Show one job (id or unique prefix) and its attempts."""
-    with _outbox(store) as outbox:
+    with _reader(store) as outbox:
         job = outbox.get(job_id)
         attempts = outbox.attempts(job.id)
     if as_json:
@@ -297,7 +372,7 @@ def _change(store: str, job_id: str, as_json: bool, op: Callable[[Outbox, str], 
 
 
 @jobs.command("retry")
-@_store_option
+@store_option
 @click.argument("job_id")
 @_json_option
 def jobs_retry(store: str, job_id: str, as_json: bool) -> None:
@@ -306,7 +381,7 @@ def jobs_retry(store: str, job_id: str, as_json: bool) -> None:
 
 
 @jobs.command("cancel")
-@_store_option
+@store_option
 @click.argument("job_id")
 @_json_option
 def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
@@ -316,10 +391,14 @@ def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
 
 # ---------------------------------------------------------------------- reconcile
 @click.command("reconcile")
-@_store_option
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds per attempt.")
-@click.option("--limit", default=1000, show_default=True)
-@click.option("--concurrency", "-c", default=8, show_default=True)
+@store_option
+@click.option(
+    "--timeout", type=_SECONDS, default=10.0, show_default=True, help="Seconds per attempt."
+)
+@click.option("--limit", type=_COUNT, default=1000, show_default=True, help="Most jobs.")
+@click.option(
+    "--concurrency", "-c", type=_COUNT, default=8, show_default=True, help="Attempts in flight."
+)
 @click.argument("job_ids", nargs=-1)
 @_json_option
 def reconcile_command(
@@ -351,12 +430,12 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@_store_option
-@click.option("--limit", default=100, show_default=True)
+@store_option
+@click.option("--limit", type=_COUNT, default=100, show_default=True)
 @_json_option
 def dlq_list(store: str, limit: int, as_json: bool) -> None:
     """List dead letters with their attempts."""
-    with _outbox(store) as outbox:
+    with _reader(store) as outbox:
         dead = outbox.dead_letters(limit=limit)
         attempts = {j.id: outbox.attempts(j.id) for j in dead}
     if as_json:
@@ -366,7 +445,7 @@ def dlq_list(store: str, limit: int, as_json: bool) -> None:
 
 
 @dlq.command("replay")
-@_store_option
+@store_option
 @click.argument("job_ids", nargs=-1)
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
 @_json_option
@@ -384,8 +463,8 @@ def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: 
 
 
 @dlq.command("purge")
-@_store_option
-@click.option("--older-than", type=float, default=0.0, help="Seconds unchanged.")
+@store_option
+@click.option("--older-than", type=click.FloatRange(min=0), default=0.0, help="Seconds unchanged.")
 @click.option(
     "--state", "states", multiple=True, type=click.Choice([s.value for s in DEAD_LETTER_STATES])
 )

@@ -63,26 +63,53 @@ def _check_url(url: object) -> str:
     return url
 
 
-def _find_unserialisable(value: Any, path: str) -> tuple[str, str] | None:
-    if value is None or isinstance(value, (str, bool, int)):
+#: The deepest nesting a JSON payload may have (arrays and objects inside each other). Many
+#: JSON parsers stop near here (serde_json at 128, Python's at its recursion limit).
+MAX_PAYLOAD_DEPTH = 128
+
+
+def _bad_text(text: str) -> bool:
+    """A lone surrogate (``"\\ud800"``) cannot be encoded as UTF-8, so it is not JSON text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _find_unserialisable(
+    value: Any, path: str, depth: int = 0, parents: frozenset[int] = frozenset()
+) -> tuple[str, str] | None:
+    """``(path, why)`` of the first value that is not JSON, or None. Never recurses more than
+    :data:`MAX_PAYLOAD_DEPTH` levels, so circular and very deep payloads fail cleanly."""
+    if value is None or isinstance(value, (bool, int)):
         return None
+    if isinstance(value, str):
+        return (path, "a lone surrogate is not UTF-8 text") if _bad_text(value) else None
     if isinstance(value, float):
         return None if math.isfinite(value) else (path, f"{value!r} is not valid JSON")
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            found = _find_unserialisable(item, f"{path}[{i}]")
-            if found:
-                return found
-        return None
+    if not isinstance(value, (list, tuple, dict)):
+        return path, f"{type(value).__name__} is not JSON-serialisable"
+    if id(value) in parents:
+        return path, "circular reference (the value contains itself)"
+    if depth >= MAX_PAYLOAD_DEPTH:
+        return path, f"nested deeper than {MAX_PAYLOAD_DEPTH} levels"
+    inside = parents | {id(value)}
     if isinstance(value, dict):
         for k, item in value.items():
             if not isinstance(k, str):
                 return path, f"object key {k!r} is not a string"
-            found = _find_unserialisable(item, f"{path}.{k}")
+            if _bad_text(k):
+                return path, f"object key {k!r} contains a lone surrogate (not UTF-8)"
+            found = _find_unserialisable(item, f"{path}.{k}", depth + 1, inside)
             if found:
                 return found
         return None
-    return path, f"{type(value).__name__} is not JSON-serialisable"
+    for i, item in enumerate(value):
+        found = _find_unserialisable(item, f"{path}[{i}]", depth + 1, inside)
+        if found:
+            return found
+    return None
 
 
 def _encode_json(value: Any) -> bytes:
@@ -135,7 +162,9 @@ def build_job(
     Raises:
         ConfigurationError: a URL that is not http(s), a bad method/header/deadline, both
             ``json`` and ``content``, or an ``Idempotency-Key`` header (pass ``key=``).
-        PayloadError: ``json`` cannot be serialised (NaN, sets, objects, non-string keys…).
+        PayloadError: ``json`` cannot be serialised (NaN, sets, objects, non-string keys,
+            lone surrogates, circular references, nesting deeper than
+            :data:`MAX_PAYLOAD_DEPTH`), or ``content`` text is not UTF-8.
         InvalidKeyError: ``key`` is not 1–255 visible ASCII characters.
     """
     url = _check_url(url)
@@ -160,6 +189,8 @@ def build_job(
         if not any(n.lower() == "content-type" for n, _ in pairs):
             pairs.append(("Content-Type", "application/json"))
     elif isinstance(content, str):
+        if _bad_text(content):
+            raise PayloadError("content contains a lone surrogate; it cannot be sent as UTF-8")
         body = content.encode()
     elif isinstance(content, (bytes, bytearray, memoryview)):
         body = bytes(content)

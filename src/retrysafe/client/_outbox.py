@@ -16,7 +16,7 @@ from typing import Any
 
 from retrysafe._exceptions import JobError, JobNotFoundError
 from retrysafe.client._jobs import _MISSING, build_job, notify_submitted
-from retrysafe.client._policy import RetryPolicy
+from retrysafe.client._policy import RetryPolicy, count, seconds
 from retrysafe.client._worker import ReconcileReport, Worker, areconcile, open_outbox_store
 from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 
@@ -119,14 +119,23 @@ class Outbox:
         """The full id of ``job_id`` or of the one job whose id starts with it.
 
         Raises:
-            JobNotFoundError: no such job (or the prefix is ambiguous).
+            JobNotFoundError: no such job, or the prefix is ambiguous (the message names
+                candidates).
         """
         if self.store.get_job(job_id) is not None:
             return job_id
         full = self.store.resolve_job_id(job_id.lower())
-        if full is None:
-            raise JobNotFoundError(f"no job {job_id!r} in {self.store.url}", job_id=job_id)
-        return full
+        if full is not None:
+            return full
+        candidates = getattr(self.store, "job_ids_with_prefix", None)
+        found: list[str] = [] if candidates is None else candidates(job_id.lower())
+        if len(found) > 1:
+            raise JobNotFoundError(
+                f"job id prefix {job_id!r} is ambiguous: it matches {', '.join(found)} and "
+                "maybe more; give more characters",
+                job_id=job_id,
+            )
+        raise JobNotFoundError(f"no job {job_id!r} in {self.store.url}", job_id=job_id)
 
     def get(self, job_id: str) -> Job:
         """The job (full id or unique prefix). Raises :class:`JobNotFoundError`."""
@@ -142,13 +151,18 @@ class Outbox:
     def jobs(
         self, *, states: Sequence[JobState | str] | None = None, limit: int = 100
     ) -> list[Job]:
-        """Jobs, oldest first, optionally only in ``states``."""
+        """Jobs, oldest first, optionally only in ``states``; at most ``limit`` (>= 1).
+
+        Raises:
+            ConfigurationError: ``limit`` < 1.
+        """
         wanted = None if states is None else [JobState(s) for s in states]
-        return self.store.list_jobs(states=wanted, limit=limit)
+        return self.store.list_jobs(states=wanted, limit=count(limit, "limit"))
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        """The dead-letter view: UNKNOWN and REJECTED jobs (see :meth:`attempts` for each)."""
-        return self.store.list_jobs(states=DEAD_LETTER_STATES, limit=limit)
+        """The dead-letter view: UNKNOWN and REJECTED jobs (see :meth:`attempts` for each);
+        at most ``limit`` (>= 1, else :class:`ConfigurationError`)."""
+        return self.store.list_jobs(states=DEAD_LETTER_STATES, limit=count(limit, "limit"))
 
     def counts(self) -> dict[JobState, int]:
         """How many jobs are in each state."""
@@ -220,11 +234,12 @@ class Outbox:
 
         Raises:
             JobError: ``states`` includes PENDING or IN_FLIGHT.
+            ConfigurationError: ``older_than`` is negative or not a number.
         """
         wanted = [JobState(s) for s in states]
         if any(not s.is_terminal for s in wanted):
             raise JobError("refusing to purge pending or in-flight jobs")
-        age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        age = seconds(older_than, "older_than", allow_zero=True)
         return self.store.purge_jobs(states=wanted, before=self._clock() - age)
 
     # ------------------------------------------------------------------ delivery

@@ -18,7 +18,26 @@ from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.core import Action, Backoff, Classification, Jitter
 from retrysafe.stores._base import JobState
 
-__all__ = ["RetryPolicy", "Step", "deadline_passed", "next_step", "reconcile_step", "seconds"]
+__all__ = [
+    "RetryPolicy",
+    "Step",
+    "count",
+    "deadline_passed",
+    "next_step",
+    "reconcile_step",
+    "seconds",
+]
+
+
+def count(value: object, option: str) -> int:
+    """``value`` as an integer >= 1 (a concurrency, a limit).
+
+    Raises:
+        ConfigurationError: not an integer (bools are refused), or < 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{option} must be an integer >= 1, got {value!r}", option=option)
+    return value
 
 
 def seconds(value: float | timedelta, option: str, *, allow_zero: bool = False) -> float:

@@ -16,24 +16,25 @@ import signal
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
+from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUnavailableError
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import on_submit
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
+    count,
     deadline_passed,
     next_step,
     reconcile_step,
     seconds,
 )
 from retrysafe.client._sender import SendResult, make_client, send_attempt
-from retrysafe.core import Action, AttemptOutcome
+from retrysafe.core import Action, AttemptOutcome, equal_jitter
 from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ __all__ = [
 logger = logging.getLogger("retrysafe.client")
 
 AttemptHook = Callable[[Job, Attempt, Step], None]
+_T = TypeVar("_T")
+
+#: The longest wait between two tries of a store that is unavailable (seconds).
+STORE_WAIT_MAX = 5.0
 
 
 def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
@@ -89,7 +94,11 @@ def _async_face(store: OutboxStore) -> AsyncOutboxStore:
 @dataclass
 class WorkerStats:
     """Counters since the worker started. ``deferred`` counts retries the retry budget
-    postponed (not attempts); ``released`` counts jobs handed back on cancel/shutdown."""
+    postponed (not attempts); ``released`` counts jobs handed back on cancel/shutdown;
+    ``lease_lost`` counts attempts whose outcome could not be recorded under the job's lease
+    (another worker took the job over, or the store stayed unavailable until the lease
+    expired: the job is re-sent with the same key); ``store_outages`` counts the times the
+    store became unavailable (:class:`~retrysafe.StoreUnavailableError`) and was waited out."""
 
     claimed: int = 0
     attempts: int = 0
@@ -101,6 +110,7 @@ class WorkerStats:
     deferred: int = 0
     released: int = 0
     lease_lost: int = 0
+    store_outages: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +133,69 @@ class _Budgets:
     def credit(self, destination: str, now: float) -> None:
         state = self._state.get(destination) or self.budget.full(now)
         self._state[destination] = self.budget.credit(state, now)
+
+
+class _StoreOutage:
+    """Rides out a store that is unavailable for a while (locked past its busy timeout,
+    restarting, disk full): operations are tried again with capped exponential backoff
+    (equal jitter, never zero); one warning per outage, one line when the store is back.
+    Other errors (:class:`~retrysafe.SchemaError`, bugs) are never retried."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        base: float,
+        rng: random.Random,
+        clock: Callable[[], float],
+        stats: WorkerStats | None = None,
+    ) -> None:
+        self.url = url
+        self.base = base
+        self.cap = max(base, STORE_WAIT_MAX)
+        self._rng = rng
+        self._clock = clock
+        self._stats = stats
+        self.down_since: float | None = None
+
+    def failed(self, exc: StoreUnavailableError, tries: int) -> float:
+        """Note a failure; return how long to wait before try ``tries + 1``."""
+        if self.down_since is None:
+            self.down_since = self._clock()
+            if self._stats is not None:
+                self._stats.store_outages += 1
+            logger.warning("store unavailable, retrying until it is back: %s", exc)
+        return equal_jitter(tries, base=self.base, cap=self.cap, rng=self._rng)
+
+    def succeeded(self) -> None:
+        if self.down_since is not None:
+            logger.warning(
+                "store %s is available again after %.1f s",
+                self.url,
+                self._clock() - self.down_since,
+            )
+            self.down_since = None
+
+    async def call(self, op: Callable[[], Awaitable[_T]], *, until: float) -> _T:
+        """``await op()``, tried again through an outage until the clock passes ``until``.
+
+        Raises:
+            StoreUnavailableError: still unavailable at ``until``.
+        """
+        tries = 0
+        while True:
+            try:
+                result = await op()
+            except StoreUnavailableError as exc:
+                wait = self.failed(exc, tries)
+                left = until - self._clock()
+                if left <= 0:
+                    raise
+                tries += 1
+                await asyncio.sleep(min(wait, left))
+                continue
+            self.succeeded()
+            return result
 
 
 def _check_lease(lease: float | timedelta | None, policy: RetryPolicy) -> float:
@@ -186,9 +259,7 @@ class Worker:
         on_attempt: AttemptHook | None = None,
     ) -> None:
         self.policy = policy or RetryPolicy()
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError("concurrency must be an integer >= 1", option="concurrency")
-        self.concurrency = concurrency
+        self.concurrency = count(concurrency, "concurrency")
         self.lease = _check_lease(lease, self.policy)
         self.poll_interval = seconds(poll_interval, "poll_interval")
         self.grace = seconds(grace, "grace", allow_zero=True)
@@ -200,6 +271,13 @@ class Worker:
         self._clock = clock
         self._on_attempt = on_attempt
         self.stats = WorkerStats()
+        self._outage = _StoreOutage(
+            self.store.url,
+            base=min(self.poll_interval, 1.0),
+            rng=self._rng,
+            clock=clock,
+            stats=self.stats,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -251,12 +329,23 @@ class Worker:
         Cancelling the task running it (Ctrl-C) cancels in-flight attempts: they are not
         retried and not counted, and their jobs go back to PENDING with the same key.
 
+        A store that is unavailable for a while (:class:`~retrysafe.StoreUnavailableError`:
+        locked past its busy timeout, disk full) does not stop the worker: claims and writes
+        are tried again with capped backoff (up to ``STORE_WAIT_MAX`` seconds apart), with one
+        warning per outage. An attempt's outcome is retried only while the job's lease is
+        valid; after that the job is re-sent with the same key, which the server's replay
+        makes safe.
+
         Args:
             until_idle: return once every job in the store is terminal.
             handle_signals: install SIGTERM (graceful :meth:`stop`) on the running loop.
 
         Returns:
             The worker's :class:`WorkerStats`.
+
+        Raises:
+            SchemaError: the store has no (or a newer) retrysafe schema.
+            StoreError: any other store failure that waiting cannot fix.
         """
         if self._running:
             raise RuntimeError("this worker is already running")
@@ -278,35 +367,25 @@ class Worker:
             tasks.discard(task)
             wake.set()
 
+        failures = 0
         try:
             while not self._stopping:
                 wake.clear()
-                free = self.concurrency - len(tasks)
-                claimed: list[Job] = []
-                if free > 0:
-                    claimed = await self._astore.claim_jobs(
-                        token=uuid.uuid4().hex, now=self._clock(), lease=self.lease, limit=free
-                    )
-                    for job in claimed:
-                        self.stats.claimed += 1
-                        task = asyncio.create_task(self._process(client, job))
-                        tasks.add(task)
-                        task.add_done_callback(done)
-                    if len(claimed) == free:
-                        await asyncio.sleep(0)
-                        continue  # there may be more due jobs
-                if until_idle and not tasks:
-                    counts = await self._astore.count_jobs()
-                    if counts[JobState.PENDING] + counts[JobState.IN_FLIGHT] == 0:
-                        break
-                timeout = self.poll_interval
-                if not tasks:
-                    due = await self._astore.next_due()
-                    if due is not None:
-                        timeout = min(timeout, max(0.0, due - self._clock()))
+                try:
+                    timeout = await self._poll(client, tasks, done, until_idle)
+                except StoreUnavailableError as exc:
+                    timeout = self._outage.failed(exc, failures)
+                    failures += 1
+                else:
+                    failures = 0
+                    self._outage.succeeded()
+                if timeout is None:
+                    break
                 if timeout > 0 and not wake.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(wake.wait(), timeout)
+                else:
+                    await asyncio.sleep(0)
             # Graceful stop: let in-flight attempts finish, then release the rest.
             if tasks:
                 _, pending = await asyncio.wait(set(tasks), timeout=self.grace)
@@ -314,7 +393,7 @@ class Worker:
                     task.cancel()
                 if pending:
                     await asyncio.gather(*pending, return_exceptions=True)
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled (Ctrl-C), or a store error waiting cannot fix
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -332,19 +411,56 @@ class Worker:
             self._wake = None
         return self.stats
 
+    async def _poll(
+        self,
+        client: httpx.AsyncClient,
+        tasks: set[asyncio.Task[None]],
+        done: Callable[[asyncio.Task[None]], None],
+        until_idle: bool,
+    ) -> float | None:
+        """Claim what is due and start it; return how long to wait (None: idle, stop)."""
+        free = self.concurrency - len(tasks)
+        if free > 0:
+            claimed = await self._astore.claim_jobs(
+                token=uuid.uuid4().hex, now=self._clock(), lease=self.lease, limit=free
+            )
+            for job in claimed:
+                self.stats.claimed += 1
+                task = asyncio.create_task(self._process(client, job))
+                tasks.add(task)
+                task.add_done_callback(done)
+            if len(claimed) == free:
+                return 0.0  # there may be more due jobs
+        if until_idle and not tasks:
+            counts = await self._astore.count_jobs()
+            if counts[JobState.PENDING] + counts[JobState.IN_FLIGHT] == 0:
+                return None
+        timeout = self.poll_interval
+        if not tasks:
+            due = await self._astore.next_due()
+            if due is not None:
+                timeout = min(timeout, max(0.0, due - self._clock()))
+        return timeout
+
     # ------------------------------------------------------------------ one job
     async def _process(self, client: httpx.AsyncClient, job: Job) -> None:
         token = job.lease_token or ""
+        # Writes under this job's lease are retried through a store outage until the lease
+        # expires; after that fencing makes them pointless (another worker may own the job).
+        until = job.lease_expires_at or (self._clock() + self.lease)
         try:
             now = self._clock()
             if deadline_passed(job.deadline_at, now):
-                await self._astore.release_job(
-                    job.id,
-                    token,
-                    state=JobState.UNKNOWN,
-                    due_at=now,
-                    error="deadline passed before the next attempt",
-                    now=now,
+                await self._outage.call(
+                    lambda: self._astore.release_job(
+                        job.id,
+                        token,
+                        state=JobState.UNKNOWN,
+                        due_at=now,
+                        error="deadline passed before the next attempt",
+                        now=now,
+                    ),
+                    until=until,
                 )
                 self.stats.unknown += 1
                 logger.info("job=%s key=%s state=unknown reason=deadline", job.id, job.key)
@@ -354,13 +470,17 @@ class Worker:
                 allowed, wait = self._budgets.spend(job.destination, now)
                 if not allowed:
                     # Deferred, not dropped, and not an attempt (SPEC §5 retry budget).
-                    await self._astore.release_job(
-                        job.id,
-                        token,
-                        state=JobState.PENDING,
-                        due_at=now + wait + self._rng.uniform(0, wait),
-                        error=None,
-                        now=now,
+                    due_at = now + wait + self._rng.uniform(0, wait)
+                    await self._outage.call(
+                        lambda: self._astore.release_job(
+                            job.id,
+                            token,
+                            state=JobState.PENDING,
+                            due_at=due_at,
+                            error=None,
+                            now=now,
+                        ),
+                        until=until,
                     )
                     self.stats.deferred += 1
                     logger.debug(
@@ -384,11 +504,22 @@ class Worker:
             )
             if self._budgets is not None and step.state is JobState.SUCCEEDED:
                 self._budgets.credit(job.destination, end)
-            await self._record(job, token, result, step, end)
+            await self._record(job, token, result, step, end, until)
         except asyncio.CancelledError:
             # Cancellation is never retried nor counted: back to PENDING, same key, now.
             self._release_now(job, token, "cancelled")
             raise
+        except StoreUnavailableError as exc:
+            # Still unavailable when the lease ran out: the lease expires, and the job is
+            # claimed again and re-sent with the same key (safe: the server replays).
+            self.stats.lease_lost += 1
+            logger.warning(
+                "job=%s key=%s not recorded: the store stayed unavailable until the lease "
+                "expired (%s); it will be sent again with the same key",
+                job.id,
+                job.key,
+                exc,
+            )
         except Exception as exc:  # a bug or a store failure: never leave the job stuck
             logger.exception("job=%s failed in the worker", job.id)
             with contextlib.suppress(Exception):
@@ -410,11 +541,13 @@ class Worker:
             ):
                 self.stats.released += 1
                 logger.info("job=%s key=%s released (%s): pending, same key", job.id, job.key, why)
-        except Exception:  # the lease will expire and another worker takes over
+        except StoreUnavailableError as exc:  # the lease will expire; another claim re-sends
+            logger.warning("job=%s could not be released (%s); its lease will expire", job.id, exc)
+        except Exception:
             logger.exception("job=%s could not be released; its lease will expire", job.id)
 
     async def _record(
-        self, job: Job, token: str, result: SendResult, step: Step, end: float
+        self, job: Job, token: str, result: SendResult, step: Step, end: float, until: float
     ) -> None:
         attempt = Attempt(
             job_id=job.id,
@@ -429,15 +562,18 @@ class Worker:
             counted=step.counted,
         )
         error = None if step.state is JobState.SUCCEEDED else result.detail
-        recorded = await self._astore.finish_attempt(
-            job.id,
-            token,
-            attempt,
-            state=step.state,
-            due_at=step.due_at,
-            last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
-            error=error,
-            now=end,
+        recorded = await self._outage.call(
+            lambda: self._astore.finish_attempt(
+                job.id,
+                token,
+                attempt,
+                state=step.state,
+                due_at=step.due_at,
+                last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
+                error=error,
+                now=end,
+            ),
+            until=until,
         )
         if recorded is None:
             self.stats.lease_lost += 1
@@ -516,30 +652,48 @@ async def areconcile(
     Anything else (no answer, 5xx, 409 still in progress) leaves the job UNKNOWN; every
     attempt is recorded either way.
 
+    A store that is unavailable for a while is waited out like the worker does: the claim
+    for up to ``3 × timeout`` seconds, each job's outcome while its lease is valid (after
+    that the job is left to expire and be re-sent with the same key).
+
     Args:
         store: an outbox store or its URL.
         policy: timeouts (default :class:`RetryPolicy`).
         ids: only these job ids (default: every UNKNOWN job, oldest first, up to ``limit``).
-        limit: most jobs to reconcile in this pass.
-        concurrency: attempts in flight at once.
+        limit: most jobs to reconcile in this pass (>= 1).
+        concurrency: attempts in flight at once (>= 1).
         transport: an ``httpx.AsyncBaseTransport`` (tests, proxies).
         clock: Unix-seconds clock.
+
+    Raises:
+        ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string.
+        StoreUnavailableError: the store stayed unavailable for the whole claim window.
     """
     policy = policy or RetryPolicy()
+    limit = count(limit, "limit")
+    concurrency = count(concurrency, "concurrency")
+    if isinstance(ids, str):
+        raise ConfigurationError("ids must be a list of job ids, not a string", option="ids")
     outbox_store, owned = open_outbox_store(store)
     astore = _async_face(outbox_store)
     lease = 3.0 * policy.timeout_s
+    outage = _StoreOutage(outbox_store.url, base=0.05, rng=random.Random(), clock=clock)
     try:
-        jobs = await astore.claim_unknown_jobs(
-            token=uuid.uuid4().hex, now=clock(), lease=lease, limit=limit, ids=ids
+        start = clock()
+        jobs = await outage.call(
+            lambda: astore.claim_unknown_jobs(
+                token=uuid.uuid4().hex, now=clock(), lease=lease, limit=limit, ids=ids
+            ),
+            until=start + lease,
         )
-        sem = asyncio.Semaphore(max(1, concurrency))
+        sem = asyncio.Semaphore(concurrency)
         finals: list[Job] = []
         counts = dict.fromkeys(JobState, 0)
         async with make_client(policy, transport=transport, max_connections=concurrency) as client:
 
             async def one(job: Job) -> None:
                 token = job.lease_token or ""
+                until = job.lease_expires_at or (clock() + lease)
                 async with sem:
                     try:
                         result = await send_attempt(
@@ -547,9 +701,15 @@ async def areconcile(
                         )
                     except asyncio.CancelledError:
                         now = clock()
-                        outbox_store.release_job(
-                            job.id, token, state=JobState.UNKNOWN, due_at=now, error=None, now=now
-                        )
+                        with contextlib.suppress(StoreUnavailableError):
+                            outbox_store.release_job(
+                                job.id,
+                                token,
+                                state=JobState.UNKNOWN,
+                                due_at=now,
+                                error=None,
+                                now=now,
+                            )
                         raise
                 state = reconcile_step(result.classification)
                 end = clock()
@@ -565,20 +725,36 @@ async def areconcile(
                     replayed=result.replayed,
                     counted=result.classification.action is not Action.POLL,
                 )
-                recorded = await astore.finish_attempt(
-                    job.id,
-                    token,
-                    attempt,
-                    state=state,
-                    due_at=end,
-                    last_delay=job.last_delay,
-                    error=None if state is JobState.SUCCEEDED else result.detail,
-                    now=end,
-                )
+                try:
+                    recorded = await outage.call(
+                        lambda: astore.finish_attempt(
+                            job.id,
+                            token,
+                            attempt,
+                            state=state,
+                            due_at=end,
+                            last_delay=job.last_delay,
+                            error=None if state is JobState.SUCCEEDED else result.detail,
+                            now=end,
+                        ),
+                        until=until,
+                    )
+                    final = await outage.call(
+                        lambda: asyncio.to_thread(outbox_store.get_job, job.id),
+                        until=max(until, clock() + policy.timeout_s),
+                    )
+                except StoreUnavailableError as exc:
+                    logger.warning(
+                        "job=%s key=%s not recorded: the store stayed unavailable until the "
+                        "lease expired (%s); it will be sent again with the same key",
+                        job.id,
+                        job.key,
+                        exc,
+                    )
+                    return
                 if recorded is not None:
                     counts[state] += 1
                     _log_attempt(recorded, Step(state, end, 0.0, attempt.counted, "reconcile"))
-                final = outbox_store.get_job(job.id)
                 if final is not None:
                     finals.append(final)
 

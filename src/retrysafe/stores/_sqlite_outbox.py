@@ -364,12 +364,18 @@ class SQLiteOutboxMixin:
         return None if row is None else _row_to_job(row)
 
     def resolve_job_id(self, prefix: str) -> str | None:
+        found = self.job_ids_with_prefix(prefix)
+        return found[0] if len(found) == 1 else None
+
+    def job_ids_with_prefix(self, prefix: str) -> list[str]:
+        """Up to two job ids starting with ``prefix`` (lower-case hex), in id order: none,
+        the one, or two of an ambiguous prefix."""
         if not prefix or any(ch not in "0123456789abcdef" for ch in prefix):
-            return None
+            return []
         rows = self.run(
             lambda c: c.execute(_Q["find_job_by_prefix"], {"prefix": prefix}).fetchall()
         )
-        return str(rows[0][0]) if len(rows) == 1 else None
+        return [str(row[0]) for row in rows]
 
     def list_jobs(self, *, states: Sequence[JobState] | None, limit: int) -> list[Job]:
         rows = self.run(
