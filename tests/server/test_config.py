@@ -46,6 +46,8 @@ def test_timedeltas_become_seconds() -> None:
         {"key_reused_status": 200},
         {"protected_methods": ()},
         {"protected_methods": "POST"},
+        {"protected_methods": {"FOO BAR"}},
+        {"protected_methods": {"POST", ""}},
         {"lease": float("nan")},
     ],
 )

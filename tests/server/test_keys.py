@@ -34,6 +34,13 @@ def test_missing_key_on_required_route_is_400(serve: Serve) -> None:
     assert h.effects.counts["posts"] == 0
 
 
+def test_non_ascii_key_error_names_the_real_character(serve: Serve) -> None:
+    """A UTF-8 key is refused, and the detail shows the character the client sent."""
+    h = serve()
+    doc = assert_problem(h.post("/posts", key="héllo".encode(), json={}), 400, "invalid-key")
+    assert "'é'" in doc["detail"]
+
+
 def test_key_required_per_route(serve: Serve) -> None:
     """A ``key_required(method, path)`` function decides per route."""
     h = serve(key_required=lambda method, path: path == "/posts")

@@ -110,7 +110,8 @@ class IdempotencyMiddleware:
         for name, value in scope["headers"]:
             if name == b"idempotency-key":
                 duplicate = header is not None
-                header = value.decode("latin-1")
+                # UTF-8 so an error can name the real character; valid keys are ASCII anyway.
+                header = value.decode("utf-8", "surrogateescape")
             elif name == b"content-type":
                 content_type = value.decode("latin-1")
             elif name == b"content-length":

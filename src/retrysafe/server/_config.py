@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping
@@ -19,6 +20,9 @@ __all__ = [
     "ScopeFunction",
     "resolve_config",
 ]
+
+# RFC 9110 §5.6.2 token: what a method name may consist of.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 #: Headers replayed with a stored response by default (SPEC §4). ``Content-Encoding`` is kept
 #: too because the stored bytes cannot be read without it.
@@ -118,7 +122,13 @@ class IdempotencyConfig:
                 "protected_methods must be a collection of method names, not a string",
                 option="protected_methods",
             )
-        methods = frozenset(m.upper() for m in self.protected_methods)
+        methods = frozenset(str(m).upper() for m in self.protected_methods)
+        bad = sorted(m for m in methods if not _TOKEN.fullmatch(m))
+        if bad:
+            raise ConfigurationError(
+                f"protected_methods: {bad[0]!r} is not an HTTP method name (RFC 9110 token)",
+                option="protected_methods",
+            )
         if not methods:
             raise ConfigurationError(
                 "protected_methods must name at least one method", option="protected_methods"

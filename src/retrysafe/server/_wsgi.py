@@ -85,7 +85,12 @@ class WSGIIdempotencyMiddleware:
         engine = self._engine
         raw_path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
         path = raw_path.encode("latin-1", "replace").decode("utf-8", "replace")
-        check = engine.check(method, path, environ.get("HTTP_IDEMPOTENCY_KEY"))
+        header = environ.get("HTTP_IDEMPOTENCY_KEY")
+        if header is not None and not header.isascii():
+            # PEP 3333 hands bytes over as latin-1; re-read as UTF-8 so an error names the
+            # real character. Valid keys are ASCII, so nothing valid changes.
+            header = header.encode("latin-1").decode("utf-8", "surrogateescape")
+        check = engine.check(method, path, header)
         if isinstance(check, (MissingKey, InvalidKey)):
             answer = engine.rejection(check)
             engine.log_decision(answer.decision, method, path, answer.status, started)
