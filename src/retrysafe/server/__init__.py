@@ -7,6 +7,7 @@ frozen :class:`IdempotencyConfig`. Importing this package imports no web framewo
 
 from retrysafe.server._asgi import IdempotencyMiddleware
 from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
+from retrysafe.server._outcome import mark_outcome_unknown
 from retrysafe.server._wsgi import WSGIIdempotencyMiddleware
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "IdempotencyConfig",
     "IdempotencyMiddleware",
     "WSGIIdempotencyMiddleware",
+    "mark_outcome_unknown",
 ]
