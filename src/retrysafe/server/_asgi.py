@@ -239,49 +239,18 @@ class _Responder:
 
     async def _finalize(self) -> None:
         self.finalized = True
-        engine = self.engine
-        if outcome_unknown(self.state):
-            engine.log_unknown(self.req, self.capture.status)
-            return
-        op = engine.finish(self.req, self.capture)
-        try:
-            ok = await adrive(engine.settle(self.req, op), self.store)
-        except StoreError as exc:
-            req = self.req
-            engine.log_decision(
-                "store-failed", req.method, req.path, self.capture.status, req.started,
-                req.key_hash, level=logging.ERROR, error=repr(exc), operation=op[0],
-            )
-            return
-        engine.log_finish(self.req, op, bool(ok), self.capture.status)
+        unknown = outcome_unknown(self.state)
+        await adrive(self.engine.conclude(self.req, self.capture, unknown=unknown), self.store)
 
     async def abort(self, exc: BaseException | None) -> None:
         """The handler raised (``exc``) or stopped without a complete response: release."""
         if self.finalized:
             return
         self.finalized = True
-        engine = self.engine
-        req = self.req
-        if outcome_unknown(self.state):
-            engine.log_unknown(req, self.capture.status)
-            return
-        op = engine.release(req)
-        error = "incomplete response" if exc is None else repr(exc)
-        try:
-            ok = await adrive(engine.settle(req, op), self.store)
-        except StoreError as store_exc:
-            engine.log_decision(
-                "store-failed", req.method, req.path, self.capture.status, req.started,
-                req.key_hash, level=logging.ERROR, error=repr(store_exc), operation="release",
-            )
-            return
-        if not ok:
-            engine.log_finish(req, op, False, self.capture.status)
-            return
-        engine.log_decision(
-            "released", req.method, req.path, self.capture.status, req.started, req.key_hash,
-            level=logging.WARNING, claim=req.claim, error=error,
+        conversation = self.engine.abandon(
+            self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
         )
+        await adrive(conversation, self.store)
 
 
 class _BodyReceive:

@@ -440,6 +440,73 @@ class Engine:
                 continue
             return bool(ok)
 
+    def conclude(
+        self, req: RequestState, capture: Capture, *, unknown: bool
+    ) -> Generator[Op, Any, None]:
+        """After a complete response: store it or release the key (SPEC §4), and log.
+
+        ``unknown``: the app marked the outcome unknown; the key stays claimed.
+        """
+        if unknown:
+            self.log_unknown(req, capture.status)
+            return
+        op = self.finish(req, capture)
+        try:
+            ok = yield from self.settle(req, op)
+        except StoreError as exc:
+            self._log_store_failed(req, capture.status, op, exc)
+            return
+        self.log_finish(req, op, ok, capture.status)
+
+    def abandon(
+        self,
+        req: RequestState,
+        capture: Capture,
+        *,
+        unknown: bool,
+        error: BaseException | None,
+    ) -> Generator[Op, Any, None]:
+        """The handler raised (``error``) or stopped without a complete response: release the
+        key so the next attempt runs again, unless the outcome is unknown; and log."""
+        if unknown:
+            self.log_unknown(req, capture.status)
+            return
+        op = self.release(req)
+        try:
+            ok = yield from self.settle(req, op)
+        except StoreError as exc:
+            self._log_store_failed(req, capture.status, op, exc)
+            return
+        if not ok:
+            self.log_finish(req, op, False, capture.status)
+            return
+        self.log_decision(
+            "released",
+            req.method,
+            req.path,
+            capture.status,
+            req.started,
+            req.key_hash,
+            level=logging.WARNING,
+            claim=req.claim,
+            error="incomplete response" if error is None else repr(error),
+        )
+
+    def _log_store_failed(
+        self, req: RequestState, status: int, op: Op, exc: StoreError
+    ) -> None:
+        self.log_decision(
+            "store-failed",
+            req.method,
+            req.path,
+            status,
+            req.started,
+            req.key_hash,
+            level=logging.ERROR,
+            error=repr(exc),
+            operation=op[0],
+        )
+
     def finish(self, req: RequestState, capture: Capture) -> Op:
         """After the handler: complete the key with the response or release it (SPEC §4).
 

@@ -13,6 +13,7 @@ from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import Capture, Engine, RequestState, drive
+from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
 from retrysafe.stores import KeyStore, open_store
 
 __all__ = ["WSGIIdempotencyMiddleware"]
@@ -141,6 +142,7 @@ class WSGIIdempotencyMiddleware:
             return [answer_or_run.body]
 
         run = _Run(engine, self.store, req)
+        environ[SCOPE_KEY] = run.state  # lets the app say "outcome unknown"
 
         def capturing_start_response(
             status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
@@ -166,7 +168,7 @@ class WSGIIdempotencyMiddleware:
 class _Run:
     """Per-request state of a handler that runs under a claimed key."""
 
-    __slots__ = ("capture", "engine", "finalized", "req", "store")
+    __slots__ = ("capture", "engine", "finalized", "req", "state", "store")
 
     def __init__(self, engine: Engine, store: KeyStore, req: RequestState) -> None:
         self.engine = engine
@@ -174,48 +176,24 @@ class _Run:
         self.req = req
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
+        self.state: dict[str, Any] = {}  # environ[SCOPE_KEY]: lets the app say "unknown"
 
     def finalize(self) -> None:
         """The response is complete: complete the key (or release it, per SPEC §4)."""
         self.finalized = True
         self.capture.complete = True
-        engine = self.engine
-        op = engine.finish(self.req, self.capture)
-        try:
-            ok = drive(engine.settle(self.req, op), self.store)
-        except StoreError as exc:
-            req = self.req
-            engine.log_decision(
-                "store-failed", req.method, req.path, self.capture.status, req.started,
-                req.key_hash, level=logging.ERROR, error=repr(exc), operation=op[0],
-            )
-            return
-        engine.log_finish(self.req, op, bool(ok), self.capture.status)
+        unknown = outcome_unknown(self.state)
+        drive(self.engine.conclude(self.req, self.capture, unknown=unknown), self.store)
 
     def abort(self, exc: BaseException | None) -> None:
         """The handler raised (``exc``) or the server stopped iterating: release the key."""
         if self.finalized:
             return
         self.finalized = True
-        engine = self.engine
-        req = self.req
-        op = engine.release(req)
-        error = "incomplete response" if exc is None else repr(exc)
-        try:
-            ok = drive(engine.settle(req, op), self.store)
-        except StoreError as store_exc:
-            engine.log_decision(
-                "store-failed", req.method, req.path, self.capture.status, req.started,
-                req.key_hash, level=logging.ERROR, error=repr(store_exc), operation="release",
-            )
-            return
-        if not ok:
-            engine.log_finish(req, op, False, self.capture.status)
-            return
-        engine.log_decision(
-            "released", req.method, req.path, self.capture.status, req.started, req.key_hash,
-            level=logging.WARNING, claim=req.claim, error=error,
+        conversation = self.engine.abandon(
+            self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
         )
+        drive(conversation, self.store)
 
 
 class _Response:
