@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ class EffectLedger:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.Lock()
         self._effects: list[Effect] = []
+        self._counts: Counter[str] = Counter()  # in-memory mode: effects per operation
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             try:
@@ -79,7 +81,8 @@ class EffectLedger:
         with self._lock:
             self._effects.append(effect)
             if self.path is None:
-                return sum(1 for e in self._effects if e.operation_id == operation_id)
+                self._counts[operation_id] += 1
+                return self._counts[operation_id]
             line = json.dumps(
                 {"operation_id": operation_id, "ts": effect.ts, "detail": effect.detail},
                 separators=(",", ":"),
@@ -105,6 +108,9 @@ class EffectLedger:
 
     def counts(self) -> dict[str, int]:
         """``{operation_id: number of effects}`` for every operation with at least one effect."""
+        if self.path is None:
+            with self._lock:
+                return dict(self._counts)
         out: dict[str, int] = {}
         for effect in self.effects():
             out[effect.operation_id] = out.get(effect.operation_id, 0) + 1
@@ -112,6 +118,9 @@ class EffectLedger:
 
     def count(self, operation_id: str) -> int:
         """How many effects ``operation_id`` has (0 if none)."""
+        if self.path is None:
+            with self._lock:
+                return self._counts[operation_id]
         return len(self.effects(operation_id))
 
     def total(self) -> int:
