@@ -16,6 +16,8 @@ from retrysafe._exceptions import (
     SchemaError,
     StoreError,
     StoreUnavailableError,
+    WebhookError,
+    WebhookVerificationError,
 )
 from retrysafe.client import (
     AsyncOutbox,
@@ -32,6 +34,7 @@ from retrysafe.stores import MemoryStore, SQLiteStore, open_store
 
 if TYPE_CHECKING:
     from retrysafe.chaos import ChaosProxy, EffectLedger
+    from retrysafe.webhooks import Webhooks, WebhookVerifier
 
 __version__ = "0.1.0"
 
@@ -59,6 +62,10 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "WSGIIdempotencyMiddleware",
+    "WebhookError",
+    "WebhookVerificationError",
+    "WebhookVerifier",
+    "Webhooks",
     "Worker",
     "__version__",
     "open_store",
@@ -72,4 +79,8 @@ def __getattr__(name: str) -> Any:
         from retrysafe import chaos
 
         return getattr(chaos, name)
+    if name in ("Webhooks", "WebhookVerifier"):
+        from retrysafe import webhooks
+
+        return getattr(webhooks, name)
     raise AttributeError(f"module 'retrysafe' has no attribute {name!r}")

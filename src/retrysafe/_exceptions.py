@@ -11,7 +11,13 @@ structured attributes instead of information buried in the message::
     │   └── SchemaError             the store's schema is missing or from another version
     ├── JobError                    an outbox job cannot be submitted or changed
     │   └── JobNotFoundError        no job with that id
-    └── PayloadError                a payload that cannot be serialised to JSON
+    ├── PayloadError                a payload that cannot be serialised to JSON
+    └── WebhookError                webhook delivery or reception failed
+        ├── EndpointNotFoundError   no webhook endpoint with that id
+        ├── DestinationRefusedError an endpoint resolves to a private, loopback, link-local,
+        │                           multicast or reserved address (SSRF guard)
+        └── WebhookVerificationError an incoming webhook's signature, timestamp or headers
+                                    are not valid (Standard Webhooks)
 
     RetrysafeWarning (UserWarning)  a configuration that works but is dangerous
                                     (retention shorter than the lease, a worker lease
@@ -103,6 +109,63 @@ class PayloadError(RetrysafeError, TypeError):
     def __init__(self, message: str, *, path: str = "$") -> None:
         super().__init__(message)
         self.path = path
+
+
+class WebhookError(RetrysafeError):
+    """Webhook delivery or reception failed (SPEC §6).
+
+    Attributes:
+        endpoint_id: the endpoint concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, endpoint_id: str | None = None) -> None:
+        super().__init__(message)
+        self.endpoint_id = endpoint_id
+
+
+class EndpointNotFoundError(WebhookError, LookupError):
+    """No webhook endpoint with that id exists in the store."""
+
+
+class DestinationRefusedError(WebhookError):
+    """An endpoint URL resolves to an address the SSRF guard refuses (private, loopback,
+    link-local, multicast, reserved) and private destinations were not allowed.
+
+    Attributes:
+        url: the endpoint URL.
+        address: the refused IP address (None when the host did not resolve).
+        reason: a short explanation, e.g. ``"loopback"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        address: str | None = None,
+        reason: str = "",
+        endpoint_id: str | None = None,
+    ) -> None:
+        super().__init__(message, endpoint_id=endpoint_id)
+        self.url = url
+        self.address = address
+        self.reason = reason
+
+
+class WebhookVerificationError(WebhookError, ValueError):
+    """An incoming webhook failed verification (Standard Webhooks): a header is missing or
+    malformed, the timestamp is outside the tolerance, or no signature matches the body.
+
+    Attributes:
+        reason: a short, sender-safe explanation (``"no matching signature"``,
+            ``"timestamp too old"``, ``"missing header webhook-id"``, …).
+        webhook_id: the ``webhook-id`` header, when present (truncated to 300 characters).
+    """
+
+    def __init__(self, reason: str, *, webhook_id: str | None = None) -> None:
+        super().__init__(f"webhook verification failed: {reason}")
+        self.reason = reason
+        self.webhook_id = None if webhook_id is None else webhook_id[:300]
 
 
 class RetrysafeWarning(UserWarning):

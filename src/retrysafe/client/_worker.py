@@ -17,7 +17,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "DecideHook",
+    "GateHook",
+    "HeadersHook",
     "ReconcileReport",
     "Worker",
     "WorkerStats",
@@ -52,6 +55,16 @@ __all__ = [
 logger = logging.getLogger("retrysafe.client")
 
 AttemptHook = Callable[[Job, Attempt, Step], None]
+#: Called before each attempt with the leased job; returns headers to send with this attempt
+#: only (they replace same-named stored headers), e.g. a fresh webhook signature.
+HeadersHook = Callable[[Job], Sequence[tuple[str, str]]]
+#: Called after each attempt with ``(job, result, step)``; returns the step to record instead
+#: of the :func:`next_step` default (another schedule, another stop rule).
+DecideHook = Callable[[Job, SendResult, Step], Step]
+#: Called before each attempt with ``(job, now)``; returns seconds to wait before the attempt
+#: may start (0: now). A positive wait defers the job like the retry budget does: PENDING,
+#: not an attempt, not counted (per-destination rate limits).
+GateHook = Callable[[Job, float], float]
 _T = TypeVar("_T")
 
 #: The longest wait between two tries of a store that is unavailable (seconds).
@@ -94,7 +107,8 @@ def _async_face(store: OutboxStore) -> AsyncOutboxStore:
 @dataclass
 class WorkerStats:
     """Counters since the worker started. ``deferred`` counts retries the retry budget
-    postponed (not attempts); ``released`` counts jobs handed back on cancel/shutdown;
+    postponed and attempts a ``gate`` hook postponed (neither is an attempt); ``released``
+    counts jobs handed back on cancel/shutdown;
     ``lease_lost`` counts attempts whose outcome could not be recorded under the job's lease
     (another worker took the job over, or the store stayed unavailable until the lease
     expired: the job is re-sent with the same key); ``store_outages`` counts the times the
@@ -237,6 +251,13 @@ class Worker:
         rng: random source for jitter (seed it in tests).
         clock: Unix-seconds clock.
         on_attempt: called after every recorded attempt with ``(job, attempt, step)``.
+        headers_for_attempt: called before every attempt with the job; the headers it returns
+            are sent with that attempt only, replacing stored headers of the same name (the
+            webhook sender signs each attempt afresh this way). An exception releases the job.
+        decide: called after every attempt with ``(job, result, step)``; the step it returns
+            is recorded instead of :func:`next_step`'s (webhook schedules and stop rules).
+        gate: called before every attempt with ``(job, now)``; a positive result defers the
+            job by that many seconds without an attempt (webhook rate limits).
 
     Raises:
         ConfigurationError: bad concurrency/poll interval/grace, a lease not longer than the
@@ -257,6 +278,9 @@ class Worker:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         on_attempt: AttemptHook | None = None,
+        headers_for_attempt: HeadersHook | None = None,
+        decide: DecideHook | None = None,
+        gate: GateHook | None = None,
     ) -> None:
         self.policy = policy or RetryPolicy()
         self.concurrency = count(concurrency, "concurrency")
@@ -270,6 +294,9 @@ class Worker:
         self._rng = rng or random.Random()
         self._clock = clock
         self._on_attempt = on_attempt
+        self._headers_for_attempt = headers_for_attempt
+        self._decide = decide
+        self._gate = gate
         self.stats = WorkerStats()
         self._outage = _StoreOutage(
             self.store.url,
@@ -487,6 +514,24 @@ class Worker:
                         "job=%s deferred by the retry budget of %s", job.id, job.destination
                     )
                     return
+            if self._gate is not None:
+                wait = self._gate(job, now)
+                if wait > 0:
+                    await self._outage.call(
+                        lambda: self._astore.release_job(
+                            job.id,
+                            token,
+                            state=JobState.PENDING,
+                            due_at=now + wait,
+                            error=None,
+                            now=now,
+                        ),
+                        until=until,
+                    )
+                    self.stats.deferred += 1
+                    return
+            if self._headers_for_attempt is not None:
+                job = _with_headers(job, self._headers_for_attempt(job))
             result = await send_attempt(
                 client, job, timeout=self.policy.timeout_s, clock=self._clock
             )
@@ -502,6 +547,8 @@ class Worker:
                 retry_after=result.retry_after,
                 rng=self._rng,
             )
+            if self._decide is not None:
+                step = self._decide(job, result, step)
             if self._budgets is not None and step.state is JobState.SUCCEEDED:
                 self._budgets.credit(job.destination, end)
             await self._record(job, token, result, step, end, until)
@@ -595,6 +642,15 @@ class Worker:
         _log_attempt(recorded, step)
         if self._on_attempt is not None:
             self._on_attempt(job, recorded, step)
+
+
+def _with_headers(job: Job, extra: Sequence[tuple[str, str]]) -> Job:
+    """``job`` with ``extra`` headers replacing stored headers of the same name."""
+    if not extra:
+        return job
+    names = {name.lower() for name, _ in extra}
+    kept = tuple((k, v) for k, v in job.headers if k.lower() not in names)
+    return replace(job, headers=kept + tuple(extra))
 
 
 def _log_attempt(attempt: Attempt, step: Step) -> None:

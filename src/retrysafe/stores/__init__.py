@@ -14,6 +14,10 @@ from retrysafe.stores._base import (
     KeyStore,
     NewJob,
     OutboxStore,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+    WebhookStore,
 )
 from retrysafe.stores._memory import MemoryStore
 from retrysafe.stores._sqlite import SCHEMA_VERSION, SQLiteStore
@@ -31,6 +35,10 @@ __all__ = [
     "NewJob",
     "OutboxStore",
     "SQLiteStore",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEvent",
+    "WebhookStore",
     "as_async_key_store",
     "open_store",
 ]

@@ -29,6 +29,7 @@ from retrysafe._exceptions import (
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._sql import queries
 from retrysafe.stores._sqlite_outbox import SQLiteOutboxMixin
+from retrysafe.stores._sqlite_webhooks import SQLiteWebhooksMixin
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -86,7 +87,7 @@ def _row_to_record(row: tuple[Any, ...]) -> KeyRecord:
     )
 
 
-class SQLiteStore(SQLiteOutboxMixin):
+class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin):
     """SQLite-backed :class:`~retrysafe.stores.KeyStore` (and the outbox's store).
 
     Args:

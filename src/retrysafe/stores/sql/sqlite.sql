@@ -67,6 +67,39 @@ CREATE TABLE IF NOT EXISTS outbox_attempts (
     counted         INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (job_id, number)
 ) WITHOUT ROWID;
+-- Webhooks (SPEC §6). An endpoint's secrets are a JSON array of [secret, expires_at|null],
+-- the current secret first; event_types a JSON array ([] = every type). A delivery is one
+-- outbox job (its id) of one event to one endpoint; deleting the job deletes the delivery.
+CREATE TABLE IF NOT EXISTS webhook_endpoints (
+    id               TEXT PRIMARY KEY,
+    url              TEXT NOT NULL,
+    secrets          TEXT NOT NULL,
+    event_types      TEXT NOT NULL,
+    description      TEXT NOT NULL DEFAULT '',
+    schedule         TEXT NOT NULL,
+    rate_limit       REAL,
+    enabled          INTEGER NOT NULL DEFAULT 1,
+    disabled_reason  TEXT,
+    failure_count    INTEGER NOT NULL DEFAULT 0,
+    first_failure_at REAL,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_events (
+    id          TEXT PRIMARY KEY,
+    event_type  TEXT NOT NULL,
+    payload     BLOB NOT NULL,
+    created_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    job_id      TEXT PRIMARY KEY REFERENCES outbox_jobs (id) ON DELETE CASCADE,
+    event_id    TEXT NOT NULL REFERENCES webhook_events (id) ON DELETE CASCADE,
+    endpoint_id TEXT NOT NULL REFERENCES webhook_endpoints (id) ON DELETE CASCADE,
+    created_at  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS webhook_deliveries_endpoint
+    ON webhook_deliveries (endpoint_id, created_at);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_event ON webhook_deliveries (event_id);
 
 -- name: get_schema_version
 SELECT value FROM retrysafe_meta WHERE name = 'schema_version';
@@ -157,12 +190,20 @@ RETURNING id, idempotency_key, state, method, url, destination, headers, body, c
 UPDATE outbox_jobs
 SET state = 'in_flight', lease_token = :token, lease_expires_at = :lease_expires_at,
     updated_at = :now
+-- Each branch walks its index in order and stops at :limit, so a backlog of 100,000 due
+-- jobs costs the same as 10 (sorting the whole backlog per claim took ~18 ms at 100k).
 WHERE id IN (
     SELECT id FROM (
-        SELECT id, due_at AS t FROM outbox_jobs WHERE state = 'pending' AND due_at <= :now
+        SELECT * FROM (
+            SELECT id, due_at AS t FROM outbox_jobs
+            WHERE state = 'pending' AND due_at <= :now ORDER BY due_at LIMIT :limit
+        )
         UNION ALL
-        SELECT id, lease_expires_at AS t FROM outbox_jobs
-        WHERE state = 'in_flight' AND lease_expires_at <= :now
+        SELECT * FROM (
+            SELECT id, lease_expires_at AS t FROM outbox_jobs
+            WHERE state = 'in_flight' AND lease_expires_at <= :now
+            ORDER BY lease_expires_at LIMIT :limit
+        )
     ) ORDER BY t LIMIT :limit
 )
 RETURNING id, idempotency_key, state, method, url, destination, headers, body, created_at,
@@ -269,5 +310,141 @@ DELETE FROM outbox_jobs
 WHERE id IN (
     SELECT id FROM outbox_jobs
     WHERE state IN (SELECT value FROM json_each(:states)) AND updated_at <= :before
+    LIMIT :batch
+);
+
+
+-- ------------------------------------------------------------------ webhooks (SPEC §6)
+-- Endpoint columns, in the order retrysafe.stores._sqlite_webhooks reads them:
+-- id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+-- disabled_reason, failure_count, first_failure_at, created_at, updated_at
+-- Delivery columns: job_id, event_id, event_type, endpoint_id, url, state, attempts, sends,
+-- last_status, last_outcome, last_error, due_at, created_at, updated_at
+
+-- name: insert_endpoint
+INSERT INTO webhook_endpoints
+    (id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+     disabled_reason, created_at, updated_at)
+VALUES (:id, :url, :secrets, :event_types, :description, :schedule, :rate_limit, :enabled,
+        :disabled_reason, :now, :now)
+RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+
+-- name: get_endpoint
+SELECT id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+       disabled_reason, failure_count, first_failure_at, created_at, updated_at
+FROM webhook_endpoints WHERE id = :id;
+
+-- name: list_endpoints
+SELECT id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+       disabled_reason, failure_count, first_failure_at, created_at, updated_at
+FROM webhook_endpoints ORDER BY created_at, id;
+
+-- name: update_endpoint
+UPDATE webhook_endpoints
+SET url = :url, secrets = :secrets, event_types = :event_types, description = :description,
+    schedule = :schedule, rate_limit = :rate_limit, updated_at = :now
+WHERE id = :id
+RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+
+-- name: set_endpoint_enabled
+-- Enabling or disabling starts a new failure run.
+UPDATE webhook_endpoints
+SET enabled = :enabled, disabled_reason = :reason, failure_count = 0,
+    first_failure_at = NULL, updated_at = :now
+WHERE id = :id
+RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
+          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+
+-- name: record_endpoint_failure
+UPDATE webhook_endpoints
+SET failure_count = failure_count + 1, first_failure_at = COALESCE(first_failure_at, :now)
+WHERE id = :id
+RETURNING failure_count, first_failure_at, enabled;
+
+-- name: reset_endpoint_failures
+UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
+WHERE id = :id AND failure_count > 0;
+
+-- name: delete_endpoint_jobs
+-- The endpoint's jobs (their deliveries and attempts cascade). A job in flight is deleted
+-- too: the worker's fenced writes then change nothing.
+DELETE FROM outbox_jobs
+WHERE id IN (SELECT job_id FROM webhook_deliveries WHERE endpoint_id = :id);
+
+-- name: delete_endpoint
+DELETE FROM webhook_endpoints WHERE id = :id;
+
+-- name: cancel_endpoint_jobs
+-- Park the endpoint's pending deliveries (disabled endpoint): kept, replayable.
+UPDATE outbox_jobs
+SET state = 'cancelled', finished_at = :now, updated_at = :now,
+    last_error = COALESCE(:reason, last_error)
+WHERE state = 'pending'
+  AND id IN (SELECT job_id FROM webhook_deliveries WHERE endpoint_id = :id);
+
+-- name: retarget_endpoint_jobs
+-- A new endpoint URL applies to the deliveries not sent yet or waiting for a replay.
+UPDATE outbox_jobs
+SET url = :url, destination = :destination, updated_at = :now
+WHERE state IN ('pending', 'cancelled', 'unknown', 'rejected')
+  AND id IN (SELECT job_id FROM webhook_deliveries WHERE endpoint_id = :id);
+
+-- name: insert_event
+-- Idempotent on the event id: a second insert returns no row.
+INSERT INTO webhook_events (id, event_type, payload, created_at)
+VALUES (:id, :event_type, :payload, :now)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, event_type, payload, created_at;
+
+-- name: get_event
+SELECT id, event_type, payload, created_at FROM webhook_events WHERE id = :id;
+
+-- name: insert_delivery
+INSERT INTO webhook_deliveries (job_id, event_id, endpoint_id, created_at)
+VALUES (:job_id, :event_id, :endpoint_id, :now);
+
+-- name: park_job
+-- A delivery recorded for a disabled endpoint: kept, CANCELLED until replayed.
+UPDATE outbox_jobs
+SET state = 'cancelled', finished_at = :now, last_error = 'endpoint disabled'
+WHERE id = :id;
+
+-- name: delivery_context
+-- What the worker needs per attempt: the event id and the endpoint of a job.
+SELECT d.event_id, e.id, e.url, e.secrets, e.event_types, e.description, e.schedule,
+       e.rate_limit, e.enabled, e.disabled_reason, e.failure_count, e.first_failure_at,
+       e.created_at, e.updated_at
+FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+WHERE d.job_id = :job_id;
+
+-- name: list_deliveries
+SELECT d.job_id, d.event_id, v.event_type, d.endpoint_id, j.url, j.state, j.attempts, j.sends,
+       j.last_status, j.last_outcome, j.last_error, j.due_at, d.created_at, j.updated_at
+FROM webhook_deliveries d
+JOIN outbox_jobs j ON j.id = d.job_id
+JOIN webhook_events v ON v.id = d.event_id
+WHERE (:event_id IS NULL OR d.event_id = :event_id)
+  AND (:endpoint_id IS NULL OR d.endpoint_id = :endpoint_id)
+  AND (:event_type IS NULL OR v.event_type = :event_type)
+  AND (:states IS NULL OR j.state IN (SELECT value FROM json_each(:states)))
+  AND (:job_ids IS NULL OR d.job_id IN (SELECT value FROM json_each(:job_ids)))
+ORDER BY d.created_at, d.job_id LIMIT :limit;
+
+-- name: find_delivery_by_prefix
+-- :prefix is validated as lower-case hex by the caller.
+SELECT job_id FROM webhook_deliveries WHERE job_id LIKE :prefix || '%' ORDER BY job_id LIMIT 2;
+
+-- name: purge_deliveries
+-- Delete terminal deliveries (their jobs; the delivery rows and attempts cascade).
+DELETE FROM outbox_jobs
+WHERE id IN (
+    SELECT d.job_id FROM webhook_deliveries d
+    JOIN outbox_jobs j ON j.id = d.job_id
+    JOIN webhook_events v ON v.id = d.event_id
+    WHERE j.state IN (SELECT value FROM json_each(:states)) AND j.updated_at <= :before
+      AND (:endpoint_id IS NULL OR d.endpoint_id = :endpoint_id)
+      AND (:event_type IS NULL OR v.event_type = :event_type)
     LIMIT :batch
 );

@@ -1,0 +1,193 @@
+"""Standard Webhooks signatures as pure functions (SPEC §6).
+
+The scheme (https://www.standardwebhooks.com, "Signature scheme"): a secret is ``whsec_``
+followed by base64 of random bytes; the signed content is ``"{webhook-id}.{webhook-timestamp}.
+{body}"``; the signature is ``v1,`` + base64(HMAC-SHA256(secret bytes, signed content)). The
+``webhook-signature`` header holds one or more space-separated signatures (several while a
+secret rotates); a receiver accepts the message when any ``v1`` signature matches, compared
+in constant time, and the timestamp is within its tolerance (default five minutes).
+
+No I/O, no clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+
+from retrysafe._exceptions import ConfigurationError, WebhookVerificationError
+
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "MIN_SECRET_BYTES",
+    "SECRET_PREFIX",
+    "generate_secret",
+    "parse_secret",
+    "sign",
+    "signature_header",
+    "verify",
+]
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
+#: The shortest secret accepted, in random bytes (192 bits; the spec asks for 24 to 64).
+MIN_SECRET_BYTES = 24
+#: The longest secret accepted, in bytes (the spec's upper bound).
+MAX_SECRET_BYTES = 64
+#: Seconds a receiver tolerates between ``webhook-timestamp`` and its clock (both ways).
+DEFAULT_TOLERANCE = 300.0
+#: Longest signature header parsed, in characters (a few rotating signatures fit easily).
+_MAX_SIGNATURE_HEADER = 4096
+
+
+def generate_secret(nbytes: int = 32) -> str:
+    """A fresh ``whsec_`` secret of ``nbytes`` random bytes (default 32, 24–64)."""
+    if not MIN_SECRET_BYTES <= nbytes <= MAX_SECRET_BYTES:
+        raise ConfigurationError(
+            f"secrets have {MIN_SECRET_BYTES}–{MAX_SECRET_BYTES} bytes, not {nbytes}",
+            option="secret",
+        )
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(nbytes)).decode()
+
+
+def parse_secret(secret: object) -> bytes:
+    """The key bytes of a ``whsec_<base64>`` secret.
+
+    Raises:
+        ConfigurationError: not a string, no ``whsec_`` prefix, not valid base64, or fewer
+            than :data:`MIN_SECRET_BYTES` (more than :data:`MAX_SECRET_BYTES`) bytes.
+    """
+    if not isinstance(secret, str):
+        raise ConfigurationError("a webhook secret must be a string", option="secret")
+    if not secret.startswith(SECRET_PREFIX):
+        raise ConfigurationError(
+            "a webhook secret must look like whsec_<base64> (Standard Webhooks)",
+            option="secret",
+        )
+    text = secret[len(SECRET_PREFIX) :]
+    try:
+        key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigurationError(
+            "a webhook secret must be whsec_ followed by base64", option="secret"
+        ) from None
+    if len(key) < MIN_SECRET_BYTES:
+        raise ConfigurationError(
+            f"a webhook secret must hold at least {MIN_SECRET_BYTES} random bytes "
+            f"(this one has {len(key)}); use generate_secret()",
+            option="secret",
+        )
+    if len(key) > MAX_SECRET_BYTES:
+        raise ConfigurationError(
+            f"a webhook secret holds at most {MAX_SECRET_BYTES} bytes", option="secret"
+        )
+    return key
+
+
+def _digest(key: bytes, msg_id: str, timestamp: int, body: bytes) -> bytes:
+    signed = msg_id.encode() + b"." + str(timestamp).encode() + b"." + body
+    return hmac.new(key, signed, hashlib.sha256).digest()
+
+
+def sign(secret: str | bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256>`` of ``"{msg_id}.{timestamp}.{body}"``.
+
+    Args:
+        secret: a ``whsec_`` secret, or its key bytes.
+        msg_id: the ``webhook-id``.
+        timestamp: the ``webhook-timestamp`` (integer Unix seconds).
+        body: the exact request body bytes.
+
+    Raises:
+        ConfigurationError: a malformed secret.
+    """
+    key = secret if isinstance(secret, bytes) else parse_secret(secret)
+    return "v1," + base64.b64encode(_digest(key, msg_id, int(timestamp), body)).decode()
+
+
+def signature_header(
+    secrets_: Sequence[str | bytes], msg_id: str, timestamp: int, body: bytes
+) -> str:
+    """The ``webhook-signature`` value: one ``v1`` signature per secret, space-separated
+    (the current secret first, then those still valid during a rotation)."""
+    return " ".join(sign(s, msg_id, timestamp, body) for s in secrets_)
+
+
+def _header(headers: Mapping[str, str], name: str, msg_id: str | None) -> str:
+    for key, value in headers.items():
+        if key.lower() == name:
+            if not value:
+                break
+            return value
+    raise WebhookVerificationError(f"missing header {name}", webhook_id=msg_id)
+
+
+def verify(
+    secrets_: str | bytes | Iterable[str | bytes],
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now: float,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> str:
+    """Check an incoming webhook; return its ``webhook-id``.
+
+    Args:
+        secrets_: the endpoint's secret, or several (any may match, for rotation).
+        headers: the request headers (names compared case-insensitively).
+        body: the exact raw request body.
+        now: the receiver's Unix time in seconds.
+        tolerance: seconds the timestamp may differ from ``now`` either way (default 300).
+
+    Returns:
+        The ``webhook-id`` (deduplicate on it).
+
+    Raises:
+        WebhookVerificationError: a missing or malformed header, a timestamp outside the
+            tolerance, or no ``v1`` signature that matches.
+        ConfigurationError: a malformed secret (a bug on the receiver's side).
+    """
+    if isinstance(secrets_, (str, bytes)):
+        secrets_ = [secrets_]
+    keys = [s if isinstance(s, bytes) else parse_secret(s) for s in secrets_]
+    if not keys:
+        raise ConfigurationError("no webhook secret to verify with", option="secret")
+    msg_id = _header(headers, "webhook-id", None)
+    raw_ts = _header(headers, "webhook-timestamp", msg_id).strip()
+    raw_sig = _header(headers, "webhook-signature", msg_id)
+    if not raw_ts.isascii() or not raw_ts.isdigit() or len(raw_ts) > 12:
+        raise WebhookVerificationError("malformed header webhook-timestamp", webhook_id=msg_id)
+    timestamp = int(raw_ts)
+    if timestamp < now - tolerance:
+        raise WebhookVerificationError("timestamp too old", webhook_id=msg_id)
+    if timestamp > now + tolerance:
+        raise WebhookVerificationError("timestamp too new", webhook_id=msg_id)
+    if len(raw_sig) > _MAX_SIGNATURE_HEADER:
+        raise WebhookVerificationError("webhook-signature header too long", webhook_id=msg_id)
+    candidates: list[bytes] = []
+    for part in raw_sig.split():
+        version, sep, value = part.partition(",")
+        if not sep or not value:
+            raise WebhookVerificationError("malformed header webhook-signature", webhook_id=msg_id)
+        if version != "v1":
+            continue  # other schemes (v1a) are skipped, as the spec says
+        try:
+            candidates.append(base64.b64decode(value, validate=True))
+        except (binascii.Error, ValueError):
+            raise WebhookVerificationError(
+                "malformed header webhook-signature", webhook_id=msg_id
+            ) from None
+    if not candidates:
+        raise WebhookVerificationError("no v1 signature in webhook-signature", webhook_id=msg_id)
+    for key in keys:
+        expected = _digest(key, msg_id, timestamp, body)
+        # Compare with every candidate, in constant time each.
+        matched = False
+        for candidate in candidates:
+            matched |= hmac.compare_digest(expected, candidate)
+        if matched:
+            return msg_id
+    raise WebhookVerificationError("no matching signature", webhook_id=msg_id)

@@ -1,0 +1,149 @@
+"""Sending: one event recorded once, one delivery per subscribed endpoint, every attempt
+signed afresh and accepted by the official standardwebhooks verifier."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from retrysafe import JobState, PayloadError, WebhookError
+from retrysafe.stores import SQLiteStore
+from retrysafe.webhooks import Webhooks
+
+from .conftest import Receiver, add, run
+
+
+def test_every_delivery_is_accepted_by_the_reference_verifier(
+    hooks: Webhooks, receiver: Receiver, base_url: str
+) -> None:
+    """Each endpoint gets the event once, with its own valid signature and the same id."""
+    paths = [receiver.plan(f"/ep{i}", 200) for i in range(3)]
+    for p in paths:
+        add(hooks, receiver, base_url, p)
+    event = hooks.send("invoice.paid", {"amount": 42, "text": "é"})
+    run(hooks)
+    assert len(receiver.seen) == 3
+    assert {s.path for s in receiver.seen} == set(paths)
+    assert all(s.verified for s in receiver.seen)
+    assert {s.headers["webhook-id"] for s in receiver.seen} == {event.id}
+    assert all(json.loads(s.body) == {"amount": 42, "text": "é"} for s in receiver.seen)
+    states = {d.state for d in hooks.deliveries(event_id=event.id)}
+    assert states == {JobState.SUCCEEDED}
+
+
+class SteppingClock:
+    """Real time plus an offset the test moves forward (seconds)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+def test_retries_carry_the_same_id_and_a_fresh_timestamp_and_signature(
+    store_url: str, receiver: Receiver, base_url: str
+) -> None:
+    """A 503 then 500 then 200: three attempts, one webhook-id, three timestamps, all valid."""
+    from .conftest import FAST
+
+    clock = SteppingClock()
+    with Webhooks(store_url, allow_private=True, policy=FAST, clock=clock) as hooks:
+        path = receiver.plan("/flaky", 503, 500, 200)
+        add(hooks, receiver, base_url, path)
+        event = hooks.send("user.created", {"id": 1})
+
+        def tick(*_: Any) -> None:
+            clock.offset += 2.0
+
+        run(hooks, on_attempt=tick)
+    seen = receiver.requests(path)
+    assert len(seen) == 3
+    assert all(s.verified for s in seen)
+    assert {s.headers["webhook-id"] for s in seen} == {event.id}
+    stamps = [int(s.headers["webhook-timestamp"]) for s in seen]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 3
+    assert len({s.headers["webhook-signature"] for s in seen}) == 3
+
+
+def test_event_types_select_endpoints(hooks: Webhooks, receiver: Receiver, base_url: str) -> None:
+    """An endpoint gets only the types it subscribes to (exact, prefix.* or all)."""
+    add(hooks, receiver, base_url, "/exact", event_types=["invoice.paid"])
+    add(hooks, receiver, base_url, "/prefix", event_types=["invoice.*"])
+    add(hooks, receiver, base_url, "/all")
+    add(hooks, receiver, base_url, "/other", event_types=["user.created"])
+    hooks.send("invoice.paid", {})
+    hooks.send("invoice.voided", {})
+    run(hooks)
+    counts = {p: len(receiver.requests(p)) for p in ("/exact", "/prefix", "/all", "/other")}
+    assert counts == {"/exact": 1, "/prefix": 2, "/all": 2, "/other": 0}
+
+
+def test_the_same_event_id_is_recorded_once(
+    hooks: Webhooks, receiver: Receiver, base_url: str
+) -> None:
+    """Sending an event id again adds nothing; another payload under it is refused."""
+    add(hooks, receiver, base_url, "/once")
+    first = hooks.send("a.b", {"x": 1}, event_id="evt_1")
+    again = hooks.send("a.b", {"x": 1}, event_id="evt_1")
+    assert again.created_at == first.created_at
+    with pytest.raises(WebhookError):
+        hooks.send("a.b", {"x": 2}, event_id="evt_1")
+    run(hooks)
+    assert len(receiver.requests("/once")) == 1
+
+
+def test_rotated_secret_signs_with_both(hooks: Webhooks, receiver: Receiver, base_url: str) -> None:
+    """After a rotation a receiver holding either the old or the new secret verifies."""
+    ep = add(hooks, receiver, base_url, "/rot")
+    old = hooks.get_endpoint(ep).secrets[0][0]
+    rotated = hooks.rotate_secret(ep)
+    new = rotated.secrets[0][0]
+    assert [s for s, _ in rotated.secrets] == [new, old]
+    hooks.send("a.b", {})
+    run(hooks)
+    (seen,) = receiver.requests("/rot")
+    assert len(seen.headers["webhook-signature"].split()) == 2
+    assert seen.verified  # with the old secret
+    from standardwebhooks.webhooks import Webhook
+
+    Webhook(new).verify(seen.body, seen.headers)
+
+
+def test_unserialisable_payload_records_nothing(
+    hooks: Webhooks, receiver: Receiver, base_url: str, store_url: str
+) -> None:
+    """A payload that is not JSON raises PayloadError and leaves no event or delivery."""
+    add(hooks, receiver, base_url, "/x")
+    with pytest.raises(PayloadError):
+        hooks.send("a.b", {"when": object()}, event_id="evt_bad")
+    with pytest.raises(PayloadError):
+        hooks.send("a.b", float("nan"), event_id="evt_bad")
+    assert hooks.deliveries() == []
+    store = SQLiteStore(store_url.removeprefix("sqlite:///"))
+    try:
+        assert store.get_event("evt_bad") is None
+        assert sum(store.count_jobs().values()) == 0
+    finally:
+        store.close()
+
+
+def test_attempts_are_structured_log_lines(
+    hooks: Webhooks, receiver: Receiver, base_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every attempt logs event id, endpoint, attempt number, status, latency and outcome."""
+    add(hooks, receiver, base_url, receiver.plan("/log", 500, 200))
+    event = hooks.send("a.b", {})
+    with caplog.at_level("INFO", logger="retrysafe.webhooks"):
+        run(hooks)
+    records = [r for r in caplog.records if r.name == "retrysafe.webhooks"]
+    data = [r.retrysafe for r in records]  # type: ignore[attr-defined]
+    assert [(d["attempt"], d["status"], d["outcome"]) for d in data] == [
+        (1, 500, "server_error"),
+        (2, 200, "success"),
+    ]
+    assert all(d["event_id"] == event.id and d["latency_ms"] >= 0 for d in data)
+    assert all(d["endpoint_id"].startswith("ep_") for d in data)

@@ -1,0 +1,138 @@
+"""The receiving helper: verified, and each webhook-id handled exactly once."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from retrysafe import JobState, WebhookVerificationError
+from retrysafe._serving import ServerThread
+from retrysafe.chaos import ChaosProxy, FaultRates
+from retrysafe.stores import MemoryStore, SQLiteStore
+from retrysafe.webhooks import WebhookMiddleware, Webhooks, WebhookVerifier, signature_header
+
+from .conftest import FAST, run
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def signed(msg_id: str, body: bytes, *, secret: str = SECRET) -> dict[str, str]:
+    ts = int(time.time())
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": signature_header([secret], msg_id, ts, body),
+    }
+
+
+def test_decorator_runs_each_id_once() -> None:
+    """A duplicate delivery is acknowledged without running the handler again."""
+    verifier = WebhookVerifier(SECRET, store=MemoryStore())
+    calls: list[Any] = []
+
+    @verifier.handler
+    def on_event(payload: Any) -> str:
+        calls.append(payload)
+        return "done"
+
+    body = b'{"n": 1}'
+    first = on_event(signed("msg_1", body), body)
+    second = on_event(signed("msg_1", body), body)
+    assert (first.duplicate, first.result) == (False, "done")
+    assert second.duplicate and second.result is None
+    assert calls == [{"n": 1}]
+
+
+def test_a_failing_handler_runs_again_on_retry() -> None:
+    """A handler that raises releases the id, so the sender's retry runs it again."""
+    verifier = WebhookVerifier(SECRET, store=MemoryStore())
+    calls: list[int] = []
+
+    def flaky(payload: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("database down")
+
+    body = b"{}"
+    with pytest.raises(RuntimeError):
+        verifier.receive(signed("msg_2", body), body, flaky)
+    assert not verifier.receive(signed("msg_2", body), body, flaky).duplicate
+    assert verifier.receive(signed("msg_2", body), body, flaky).duplicate
+    assert len(calls) == 2
+
+
+def test_bad_signature_never_reaches_the_handler() -> None:
+    """Verification fails with WebhookVerificationError before any claim or handler."""
+    verifier = WebhookVerifier(SECRET, store=MemoryStore())
+    body = b"{}"
+    hdrs = signed("msg_3", b'{"other": 1}')
+    with pytest.raises(WebhookVerificationError):
+        verifier.receive(hdrs, body, lambda p: pytest.fail("handler ran"))
+
+
+@pytest.fixture
+def effects_app(tmp_path: Any) -> Iterator[tuple[ServerThread, Counter[str]]]:
+    """A receiver app behind WebhookMiddleware (SQLite dedupe) counting effects per id."""
+    effects: Counter[str] = Counter()
+
+    async def handle(request: Request) -> Response:
+        payload = await request.json()
+        effects[request.headers["webhook-id"]] += 1
+        return JSONResponse({"got": payload})
+
+    app = Starlette(routes=[Route("/hook", handle, methods=["POST"])])
+    store = SQLiteStore(tmp_path / "receiver.db")
+    verifier = WebhookVerifier(SECRET, store=store)
+    with ServerThread(WebhookMiddleware(app, verifier=verifier, path="/hook")) as server:
+        yield server, effects
+    store.close()
+
+
+def test_middleware_rejects_bad_signatures(
+    effects_app: tuple[ServerThread, Counter[str]],
+) -> None:
+    """401 problem for a bad signature; 200 duplicate for a repeat; the app runs once."""
+    server, effects = effects_app
+    body = b'{"a": 1}'
+    bad = httpx.post(server.url + "/hook", content=body, headers=signed("m", b"{}"))
+    assert bad.status_code == 401 and bad.json()["detail"] == "no matching signature"
+    ok = httpx.post(server.url + "/hook", content=body, headers=signed("m", body))
+    dup = httpx.post(server.url + "/hook", content=body, headers=signed("m", body))
+    assert ok.status_code == 200 and dup.json() == {"duplicate": True, "webhook_id": "m"}
+    assert effects == Counter({"m": 1})
+
+
+def test_an_endpoint_down_for_a_while_gets_every_event_exactly_once(
+    effects_app: tuple[ServerThread, Counter[str]], tmp_path: Any
+) -> None:
+    """Answers lost after commit, then resets, then healed: every event's effect happens
+    exactly once at the receiver, though some were delivered more than once."""
+    server, effects = effects_app
+    with (
+        Webhooks(f"sqlite:///{tmp_path / 'send.db'}", allow_private=True, policy=FAST) as hooks,
+        ChaosProxy(server.url, rates=FaultRates(lose_after_commit=1.0), seed=3) as proxy,
+    ):
+        hooks.add_endpoint(proxy.url + "/hook", secret=SECRET)
+        ids = [hooks.send("a.b", {"i": i}).id for i in range(10)]
+        attempts: list[int] = []
+
+        def outage(*_: object) -> None:
+            attempts.append(1)
+            if len(attempts) == 10:
+                proxy.set_rates(FaultRates(reset_before_forward=1.0))
+            elif len(attempts) == 15:
+                proxy.heal()
+
+        run(hooks, on_attempt=outage, concurrency=10)
+        assert {d.state for d in hooks.deliveries()} == {JobState.SUCCEEDED}
+        assert len(attempts) > len(ids)
+    assert effects == Counter(dict.fromkeys(ids, 1))
