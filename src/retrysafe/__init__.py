@@ -33,13 +33,26 @@ from retrysafe.server import IdempotencyConfig, IdempotencyMiddleware, WSGIIdemp
 from retrysafe.stores import MemoryStore, SQLiteStore, open_store
 
 if TYPE_CHECKING:
+    from retrysafe._exceptions import (
+        AgentError,
+        BudgetExceededError,
+        NoActiveRunError,
+        OutcomeUnknownError,
+        RunNotFoundError,
+        ToolCallFailedError,
+        ToolSignatureError,
+    )
+    from retrysafe.agents import AgentRun, resume_run, start_run
     from retrysafe.chaos import ChaosProxy, EffectLedger
     from retrysafe.webhooks import Webhooks, WebhookVerifier
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentError",
+    "AgentRun",
     "AsyncOutbox",
+    "BudgetExceededError",
     "ChaosProxy",
     "ConfigurationError",
     "EffectLedger",
@@ -51,16 +64,21 @@ __all__ = [
     "JobNotFoundError",
     "JobState",
     "MemoryStore",
+    "NoActiveRunError",
     "Outbox",
+    "OutcomeUnknownError",
     "PayloadError",
     "RetryBudget",
     "RetryPolicy",
     "RetrysafeError",
     "RetrysafeWarning",
+    "RunNotFoundError",
     "SQLiteStore",
     "SchemaError",
     "StoreError",
     "StoreUnavailableError",
+    "ToolCallFailedError",
+    "ToolSignatureError",
     "WSGIIdempotencyMiddleware",
     "WebhookError",
     "WebhookVerificationError",
@@ -70,7 +88,25 @@ __all__ = [
     "__version__",
     "open_store",
     "reconcile",
+    "resume_run",
+    "start_run",
 ]
+
+
+_AGENTS = frozenset(
+    {
+        "AgentError",
+        "AgentRun",
+        "BudgetExceededError",
+        "NoActiveRunError",
+        "OutcomeUnknownError",
+        "RunNotFoundError",
+        "ToolCallFailedError",
+        "ToolSignatureError",
+        "resume_run",
+        "start_run",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -79,6 +115,11 @@ def __getattr__(name: str) -> Any:
         from retrysafe import chaos
 
         return getattr(chaos, name)
+    if name in _AGENTS:
+        # Agent tool calls load only when asked for.
+        from retrysafe import agents
+
+        return getattr(agents, name)
     if name in ("Webhooks", "WebhookVerifier"):
         from retrysafe import webhooks
 

@@ -11,7 +11,15 @@ structured attributes instead of information buried in the message::
     │   └── SchemaError             the store's schema is missing or from another version
     ├── JobError                    an outbox job cannot be submitted or changed
     │   └── JobNotFoundError        no job with that id
-    ├── PayloadError                a payload that cannot be serialised to JSON
+    ├── PayloadError                a payload (or a tool call's argument) that cannot be
+    │                               serialised to JSON
+    ├── AgentError                  an agent tool call cannot run (SPEC §7)
+    │   ├── NoActiveRunError        a write tool called outside an agent run
+    │   ├── RunNotFoundError        a resumed run id that does not exist
+    │   ├── ToolSignatureError      a tool's signature changed between runs
+    │   ├── OutcomeUnknownError     the call's effect may or may not have happened (with key)
+    │   ├── ToolCallFailedError     a repeat of a call that failed definitively
+    │   └── BudgetExceededError     a step or attempt budget stopped the call
     └── WebhookError                webhook delivery or reception failed
         ├── EndpointNotFoundError   no webhook endpoint with that id
         ├── DestinationRefusedError an endpoint resolves to a private, loopback, link-local,
@@ -109,6 +117,107 @@ class PayloadError(RetrysafeError, TypeError):
     def __init__(self, message: str, *, path: str = "$") -> None:
         super().__init__(message)
         self.path = path
+
+
+class AgentError(RetrysafeError):
+    """An agent tool call cannot run, or cannot report a result (SPEC §7).
+
+    Attributes:
+        run_id: the agent run, when there is one.
+        key: the call's idempotency key, when the call was recorded.
+        tool: the tool's name, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        key: str | None = None,
+        tool: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.key = key
+        self.tool = tool
+
+
+class NoActiveRunError(AgentError, RuntimeError):
+    """A write tool was called outside an agent run (``start_run`` / ``resume_run``)."""
+
+
+class RunNotFoundError(AgentError, LookupError):
+    """``resume_run`` was given a run id that the store does not hold."""
+
+
+class ToolSignatureError(AgentError):
+    """A tool's parameters changed between runs: the run recorded calls of this tool under
+    another signature, so the same logical call would get another key (and run twice).
+
+    Attributes:
+        recorded: the signature hash the run recorded; ``current``: the tool's signature now.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str, tool: str, recorded: str, current: str
+    ) -> None:
+        super().__init__(message, run_id=run_id, tool=tool)
+        self.recorded = recorded
+        self.current = current
+
+
+class OutcomeUnknownError(AgentError):
+    """The call's effect may or may not have happened; it is NOT a failure (SPEC §5, §7).
+
+    Raised when a write tool's attempts ran out on transport errors or timeouts, when its
+    process stopped mid-call, and to every repeat of such a call. Reconcile it with the same
+    ``key`` (``resume_run(..., retry_unknown=True)``); never retry it with a new one.
+
+    Attributes:
+        attempts: the attempts the call made so far.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str, key: str, tool: str, attempts: int = 0
+    ) -> None:
+        super().__init__(message, run_id=run_id, key=key, tool=tool)
+        self.attempts = attempts
+
+
+class ToolCallFailedError(AgentError):
+    """A repeat of a call that failed definitively, or whose stored result cannot be
+    replayed; the tool does not run again.
+
+    Attributes:
+        error: the recorded error (``"ValueError: …"``).
+    """
+
+    def __init__(self, message: str, *, run_id: str, key: str, tool: str, error: str) -> None:
+        super().__init__(message, run_id=run_id, key=key, tool=tool)
+        self.error = error
+
+
+class BudgetExceededError(AgentError):
+    """A budget stopped an agent: too many logical calls in the run (``kind="steps"``) or too
+    many attempts of one call (``kind="attempts"``). The refusal is in the audit log.
+
+    Attributes:
+        limit: the budget that was reached; ``kind``: ``"steps"`` or ``"attempts"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str,
+        limit: int,
+        kind: str,
+        key: str | None = None,
+        tool: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id, key=key, tool=tool)
+        self.limit = limit
+        self.kind = kind
 
 
 class WebhookError(RetrysafeError):

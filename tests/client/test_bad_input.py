@@ -92,6 +92,22 @@ def test_store_without_an_outbox_is_refused() -> None:
         Outbox("memory://")
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda store, q: Outbox(store, queue=q),
+        lambda store, q: Worker(store, queue=q),
+        lambda store, q: reconcile(store, queue=q),
+    ],
+    ids=["outbox", "worker", "reconcile"],
+)
+@pytest.mark.parametrize("queue", ["", "Default", "a b", "-x", "é", "q" * 65, None])
+def test_bad_queue_name_is_refused(sqlite_path: Path, make: Any, queue: object) -> None:
+    """A queue name that is not 1–64 of a-z 0-9 _ . - is a ConfigurationError at once."""
+    with pytest.raises(ConfigurationError, match="queue"):
+        make(f"sqlite:///{sqlite_path}", queue)
+
+
 @pytest.mark.parametrize("key", ["", "a b", "é", "x" * 256])
 def test_malformed_key_is_refused(outbox: Outbox, key: str) -> None:
     """A key that is not 1–255 visible ASCII characters raises InvalidKeyError."""

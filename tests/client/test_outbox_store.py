@@ -67,7 +67,9 @@ def test_claims_from_many_threads_never_lease_a_job_twice(sqlite_path: object) -
         s = SQLiteStore(str(sqlite_path))
         mine: list[str] = []
         while True:
-            jobs = s.claim_jobs(token=f"t{n}", now=time.time() + 1000, lease=60, limit=7)
+            jobs = s.claim_jobs(
+                queue="default", token=f"t{n}", now=time.time() + 1000, lease=60, limit=7
+            )
             if not jobs:
                 break
             mine += [j.id for j in jobs]
@@ -88,17 +90,26 @@ def test_claims_from_many_threads_never_lease_a_job_twice(sqlite_path: object) -
 def test_expired_lease_makes_an_in_flight_job_claimable_again(sqlite_store: SQLiteStore) -> None:
     """A job IN_FLIGHT under an expired lease (owner crashed) is claimed again, same key."""
     job = Outbox(sqlite_store).submit("http://example.test/x", json={})
-    [first] = sqlite_store.claim_jobs(token="a", now=job.created_at + 1, lease=10, limit=5)
-    assert sqlite_store.claim_jobs(token="b", now=job.created_at + 5, lease=10, limit=5) == []
-    [again] = sqlite_store.claim_jobs(token="b", now=job.created_at + 12, lease=10, limit=5)
+    [first] = sqlite_store.claim_jobs(
+        queue="default", token="a", now=job.created_at + 1, lease=10, limit=5
+    )
+    assert (
+        sqlite_store.claim_jobs(
+            queue="default", token="b", now=job.created_at + 5, lease=10, limit=5
+        )
+        == []
+    )
+    [again] = sqlite_store.claim_jobs(
+        queue="default", token="b", now=job.created_at + 12, lease=10, limit=5
+    )
     assert again.id == first.id and again.key == job.key and again.lease_token == "b"
 
 
 def test_writes_are_fenced_by_the_lease_token(sqlite_store: SQLiteStore) -> None:
     """After a take-over the old owner can neither finish nor release the job."""
     job = Outbox(sqlite_store).submit("http://example.test/x", json={})
-    sqlite_store.claim_jobs(token="old", now=job.created_at + 1, lease=1, limit=1)
-    sqlite_store.claim_jobs(token="new", now=job.created_at + 3, lease=10, limit=1)
+    sqlite_store.claim_jobs(queue="default", token="old", now=job.created_at + 1, lease=1, limit=1)
+    sqlite_store.claim_jobs(queue="default", token="new", now=job.created_at + 3, lease=10, limit=1)
     stale = sqlite_store.finish_attempt(
         job.id,
         "old",

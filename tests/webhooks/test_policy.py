@@ -254,15 +254,3 @@ def test_rate_limited_endpoint_is_never_sent_faster(
     assert min(gaps) >= 0.07  # 100 ms slots, minus slack for connection set-up
     assert {d.state for d in hooks.deliveries()} == {JobState.SUCCEEDED}
     assert all(d.sends == 1 for d in hooks.deliveries())  # deferrals are not attempts
-
-
-def test_plain_outbox_jobs_in_the_same_store_are_sent_unchanged(
-    hooks: Webhooks, receiver: Receiver, base_url: str
-) -> None:
-    """The webhook worker delivers a plain outbox job of its store as the outbox would."""
-    job = hooks.outbox.submit(base_url + "/plain", json={"p": 1})
-    run(hooks)
-    (seen,) = receiver.requests("/plain")
-    assert "webhook-signature" not in seen.headers
-    assert seen.headers["idempotency-key"] == job.key
-    assert hooks.outbox.get(job.id).state is JobState.SUCCEEDED

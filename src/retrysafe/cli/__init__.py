@@ -15,6 +15,7 @@ __all__ = ["main"]
 
 # name -> "module:attribute" of a click command or group.
 _COMMANDS: dict[str, str] = {
+    "agents": "retrysafe.cli._agents:agents",
     "chaos": "retrysafe.cli._chaos:chaos",
     "demo": "retrysafe.cli._demo:demo",
     "gateway": "retrysafe.cli._gateway:gateway",

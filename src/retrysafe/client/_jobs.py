@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import math
+import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,11 +21,13 @@ from retrysafe.core import parse_key
 from retrysafe.stores._base import Attempt, Job, JobState, NewJob
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "Attempt",
     "Job",
     "JobState",
     "NewJob",
     "build_job",
+    "check_queue",
     "destination_of",
     "notify_submitted",
     "on_submit",
@@ -34,6 +37,26 @@ _TOKEN_CHARS = frozenset(
     "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )
 _MISSING: Any = object()
+
+#: The queue of plain outbox jobs (``Outbox``, ``Worker``, ``reconcile`` and the CLI).
+DEFAULT_QUEUE = "default"
+_QUEUE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def check_queue(queue: object) -> str:
+    """``queue`` when it is a queue name: 1–64 characters of ``a-z 0-9 _ . -``, starting
+    with a letter or digit.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if not isinstance(queue, str) or _QUEUE.fullmatch(queue) is None:
+        raise ConfigurationError(
+            f"queue {queue!r} is not a queue name (1–64 of a-z 0-9 _ . -, starting with a "
+            "letter or digit)",
+            option="queue",
+        )
+    return queue
 
 
 def destination_of(url: str) -> str:
@@ -156,8 +179,10 @@ def build_job(
     key: str | None = None,
     deadline: float | timedelta | datetime | None = None,
     now: float,
+    queue: str = DEFAULT_QUEUE,
 ) -> NewJob:
-    """Validate a submission and mint its id and key.
+    """Validate a submission and mint its id and key; the job goes to ``queue`` (a name
+    already checked by :func:`check_queue`).
 
     Raises:
         ConfigurationError: a URL that is not http(s), a bad method/header/deadline, both
@@ -214,6 +239,7 @@ def build_job(
         headers=tuple(pairs),
         body=body,
         deadline_at=_deadline_at(deadline, now),
+        queue=queue,
     )
 
 

@@ -15,7 +15,13 @@ from types import TracebackType
 from typing import Any
 
 from retrysafe._exceptions import JobError, JobNotFoundError
-from retrysafe.client._jobs import _MISSING, build_job, notify_submitted
+from retrysafe.client._jobs import (
+    _MISSING,
+    DEFAULT_QUEUE,
+    build_job,
+    check_queue,
+    notify_submitted,
+)
 from retrysafe.client._policy import RetryPolicy, count, seconds
 from retrysafe.client._worker import ReconcileReport, Worker, areconcile, open_outbox_store
 from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
@@ -36,10 +42,14 @@ class Outbox:
         policy: the default :class:`RetryPolicy` (its ``deadline`` applies to jobs submitted
             without one; workers made by :meth:`worker` use it).
         clock: Unix-seconds clock.
+        queue: the queue its jobs go to and the one it lists, counts, purges, retries,
+            delivers (:meth:`worker`) and reconciles (default ``"default"``); 1–64 characters
+            of ``a-z 0-9 _ . -``. Several queues can share one store: a worker never claims
+            another queue's jobs (webhook deliveries live in the ``"webhooks"`` queue).
 
     Raises:
         ConfigurationError: a malformed store URL, a missing directory, a store without an
-            outbox.
+            outbox, a bad queue name.
     """
 
     def __init__(
@@ -48,13 +58,17 @@ class Outbox:
         *,
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
+        self.queue = check_queue(queue)
         self.store, self._owns_store = open_outbox_store(store)
         self.policy = policy or RetryPolicy()
         self._clock = clock
 
     def __repr__(self) -> str:
-        return f"Outbox({self.store.url!r})"
+        if self.queue == DEFAULT_QUEUE:
+            return f"Outbox({self.store.url!r})"
+        return f"Outbox({self.store.url!r}, queue={self.queue!r})"
 
     def submit(
         self,
@@ -103,6 +117,7 @@ class Outbox:
             key=key,
             deadline=self.policy.deadline_s if deadline is None else deadline,
             now=now,
+            queue=self.queue,
         )
         created, job = self.store.insert_job(new, now=now, connection=connection)
         if not created and (job.method, job.url, job.body) != (new.method, new.url, new.body):
@@ -116,19 +131,28 @@ class Outbox:
 
     # ------------------------------------------------------------------ inspection
     def resolve(self, job_id: str) -> str:
-        """The full id of ``job_id`` or of the one job whose id starts with it.
+        """The full id of ``job_id`` or of the one job of this queue whose id starts with it.
 
         Raises:
-            JobNotFoundError: no such job, or the prefix is ambiguous (the message names
+            JobNotFoundError: no such job in this queue (the message names the queue of a job
+                that is in another one), or the prefix is ambiguous (the message names
                 candidates).
         """
-        if self.store.get_job(job_id) is not None:
-            return job_id
-        full = self.store.resolve_job_id(job_id.lower())
+        job = self.store.get_job(job_id)
+        if job is not None:
+            if job.queue == self.queue:
+                return job_id
+            raise JobNotFoundError(
+                f"job {job_id} is in the {job.queue!r} queue, not {self.queue!r}",
+                job_id=job_id,
+            )
+        full = self.store.resolve_job_id(job_id.lower(), queue=self.queue)
         if full is not None:
             return full
         candidates = getattr(self.store, "job_ids_with_prefix", None)
-        found: list[str] = [] if candidates is None else candidates(job_id.lower())
+        found: list[str] = (
+            [] if candidates is None else candidates(job_id.lower(), queue=self.queue)
+        )
         if len(found) > 1:
             raise JobNotFoundError(
                 f"job id prefix {job_id!r} is ambiguous: it matches {', '.join(found)} and "
@@ -157,16 +181,18 @@ class Outbox:
             ConfigurationError: ``limit`` < 1.
         """
         wanted = None if states is None else [JobState(s) for s in states]
-        return self.store.list_jobs(states=wanted, limit=count(limit, "limit"))
+        return self.store.list_jobs(queue=self.queue, states=wanted, limit=count(limit, "limit"))
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         """The dead-letter view: UNKNOWN and REJECTED jobs (see :meth:`attempts` for each);
         at most ``limit`` (>= 1, else :class:`ConfigurationError`)."""
-        return self.store.list_jobs(states=DEAD_LETTER_STATES, limit=count(limit, "limit"))
+        return self.store.list_jobs(
+            queue=self.queue, states=DEAD_LETTER_STATES, limit=count(limit, "limit")
+        )
 
     def counts(self) -> dict[JobState, int]:
-        """How many jobs are in each state."""
-        return self.store.count_jobs()
+        """How many jobs of this queue are in each state."""
+        return self.store.count_jobs(queue=self.queue)
 
     # ------------------------------------------------------------------ changes
     def cancel(self, job_id: str) -> Job:
@@ -240,18 +266,22 @@ class Outbox:
         if any(not s.is_terminal for s in wanted):
             raise JobError("refusing to purge pending or in-flight jobs")
         age = seconds(older_than, "older_than", allow_zero=True)
-        return self.store.purge_jobs(states=wanted, before=self._clock() - age)
+        return self.store.purge_jobs(queue=self.queue, states=wanted, before=self._clock() - age)
 
     # ------------------------------------------------------------------ delivery
     def worker(self, **options: Any) -> Worker:
-        """A :class:`Worker` on this outbox's store and policy (``options`` as for Worker)."""
+        """A :class:`Worker` on this outbox's store, policy and queue (``options`` as for
+        Worker)."""
         options.setdefault("policy", self.policy)
         options.setdefault("clock", self._clock)
+        options.setdefault("queue", self.queue)
         return Worker(self.store, **options)
 
     def reconcile(self, **options: Any) -> ReconcileReport:
-        """Re-send UNKNOWN jobs with their same key (see :func:`retrysafe.client.reconcile`)."""
+        """Re-send this queue's UNKNOWN jobs with their same key (see
+        :func:`retrysafe.client.reconcile`)."""
         options.setdefault("policy", self.policy)
+        options.setdefault("queue", self.queue)
         return asyncio.run(areconcile(self.store, **options))
 
     def close(self) -> None:
@@ -283,16 +313,18 @@ class AsyncOutbox:
         *,
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
-        self._sync = Outbox(store, policy=policy, clock=clock)
+        self._sync = Outbox(store, policy=policy, clock=clock, queue=queue)
         self.store = self._sync.store
         self.policy = self._sync.policy
+        self.queue = self._sync.queue
         self._clock = clock
         factory = getattr(self.store, "asyncio_outbox_store", None)
         self._astore: AsyncOutboxStore | None = factory() if factory is not None else None
 
     def __repr__(self) -> str:
-        return f"AsyncOutbox({self.store.url!r})"
+        return "Async" + repr(self._sync)
 
     async def submit(
         self,
@@ -327,6 +359,7 @@ class AsyncOutbox:
             key=key,
             deadline=self.policy.deadline_s if deadline is None else deadline,
             now=now,
+            queue=self.queue,
         )
         created, job = await self._astore.insert_job(new, now=now)
         if not created and (job.method, job.url, job.body) != (new.method, new.url, new.body):
@@ -364,6 +397,7 @@ class AsyncOutbox:
 
     async def reconcile(self, **options: Any) -> ReconcileReport:
         options.setdefault("policy", self.policy)
+        options.setdefault("queue", self.queue)
         return await areconcile(self.store, **options)
 
     async def aclose(self) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUnavailableError
 from retrysafe.client._budget import BudgetState, RetryBudget
-from retrysafe.client._jobs import on_submit
+from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
@@ -258,10 +258,13 @@ class Worker:
             is recorded instead of :func:`next_step`'s (webhook schedules and stop rules).
         gate: called before every attempt with ``(job, now)``; a positive result defers the
             job by that many seconds without an attempt (webhook rate limits).
+        queue: the queue whose jobs it claims (default ``"default"``, the outbox's; the
+            webhook worker uses ``"webhooks"``). Jobs of other queues in the same store are
+            never claimed, and ``until_idle`` only waits for this queue.
 
     Raises:
-        ConfigurationError: bad concurrency/poll interval/grace, a lease not longer than the
-            timeout, or a store without an outbox.
+        ConfigurationError: bad concurrency/poll interval/grace/queue name, a lease not longer
+            than the timeout, or a store without an outbox.
     """
 
     def __init__(
@@ -281,7 +284,9 @@ class Worker:
         headers_for_attempt: HeadersHook | None = None,
         decide: DecideHook | None = None,
         gate: GateHook | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
+        self.queue = check_queue(queue)
         self.policy = policy or RetryPolicy()
         self.concurrency = count(concurrency, "concurrency")
         self.lease = _check_lease(lease, self.policy)
@@ -311,7 +316,7 @@ class Worker:
         self._running = False
 
     def __repr__(self) -> str:
-        return f"Worker({self.store!r}, concurrency={self.concurrency})"
+        return f"Worker({self.store!r}, queue={self.queue!r}, concurrency={self.concurrency})"
 
     # ------------------------------------------------------------------ control
     def stop(self) -> None:
@@ -364,7 +369,7 @@ class Worker:
         makes safe.
 
         Args:
-            until_idle: return once every job in the store is terminal.
+            until_idle: return once every job of the worker's queue is terminal.
             handle_signals: install SIGTERM (graceful :meth:`stop`) on the running loop.
 
         Returns:
@@ -449,7 +454,11 @@ class Worker:
         free = self.concurrency - len(tasks)
         if free > 0:
             claimed = await self._astore.claim_jobs(
-                token=uuid.uuid4().hex, now=self._clock(), lease=self.lease, limit=free
+                queue=self.queue,
+                token=uuid.uuid4().hex,
+                now=self._clock(),
+                lease=self.lease,
+                limit=free,
             )
             for job in claimed:
                 self.stats.claimed += 1
@@ -459,12 +468,12 @@ class Worker:
             if len(claimed) == free:
                 return 0.0  # there may be more due jobs
         if until_idle and not tasks:
-            counts = await self._astore.count_jobs()
+            counts = await self._astore.count_jobs(queue=self.queue)
             if counts[JobState.PENDING] + counts[JobState.IN_FLIGHT] == 0:
                 return None
         timeout = self.poll_interval
         if not tasks:
-            due = await self._astore.next_due()
+            due = await self._astore.next_due(queue=self.queue)
             if due is not None:
                 timeout = min(timeout, max(0.0, due - self._clock()))
         return timeout
@@ -701,8 +710,9 @@ async def areconcile(
     concurrency: int = 8,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.time,
+    queue: str = DEFAULT_QUEUE,
 ) -> ReconcileReport:
-    """Re-send UNKNOWN jobs once each with their **same key** (SPEC §5).
+    """Re-send the UNKNOWN jobs of one queue once each with their **same key** (SPEC §5).
 
     The server's replay answers definitively: 2xx → SUCCEEDED, a rejecting 4xx → REJECTED.
     Anything else (no answer, 5xx, 409 still in progress) leaves the job UNKNOWN; every
@@ -715,19 +725,23 @@ async def areconcile(
     Args:
         store: an outbox store or its URL.
         policy: timeouts (default :class:`RetryPolicy`).
-        ids: only these job ids (default: every UNKNOWN job, oldest first, up to ``limit``).
+        ids: only these job ids (default: every UNKNOWN job, oldest first, up to ``limit``);
+            ids of another queue's jobs are left alone.
         limit: most jobs to reconcile in this pass (>= 1).
         concurrency: attempts in flight at once (>= 1).
         transport: an ``httpx.AsyncBaseTransport`` (tests, proxies).
         clock: Unix-seconds clock.
+        queue: the queue whose UNKNOWN jobs are re-sent (default ``"default"``).
 
     Raises:
-        ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string.
+        ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string, a bad
+            ``queue`` name.
         StoreUnavailableError: the store stayed unavailable for the whole claim window.
     """
     policy = policy or RetryPolicy()
     limit = count(limit, "limit")
     concurrency = count(concurrency, "concurrency")
+    queue = check_queue(queue)
     if isinstance(ids, str):
         raise ConfigurationError("ids must be a list of job ids, not a string", option="ids")
     outbox_store, owned = open_outbox_store(store)
@@ -738,7 +752,7 @@ async def areconcile(
         start = clock()
         jobs = await outage.call(
             lambda: astore.claim_unknown_jobs(
-                token=uuid.uuid4().hex, now=clock(), lease=lease, limit=limit, ids=ids
+                queue=queue, token=uuid.uuid4().hex, now=clock(), lease=lease, limit=limit, ids=ids
             ),
             until=start + lease,
         )

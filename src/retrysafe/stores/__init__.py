@@ -6,6 +6,10 @@ restart forgets every key). Open any of them from a URL with :func:`open_store`.
 """
 
 from retrysafe.stores._base import (
+    AgentCall,
+    AgentCallState,
+    AgentRunRecord,
+    AgentStore,
     AsyncKeyStore,
     AsyncOutboxStore,
     Attempt,
@@ -25,6 +29,10 @@ from retrysafe.stores._url import as_async_key_store, open_store
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AgentCall",
+    "AgentCallState",
+    "AgentRunRecord",
+    "AgentStore",
     "AsyncKeyStore",
     "AsyncOutboxStore",
     "Attempt",

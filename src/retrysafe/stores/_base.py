@@ -17,6 +17,10 @@ from typing import Any, Protocol, runtime_checkable
 from retrysafe.core import KeyRecord, StoredResponse
 
 __all__ = [
+    "AgentCall",
+    "AgentCallState",
+    "AgentRunRecord",
+    "AgentStore",
     "AsyncKeyStore",
     "AsyncOutboxStore",
     "Attempt",
@@ -167,6 +171,8 @@ class NewJob:
         headers: request headers as ``(name, value)`` pairs, without ``Idempotency-Key``.
         body: the request body bytes.
         deadline_at: Unix seconds after which no new attempt starts, or None.
+        queue: the queue whose workers deliver it (``"default"``: the outbox;
+            ``"webhooks"``: webhook deliveries).
     """
 
     id: str
@@ -177,6 +183,7 @@ class NewJob:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     deadline_at: float | None
+    queue: str = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,6 +192,7 @@ class Job:
 
     Attributes:
         id, key, state, method, url, destination, headers, body: as submitted / current state.
+        queue: the queue it belongs to; workers claim only their own queue's jobs.
         created_at, updated_at: when the job was created / last changed.
         due_at: when it is next claimable (PENDING).
         deadline_at: no attempt starts after it (None: no deadline).
@@ -219,12 +227,14 @@ class Job:
     last_status: int | None
     last_outcome: str | None
     last_error: str | None
+    queue: str = "default"
 
     def to_dict(self, *, body: bool = False) -> dict[str, Any]:
         """A JSON-ready dict (the body, as text, only when ``body`` is True)."""
         out: dict[str, Any] = {
             "id": self.id,
             "key": self.key,
+            "queue": self.queue,
             "state": self.state.value,
             "method": self.method,
             "url": self.url,
@@ -299,9 +309,11 @@ class OutboxStore(Protocol):
     * ``insert_job`` creates the job and its key in one write; a second insert with the same
       key inserts nothing and returns the existing job. With ``connection`` it runs inside the
       caller's open transaction (transactional outbox) and commits or rolls back with it.
-    * ``claim_jobs`` atomically leases up to ``limit`` jobs that are PENDING and due, or
-      IN_FLIGHT under an expired lease (the owner crashed), to a new ``token``. A job is leased
-      to one claimant at a time.
+    * ``claim_jobs`` atomically leases up to ``limit`` jobs of one ``queue`` that are PENDING
+      and due, or IN_FLIGHT under an expired lease (the owner crashed), to a new ``token``. A
+      job is leased to one claimant at a time, and only to a claimant of its own queue.
+    * Every method that selects jobs by state (claims, lists, counts, ``next_due``, purges)
+      sees only the given ``queue``; methods taking a job id see the job whatever its queue.
     * ``finish_attempt`` and ``release_job`` are fenced by the lease token: they change the job
       only while it is IN_FLIGHT under exactly that token, so a worker whose lease expired and
       was taken over writes nothing. ``finish_attempt`` records the attempt in the same
@@ -322,14 +334,24 @@ class OutboxStore(Protocol):
         when a job with the same key exists."""
         ...
 
-    def claim_jobs(self, *, token: str, now: float, lease: float, limit: int) -> list[Job]:
-        """Lease up to ``limit`` claimable jobs until ``now + lease`` (earliest due first)."""
+    def claim_jobs(
+        self, *, queue: str, token: str, now: float, lease: float, limit: int
+    ) -> list[Job]:
+        """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease`` (earliest
+        due first)."""
         ...
 
     def claim_unknown_jobs(
-        self, *, token: str, now: float, lease: float, limit: int, ids: Sequence[str] | None
+        self,
+        *,
+        queue: str,
+        token: str,
+        now: float,
+        lease: float,
+        limit: int,
+        ids: Sequence[str] | None,
     ) -> list[Job]:
-        """Lease UNKNOWN jobs (all, or those in ``ids``) for reconciliation."""
+        """Lease UNKNOWN jobs of ``queue`` (all, or those in ``ids``) for reconciliation."""
         ...
 
     def finish_attempt(
@@ -378,23 +400,28 @@ class OutboxStore(Protocol):
 
     def get_job(self, job_id: str) -> Job | None: ...
 
-    def resolve_job_id(self, prefix: str) -> str | None:
-        """The one job id starting with ``prefix``; None when none or several match."""
+    def resolve_job_id(self, prefix: str, *, queue: str) -> str | None:
+        """The one job id of ``queue`` starting with ``prefix``; None when none or several
+        match."""
         ...
 
-    def list_jobs(self, *, states: Sequence[JobState] | None, limit: int) -> list[Job]: ...
+    def list_jobs(
+        self, *, queue: str, states: Sequence[JobState] | None, limit: int
+    ) -> list[Job]: ...
 
     def list_attempts(self, job_id: str) -> list[Attempt]: ...
 
-    def count_jobs(self) -> dict[JobState, int]: ...
+    def count_jobs(self, *, queue: str) -> dict[JobState, int]: ...
 
-    def next_due(self) -> float | None:
-        """The earliest time a job becomes claimable, or None when none will."""
+    def next_due(self, *, queue: str) -> float | None:
+        """The earliest time a job of ``queue`` becomes claimable, or None when none will."""
         ...
 
-    def purge_jobs(self, *, states: Sequence[JobState], before: float, batch: int = 1000) -> int:
-        """Delete jobs (and their attempts) in ``states`` last changed at or before
-        ``before``; return how many."""
+    def purge_jobs(
+        self, *, queue: str, states: Sequence[JobState], before: float, batch: int = 1000
+    ) -> int:
+        """Delete jobs of ``queue`` (and their attempts) in ``states`` last changed at or
+        before ``before``; return how many."""
         ...
 
 
@@ -405,11 +432,18 @@ class AsyncOutboxStore(Protocol):
     async def insert_job(self, job: NewJob, *, now: float) -> tuple[bool, Job]: ...
 
     async def claim_jobs(
-        self, *, token: str, now: float, lease: float, limit: int
+        self, *, queue: str, token: str, now: float, lease: float, limit: int
     ) -> list[Job]: ...
 
     async def claim_unknown_jobs(
-        self, *, token: str, now: float, lease: float, limit: int, ids: Sequence[str] | None
+        self,
+        *,
+        queue: str,
+        token: str,
+        now: float,
+        lease: float,
+        limit: int,
+        ids: Sequence[str] | None,
     ) -> list[Job]: ...
 
     async def finish_attempt(
@@ -436,9 +470,9 @@ class AsyncOutboxStore(Protocol):
         now: float,
     ) -> bool: ...
 
-    async def count_jobs(self) -> dict[JobState, int]: ...
+    async def count_jobs(self, *, queue: str) -> dict[JobState, int]: ...
 
-    async def next_due(self) -> float | None: ...
+    async def next_due(self, *, queue: str) -> float | None: ...
 
 
 # ---------------------------------------------------------------------- webhooks (SPEC §6)
@@ -643,3 +677,153 @@ class WebhookStore(Protocol):
         event_type: str | None = None,
         batch: int = 1000,
     ) -> int: ...
+
+
+# ---------------------------------------------------------------------- agent tool calls (§7)
+class AgentCallState(str, enum.Enum):
+    """State of one logical agent tool call (SPEC §7).
+
+    ``RUNNING``: claimed, attempts may be in flight. ``SUCCEEDED``: the result is stored and
+    replayed to every repeat. ``FAILED``: a definitive error, re-raised to every repeat.
+    ``UNKNOWN``: the effect may or may not have happened (attempts exhausted on transport
+    errors, or the process running it stopped); repeats report it with the key. ``REFUSED``: a
+    budget stopped the call before any attempt.
+    """
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentRunRecord:
+    """One agent run as stored.
+
+    Attributes:
+        id: the run id (caller-given or generated).
+        state: ``"active"`` or ``"stopped"`` (a budget refused a call; ``reason`` says which).
+        max_steps: logical calls allowed in the run (None: unlimited).
+        max_attempts: attempts allowed per logical call, over every process (None: unlimited).
+        calls: logical calls recorded (refusals excluded); ``unknown``: those in ``UNKNOWN``.
+    """
+
+    id: str
+    state: str
+    max_steps: int | None
+    max_attempts: int | None
+    reason: str | None
+    created_at: float
+    updated_at: float
+    calls: int = 0
+    unknown: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentCall:
+    """One logical tool call: a row of the audit log.
+
+    Attributes:
+        key: the call's idempotency key (derived from run, tool, step and arguments).
+        arguments: canonical JSON of the bound arguments; ``arguments_hash`` its SHA-256.
+        signature: hash of the tool's parameters when the call was first recorded.
+        result: the result as JSON text (None until SUCCEEDED, or when not JSON-serialisable).
+        result_summary: a short human-readable summary (≤ 200 characters).
+        fencing_token: proves which claimant may finish the call; ``owner`` names it.
+    """
+
+    key: str
+    run_id: str
+    step: int
+    tool: str
+    kind: str
+    signature: str
+    arguments_hash: str
+    arguments: str
+    state: AgentCallState
+    attempts: int = 0
+    fencing_token: int = 1
+    owner: str = ""
+    lease_expires_at: float = 0.0
+    result: str | None = None
+    result_summary: str | None = None
+    error: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    finished_at: float | None = None
+
+
+@runtime_checkable
+class AgentStore(Protocol):
+    """Agent runs and their calls (SPEC §7). Every method is one atomic store operation."""
+
+    def create_agent_run(
+        self, run_id: str, *, max_steps: int | None, max_attempts: int | None, now: float
+    ) -> tuple[bool, AgentRunRecord]:
+        """Insert the run if absent. Returns ``(created, record)`` (the existing one if not)."""
+        ...
+
+    def get_agent_run(self, run_id: str) -> AgentRunRecord | None: ...
+
+    def list_agent_runs(self, *, limit: int = 100) -> list[AgentRunRecord]:
+        """Newest first, with call counts."""
+        ...
+
+    def stop_agent_run(self, run_id: str, *, reason: str, now: float) -> None: ...
+
+    def claim_agent_call(
+        self, call: AgentCall, *, max_steps: int | None, now: float
+    ) -> tuple[str, AgentCall]:
+        """Insert ``call`` if its key is absent, in one transaction.
+
+        Returns ``("existing", row)`` when the key is recorded already; ``("conflict", row)``
+        when the run recorded this tool under another signature (``row`` is such a call);
+        ``("refused", row)`` when the run already has ``max_steps`` logical calls: the refusal
+        is recorded as a ``REFUSED`` row and the run is stopped; else ``("claimed", call)``.
+        """
+        ...
+
+    def take_over_agent_call(
+        self,
+        key: str,
+        fencing_token: int,
+        *,
+        owner: str,
+        lease_expires_at: float,
+        now: float,
+        allow_unknown: bool,
+    ) -> int | None:
+        """Compare-and-swap a RUNNING call with an expired lease (or, if allowed, an UNKNOWN
+        one) back to RUNNING under ``owner``. Returns the new fencing token, or None."""
+        ...
+
+    def start_agent_attempt(
+        self, key: str, fencing_token: int, *, lease_expires_at: float, now: float
+    ) -> int | None:
+        """Count one attempt (fenced). Returns the call's attempts, or None if not the owner."""
+        ...
+
+    def finish_agent_call(
+        self,
+        key: str,
+        fencing_token: int,
+        *,
+        state: AgentCallState,
+        result: str | None,
+        result_summary: str | None,
+        error: str | None,
+        now: float,
+    ) -> bool:
+        """Move a RUNNING call to ``state`` (fenced). False if the token is no longer valid."""
+        ...
+
+    def interrupt_agent_calls(self, run_id: str, *, now: float) -> int:
+        """Move the run's RUNNING calls to UNKNOWN (its process stopped). Returns how many."""
+        ...
+
+    def get_agent_call(self, key: str) -> AgentCall | None: ...
+
+    def list_agent_calls(self, run_id: str) -> list[AgentCall]:
+        """The run's calls in the order they were recorded."""
+        ...

@@ -28,6 +28,7 @@ from retrysafe._exceptions import (
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._sql import queries
+from retrysafe.stores._sqlite_agents import SQLiteAgentsMixin
 from retrysafe.stores._sqlite_outbox import SQLiteOutboxMixin
 from retrysafe.stores._sqlite_webhooks import SQLiteWebhooksMixin
 
@@ -87,7 +88,7 @@ def _row_to_record(row: tuple[Any, ...]) -> KeyRecord:
     )
 
 
-class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin):
+class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin, SQLiteAgentsMixin):
     """SQLite-backed :class:`~retrysafe.stores.KeyStore` (and the outbox's store).
 
     Args:

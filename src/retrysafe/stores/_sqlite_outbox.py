@@ -2,8 +2,9 @@
 
 Claims are one ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING …`` statement, atomic under
 SQLite's write lock, so two workers (threads or processes) on one file never lease the same
-job at once. Every later write is fenced by the lease token. Statements live in
-``sql/sqlite.sql``; the functions here only bind parameters and convert rows.
+job at once; each claim, list, count and purge is limited to one queue. Every later write
+is fenced by the lease token. Statements live in ``sql/sqlite.sql``; the functions here only
+bind parameters and convert rows.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def _row_to_job(row: Sequence[Any]) -> Job:
     (
         id_,
         key,
+        queue,
         state,
         method,
         url,
@@ -55,6 +57,7 @@ def _row_to_job(row: Sequence[Any]) -> Job:
     return Job(
         id=id_,
         key=key,
+        queue=queue,
         state=JobState(state),
         method=method,
         url=url,
@@ -105,6 +108,7 @@ def _insert_job(c: sqlite3.Connection, job: NewJob, now: float) -> tuple[bool, J
         {
             "id": job.id,
             "key": job.key,
+            "queue": job.queue,
             "method": job.method,
             "url": job.url,
             "destination": job.destination,
@@ -120,16 +124,25 @@ def _insert_job(c: sqlite3.Connection, job: NewJob, now: float) -> tuple[bool, J
     return False, _row_to_job(existing)
 
 
-def _claim(c: sqlite3.Connection, token: str, now: float, lease: float, limit: int) -> list[Job]:
+def _claim(
+    c: sqlite3.Connection, queue: str, token: str, now: float, lease: float, limit: int
+) -> list[Job]:
     rows = c.execute(
         _Q["claim_jobs"],
-        {"token": token, "now": now, "lease_expires_at": now + lease, "limit": limit},
+        {
+            "queue": queue,
+            "token": token,
+            "now": now,
+            "lease_expires_at": now + lease,
+            "limit": limit,
+        },
     ).fetchall()
     return sorted((_row_to_job(r) for r in rows), key=lambda j: j.due_at)
 
 
 def _claim_unknown(
     c: sqlite3.Connection,
+    queue: str,
     token: str,
     now: float,
     lease: float,
@@ -139,6 +152,7 @@ def _claim_unknown(
     rows = c.execute(
         _Q["claim_unknown_jobs"],
         {
+            "queue": queue,
             "token": token,
             "now": now,
             "lease_expires_at": now + lease,
@@ -263,15 +277,15 @@ def _transition(
     return None if row is None else _row_to_job(row)
 
 
-def _count(c: sqlite3.Connection) -> dict[JobState, int]:
+def _count(c: sqlite3.Connection, queue: str) -> dict[JobState, int]:
     counts = dict.fromkeys(JobState, 0)
-    for state, n in c.execute(_Q["count_jobs"]).fetchall():
+    for state, n in c.execute(_Q["count_jobs"], {"queue": queue}).fetchall():
         counts[JobState(state)] = int(n)
     return counts
 
 
-def _next_due(c: sqlite3.Connection) -> float | None:
-    row = c.execute(_Q["next_due"]).fetchone()
+def _next_due(c: sqlite3.Connection, queue: str) -> float | None:
+    row = c.execute(_Q["next_due"], {"queue": queue}).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
 
@@ -309,13 +323,22 @@ class SQLiteOutboxMixin:
                 raise _translate(exc, self.url) from exc
         return self.run(lambda c: _insert_job(c, job, now))
 
-    def claim_jobs(self, *, token: str, now: float, lease: float, limit: int) -> list[Job]:
-        return self.run(lambda c: _claim(c, token, now, lease, limit))
+    def claim_jobs(
+        self, *, queue: str, token: str, now: float, lease: float, limit: int
+    ) -> list[Job]:
+        return self.run(lambda c: _claim(c, queue, token, now, lease, limit))
 
     def claim_unknown_jobs(
-        self, *, token: str, now: float, lease: float, limit: int, ids: Sequence[str] | None
+        self,
+        *,
+        queue: str,
+        token: str,
+        now: float,
+        lease: float,
+        limit: int,
+        ids: Sequence[str] | None,
     ) -> list[Job]:
-        return self.run(lambda c: _claim_unknown(c, token, now, lease, limit, ids))
+        return self.run(lambda c: _claim_unknown(c, queue, token, now, lease, limit, ids))
 
     def finish_attempt(
         self,
@@ -363,40 +386,38 @@ class SQLiteOutboxMixin:
         row = self.run(lambda c: c.execute(_Q["get_job"], {"id": job_id}).fetchone())
         return None if row is None else _row_to_job(row)
 
-    def resolve_job_id(self, prefix: str) -> str | None:
-        found = self.job_ids_with_prefix(prefix)
+    def resolve_job_id(self, prefix: str, *, queue: str) -> str | None:
+        found = self.job_ids_with_prefix(prefix, queue=queue)
         return found[0] if len(found) == 1 else None
 
-    def job_ids_with_prefix(self, prefix: str) -> list[str]:
-        """Up to two job ids starting with ``prefix`` (lower-case hex), in id order: none,
-        the one, or two of an ambiguous prefix."""
+    def job_ids_with_prefix(self, prefix: str, *, queue: str) -> list[str]:
+        """Up to two job ids of ``queue`` starting with ``prefix`` (lower-case hex), in id
+        order: none, the one, or two of an ambiguous prefix."""
         if not prefix or any(ch not in "0123456789abcdef" for ch in prefix):
             return []
-        rows = self.run(
-            lambda c: c.execute(_Q["find_job_by_prefix"], {"prefix": prefix}).fetchall()
-        )
+        params = {"prefix": prefix, "queue": queue}
+        rows = self.run(lambda c: c.execute(_Q["find_job_by_prefix"], params).fetchall())
         return [str(row[0]) for row in rows]
 
-    def list_jobs(self, *, states: Sequence[JobState] | None, limit: int) -> list[Job]:
-        rows = self.run(
-            lambda c: c.execute(
-                _Q["list_jobs"], {"states": _states(states), "limit": limit}
-            ).fetchall()
-        )
+    def list_jobs(self, *, queue: str, states: Sequence[JobState] | None, limit: int) -> list[Job]:
+        params = {"queue": queue, "states": _states(states), "limit": limit}
+        rows = self.run(lambda c: c.execute(_Q["list_jobs"], params).fetchall())
         return [_row_to_job(r) for r in rows]
 
     def list_attempts(self, job_id: str) -> list[Attempt]:
         rows = self.run(lambda c: c.execute(_Q["list_attempts"], {"job_id": job_id}).fetchall())
         return [_row_to_attempt(r) for r in rows]
 
-    def count_jobs(self) -> dict[JobState, int]:
-        return self.run(_count)
+    def count_jobs(self, *, queue: str) -> dict[JobState, int]:
+        return self.run(lambda c: _count(c, queue))
 
-    def next_due(self) -> float | None:
-        return self.run(_next_due)
+    def next_due(self, *, queue: str) -> float | None:
+        return self.run(lambda c: _next_due(c, queue))
 
-    def purge_jobs(self, *, states: Sequence[JobState], before: float, batch: int = 1000) -> int:
-        params = {"states": _states(states), "before": before, "batch": batch}
+    def purge_jobs(
+        self, *, queue: str, states: Sequence[JobState], before: float, batch: int = 1000
+    ) -> int:
+        params = {"queue": queue, "states": _states(states), "before": before, "batch": batch}
         total = 0
         while True:
             n = self.run(lambda c: c.execute(_Q["purge_jobs"], params).rowcount)
@@ -447,13 +468,22 @@ class _AsyncSQLiteOutbox:
     async def insert_job(self, job: NewJob, *, now: float) -> tuple[bool, Job]:
         return await self._call(lambda c: _insert_job(c, job, now))
 
-    async def claim_jobs(self, *, token: str, now: float, lease: float, limit: int) -> list[Job]:
-        return await self._call(lambda c: _claim(c, token, now, lease, limit))
+    async def claim_jobs(
+        self, *, queue: str, token: str, now: float, lease: float, limit: int
+    ) -> list[Job]:
+        return await self._call(lambda c: _claim(c, queue, token, now, lease, limit))
 
     async def claim_unknown_jobs(
-        self, *, token: str, now: float, lease: float, limit: int, ids: Sequence[str] | None
+        self,
+        *,
+        queue: str,
+        token: str,
+        now: float,
+        lease: float,
+        limit: int,
+        ids: Sequence[str] | None,
     ) -> list[Job]:
-        return await self._call(lambda c: _claim_unknown(c, token, now, lease, limit, ids))
+        return await self._call(lambda c: _claim_unknown(c, queue, token, now, lease, limit, ids))
 
     async def finish_attempt(
         self,
@@ -483,8 +513,8 @@ class _AsyncSQLiteOutbox:
     ) -> bool:
         return await self._call(lambda c: _release(c, job_id, token, state, due_at, error, now))
 
-    async def count_jobs(self) -> dict[JobState, int]:
-        return await self._call(_count)
+    async def count_jobs(self, *, queue: str) -> dict[JobState, int]:
+        return await self._call(lambda c: _count(c, queue))
 
-    async def next_due(self) -> float | None:
-        return await self._call(_next_due)
+    async def next_due(self, *, queue: str) -> float | None:
+        return await self._call(lambda c: _next_due(c, queue))

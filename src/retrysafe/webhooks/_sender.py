@@ -1,9 +1,11 @@
 """The sending side: :class:`Webhooks` manages endpoints, records events, fans them out as
 outbox jobs and builds the worker that delivers them (SPEC §6).
 
-A delivery is one outbox job (key ``"{event id}:{endpoint id}"``): it inherits the outbox's
-durability, leases, fencing, attempt records and retry budget. The worker gets three hooks:
-``headers_for_attempt`` signs every attempt afresh (same ``webhook-id``, new
+A delivery is one outbox job (key ``"{event id}:{endpoint id}"``) in the ``"webhooks"``
+queue: it inherits the outbox's durability, leases, fencing, attempt records and retry
+budget, and only the webhook worker claims it (a plain outbox worker on the same store
+claims the ``"default"`` queue and never sends a delivery unsigned). The worker gets three
+hooks: ``headers_for_attempt`` signs every attempt afresh (same ``webhook-id``, new
 ``webhook-timestamp`` and ``webhook-signature``), ``decide`` applies the endpoint's schedule
 (:func:`~retrysafe.webhooks.decide`), and ``on_attempt`` logs the attempt as one structured
 line and disables endpoints on 410 Gone or a run of failures.
@@ -66,10 +68,13 @@ from retrysafe.webhooks._policy import (
 from retrysafe.webhooks._signing import generate_secret, signature_header
 from retrysafe.webhooks._ssrf import PinnedTransport, resolve_checked
 
-__all__ = ["DEAD_LETTER_STATES", "Webhooks"]
+__all__ = ["DEAD_LETTER_STATES", "QUEUE", "Webhooks"]
 
 logger = logging.getLogger("retrysafe.webhooks")
 
+#: The outbox queue of webhook deliveries: the webhook worker claims only it, plain outbox
+#: workers never do.
+QUEUE = "webhooks"
 #: Deliveries in the dead-letter queue: the schedule ran out (UNKNOWN) or the endpoint
 #: answered a 4xx that is not retried (REJECTED).
 DEAD_LETTER_STATES = (JobState.UNKNOWN, JobState.REJECTED)
@@ -127,7 +132,9 @@ class Webhooks:
         self.allow_private = bool(allow_private)
         self.rotation_overlap = seconds(rotation_overlap, "rotation_overlap", allow_zero=True)
         self._clock = clock
-        self.outbox = Outbox(store, policy=RetryPolicy(timeout=self.policy.timeout), clock=clock)
+        self.outbox = Outbox(
+            store, policy=RetryPolicy(timeout=self.policy.timeout), clock=clock, queue=QUEUE
+        )
         if not isinstance(self.outbox.store, WebhookStore):
             self.outbox.close()
             raise ConfigurationError(
@@ -394,6 +401,7 @@ class Webhooks:
                 headers={"Content-Type": "application/json", "webhook-id": event_id},
                 key=f"{event_id}:{endpoint.id}",
                 now=now,
+                queue=QUEUE,
             )
             deliveries.append((job, endpoint.id, not endpoint.enabled))
         event = WebhookEvent(id=event_id, event_type=event_type, payload=body, created_at=now)
@@ -562,10 +570,17 @@ class Webhooks:
         """A :class:`~retrysafe.client.Worker` that delivers webhooks: signs each attempt,
         follows each endpoint's schedule, pins the checked address (SSRF guard).
 
+        It claims only the ``"webhooks"`` queue: plain outbox jobs in the same store are left
+        to a plain worker.
+
         ``options`` are the Worker's (``concurrency``, ``poll_interval``, ``rng``, …); a
-        ``transport`` is wrapped by the SSRF guard. ``headers_for_attempt`` and ``decide``
-        are this object's; an ``on_attempt`` is called after this object's own.
+        ``transport`` is wrapped by the SSRF guard. ``headers_for_attempt``, ``decide`` and
+        ``queue`` are this object's; an ``on_attempt`` is called after this object's own.
         """
+        if options.pop("queue", QUEUE) != QUEUE:
+            raise ConfigurationError(
+                f"the webhook worker delivers the {QUEUE!r} queue only", option="queue"
+            )
         options.setdefault("policy", self.outbox.policy)
         options.setdefault("clock", self._clock)
         if "rng" in options and options["rng"] is not None:
@@ -581,6 +596,7 @@ class Webhooks:
 
         return Worker(
             self.outbox.store,
+            queue=QUEUE,
             headers_for_attempt=self._headers_for_attempt,
             decide=self._decide,
             gate=self._gate,
@@ -616,7 +632,7 @@ class Webhooks:
             if any(name.lower() == "webhook-id" for name, _ in job.headers):
                 # Its endpoint was deleted (with the job) after the claim: never send it.
                 raise WebhookError(f"delivery {job.id} was deleted with its endpoint")
-            return []  # a plain outbox job in the same store: sent as the outbox would
+            return []  # submitted through self.outbox, not send(): sent as the outbox would
         event_id, endpoint = context
         self._contexts[job.id] = (event_id, endpoint.id)
         timestamp = int(self._clock())
@@ -630,7 +646,7 @@ class Webhooks:
     def _decide(self, job: Job, result: SendResult, step: Step) -> Step:
         context = self._contexts.get(job.id)
         if context is None:
-            return step  # a plain outbox job
+            return step  # not a delivery (submitted through self.outbox)
         endpoint = self.store.get_endpoint(context[1])
         schedule = self.policy.schedule(None if endpoint is None else endpoint.schedule)
         return decide(

@@ -29,6 +29,7 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expi
 CREATE TABLE IF NOT EXISTS outbox_jobs (
     id               TEXT PRIMARY KEY,
     idempotency_key  TEXT NOT NULL UNIQUE,
+    queue            TEXT NOT NULL DEFAULT 'default',
     state            TEXT NOT NULL CHECK (state IN
                          ('pending', 'in_flight', 'succeeded', 'rejected', 'unknown', 'cancelled')),
     method           TEXT NOT NULL,
@@ -51,9 +52,12 @@ CREATE TABLE IF NOT EXISTS outbox_jobs (
     last_outcome     TEXT,
     last_error       TEXT
 );
-CREATE INDEX IF NOT EXISTS outbox_jobs_due ON outbox_jobs (state, due_at);
-CREATE INDEX IF NOT EXISTS outbox_jobs_lease ON outbox_jobs (state, lease_expires_at);
-CREATE INDEX IF NOT EXISTS outbox_jobs_created ON outbox_jobs (created_at);
+-- A job belongs to one queue ('default' for the outbox, 'webhooks' for webhook deliveries):
+-- a worker claims, lists, counts and purges only its own queue, so every index a worker
+-- walks starts with it.
+CREATE INDEX IF NOT EXISTS outbox_jobs_due ON outbox_jobs (queue, state, due_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_lease ON outbox_jobs (queue, state, lease_expires_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_created ON outbox_jobs (queue, created_at);
 CREATE TABLE IF NOT EXISTS outbox_attempts (
     job_id          TEXT NOT NULL REFERENCES outbox_jobs (id) ON DELETE CASCADE,
     number          INTEGER NOT NULL,
@@ -100,6 +104,42 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
 CREATE INDEX IF NOT EXISTS webhook_deliveries_endpoint
     ON webhook_deliveries (endpoint_id, created_at);
 CREATE INDEX IF NOT EXISTS webhook_deliveries_event ON webhook_deliveries (event_id);
+-- Agent tool calls (SPEC §7). One row per agent run and one per logical tool call (the audit
+-- log); a call's idempotency key is derived from the run and the call, so it is the primary key.
+-- States: running, succeeded, failed (definitive), unknown (outcome unknown), refused (budget).
+CREATE TABLE IF NOT EXISTS agent_runs (
+    id           TEXT PRIMARY KEY,
+    state        TEXT NOT NULL CHECK (state IN ('active', 'stopped')),
+    max_steps    INTEGER,
+    max_attempts INTEGER,
+    reason       TEXT,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agent_calls (
+    idempotency_key  TEXT PRIMARY KEY,
+    run_id           TEXT NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
+    step             INTEGER NOT NULL,
+    tool             TEXT NOT NULL,
+    kind             TEXT NOT NULL CHECK (kind IN ('read', 'write')),
+    signature        TEXT NOT NULL,
+    arguments_hash   TEXT NOT NULL,
+    arguments        TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN
+                         ('running', 'succeeded', 'failed', 'unknown', 'refused')),
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    fencing_token    INTEGER NOT NULL DEFAULT 1,
+    owner            TEXT NOT NULL,
+    lease_expires_at REAL NOT NULL,
+    result           TEXT,
+    result_summary   TEXT,
+    error            TEXT,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    finished_at      REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agent_calls_run ON agent_calls (run_id, created_at);
+CREATE INDEX IF NOT EXISTS agent_calls_tool ON agent_calls (run_id, tool, signature);
 
 -- name: get_schema_version
 SELECT value FROM retrysafe_meta WHERE name = 'schema_version';
@@ -168,25 +208,28 @@ WHERE rowid IN (
 
 -- ------------------------------------------------------------------ outbox (SPEC §5)
 -- Job columns, in the order retrysafe.stores._sqlite_outbox reads them:
--- id, idempotency_key, state, method, url, destination, headers, body, created_at,
+-- id, idempotency_key, queue, state, method, url, destination, headers, body, created_at,
 -- updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
 -- lease_expires_at, finished_at, last_status, last_outcome, last_error
+-- Every statement that picks jobs by state (claims, lists, counts, purges) is limited to one
+-- :queue, so a worker never claims another queue's jobs (webhook deliveries must be signed
+-- by the webhook worker; plain jobs must not be).
 
 -- name: insert_job
 -- Idempotent on the key: a second insert with the same key inserts nothing and returns no row.
 INSERT INTO outbox_jobs
-    (id, idempotency_key, state, method, url, destination, headers, body,
+    (id, idempotency_key, queue, state, method, url, destination, headers, body,
      created_at, updated_at, due_at, deadline_at)
-VALUES (:id, :key, 'pending', :method, :url, :destination, :headers, :body,
+VALUES (:id, :key, :queue, 'pending', :method, :url, :destination, :headers, :body,
         :now, :now, :now, :deadline_at)
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id, idempotency_key, state, method, url, destination, headers, body, created_at,
-          updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-          lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
 
 -- name: claim_jobs
--- One statement, atomic under SQLite's write lock: lease up to :limit jobs that are due, or
--- IN_FLIGHT under a lease that expired (the owner crashed), to the caller's token.
+-- One statement, atomic under SQLite's write lock: lease up to :limit jobs of :queue that are
+-- due, or IN_FLIGHT under a lease that expired (the owner crashed), to the caller's token.
 UPDATE outbox_jobs
 SET state = 'in_flight', lease_token = :token, lease_expires_at = :lease_expires_at,
     updated_at = :now
@@ -196,33 +239,37 @@ WHERE id IN (
     SELECT id FROM (
         SELECT * FROM (
             SELECT id, due_at AS t FROM outbox_jobs
-            WHERE state = 'pending' AND due_at <= :now ORDER BY due_at LIMIT :limit
+            WHERE queue = :queue AND state = 'pending' AND due_at <= :now
+            ORDER BY due_at LIMIT :limit
         )
         UNION ALL
         SELECT * FROM (
             SELECT id, lease_expires_at AS t FROM outbox_jobs
-            WHERE state = 'in_flight' AND lease_expires_at <= :now
+            WHERE queue = :queue AND state = 'in_flight' AND lease_expires_at <= :now
             ORDER BY lease_expires_at LIMIT :limit
         )
     ) ORDER BY t LIMIT :limit
 )
-RETURNING id, idempotency_key, state, method, url, destination, headers, body, created_at,
-          updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-          lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
 
 -- name: claim_unknown_jobs
--- Lease UNKNOWN jobs for reconciliation (all of them, or the ids in the JSON array :ids).
+-- Lease UNKNOWN jobs of :queue for reconciliation (all of them, or the ids in the JSON
+-- array :ids). "+created_at" keeps the planner on the (queue, state, …) index: walking the
+-- (queue, created_at) index instead would read every finished job to find a few UNKNOWN.
 UPDATE outbox_jobs
 SET state = 'in_flight', lease_token = :token, lease_expires_at = :lease_expires_at,
     updated_at = :now
 WHERE id IN (
     SELECT id FROM outbox_jobs
-    WHERE state = 'unknown' AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
-    ORDER BY created_at LIMIT :limit
+    WHERE queue = :queue AND state = 'unknown'
+      AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+    ORDER BY +created_at LIMIT :limit
 )
-RETURNING id, idempotency_key, state, method, url, destination, headers, body, created_at,
-          updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-          lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
 
 -- name: finish_attempt
 -- Fenced by the lease token: a worker whose lease was taken over writes nothing.
@@ -261,32 +308,34 @@ SET state = :state, due_at = :now, updated_at = :now,
     last_delay = CASE WHEN :reset = 1 THEN 0 ELSE last_delay END,
     deadline_at = CASE WHEN :reset = 1 THEN :deadline_at ELSE deadline_at END
 WHERE id = :id AND state IN (SELECT value FROM json_each(:from_states))
-RETURNING id, idempotency_key, state, method, url, destination, headers, body, created_at,
-          updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-          lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
 
 -- name: get_job
-SELECT id, idempotency_key, state, method, url, destination, headers, body, created_at,
-       updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-       lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
+       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
 FROM outbox_jobs WHERE id = :id;
 
 -- name: find_job_by_prefix
 -- :prefix is validated as lower-case hex by the caller.
-SELECT id FROM outbox_jobs WHERE id LIKE :prefix || '%' ORDER BY id LIMIT 2;
+SELECT id FROM outbox_jobs WHERE queue = :queue AND id LIKE :prefix || '%'
+ORDER BY id LIMIT 2;
 
 -- name: get_job_by_key
-SELECT id, idempotency_key, state, method, url, destination, headers, body, created_at,
-       updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-       lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
+       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
 FROM outbox_jobs WHERE idempotency_key = :key;
 
 -- name: list_jobs
-SELECT id, idempotency_key, state, method, url, destination, headers, body, created_at,
-       updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
-       lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
+       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
 FROM outbox_jobs
-WHERE :states IS NULL OR state IN (SELECT value FROM json_each(:states))
+WHERE queue = :queue
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
 ORDER BY created_at, id LIMIT :limit;
 
 -- name: list_attempts
@@ -295,21 +344,23 @@ SELECT job_id, idempotency_key, number, started_at, duration, outcome, status, e
 FROM outbox_attempts WHERE job_id = :job_id ORDER BY number;
 
 -- name: count_jobs
-SELECT state, COUNT(*) FROM outbox_jobs GROUP BY state;
+SELECT state, COUNT(*) FROM outbox_jobs WHERE queue = :queue GROUP BY state;
 
 -- name: next_due
--- The earliest time a job becomes claimable (due PENDING, or IN_FLIGHT lease expiry).
+-- The earliest time a job of :queue becomes claimable (due PENDING, or IN_FLIGHT lease expiry).
 SELECT MIN(t) FROM (
-    SELECT MIN(due_at) AS t FROM outbox_jobs WHERE state = 'pending'
+    SELECT MIN(due_at) AS t FROM outbox_jobs WHERE queue = :queue AND state = 'pending'
     UNION ALL
-    SELECT MIN(lease_expires_at) AS t FROM outbox_jobs WHERE state = 'in_flight'
+    SELECT MIN(lease_expires_at) AS t FROM outbox_jobs
+    WHERE queue = :queue AND state = 'in_flight'
 );
 
 -- name: purge_jobs
 DELETE FROM outbox_jobs
 WHERE id IN (
     SELECT id FROM outbox_jobs
-    WHERE state IN (SELECT value FROM json_each(:states)) AND updated_at <= :before
+    WHERE queue = :queue AND state IN (SELECT value FROM json_each(:states))
+      AND updated_at <= :before
     LIMIT :batch
 );
 
@@ -448,3 +499,79 @@ WHERE id IN (
       AND (:event_type IS NULL OR v.event_type = :event_type)
     LIMIT :batch
 );
+
+-- ---------------------------------------------------------------- agent tool calls (SPEC §7)
+
+-- name: insert_agent_run
+INSERT INTO agent_runs (id, state, max_steps, max_attempts, created_at, updated_at)
+VALUES (:id, 'active', :max_steps, :max_attempts, :now, :now)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, state, max_steps, max_attempts, reason, created_at, updated_at;
+
+-- name: get_agent_run
+SELECT id, state, max_steps, max_attempts, reason, created_at, updated_at
+FROM agent_runs WHERE id = :id;
+
+-- name: list_agent_runs
+SELECT r.id, r.state, r.max_steps, r.max_attempts, r.reason, r.created_at, r.updated_at,
+       (SELECT count(*) FROM agent_calls c WHERE c.run_id = r.id AND c.state != 'refused'),
+       (SELECT count(*) FROM agent_calls c WHERE c.run_id = r.id AND c.state = 'unknown')
+FROM agent_runs r ORDER BY r.created_at DESC, r.id LIMIT :limit;
+
+-- name: stop_agent_run
+UPDATE agent_runs SET state = 'stopped', reason = :reason, updated_at = :now WHERE id = :id;
+
+-- name: agent_signature_conflict
+-- A call of the same tool in this run recorded under another signature (the tool changed).
+SELECT idempotency_key FROM agent_calls
+WHERE run_id = :run_id AND tool = :tool AND signature != :signature LIMIT 1;
+
+-- name: count_agent_calls
+-- Logical calls that count against the step budget (refusals do not).
+SELECT count(*) FROM agent_calls WHERE run_id = :run_id AND state != 'refused';
+
+-- name: insert_agent_call
+INSERT INTO agent_calls
+    (idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
+     owner, lease_expires_at, error, created_at, updated_at, finished_at)
+VALUES (:key, :run_id, :step, :tool, :kind, :signature, :arguments_hash, :arguments, :state,
+        :owner, :lease_expires_at, :error, :now, :now, :finished_at);
+
+-- name: get_agent_call
+SELECT idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
+       attempts, fencing_token, owner, lease_expires_at, result, result_summary, error,
+       created_at, updated_at, finished_at
+FROM agent_calls WHERE idempotency_key = :key;
+
+-- name: list_agent_calls
+SELECT idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
+       attempts, fencing_token, owner, lease_expires_at, result, result_summary, error,
+       created_at, updated_at, finished_at
+FROM agent_calls WHERE run_id = :run_id ORDER BY created_at, step, idempotency_key;
+
+-- name: take_over_agent_call
+-- Compare-and-swap: a running call whose lease expired, or (when allowed) an unknown one.
+UPDATE agent_calls SET
+    state = 'running', fencing_token = fencing_token + 1, owner = :owner,
+    lease_expires_at = :lease_expires_at, updated_at = :now, finished_at = NULL
+WHERE idempotency_key = :key AND fencing_token = :token
+  AND ((state = 'running' AND lease_expires_at <= :now)
+       OR (state = 'unknown' AND :allow_unknown = 1))
+RETURNING fencing_token;
+
+-- name: start_agent_attempt
+UPDATE agent_calls SET attempts = attempts + 1, lease_expires_at = :lease_expires_at,
+    updated_at = :now
+WHERE idempotency_key = :key AND fencing_token = :token AND state = 'running'
+RETURNING attempts;
+
+-- name: finish_agent_call
+UPDATE agent_calls SET state = :state, result = :result, result_summary = :result_summary,
+    error = :error, updated_at = :now, finished_at = :now
+WHERE idempotency_key = :key AND fencing_token = :token AND state = 'running';
+
+-- name: interrupt_agent_calls
+-- A resumed run: calls left running by a process that stopped have an unknown outcome.
+UPDATE agent_calls SET state = 'unknown', updated_at = :now, finished_at = :now,
+    error = 'interrupted: the process running this call stopped; outcome unknown'
+WHERE run_id = :run_id AND state = 'running';

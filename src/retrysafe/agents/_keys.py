@@ -1,0 +1,145 @@
+"""Call keys for agent tool calls (SPEC §2, §7). Pure functions: no I/O, no clock.
+
+A logical call is identified by its run, its tool, and either its step plus the canonical JSON
+of its bound arguments, or an explicit call id. Binding with :func:`inspect.signature` makes
+``f(1, b=2)`` and ``f(a=1, b=2)`` the same call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from retrysafe._exceptions import PayloadError
+
+__all__ = [
+    "KEY_PREFIX",
+    "arguments_hash",
+    "bind_arguments",
+    "call_key",
+    "canonical_json",
+    "signature_hash",
+]
+
+#: Every agent call key starts with it; the rest is 64 hex digits (SPEC §2: ≤ 255 VCHAR).
+KEY_PREFIX = "agent-"
+
+
+def _plain(value: Any, path: str) -> Any:
+    """``value`` as plain JSON types, or :class:`PayloadError` naming ``path``."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadError(f"{path} is {value!r}, which JSON cannot represent", path=path)
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise PayloadError(
+                    f"{path} has a non-string key {k!r}; JSON object keys are strings",
+                    path=path,
+                )
+            out[k] = _plain(v, f"{path}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    raise PayloadError(
+        f"{path} is a {type(value).__name__}, which is not JSON-serialisable", path=path
+    )
+
+
+def canonical_json(value: Any, *, path: str = "$") -> str:
+    """Canonical JSON text: sorted keys, no whitespace, UTF-8 kept, tuples as lists.
+
+    Raises:
+        PayloadError: a value is not JSON-serialisable; ``path`` says where (``$.items[2]``).
+    """
+    return json.dumps(
+        _plain(value, path), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def bind_arguments(
+    signature: inspect.Signature, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Bind a call's arguments to ``signature`` by name, defaults applied.
+
+    Returns:
+        ``{parameter: value}`` with ``*args`` as a list and ``**kwargs`` as a dict, checked to be
+        JSON-serialisable.
+
+    Raises:
+        TypeError: the arguments do not fit the signature (as calling the function would).
+        PayloadError: an argument is not JSON-serialisable; the message names the argument
+            and ``path`` is ``$.<argument>…``.
+    """
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        try:
+            out[name] = _plain(value, f"$.{name}")
+        except PayloadError as exc:
+            raise PayloadError(
+                f"argument {name!r} of tool {tool!r} cannot be recorded: {exc}", path=exc.path
+            ) from None
+    return out
+
+
+def arguments_hash(arguments: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of bound arguments."""
+    return hashlib.sha256(canonical_json(arguments).encode("utf-8")).hexdigest()
+
+
+def signature_hash(signature: inspect.Signature) -> str:
+    """A short hash of a tool's parameters: names, kinds and defaults (annotations ignored).
+
+    Two runs of the same tool must bind the same call to the same arguments; a change here
+    means they might not (:class:`~retrysafe.ToolSignatureError`).
+    """
+    parts = []
+    for p in signature.parameters.values():
+        if p.default is inspect.Parameter.empty:
+            default = "-"
+        else:
+            try:
+                default = canonical_json(p.default)
+            except PayloadError:
+                default = type(p.default).__qualname__
+        parts.append([p.name, p.kind.name, default])
+    return hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()[:16]
+
+
+def call_key(
+    run_id: str,
+    tool: str,
+    *,
+    step: int | None,
+    arguments_digest: str | None = None,
+    call_id: str | None = None,
+) -> str:
+    """The idempotency key of one logical call: ``agent-`` + 64 hex digits.
+
+    Args:
+        run_id: the agent run.
+        tool: the tool's name.
+        step: the step the call belongs to (None: the call is the same in every step).
+        arguments_digest: :func:`arguments_hash` of the bound arguments.
+        call_id: an explicit call id (e.g. the model's tool-call id); when given it replaces
+            ``step`` and the arguments.
+    """
+    h = hashlib.sha256()
+    if call_id is not None:
+        parts = ["id", run_id, tool, call_id]
+    else:
+        parts = ["args", run_id, tool, "*" if step is None else str(step), arguments_digest or ""]
+    for part in parts:
+        h.update(part.encode("utf-8"))
+        h.update(b"\x00")
+    return KEY_PREFIX + h.hexdigest()

@@ -1,0 +1,227 @@
+"""Agent runs: the run context that write tools need (SPEC §7).
+
+A run has a stable id and lives in a store; the current run, step and call sit in context
+variables, so tools find them without being passed anything (asyncio tasks inherit them; for
+threads use :func:`contextvars.copy_context`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from typing import Any
+
+from retrysafe._exceptions import AgentError, ConfigurationError, RunNotFoundError
+from retrysafe.stores._base import AgentCall, AgentRunRecord, AgentStore
+
+__all__ = [
+    "AgentRun",
+    "call_id",
+    "current_call_key",
+    "current_run",
+    "resume_run",
+    "start_run",
+]
+
+_run_var: ContextVar[AgentRun | None] = ContextVar("retrysafe_agent_run", default=None)
+_step_var: ContextVar[int | None] = ContextVar("retrysafe_agent_step", default=None)
+_key_var: ContextVar[str | None] = ContextVar("retrysafe_agent_call_key", default=None)
+_call_id_var: ContextVar[str | None] = ContextVar("retrysafe_agent_call_id", default=None)
+
+
+def current_run() -> AgentRun | None:
+    """The agent run of the current context, or None outside one."""
+    return _run_var.get()
+
+
+def current_call_key() -> str | None:
+    """The idempotency key of the write tool call running in this context, or None.
+
+    This is what :func:`retrysafe.agents.instrument` sends as ``Idempotency-Key``.
+    """
+    return _key_var.get()
+
+
+@contextmanager
+def call_id(value: str) -> Iterator[None]:
+    """Name the next tool call(s) in this block explicitly (e.g. by the model's tool-call id).
+
+    The call's key is then derived from the run, the tool and ``value`` instead of the step and
+    the arguments.
+    """
+    token = _call_id_var.set(value)
+    try:
+        yield
+    finally:
+        _call_id_var.reset(token)
+
+
+def _check_budget(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigurationError(f"{name} must be a positive integer or None", option=name)
+
+
+def _agent_store(store: Any) -> AgentStore:
+    if isinstance(store, str):
+        from retrysafe.stores import open_store
+
+        store = open_store(store)
+    if not isinstance(store, AgentStore):
+        raise ConfigurationError(
+            f"{store!r} cannot hold agent runs; use a SQLiteStore (sqlite:///path.db)",
+            option="store",
+        )
+    return store
+
+
+class AgentRun:
+    """One agent run: its id, its store, its budgets and the current step.
+
+    Use it as a (sync or async) context manager; inside, write tools record and dedupe their
+    calls in this run. Create one with :func:`start_run` or :func:`resume_run`.
+
+    Attributes:
+        id: the run id. ``store``: where calls are recorded.
+        max_steps: logical calls allowed in the run (None: unlimited).
+        max_attempts: attempts allowed per logical call over every process (None: unlimited).
+        retry_unknown: re-send calls whose outcome is unknown, with their same key.
+        owner: this process's claimant name (host:pid:random).
+    """
+
+    def __init__(
+        self,
+        store: AgentStore,
+        record: AgentRunRecord,
+        *,
+        retry_unknown: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.id = record.id
+        self.max_steps = record.max_steps
+        self.max_attempts = record.max_attempts
+        self.retry_unknown = retry_unknown
+        self.clock = clock
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._last_step = 0
+        self._tokens: list[Token[AgentRun | None]] = []
+
+    def __repr__(self) -> str:
+        return f"AgentRun({self.id!r})"
+
+    def __enter__(self) -> AgentRun:
+        self._tokens.append(_run_var.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _run_var.reset(self._tokens.pop())
+
+    async def __aenter__(self) -> AgentRun:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
+
+    @contextmanager
+    def step(self, number: int | None = None) -> Iterator[int]:
+        """Mark the tool calls in this block as step ``number`` (default: the next one).
+
+        The block also makes this run the current one, so ``with run.step(n):`` alone is
+        enough where entering the run itself is not convenient (framework callbacks,
+        concurrent tasks).
+
+        Steps number from 1 in each process, so a resumed run that replays the same loop
+        gets the same step numbers and therefore the same call keys.
+        """
+        if number is None:
+            number = self._last_step + 1
+        self._last_step = max(self._last_step, number)
+        run_token = _run_var.set(self)
+        token = _step_var.set(number)
+        try:
+            yield number
+        finally:
+            _step_var.reset(token)
+            _run_var.reset(run_token)
+
+    def record(self) -> AgentRunRecord:
+        """The run as stored now."""
+        rec = self.store.get_agent_run(self.id)
+        if rec is None:  # pragma: no cover - deleted under us
+            raise RunNotFoundError(f"agent run {self.id!r} no longer exists", run_id=self.id)
+        return rec
+
+    def calls(self) -> list[AgentCall]:
+        """The audit log of this run: one row per logical call, in order."""
+        return self.store.list_agent_calls(self.id)
+
+
+def start_run(
+    store: Any,
+    run_id: str | None = None,
+    *,
+    max_steps: int | None = None,
+    max_attempts: int | None = None,
+) -> AgentRun:
+    """Start a new agent run and record it in ``store``.
+
+    Args:
+        store: a :class:`~retrysafe.SQLiteStore` or a store URL (``sqlite:///agent.db``).
+        run_id: the run's id; None generates one (read it back from ``run.id``).
+        max_steps: logical calls allowed in the run; the next one raises
+            :class:`~retrysafe.BudgetExceededError` (``kind="steps"``). None: unlimited.
+        max_attempts: attempts allowed per logical call, summed over every process
+            (``kind="attempts"``). None: unlimited.
+
+    Raises:
+        AgentError: ``run_id`` exists already (use :func:`resume_run`).
+        ConfigurationError: a budget is not a positive integer, or the store cannot hold runs.
+    """
+    _check_budget("max_steps", max_steps)
+    _check_budget("max_attempts", max_attempts)
+    s = _agent_store(store)
+    rid = run_id if run_id is not None else f"run_{uuid.uuid4().hex}"
+    if not isinstance(rid, str) or not rid:
+        raise ConfigurationError("run_id must be a non-empty string", option="run_id")
+    created, record = s.create_agent_run(
+        rid, max_steps=max_steps, max_attempts=max_attempts, now=time.time()
+    )
+    if not created:
+        raise AgentError(
+            f"agent run {rid!r} exists already; resume it with resume_run()", run_id=rid
+        )
+    return AgentRun(s, record)
+
+
+def resume_run(store: Any, run_id: str, *, retry_unknown: bool = False) -> AgentRun:
+    """Resume an agent run, e.g. in a new process after a crash.
+
+    Calls the run recorded keep their keys and results: replaying the agent loop returns the
+    stored results and never re-executes a completed write. Calls left RUNNING by the stopped
+    process become UNKNOWN (their effect may have happened). Only resume a run whose previous
+    process has stopped.
+
+    Args:
+        store: the store (or store URL) the run was started in.
+        run_id: the run's id.
+        retry_unknown: re-send UNKNOWN write calls when they are repeated, with their same key
+            (safe when the remote API dedupes by ``Idempotency-Key``); by default a repeat
+            raises :class:`~retrysafe.OutcomeUnknownError` instead.
+
+    Raises:
+        RunNotFoundError: no run with that id in the store.
+    """
+    s = _agent_store(store)
+    record = s.get_agent_run(run_id)
+    if record is None:
+        raise RunNotFoundError(
+            f"no agent run {run_id!r} in {getattr(s, 'url', s)!r}; start it with start_run()",
+            run_id=run_id,
+        )
+    s.interrupt_agent_calls(run_id, now=time.time())
+    return AgentRun(s, record, retry_unknown=retry_unknown)

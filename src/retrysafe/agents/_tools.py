@@ -1,0 +1,478 @@
+"""``@tool``: declare a function a read or write tool with its retry policy (SPEC §5, §7).
+
+Write tools record each logical call (its key included) before the first attempt and replay
+the stored result to every repeat. An attempt that raised a transport error or a timeout has
+an unknown outcome: it is retried only with the SAME key, and when the attempts run out the
+call is UNKNOWN (reported with its key), never silently failed. Read tools retry freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast, overload
+
+import httpx
+
+from retrysafe._exceptions import (
+    AgentError,
+    BudgetExceededError,
+    ConfigurationError,
+    NoActiveRunError,
+    OutcomeUnknownError,
+    PayloadError,
+    ToolCallFailedError,
+    ToolSignatureError,
+)
+from retrysafe.agents._keys import (
+    arguments_hash,
+    bind_arguments,
+    call_key,
+    canonical_json,
+    signature_hash,
+)
+from retrysafe.agents._run import AgentRun, _call_id_var, _key_var, _run_var, _step_var
+from retrysafe.core import Action, Backoff, classify_response
+from retrysafe.stores._base import AgentCall, AgentCallState
+
+__all__ = ["ToolSpec", "is_retryable", "tool"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_POLL = 0.02
+_SUMMARY = 200
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """The default retry rule: transport errors, timeouts and retryable HTTP answers (§5).
+
+    ``httpx.TransportError``, ``TimeoutError`` and ``ConnectionError`` retry, and so does an
+    ``httpx.HTTPStatusError`` whose status §5 retries or polls (408, 409 in progress, 429, 5xx).
+    """
+    if isinstance(exc, httpx.HTTPStatusError):
+        action = classify_response(exc.response.status_code).action
+        return action in (Action.RETRY, Action.POLL)
+    return isinstance(exc, (httpx.TransportError, TimeoutError, ConnectionError))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolSpec:
+    """A tool's declaration, as ``@tool`` recorded it (``fn.__retrysafe_tool__``)."""
+
+    name: str
+    kind: Literal["read", "write"]
+    attempts: int
+    backoff: Backoff
+    retry_on: Callable[[BaseException], bool]
+    dedupe: Literal["step", "run"]
+    lease: float
+    signature: inspect.Signature
+    signature_hash: str
+
+
+@overload
+def tool(fn: _F, /) -> _F: ...
+
+
+@overload
+def tool(
+    *,
+    kind: Literal["read", "write"] = ...,
+    name: str | None = ...,
+    attempts: int = ...,
+    wait_initial: float = ...,
+    wait_max: float = ...,
+    retry_on: Callable[[BaseException], bool] = ...,
+    dedupe: Literal["step", "run"] = ...,
+    lease: float = ...,
+) -> Callable[[_F], _F]: ...
+
+
+def tool(
+    fn: Any = None,
+    /,
+    *,
+    kind: Literal["read", "write"] = "read",
+    name: str | None = None,
+    attempts: int = 3,
+    wait_initial: float = 0.1,
+    wait_max: float = 5.0,
+    retry_on: Callable[[BaseException], bool] = is_retryable,
+    dedupe: Literal["step", "run"] = "step",
+    lease: float = 300.0,
+) -> Any:
+    """Declare a sync or async function an agent tool.
+
+    Args:
+        kind: ``"read"`` (no effect: retried freely, no key sent) or ``"write"`` (an effect:
+            needs an agent run; one key per logical call, stored before the first attempt).
+        name: the tool's name in the audit log (default: the function's ``__qualname__``).
+        attempts: attempts per invocation (≥ 1); retries back off with full jitter between
+            ``wait_initial`` and ``wait_max`` seconds (:class:`retrysafe.core.Backoff`).
+        retry_on: which exceptions are retried (default :func:`is_retryable`). For a write
+            tool they mean "outcome unknown": retried with the same key, and UNKNOWN when the
+            attempts run out. Any other exception is a definitive failure.
+        dedupe: ``"step"`` (default): the same arguments in another step are another call;
+            ``"run"``: the same arguments anywhere in the run are the same call.
+        lease: seconds a call may run before a parallel duplicate may take it over.
+
+    Returns:
+        The function wrapped with the same signature (frameworks that read signatures and
+        docstrings see the original), marked with ``__retrysafe_tool__``.
+
+    Raises:
+        ConfigurationError: a bad ``kind``, ``attempts`` < 1, bad waits or lease.
+    """
+    if kind not in ("read", "write"):
+        raise ConfigurationError(f"kind must be 'read' or 'write', not {kind!r}", option="kind")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ConfigurationError("attempts must be an integer >= 1", option="attempts")
+    if dedupe not in ("step", "run"):
+        raise ConfigurationError("dedupe must be 'step' or 'run'", option="dedupe")
+    if not lease > 0:
+        raise ConfigurationError("lease must be > 0 seconds", option="lease")
+    backoff = Backoff(base=wait_initial, cap=max(wait_max, wait_initial))
+
+    def decorate(f: _F) -> _F:
+        sig = inspect.signature(f)
+        spec = ToolSpec(
+            name=name or f.__qualname__,
+            kind=kind,
+            attempts=attempts,
+            backoff=backoff,
+            retry_on=retry_on,
+            dedupe=dedupe,
+            lease=lease,
+            signature=sig,
+            signature_hash=signature_hash(sig),
+        )
+        wrapper: Any
+        if inspect.iscoroutinefunction(f):
+
+            @functools.wraps(f)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return await _acall(spec, f, args, kwargs)
+
+            wrapper = async_wrapper
+        else:
+
+            @functools.wraps(f)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return _call(spec, f, args, kwargs)
+
+            wrapper = sync_wrapper
+        wrapper.__retrysafe_tool__ = spec
+        return cast(_F, wrapper)
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+# ---------------------------------------------------------------------------- the call flow
+class _Flow:
+    """One invocation of a tool: the decisions, shared by the sync and async drivers."""
+
+    def __init__(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.spec = spec
+        self.run: AgentRun | None = _run_var.get()
+        if self.run is None and spec.kind == "write":
+            raise NoActiveRunError(
+                f"write tool {spec.name!r} was called outside an agent run; wrap the agent "
+                "loop in `with start_run(store):` or `with resume_run(store, run_id):`",
+                tool=spec.name,
+            )
+        self.token = 0
+        self.call: AgentCall | None = None
+        self.rng = random.Random()
+        if self.run is None:
+            return
+        bound = bind_arguments(spec.signature, spec.name, args, kwargs)
+        digest = arguments_hash(bound)
+        step = _step_var.get() or 0
+        key = call_key(
+            self.run.id,
+            spec.name,
+            step=None if spec.dedupe == "run" else step,
+            arguments_digest=digest,
+            call_id=_call_id_var.get(),
+        )
+        now = self.run.clock()
+        self.call = AgentCall(
+            key=key,
+            run_id=self.run.id,
+            step=step,
+            tool=spec.name,
+            kind=spec.kind,
+            signature=spec.signature_hash,
+            arguments_hash=digest,
+            arguments=canonical_json(bound),
+            state=AgentCallState.RUNNING,
+            owner=self.run.owner,
+            lease_expires_at=now + spec.lease,
+            created_at=now,
+            updated_at=now,
+        )
+
+    # Each returns ("run", None) to execute, ("return", value), or raises; ("wait", None)
+    # means poll the call again.
+    def decide(self, outcome: str, row: AgentCall) -> tuple[str, Any]:
+        run, spec = self.run, self.spec
+        assert run is not None
+        if outcome == "conflict":
+            raise ToolSignatureError(
+                f"tool {spec.name!r} changed its parameters since run {run.id!r} recorded it "
+                f"(signature {row.signature} then, {spec.signature_hash} now); the same call "
+                "would get another key. Resume the run with the old tool, or start a new run",
+                run_id=run.id,
+                tool=spec.name,
+                recorded=row.signature,
+                current=spec.signature_hash,
+            )
+        if outcome == "claimed":
+            self.token = row.fencing_token
+            return "run", None
+        if row.state is AgentCallState.REFUSED:
+            raise self._budget_error(row.error or "step budget exhausted", "steps", row)
+        if spec.kind == "read" and row.state is not AgentCallState.RUNNING:
+            self.token = 0  # a repeated read runs again, without touching its audit row
+            return "run", None
+        if row.state is AgentCallState.SUCCEEDED:
+            if row.result is None:
+                raise ToolCallFailedError(
+                    f"call {row.key} of {spec.name!r} succeeded but its result was not "
+                    "JSON-serialisable, so it cannot be replayed; it is not run again",
+                    run_id=run.id,
+                    key=row.key,
+                    tool=spec.name,
+                    error=row.result_summary or "",
+                )
+            return "return", json.loads(row.result)
+        if row.state is AgentCallState.FAILED:
+            raise ToolCallFailedError(
+                f"call {row.key} of {spec.name!r} failed before ({row.error}); it is not run again",
+                run_id=run.id,
+                key=row.key,
+                tool=spec.name,
+                error=row.error or "",
+            )
+        now = run.clock()
+        if row.state is AgentCallState.UNKNOWN:
+            if run.retry_unknown and spec.kind == "write":
+                return self._take_over(row, now, allow_unknown=True)
+            raise self._unknown(row)
+        # RUNNING elsewhere (a parallel duplicate): wait for it, or take over a dead one.
+        if row.lease_expires_at <= now:
+            return self._take_over(row, now, allow_unknown=False)
+        return "wait", None
+
+    def _take_over(self, row: AgentCall, now: float, *, allow_unknown: bool) -> tuple[str, Any]:
+        run = self.run
+        assert run is not None
+        token = run.store.take_over_agent_call(
+            row.key,
+            row.fencing_token,
+            owner=run.owner,
+            lease_expires_at=now + self.spec.lease,
+            now=now,
+            allow_unknown=allow_unknown,
+        )
+        if token is None:
+            return "wait", None  # someone else took it: look again
+        self.token = token
+        return "run", None
+
+    def _unknown(self, row: AgentCall) -> OutcomeUnknownError:
+        assert self.run is not None
+        return OutcomeUnknownError(
+            f"outcome unknown, key {row.key}: {self.spec.name!r} may or may not have taken "
+            f"effect ({row.error or 'no definitive answer'}); it was not run again. "
+            "Reconcile with the same key, never a new one",
+            run_id=self.run.id,
+            key=row.key,
+            tool=self.spec.name,
+            attempts=row.attempts,
+        )
+
+    def _budget_error(self, reason: str, kind: str, row: AgentCall) -> BudgetExceededError:
+        run = self.run
+        assert run is not None
+        limit = (run.max_steps if kind == "steps" else run.max_attempts) or 0
+        return BudgetExceededError(
+            f"agent run {run.id!r}: {reason}; call {row.key} of {self.spec.name!r} refused",
+            run_id=run.id,
+            limit=limit,
+            kind=kind,
+            key=row.key,
+            tool=self.spec.name,
+        )
+
+    def claim(self) -> tuple[str, AgentCall]:
+        assert self.run is not None and self.call is not None
+        return self.run.store.claim_agent_call(
+            self.call, max_steps=self.run.max_steps, now=self.run.clock()
+        )
+
+    def get(self) -> AgentCall:
+        assert self.run is not None and self.call is not None
+        row = self.run.store.get_agent_call(self.call.key)
+        if row is None:  # pragma: no cover - deleted under us
+            raise AgentError("the call's record disappeared", key=self.call.key)
+        return row
+
+    def begin_attempt(self) -> None:
+        """Count one attempt, or raise the attempt budget (the call becomes UNKNOWN)."""
+        run, call = self.run, self.call
+        if run is None or call is None or not self.token:
+            return
+        now = run.clock()
+        if run.max_attempts is not None:
+            row = self.get()
+            if row.attempts >= run.max_attempts:
+                reason = f"attempt budget exhausted: {row.attempts} of {run.max_attempts}"
+                state = AgentCallState.UNKNOWN if row.attempts else AgentCallState.FAILED
+                self.finish(state, error=reason)
+                raise self._budget_error(reason, "attempts", row)
+        n = run.store.start_agent_attempt(
+            call.key, self.token, lease_expires_at=now + self.spec.lease, now=now
+        )
+        if n is None:
+            raise AgentError(
+                f"call {call.key} of {self.spec.name!r} was taken over by another claimant",
+                run_id=run.id,
+                key=call.key,
+                tool=self.spec.name,
+            )
+
+    def finish(
+        self, state: AgentCallState, *, result: Any = None, error: str | None = None
+    ) -> None:
+        run, call = self.run, self.call
+        if run is None or call is None or not self.token:
+            return
+        stored: str | None = None
+        summary: str | None = None
+        if state is AgentCallState.SUCCEEDED:
+            try:
+                stored = canonical_json(result)
+            except PayloadError:
+                stored = None
+            summary = repr(result)
+            if len(summary) > _SUMMARY:
+                summary = summary[: _SUMMARY - 1] + "…"
+        run.store.finish_agent_call(
+            call.key,
+            self.token,
+            state=state,
+            result=stored,
+            result_summary=summary,
+            error=error,
+            now=run.clock(),
+        )
+
+    def on_error(self, exc: BaseException, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt, or None when ``exc`` is final (recorded)."""
+        spec = self.spec
+        if isinstance(exc, Exception) and spec.retry_on(exc):
+            if attempt + 1 < spec.attempts:
+                return spec.backoff.delay(attempt, previous=spec.backoff.base, rng=self.rng)
+            if spec.kind == "write":
+                self.finish(AgentCallState.UNKNOWN, error=_describe(exc))
+            else:
+                self.finish(AgentCallState.FAILED, error=_describe(exc))
+            return None
+        if isinstance(exc, Exception):
+            self.finish(AgentCallState.FAILED, error=_describe(exc))
+        else:  # cancelled or interrupted mid-attempt: the effect may have happened
+            self.finish(AgentCallState.UNKNOWN, error=f"interrupted: {_describe(exc)}")
+        return None
+
+    def final_error(self, exc: BaseException) -> BaseException:
+        retryable = isinstance(exc, Exception) and self.spec.retry_on(exc)
+        if self.spec.kind == "write" and self.call is not None and self.token and retryable:
+            return self._unknown(self.get())
+        return exc
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:499] + "…"
+
+
+def _call(spec: ToolSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    flow = _Flow(spec, args, kw)
+    if flow.run is not None:
+        outcome, row = flow.claim()
+        while True:
+            action, value = flow.decide(outcome, row)
+            if action == "return":
+                return value
+            if action == "run":
+                break
+            time.sleep(_POLL)
+            outcome, row = "existing", flow.get()
+    key = flow.call.key if flow.call is not None and spec.kind == "write" else None
+    for attempt in range(spec.attempts):
+        flow.begin_attempt()
+        reset = _key_var.set(key)
+        call_reset = _call_id_var.set(None)
+        try:
+            result = fn(*args, **kw)
+        except BaseException as exc:
+            wait = flow.on_error(exc, attempt)
+            if wait is None:
+                final = flow.final_error(exc)
+                if final is exc:
+                    raise
+                raise final from exc
+            time.sleep(wait)
+            continue
+        finally:
+            _call_id_var.reset(call_reset)
+            _key_var.reset(reset)
+        flow.finish(AgentCallState.SUCCEEDED, result=result)
+        return result
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _acall(
+    spec: ToolSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]
+) -> Any:
+    flow = _Flow(spec, args, kw)
+    if flow.run is not None:
+        outcome, row = await asyncio.to_thread(flow.claim)
+        while True:
+            action, value = flow.decide(outcome, row)
+            if action == "return":
+                return value
+            if action == "run":
+                break
+            await asyncio.sleep(_POLL)
+            outcome, row = "existing", await asyncio.to_thread(flow.get)
+    key = flow.call.key if flow.call is not None and spec.kind == "write" else None
+    for attempt in range(spec.attempts):
+        await asyncio.to_thread(flow.begin_attempt)
+        reset = _key_var.set(key)
+        call_reset = _call_id_var.set(None)
+        try:
+            result = await fn(*args, **kw)
+        except BaseException as exc:
+            wait = await asyncio.to_thread(flow.on_error, exc, attempt)
+            if wait is None:
+                final = flow.final_error(exc)
+                if final is exc:
+                    raise
+                raise final from exc
+            await asyncio.sleep(wait)
+            continue
+        finally:
+            _call_id_var.reset(call_reset)
+            _key_var.reset(reset)
+        await asyncio.to_thread(flow.finish, AgentCallState.SUCCEEDED, result=result)
+        return result
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,144 @@
+"""``retrysafe agents runs|calls``: the agent audit log (SPEC §7).
+
+Tables by default, ``--json`` for scripts; errors are one ``retrysafe: error: …`` line and
+exit code 1 (a store that does not exist, an unknown run id).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from retrysafe._exceptions import RetrysafeError
+from retrysafe.cli._common import fail, store_option
+from retrysafe.stores._base import AgentCall, AgentRunRecord
+
+__all__ = ["agents"]
+
+
+@contextmanager
+def _store(url: str) -> Iterator[Any]:
+    """Open the store read-only: listing never creates or changes it."""
+    from retrysafe.stores import open_store
+
+    try:
+        options = {"readonly": True} if url.lower().startswith("sqlite:") else {}
+        store = open_store(url, **options)
+    except RetrysafeError as exc:
+        fail(str(exc))
+    try:
+        if not hasattr(store, "list_agent_runs"):
+            fail(f"the store {url} cannot hold agent runs (use sqlite:///path.db)")
+        yield store
+    except RetrysafeError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+
+
+def _when(ts: float | None) -> str:
+    return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, sort_keys=True))
+
+
+def _run_dict(r: AgentRunRecord) -> dict[str, Any]:
+    return asdict(r)
+
+
+def _call_dict(c: AgentCall) -> dict[str, Any]:
+    d = asdict(c)
+    d["state"] = c.state.value
+    d["arguments"] = json.loads(c.arguments)
+    d.pop("owner")
+    d.pop("fencing_token")
+    d.pop("lease_expires_at")
+    return d
+
+
+@click.group()
+def agents() -> None:
+    """Agent runs and their tool calls (the audit log)."""
+
+
+@agents.command("runs")
+@store_option
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def runs(store: str, limit: int, as_json: bool) -> None:
+    """List agent runs, newest first, with their budgets and call counts."""
+    with _store(store) as s:
+        records: list[AgentRunRecord] = s.list_agent_runs(limit=limit)
+    if as_json:
+        _emit([_run_dict(r) for r in records])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="agent runs")
+    table.add_column("run id", no_wrap=True)
+    for col in ("state", "calls", "unknown", "max steps", "max attempts", "created", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in records:
+        table.add_row(
+            r.id,
+            r.state,
+            str(r.calls),
+            str(r.unknown),
+            "" if r.max_steps is None else str(r.max_steps),
+            "" if r.max_attempts is None else str(r.max_attempts),
+            _when(r.created_at),
+            r.reason or "",
+        )
+    Console().print(table)
+
+
+@agents.command("calls")
+@click.argument("run_id")
+@store_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def calls(run_id: str, store: str, as_json: bool) -> None:
+    """List RUN_ID's logical tool calls: one row per call, its key, state and result."""
+    with _store(store) as s:
+        if s.get_agent_run(run_id) is None:
+            fail(f"no agent run {run_id!r} in {store}")
+        rows: list[AgentCall] = s.list_agent_calls(run_id)
+    if as_json:
+        _emit([_call_dict(c) for c in rows])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"calls of agent run {run_id}")
+    table.add_column("step", justify="right")
+    table.add_column("tool", no_wrap=True)
+    table.add_column("kind")
+    table.add_column("state", no_wrap=True)
+    table.add_column("attempts", justify="right")
+    table.add_column("key", overflow="fold")
+    table.add_column("args hash", overflow="fold")
+    table.add_column("result / error", overflow="fold")
+    table.add_column("created")
+    table.add_column("finished")
+    for c in rows:
+        table.add_row(
+            str(c.step),
+            c.tool,
+            c.kind,
+            c.state.value,
+            str(c.attempts),
+            c.key,
+            c.arguments_hash[:12],
+            c.error or c.result_summary or "",
+            _when(c.created_at),
+            _when(c.finished_at),
+        )
+    Console().print(table)

@@ -1,0 +1,45 @@
+"""A child agent process for the kill/resume test (run as a script, killed with SIGKILL).
+
+usage: agent_child.py guarded|naive STORE_PATH SERVICE_URL RUN_ID start|resume
+Prints the tool's result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import httpx
+
+from retrysafe.agents import instrument, resume_run, start_run, tool
+from retrysafe.stores import SQLiteStore
+
+
+def main() -> None:
+    mode, path, url, run_id, phase = sys.argv[1:6]
+    client = instrument(httpx.Client(timeout=5))
+
+    def post(title: str) -> dict[str, Any]:
+        r = client.post(f"{url}/tickets", json={"title": title})
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    if mode == "naive":
+        print(json.dumps(post("kill me")), flush=True)
+        return
+
+    create_ticket = tool(kind="write", attempts=8, wait_initial=0.05, wait_max=0.2)(post)
+    store = SQLiteStore(path)
+    run = (
+        start_run(store, run_id)
+        if phase == "start"
+        else resume_run(store, run_id, retry_unknown=True)
+    )
+    with run, run.step(1):
+        print(json.dumps(create_ticket("kill me")), flush=True)
+
+
+if __name__ == "__main__":
+    main()

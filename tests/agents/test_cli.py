@@ -1,0 +1,68 @@
+"""``retrysafe agents runs|calls``: the audit log as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from retrysafe.agents import BudgetExceededError, start_run, tool
+from retrysafe.cli import cli
+from retrysafe.stores import SQLiteStore
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> str:
+    """A store with one run: two calls and a refusal."""
+    path = tmp_path / "agent.db"
+
+    @tool(kind="write")
+    def create_ticket(title: str) -> dict[str, str]:
+        return {"id": "T-1", "title": title}
+
+    with SQLiteStore(path) as store, start_run(store, "run-1", max_steps=2) as run:
+        for title in ("a", "b", "c"):
+            with run.step():
+                try:
+                    create_ticket(title)
+                except BudgetExceededError:
+                    break
+    return f"sqlite:///{path}"
+
+
+def test_runs_json(recorded: str) -> None:
+    """``agents runs --json`` lists the run, its budget, counts and why it stopped."""
+    out = CliRunner().invoke(cli, ["agents", "runs", "--store", recorded, "--json"])
+    assert out.exit_code == 0, out.output
+    (run,) = json.loads(out.output)
+    assert run["id"] == "run-1" and run["calls"] == 2 and run["state"] == "stopped"
+    assert "step budget exhausted" in run["reason"]
+
+
+def test_calls_json_and_table(recorded: str) -> None:
+    """``agents calls RUN_ID`` shows one row per logical call, with keys and states."""
+    out = CliRunner().invoke(cli, ["agents", "calls", "run-1", "--store", recorded, "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert [(r["step"], r["state"], r["arguments"]["title"]) for r in rows] == [
+        (1, "succeeded", "a"),
+        (2, "succeeded", "b"),
+        (3, "refused", "c"),
+    ]
+    assert all(r["key"].startswith("agent-") for r in rows)
+    table = CliRunner().invoke(cli, ["agents", "calls", "run-1", "--store", recorded])
+    assert table.exit_code == 0 and "refused" in table.output and "create_ticket" in table.output
+    runs = CliRunner().invoke(cli, ["agents", "runs", "--store", recorded])
+    assert runs.exit_code == 0 and "run-1" in runs.output
+
+
+def test_unknown_run_and_missing_store(recorded: str, tmp_path: Path) -> None:
+    """An unknown run id or a store file that does not exist is one error line, exit 1."""
+    out = CliRunner().invoke(cli, ["agents", "calls", "nope", "--store", recorded])
+    assert out.exit_code == 1 and "no agent run 'nope'" in out.output
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    out = CliRunner().invoke(cli, ["agents", "runs", "--store", missing])
+    assert out.exit_code == 1 and "retrysafe: error:" in out.output
+    assert not (tmp_path / "missing.db").exists()

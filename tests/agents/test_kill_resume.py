@@ -1,0 +1,72 @@
+"""Kill the agent process mid-call (SIGKILL), resume the run in a new process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from retrysafe.agents import AgentCallState
+from retrysafe.stores import SQLiteStore
+
+from .conftest import Tickets
+
+CHILD = str(Path(__file__).with_name("agent_child.py"))
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+def _kill_mid_call(args: list[str], tickets: Tickets) -> None:
+    """Start the child, SIGKILL it once the service committed but before it answered."""
+    child = subprocess.Popen([sys.executable, CHILD, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: tickets.created() >= 1)
+        assert not tickets.answered
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=5)
+    _wait_for(lambda: bool(tickets.answered))  # the service finished its request
+
+
+def _run(args: list[str]) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, CHILD, *args], capture_output=True, text=True, timeout=20, check=True
+    )
+    result: dict[str, str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("naive", 2), ("guarded", 1)])
+def test_killed_mid_call_then_resumed(
+    mode: str, expected: int, slow_tickets: Tickets, tmp_path: Path
+) -> None:
+    """Killed after the service committed, resumed in a new process: the naive agent creates
+    two tickets, the guarded one creates one and gets its answer."""
+    path = str(tmp_path / "agent.db")
+    args = [mode, path, slow_tickets.url, "run-kill"]
+    _kill_mid_call([*args, "start"], slow_tickets)
+    if mode == "guarded":
+        with SQLiteStore(path) as store:
+            (call,) = store.list_agent_calls("run-kill")
+            assert call.state is AgentCallState.RUNNING  # recorded before the attempt
+    result = _run([*args, "resume"])
+    assert result["title"] == "kill me"
+    assert slow_tickets.created("kill me") == expected
+    if mode == "guarded":
+        with SQLiteStore(path) as store:
+            (call,) = store.list_agent_calls("run-kill")
+        assert call.state is AgentCallState.SUCCEEDED
+        assert set(slow_tickets.keys) == {call.key}
+        assert result["id"] == "T-1"
