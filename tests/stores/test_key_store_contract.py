@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from retrysafe.core import KeyState, StoredResponse
-from retrysafe.stores import KeyStore, as_async_key_store
+from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store
 
 H = "a" * 64
 FP = "f" * 64
@@ -17,6 +17,13 @@ NOW = 1_000_000.0
 RESP = StoredResponse(
     201, (("content-type", "application/json"), ("location", "/p/1")), b'{"id":1}'
 )
+
+
+async def _aclose(store: AsyncKeyStore) -> None:
+    """Close an async face that owns connections (PostgreSQL and Redis faces do)."""
+    aclose = getattr(store, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def test_claim_absent_key(key_store: KeyStore) -> None:
@@ -153,13 +160,37 @@ def test_concurrent_claims_have_one_winner(key_store: KeyStore) -> None:
 async def test_async_face_keeps_the_contract(key_store: KeyStore) -> None:
     """The async face claims, completes and fences like the sync store."""
     store = as_async_key_store(key_store)
-    claimed, rec = await store.claim(H, FP, now=NOW, lease=10, retention=100)
-    assert claimed
-    assert not (await store.claim(H, FP, now=NOW, lease=10, retention=100))[0]
-    assert not await store.complete(H, rec.fencing_token + 1, RESP, now=NOW, retention=100)
-    assert await store.complete(H, rec.fencing_token, RESP, now=NOW, retention=100)
-    got = await store.get(H)
-    assert got is not None and got.response == RESP
+    try:
+        claimed, rec = await store.claim(H, FP, now=NOW, lease=10, retention=100)
+        assert claimed
+        assert not (await store.claim(H, FP, now=NOW, lease=10, retention=100))[0]
+        assert not await store.complete(H, rec.fencing_token + 1, RESP, now=NOW, retention=100)
+        assert await store.complete(H, rec.fencing_token, RESP, now=NOW, retention=100)
+        got = await store.get(H)
+        assert got is not None and got.response == RESP
+        assert await store.take_over(H, rec.fencing_token, now=NOW + 50, lease=10) is None
+        assert not await store.extend_lease(H, rec.fencing_token, now=NOW, lease=10)
+        assert not await store.release(H, rec.fencing_token)
+    finally:
+        await _aclose(store)
+
+
+@pytest.mark.anyio
+async def test_async_face_fences_takeovers(key_store: KeyStore) -> None:
+    """On the async face a takeover fences the old owner out of extend, release and
+    complete."""
+    store = as_async_key_store(key_store)
+    try:
+        _, old = await store.claim(H, FP, now=NOW, lease=10, retention=100)
+        new = await store.take_over(H, old.fencing_token, now=NOW + 10, lease=10)
+        assert new is not None and new.fencing_token == old.fencing_token + 1
+        assert not await store.extend_lease(H, old.fencing_token, now=NOW + 11, lease=10)
+        assert await store.extend_lease(H, new.fencing_token, now=NOW + 11, lease=10)
+        assert not await store.release(H, old.fencing_token)
+        assert await store.release(H, new.fencing_token)
+        assert await store.get(H) is None
+    finally:
+        await _aclose(store)
 
 
 @pytest.mark.anyio
@@ -167,8 +198,11 @@ async def test_concurrent_async_claims_have_one_winner(key_store: KeyStore) -> N
     """Of 16 claims of one absent key issued at once on the async face, exactly one wins and
     every loser sees the winner's token."""
     store = as_async_key_store(key_store)
-    results = await asyncio.gather(
-        *(store.claim(H, FP, now=NOW, lease=10, retention=100) for _ in range(16))
-    )
+    try:
+        results = await asyncio.gather(
+            *(store.claim(H, FP, now=NOW, lease=10, retention=100) for _ in range(16))
+        )
+    finally:
+        await _aclose(store)
     assert [claimed for claimed, _ in results].count(True) == 1
     assert {rec.fencing_token for _, rec in results} == {1}

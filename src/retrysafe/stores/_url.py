@@ -1,4 +1,8 @@
-"""Store URLs: ``sqlite:///path.db``, ``memory://`` (more schemes arrive with their stores)."""
+"""Store URLs: ``sqlite:///path.db``, ``memory://``, ``postgresql://…`` and ``redis://…``.
+
+The PostgreSQL and Redis stores are imported only when such a URL is opened, so importing
+``retrysafe`` never imports psycopg or redis.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +21,16 @@ def open_store(url: str, **options: Any) -> Any:
     """Open the store a URL names.
 
     Args:
-        url: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` or ``memory://``
-            (tests only: unsafe, SPEC §9).
-        options: passed to the store's constructor (e.g. ``busy_timeout``).
+        url: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``,
+            ``postgresql://user:password@host:5432/db`` (or ``postgres://``; needs
+            ``retrysafe[postgres]``), ``redis://[:password@]host:6379/0`` or ``rediss://``
+            (needs ``retrysafe[redis]``), or ``memory://`` (tests only: unsafe, SPEC §9).
+        options: passed to the store's constructor (e.g. ``busy_timeout``, ``schema``,
+            ``prefix``).
 
     Raises:
-        ConfigurationError: unknown scheme or malformed URL.
+        ConfigurationError: unknown scheme or malformed URL, or the driver for the scheme
+            is not installed.
         StoreUnavailableError / SchemaError: as the store's constructor raises them.
     """
     if not isinstance(url, str) or "://" not in url:
@@ -35,8 +43,30 @@ def open_store(url: str, **options: Any) -> Any:
         return SQLiteStore(sqlite_path_from_url(url), **options)
     if scheme == "memory":
         return MemoryStore()
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from retrysafe.stores._postgres import PostgresStore
+        except ImportError as exc:
+            raise _missing("postgres", exc) from exc
+        return PostgresStore(url, **options)
+    if scheme in ("redis", "rediss"):
+        try:
+            from retrysafe.stores._redis import RedisStore
+        except ImportError as exc:
+            raise _missing("redis", exc) from exc
+        return RedisStore(url, **options)
+    shown = url.split("://", 1)[0] + "://…" if "@" in url else url
     raise ConfigurationError(
-        f"unsupported store scheme {scheme!r} in {url!r}; supported: sqlite, memory",
+        f"unsupported store scheme {scheme!r} in {shown!r}; supported: sqlite, postgresql, "
+        "redis, memory",
+        option="store",
+    )
+
+
+def _missing(extra: str, exc: ImportError) -> ConfigurationError:
+    return ConfigurationError(
+        f"the {extra} store needs its driver ({exc.name or exc}): "
+        f"pip install 'retrysafe[{extra}]'",
         option="store",
     )
 

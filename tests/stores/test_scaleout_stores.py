@@ -1,0 +1,266 @@
+"""PostgreSQL and Redis key stores: server clock, races across processes, bad inputs (SPEC §9)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from retrysafe import RetrysafeWarning, SchemaError, StoreUnavailableError
+from retrysafe.stores import PostgresStore, RedisStore, open_store
+
+from .conftest import open_test_store
+
+H = "b" * 64
+FP = "f" * 64
+CLOSED_PORT = 1  # nothing listens on tcpmux
+
+
+# ---------------------------------------------------------------------- server clock
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+def test_server_clock_ignores_the_callers_now(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """With the default clock="server" leases and retention come from the server's clock."""
+    store = open_test_store(kind, request, tmp_path, clock="server")
+    try:
+        before = time.time()
+        claimed, rec = store.claim(H, FP, now=0.0, lease=10, retention=100)
+        after = time.time()
+        assert claimed
+        assert before + 10 - 2 <= rec.lease_expires_at <= after + 10 + 2
+        assert rec.expires_at - rec.lease_expires_at == pytest.approx(90, abs=0.01)
+        # A caller whose clock runs a day ahead cannot take over a lease the server says is
+        # valid, nor purge a key the server says is retained.
+        assert store.take_over(H, rec.fencing_token, now=after + 86400, lease=10) is None
+        assert store.purge_keys(now=after + 86400) == 0
+    finally:
+        store.close()
+
+
+def test_redis_fencing_token_grows_after_the_record_is_gone(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A Redis key released, or dropped by its TTL, and claimed again gets a larger token:
+    the per-key counter outlives the record."""
+    store = RedisStore(redis_url, prefix=redis_prefix)
+    try:
+        _, first = store.claim(H, FP, now=0, lease=10, retention=100)
+        assert store.release(H, first.fencing_token)
+        _, second = store.claim(H, FP, now=0, lease=10, retention=100)
+        store._r.delete(f"{redis_prefix}k:{{{H}}}")  # as if its TTL fired
+        _, third = store.claim(H, FP, now=0, lease=10, retention=100)
+        assert first.fencing_token < second.fencing_token < third.fencing_token
+    finally:
+        store.close()
+
+
+def test_redis_records_carry_a_native_ttl(redis_url: str, redis_prefix: str) -> None:
+    """Redis records expire by themselves (PEXPIRE = retention); the raw key never appears."""
+    store = RedisStore(redis_url, prefix=redis_prefix)
+    try:
+        store.claim(H, FP, now=0, lease=10, retention=100)
+        client = redis.Redis.from_url(redis_url)
+        keys = sorted(k.decode() for k in client.scan_iter(match=redis_prefix + "*"))
+        assert keys == [f"{redis_prefix}k:{{{H}}}", f"{redis_prefix}t:{{{H}}}"]
+        assert 99_000 <= client.pttl(keys[0]) <= 100_000
+        assert client.pttl(keys[1]) > 100_000  # the token counter outlives the record
+        client.close()
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------- process races
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from retrysafe.stores import open_store
+    url, ns, key, start = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    opt = {"schema": ns} if url.startswith("postgres") else {"prefix": ns}
+    store = open_store(url, **opt)
+    time.sleep(max(0.0, start - time.time()))
+    results = [store.claim(key, "f" * 64, now=0, lease=30, retention=300)[0] for _ in range(1)]
+    store.close()
+    print(sum(results))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+def test_processes_claiming_one_key_have_one_winner(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Four processes claiming one absent key at the same instant: exactly one wins."""
+    store = open_test_store(kind, request, tmp_path)  # creates the schema / namespace
+    store.close()
+    url = request.getfixturevalue("pg_url" if kind == "postgres" else "redis_url")
+    ns = request.getfixturevalue("pg_schema" if kind == "postgres" else "redis_prefix")
+    start = time.time() + 2.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, url, ns, H, repr(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    wins = [int(p.communicate(timeout=30)[0].strip()) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0]
+    assert sum(wins) == 1
+
+
+# ---------------------------------------------------------------------- bad inputs
+def test_postgres_unreachable_host_is_unavailable() -> None:
+    """A closed port raises StoreUnavailableError naming host and port, not the password."""
+    with pytest.raises(StoreUnavailableError) as info:
+        PostgresStore(f"postgresql://postgres:s3cret-pw@127.0.0.1:{CLOSED_PORT}/test")
+    assert f"127.0.0.1:{CLOSED_PORT}" in str(info.value)
+    assert "s3cret-pw" not in str(info.value)
+    assert isinstance(info.value.__cause__, psycopg.OperationalError)
+
+
+def test_postgres_refused_login_is_unavailable(pg_url: str) -> None:
+    """A login the server refuses (unknown role; this server trusts every password on
+    loopback) raises StoreUnavailableError with the server's reason and no password."""
+    bad = pg_url.replace("postgresql://postgres@", "postgresql://no_such_role:s3cret-pw@")
+    with pytest.raises(StoreUnavailableError) as info:
+        PostgresStore(bad)
+    message = str(info.value)
+    assert "127.0.0.1:5432" in message and "no_such_role" in message
+    assert "s3cret-pw" not in message
+
+
+def test_postgres_without_schema_and_create_false(pg_url: str, pg_schema: str) -> None:
+    """A database without retrysafe's tables and create=False raises SchemaError."""
+    with pytest.raises(SchemaError, match="retrysafe migrate"):
+        PostgresStore(pg_url, schema=pg_schema, create=False)
+
+
+def test_postgres_newer_schema_version_is_refused(pg_url: str, pg_schema: str) -> None:
+    """A schema written by a newer retrysafe raises SchemaError naming both versions."""
+    PostgresStore(pg_url, schema=pg_schema).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {pg_schema}.retrysafe_meta SET value = '99' WHERE name = 'schema_version'"
+        )
+    with pytest.raises(SchemaError, match=r"version 99.*up to 1.*Upgrade"):
+        PostgresStore(pg_url, schema=pg_schema)
+
+
+def test_postgres_creates_schema_once_for_concurrent_openers(pg_url: str, pg_schema: str) -> None:
+    """Stores opened against an empty schema create it once and all work."""
+    first = PostgresStore(pg_url, schema=pg_schema)
+    second = PostgresStore(pg_url, schema=pg_schema, create=False)
+    assert first.claim(H, FP, now=0, lease=1, retention=1)[0]
+    assert not second.claim(H, FP, now=0, lease=1, retention=1)[0]
+    first.close()
+    second.close()
+
+
+def test_redis_unreachable_host_is_unavailable() -> None:
+    """A closed port raises StoreUnavailableError naming host and port, not the password."""
+    with pytest.raises(StoreUnavailableError) as info:
+        RedisStore(f"redis://:s3cret-pw@127.0.0.1:{CLOSED_PORT}/0", socket_timeout=2)
+    assert f"127.0.0.1:{CLOSED_PORT}" in str(info.value)
+    assert "s3cret-pw" not in str(info.value)
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+
+
+@pytest.fixture
+def redis_acl_user(redis_url: str) -> Iterator[str]:
+    """A Redis ACL user whose password is ``right-pw`` (deleted afterwards)."""
+    client = redis.Redis.from_url(redis_url)
+    name = f"rs_test_{uuid.uuid4().hex[:12]}"
+    client.acl_setuser(name, enabled=True, passwords=["+right-pw"], keys=["*"], commands=["+@all"])
+    yield name
+    client.acl_deluser(name)
+    client.close()
+
+
+def test_redis_wrong_password_is_unavailable(redis_acl_user: str) -> None:
+    """A wrong password raises StoreUnavailableError naming host and port, not the password."""
+    with pytest.raises(StoreUnavailableError) as info:
+        RedisStore(f"redis://{redis_acl_user}:wrong-pw@127.0.0.1:6379/0")
+    message = str(info.value)
+    assert "127.0.0.1:6379" in message and "wrong-pw" not in message
+
+
+@pytest.fixture
+def allkeys_lru(redis_url: str) -> Iterator[None]:
+    """Redis with ``maxmemory-policy allkeys-lru`` for the test; restored afterwards."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    old = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        yield
+    finally:
+        client.config_set("maxmemory-policy", old)
+        client.close()
+
+
+def test_redis_evicting_policy_warns(allkeys_lru: None, redis_url: str, redis_prefix: str) -> None:
+    """maxmemory-policy allkeys-lru (keys may vanish: duplicates) warns at startup."""
+    with pytest.warns(RetrysafeWarning, match=r"allkeys-lru.*noeviction"):
+        RedisStore(redis_url, prefix=redis_prefix).close()
+
+
+def test_redis_noeviction_does_not_warn(redis_url: str, redis_prefix: str) -> None:
+    """The safe policy (noeviction, this server's) opens without a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = RedisStore(redis_url, prefix=redis_prefix)
+    assert store.check_eviction() == "noeviction"
+    store.close()
+
+
+def test_redis_disabled_config_is_tolerated(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis whose CONFIG command is disabled (managed services) opens without error."""
+    store = RedisStore(redis_url, prefix=redis_prefix)
+
+    def refused(*_: object) -> None:
+        raise redis.ResponseError("unknown command 'CONFIG'")
+
+    monkeypatch.setattr(store._r, "config_get", refused)
+    assert store.check_eviction() is None
+    store.close()
+
+
+# ---------------------------------------------------------------------- URLs and imports
+def test_open_store_accepts_postgres_and_redis_urls(
+    pg_url: str, pg_schema: str, redis_url: str, redis_prefix: str
+) -> None:
+    """open_store opens postgresql://, postgres://, redis:// URLs (rediss:// is TLS)."""
+    cases: list[tuple[str, dict[str, str], type[PostgresStore] | type[RedisStore]]] = [
+        (pg_url, {"schema": pg_schema}, PostgresStore),
+        (pg_url.replace("postgresql://", "postgres://"), {"schema": pg_schema}, PostgresStore),
+        (redis_url, {"prefix": redis_prefix}, RedisStore),
+    ]
+    for url, opts, cls in cases:
+        store = open_store(url, **opts)
+        assert isinstance(store, cls)
+        assert store.url.startswith(url.split("://")[0] if cls is RedisStore else "postgresql")
+        store.close()
+
+
+def test_importing_stores_does_not_import_drivers() -> None:
+    """``import retrysafe.stores`` loads neither psycopg nor redis; the classes load lazily."""
+    code = (
+        "import sys, retrysafe, retrysafe.stores as s; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'psycopg', 'redis'})); "
+        "s.RedisStore; print('redis' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
