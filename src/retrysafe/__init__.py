@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from retrysafe._exceptions import (
         AgentError,
         BudgetExceededError,
+        CallIdReusedError,
         NoActiveRunError,
         OutcomeUnknownError,
         RunNotFoundError,
@@ -53,6 +54,7 @@ __all__ = [
     "AgentRun",
     "AsyncOutbox",
     "BudgetExceededError",
+    "CallIdReusedError",
     "ChaosProxy",
     "ConfigurationError",
     "EffectLedger",
@@ -98,6 +100,7 @@ _AGENTS = frozenset(
         "AgentError",
         "AgentRun",
         "BudgetExceededError",
+        "CallIdReusedError",
         "NoActiveRunError",
         "OutcomeUnknownError",
         "RunNotFoundError",

@@ -19,6 +19,7 @@ structured attributes instead of information buried in the message::
     │   ├── ToolSignatureError      a tool's signature changed between runs
     │   ├── OutcomeUnknownError     the call's effect may or may not have happened (with key)
     │   ├── ToolCallFailedError     a repeat of a call that failed definitively
+    │   ├── CallIdReusedError       an explicit call id reused for another tool or arguments
     │   └── BudgetExceededError     a step or attempt budget stopped the call
     └── WebhookError                webhook delivery or reception failed
         ├── EndpointNotFoundError   no webhook endpoint with that id
@@ -195,6 +196,35 @@ class ToolCallFailedError(AgentError):
     def __init__(self, message: str, *, run_id: str, key: str, tool: str, error: str) -> None:
         super().__init__(message, run_id=run_id, key=key, tool=tool)
         self.error = error
+
+
+class CallIdReusedError(AgentError):
+    """An explicit call id (``with call_id(...)``) that the run already recorded for another
+    tool or other arguments. Nothing runs and the recorded call is kept; like the
+    middleware's 422 for a key reused with another request (SPEC §3).
+
+    Attributes:
+        call_id: the reused id. ``recorded_tool`` / ``recorded_arguments_hash``: the call the
+            run recorded under it; ``arguments_hash``: the hash of the rejected call's arguments.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str,
+        key: str,
+        tool: str,
+        call_id: str,
+        recorded_tool: str,
+        recorded_arguments_hash: str,
+        arguments_hash: str,
+    ) -> None:
+        super().__init__(message, run_id=run_id, key=key, tool=tool)
+        self.call_id = call_id
+        self.recorded_tool = recorded_tool
+        self.recorded_arguments_hash = recorded_arguments_hash
+        self.arguments_hash = arguments_hash
 
 
 class BudgetExceededError(AgentError):

@@ -66,3 +66,39 @@ def test_unknown_run_and_missing_store(recorded: str, tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["agents", "runs", "--store", missing])
     assert out.exit_code == 1 and "retrysafe: error:" in out.output
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_calls_json_carries_json_values(recorded: str) -> None:
+    """``agents calls --json`` gives ``arguments`` and ``result`` as JSON values, not text."""
+    out = CliRunner().invoke(cli, ["agents", "calls", "run-1", "--store", recorded, "--json"])
+    rows = json.loads(out.output)
+    assert rows[0]["arguments"] == {"title": "a"}
+    assert rows[0]["result"] == {"id": "T-1", "title": "a"}
+    assert rows[2]["result"] is None
+    assert not {"arguments_json", "result_json"} & set(rows[0])
+
+
+def test_calls_table_fits_80_columns_with_short_keys(recorded: str) -> None:
+    """In 80 columns the table shows each key shortened on one line, no line wider than 80."""
+    out = CliRunner().invoke(
+        cli, ["agents", "calls", "run-1", "--store", recorded], env={"COLUMNS": "80"}
+    )
+    rows = json.loads(
+        CliRunner().invoke(cli, ["agents", "calls", "run-1", "--store", recorded, "--json"]).output
+    )
+    assert max(len(line) for line in out.output.splitlines()) <= 80
+    for r in rows:
+        assert f"{r['key'][:12]}…{r['key'][-8:]}" in out.output
+        assert r["key"] not in out.output
+
+
+def test_calls_wide_shows_full_keys(recorded: str) -> None:
+    """``agents calls --wide`` shows every key in full on one line."""
+    out = CliRunner().invoke(
+        cli, ["agents", "calls", "run-1", "--store", recorded, "--wide"], env={"COLUMNS": "200"}
+    )
+    rows = json.loads(
+        CliRunner().invoke(cli, ["agents", "calls", "run-1", "--store", recorded, "--json"]).output
+    )
+    assert out.exit_code == 0, out.output
+    assert all(r["key"] in out.output for r in rows)

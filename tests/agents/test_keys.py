@@ -57,6 +57,13 @@ def test_explicit_call_id_replaces_step_and_arguments() -> None:
     assert a == b != call_key("r", "create", step=1, call_id="tc_2")
 
 
+def test_call_id_names_one_call_whatever_the_tool() -> None:
+    """A call id's key leaves out the tool, so its reuse by another tool finds the record."""
+    a = call_key("r", "create", step=1, call_id="tc_1")
+    assert a == call_key("r", "delete", step=1, call_id="tc_1")
+    assert a != call_key("r2", "create", step=1, call_id="tc_1")
+
+
 @pytest.mark.parametrize(
     ("args", "path"),
     [

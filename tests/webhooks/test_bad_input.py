@@ -91,3 +91,14 @@ def test_import_retrysafe_does_not_load_webhooks() -> None:
     code = "import sys, retrysafe; print('retrysafe.webhooks' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "url", ["https://user:pw@example.com/hooks", "https://token@example.com/", "http://:pw@h/"]
+)
+def test_urls_with_credentials_are_refused(hooks: Webhooks, url: str) -> None:
+    """A URL carrying user:password@ is refused at registration, without echoing it."""
+    with pytest.raises(ConfigurationError, match="credentials") as info:
+        hooks.add_endpoint(url)
+    assert info.value.option == "url" and "pw" not in str(info.value)
+    assert hooks.list_endpoints() == []

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -87,7 +90,81 @@ def test_disable_enable_and_delete(store_url: str, base_url: str) -> None:
 )
 def test_bad_input_is_one_clear_error(store_url: str, args: tuple[str, ...], message: str) -> None:
     """Unknown ids, bad URLs, secrets and payloads: exit 1 and one line on stderr."""
+    from retrysafe.webhooks import Webhooks
+
+    Webhooks(store_url).close()  # an existing store (reading commands never create one)
     code, _, err = _run(*args, "--store", store_url)
     assert code == 1
     assert err.startswith("retrysafe: error:") and message in err
     assert "Traceback" not in err
+
+
+def test_a_payload_file_that_is_not_utf8_is_one_clear_error(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """send @file with bytes that are not UTF-8: one line naming the file and the byte,
+    exit 1, and no store written."""
+    (tmp_path / "bad.bin").write_bytes(b"\xff\xfe")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run("send", "invoice.paid", "@bad.bin", "--store", store_url)
+    assert code == 1
+    assert err == "retrysafe: error: bad.bin is not UTF-8 text (byte 0)\n"
+    assert not Path(store_url.removeprefix("sqlite:///")).exists()
+
+
+def test_a_stdin_payload_that_is_not_utf8_is_one_clear_error(store_url: str) -> None:
+    """send - with bytes that are not UTF-8 says so, not "payload is not JSON"."""
+    result = CliRunner().invoke(
+        cli, ["webhooks", "send", "invoice.paid", "-", "--store", store_url], input=b"\xff\xfe"
+    )
+    assert result.exit_code == 1
+    assert result.stderr == "retrysafe: error: stdin is not UTF-8 text (byte 0)\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("endpoints", "list"), ("endpoints", "show", "ep_x"), ("dlq", "list"), ("dlq", "show", "ab")],
+)
+def test_reading_commands_never_create_a_store(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A reading command on a missing SQLite file is one error and creates nothing."""
+    missing = tmp_path / "nothere.db"
+    code, _, err = _run(*args, "--store", f"sqlite:///{missing}")
+    assert code == 1 and err.startswith("retrysafe: error: no SQLite store at")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rate_limit_and_no_rate_limit_together_are_a_usage_error(store_url: str) -> None:
+    """update --rate-limit N --no-rate-limit is refused as contradictory (exit 2)."""
+    code, _, err = _run(
+        "endpoints", "update", "ep_x", "--rate-limit", "5", "--no-rate-limit", "--store", store_url
+    )
+    assert code == 2 and "--no-rate-limit" in err
+
+
+def test_a_host_that_does_not_resolve_is_one_clear_error(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registration resolves the host: offline, endpoints add says so in one line."""
+
+    def offline(*args: Any, **kwargs: Any) -> Any:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", offline)
+    code, _, err = _run("endpoints", "add", "https://example.com/hooks", "--store", store_url)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err == (
+        "retrysafe: error: https://example.com/hooks: host 'example.com' does not resolve "
+        "(Name or service not known)\n"
+    )
+
+
+def test_the_worker_warns_on_stderr_about_endpoints_it_will_refuse(store_url: str) -> None:
+    """An endpoint added with --allow-private and a worker started without it: one warning
+    line on stderr telling to pass --allow-private to the worker too."""
+    s = ("--store", store_url)
+    code, _, err = _run("endpoints", "add", "http://127.0.0.1:9/x", "--allow-private", *s)
+    assert code == 0, err
+    code, _, err = _run("worker", "--until-idle", *s)
+    assert code == 0
+    (line,) = err.splitlines()
+    assert line.startswith("retrysafe: warning: endpoint ep_") and "--allow-private" in line

@@ -147,3 +147,30 @@ def test_attempts_are_structured_log_lines(
     ]
     assert all(d["event_id"] == event.id and d["latency_ms"] >= 0 for d in data)
     assert all(d["endpoint_id"].startswith("ep_") for d in data)
+
+
+def test_a_new_url_reaches_a_delivery_a_crashed_worker_left_in_flight(
+    store_url: str, receiver: Receiver, base_url: str
+) -> None:
+    """A delivery leased by a worker that died goes to the endpoint's new URL once its
+    lease expires; the old URL receives nothing."""
+    from .conftest import FAST
+
+    clock = SteppingClock()
+    with Webhooks(store_url, allow_private=True, policy=FAST, clock=clock) as hooks:
+        ep = add(hooks, receiver, base_url, receiver.plan("/old", 200))
+        receiver.plan("/new", 200)
+        receiver.secrets["/new"] = receiver.secrets["/old"]
+        hooks.send("a.b", {"n": 1})
+        (job,) = hooks.outbox.store.claim_jobs(
+            queue="webhooks", token="crashed-worker", now=clock(), lease=30.0, limit=1
+        )
+        assert job.state is JobState.IN_FLIGHT
+        hooks.update_endpoint(ep, url=base_url + "/new")
+        clock.offset += 60.0  # the crashed worker's lease has expired
+        run(hooks)
+        (d,) = hooks.deliveries()
+    assert receiver.requests("/old") == []
+    (seen,) = receiver.requests("/new")
+    assert seen.verified
+    assert d.state is JobState.SUCCEEDED and d.url == base_url + "/new"

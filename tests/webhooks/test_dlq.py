@@ -117,3 +117,20 @@ def test_endpoint_crud(hooks: Webhooks, base_url: str) -> None:
         hooks.get_endpoint(ep.id)
     with pytest.raises(EndpointNotFoundError):
         hooks.disable_endpoint("ep_nope")
+
+
+def test_replaying_a_disabled_endpoint_is_an_error(
+    hooks: Webhooks, receiver: Receiver, base_url: str
+) -> None:
+    """replay(endpoint_id=…) of a disabled endpoint raises WebhookError, like replaying one
+    of its deliveries by id, and re-queues nothing."""
+    ep = add(hooks, receiver, base_url, receiver.plan("/gone", 400))
+    hooks.send("a.b", {})
+    run(hooks)
+    (dead,) = hooks.dead_letters()
+    hooks.disable_endpoint(ep, reason="maintenance")
+    with pytest.raises(WebhookError, match="disabled"):
+        hooks.replay(endpoint_id=ep)
+    with pytest.raises(WebhookError, match="disabled"):
+        hooks.replay(dead.id)
+    assert [d.id for d in hooks.dead_letters()] == [dead.id]

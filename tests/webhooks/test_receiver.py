@@ -136,3 +136,15 @@ def test_an_endpoint_down_for_a_while_gets_every_event_exactly_once(
         assert {d.state for d in hooks.deliveries()} == {JobState.SUCCEEDED}
         assert len(attempts) > len(ids)
     assert effects == Counter(dict.fromkeys(ids, 1))
+
+
+def test_the_verifier_takes_a_str_body_and_raw_asgi_header_pairs() -> None:
+    """WebhookVerifier.receive accepts a str body and (bytes, bytes) header pairs, and a
+    duplicate given as bytes is still recognised."""
+    verifier = WebhookVerifier(SECRET, store=MemoryStore())
+    body = '{"n": "é"}'
+    pairs = [(k.encode(), v.encode()) for k, v in signed("msg_s", body.encode()).items()]
+    first = verifier.receive(pairs, body, lambda payload: payload)
+    again = verifier.receive(signed("msg_s", body.encode()), body.encode(), lambda p: p)
+    assert first.result == {"n": "é"} and not first.duplicate
+    assert again.duplicate

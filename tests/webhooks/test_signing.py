@@ -129,3 +129,40 @@ def test_generated_secrets_have_32_random_bytes() -> None:
     """generate_secret gives whsec_ + 32 fresh bytes."""
     a, b = generate_secret(), generate_secret()
     assert a != b and len(parse_secret(a)) == 32 and a.startswith("whsec_")
+
+
+def test_a_str_body_is_verified_as_its_utf8_bytes() -> None:
+    """A body handed over as text is encoded as UTF-8, as the official library does."""
+    assert verify(SECRET, headers(EXPECTED), BODY.decode(), now=TIMESTAMP) == MSG_ID
+
+
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_headers_may_be_name_value_pairs(as_bytes: bool) -> None:
+    """Raw ASGI-style (name, value) pairs, of bytes or of str, are accepted."""
+    pairs = [(k.encode(), v.encode()) if as_bytes else (k, v) for k, v in headers(EXPECTED).items()]
+    assert verify(SECRET, pairs, BODY, now=TIMESTAMP) == MSG_ID
+
+
+def test_bytes_header_mappings_are_accepted() -> None:
+    """A mapping of bytes names to bytes values is accepted."""
+    raw = {k.encode(): v.encode() for k, v in headers(EXPECTED).items()}
+    assert verify(SECRET, raw, BODY, now=TIMESTAMP) == MSG_ID
+
+
+@pytest.mark.parametrize(
+    ("hdrs", "body", "message"),
+    [
+        (None, BODY, "headers must be a mapping"),
+        ("webhook-id: x", BODY, "not a string"),
+        ([("webhook-id",)], BODY, r"\(name, value\) pair"),
+        ({"webhook-id": 1}, BODY, "must be str or bytes"),
+        ("ok", 42, "bytes or str"),
+    ],
+)
+def test_other_header_and_body_types_are_a_clear_type_error(
+    hdrs: object, body: object, message: str
+) -> None:
+    """Headers or a body of any other type raise TypeError naming what is accepted."""
+    real = headers(EXPECTED) if hdrs == "ok" else hdrs
+    with pytest.raises(TypeError, match=message):
+        verify(SECRET, real, body, now=TIMESTAMP)  # type: ignore[arg-type]

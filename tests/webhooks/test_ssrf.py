@@ -43,6 +43,11 @@ def fake_dns(monkeypatch: pytest.MonkeyPatch, table: dict[str, str]) -> None:
         ("224.0.0.1", "multicast"),
         ("0.0.0.0", "unspecified"),
         ("::ffff:10.0.0.1", "private"),
+        ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+        ("2002:a00:1::", "private"),  # 6to4 of 10.0.0.1
+        ("2002:a9fe:a9fe::", "link-local"),  # 6to4 of 169.254.169.254
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "private"),  # Teredo, client 192.0.2.45
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo, client 127.0.0.1
         ("100.64.0.1", "not globally routable"),
         ("93.184.216.34", None),
         ("2606:4700::1111", None),
@@ -65,6 +70,7 @@ def test_private_hosts_are_refused_at_registration(
             ("http://meta.test/latest", "link-local"),
             ("http://127.0.0.1:9/hook", "loopback"),
             ("http://[::1]:9/hook", "loopback"),
+            ("http://[2002:7f00:1::]/", "loopback"),
             ("http://nowhere.test/hook", "unresolved"),
         ]:
             with pytest.raises(DestinationRefusedError) as info:
@@ -134,3 +140,29 @@ def test_sni_hostname_is_kept_for_https(monkeypatch: pytest.MonkeyPatch) -> None
     assert request.url.host == "93.184.216.34"
     assert request.headers["host"] == "secure.test"
     assert request.extensions["sni_hostname"] == "secure.test"
+
+
+def test_the_refusal_names_both_ways_to_allow_private_destinations(store_url: str) -> None:
+    """The SSRF refusal tells the library user and the CLI user how to allow it."""
+    with Webhooks(store_url, policy=FAST) as hooks, pytest.raises(DestinationRefusedError) as info:
+        hooks.add_endpoint("http://127.0.0.1:9/hook")
+    assert "allow_private=True" in str(info.value) and "--allow-private" in str(info.value)
+
+
+def test_a_worker_that_refuses_private_destinations_warns_about_such_endpoints(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starting a worker without allow_private logs a warning naming each enabled endpoint
+    on a private address; one that allows them does not."""
+    with Webhooks(store_url, allow_private=True, policy=FAST) as setup:
+        ep = setup.add_endpoint("http://127.0.0.1:9/hook")
+        setup.add_endpoint("http://10.0.0.1:9/off", enabled=False)
+    with caplog.at_level("WARNING", logger="retrysafe.webhooks"):
+        with Webhooks(store_url, policy=FAST) as hooks:
+            hooks.worker().close()
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and ep.id in warned[0] and "loopback" in warned[0]
+        caplog.clear()
+        with Webhooks(store_url, allow_private=True, policy=FAST) as hooks:
+            hooks.worker().close()
+        assert [r for r in caplog.records if r.levelname == "WARNING"] == []

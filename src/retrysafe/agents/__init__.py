@@ -10,6 +10,7 @@ outcome is unknown is reported with its key instead of running again. See ``docs
 from retrysafe._exceptions import (
     AgentError,
     BudgetExceededError,
+    CallIdReusedError,
     NoActiveRunError,
     OutcomeUnknownError,
     RunNotFoundError,
@@ -41,6 +42,7 @@ __all__ = [
     "AgentRunRecord",
     "AsyncIdempotencyKeyTransport",
     "BudgetExceededError",
+    "CallIdReusedError",
     "IdempotencyKeyTransport",
     "NoActiveRunError",
     "OutcomeUnknownError",

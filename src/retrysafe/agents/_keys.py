@@ -14,7 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from retrysafe._exceptions import PayloadError
+from retrysafe._exceptions import ConfigurationError, InvalidKeyError, PayloadError
+from retrysafe.core import parse_key
 
 __all__ = [
     "KEY_PREFIX",
@@ -22,6 +23,7 @@ __all__ = [
     "bind_arguments",
     "call_key",
     "canonical_json",
+    "check_id",
     "signature_hash",
 ]
 
@@ -52,6 +54,37 @@ def _plain(value: Any, path: str) -> Any:
     raise PayloadError(
         f"{path} is a {type(value).__name__}, which is not JSON-serialisable", path=path
     )
+
+
+def check_id(value: object, option: str) -> str:
+    """Check a run id or call id: the idempotency-key rule, 1–255 visible ASCII (SPEC §2).
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        ConfigurationError: ``value`` is not such a string (``option`` names which id); the
+            message quotes the value with ``repr`` so a newline or space shows.
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"{option} must be a string, not {type(value).__name__}", option=option
+        )
+    try:
+        parsed = parse_key(value)
+    except InvalidKeyError as exc:
+        raise ConfigurationError(
+            f"{option} {value[:300]!r} is not valid: {exc.reason}; ids are 1-255 visible "
+            "ASCII characters (no spaces or control characters)",
+            option=option,
+        ) from exc
+    if parsed != value:  # the quoted structured-field form, or surrounding blanks
+        raise ConfigurationError(
+            f"{option} {value[:300]!r} is not valid: ids are 1-255 visible ASCII characters "
+            "(no spaces, control characters or surrounding quotes)",
+            option=option,
+        )
+    return value
 
 
 def canonical_json(value: Any, *, path: str = "$") -> str:
@@ -132,11 +165,13 @@ def call_key(
         step: the step the call belongs to (None: the call is the same in every step).
         arguments_digest: :func:`arguments_hash` of the bound arguments.
         call_id: an explicit call id (e.g. the model's tool-call id); when given it replaces
-            ``step`` and the arguments.
+            ``tool``, ``step`` and the arguments: one id names one call in the run, so reusing
+            it for another tool or other arguments finds the recorded call (and is refused by
+            :class:`~retrysafe.agents.CallIdReusedError`) instead of silently making a new one.
     """
     h = hashlib.sha256()
     if call_id is not None:
-        parts = ["id", run_id, tool, call_id]
+        parts = ["id", run_id, call_id]
     else:
         parts = ["args", run_id, tool, "*" if step is None else str(step), arguments_digest or ""]
     for part in parts:

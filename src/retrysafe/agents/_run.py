@@ -1,8 +1,9 @@
 """Agent runs: the run context that write tools need (SPEC §7).
 
 A run has a stable id and lives in a store; the current run, step and call sit in context
-variables, so tools find them without being passed anything (asyncio tasks inherit them; for
-threads use :func:`contextvars.copy_context`).
+variables, so tools find them without being passed anything. asyncio tasks inherit them; a
+plain ``threading.Thread`` does not (contextvars are not copied into new threads): open
+``run.step(n)`` inside the thread, or start it with ``contextvars.copy_context().run``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from contextvars import ContextVar, Token
 from typing import Any
 
 from retrysafe._exceptions import AgentError, ConfigurationError, RunNotFoundError
+from retrysafe.agents._keys import check_id
 from retrysafe.stores._base import AgentCall, AgentRunRecord, AgentStore
 
 __all__ = [
@@ -51,9 +53,15 @@ def current_call_key() -> str | None:
 def call_id(value: str) -> Iterator[None]:
     """Name the next tool call(s) in this block explicitly (e.g. by the model's tool-call id).
 
-    The call's key is then derived from the run, the tool and ``value`` instead of the step and
-    the arguments.
+    The call's key is then derived from the run and ``value`` alone: one id names one logical
+    call. Repeating the id with the same tool and arguments returns the recorded result;
+    with another tool or other arguments it raises
+    :class:`~retrysafe.agents.CallIdReusedError` and nothing runs.
+
+    Raises:
+        ConfigurationError: ``value`` is not 1–255 visible ASCII characters (SPEC §2).
     """
+    check_id(value, "call_id")
     token = _call_id_var.set(value)
     try:
         yield
@@ -172,7 +180,8 @@ def start_run(
 
     Args:
         store: a :class:`~retrysafe.SQLiteStore` or a store URL (``sqlite:///agent.db``).
-        run_id: the run's id; None generates one (read it back from ``run.id``).
+        run_id: the run's id, 1–255 visible ASCII characters like an idempotency key
+            (SPEC §2); None generates one (read it back from ``run.id``).
         max_steps: logical calls allowed in the run; the next one raises
             :class:`~retrysafe.BudgetExceededError` (``kind="steps"``). None: unlimited.
         max_attempts: attempts allowed per logical call, summed over every process
@@ -180,14 +189,13 @@ def start_run(
 
     Raises:
         AgentError: ``run_id`` exists already (use :func:`resume_run`).
-        ConfigurationError: a budget is not a positive integer, or the store cannot hold runs.
+        ConfigurationError: ``run_id`` is not 1–255 visible ASCII characters, a budget is not
+            a positive integer, or the store cannot hold runs.
     """
     _check_budget("max_steps", max_steps)
     _check_budget("max_attempts", max_attempts)
     s = _agent_store(store)
-    rid = run_id if run_id is not None else f"run_{uuid.uuid4().hex}"
-    if not isinstance(rid, str) or not rid:
-        raise ConfigurationError("run_id must be a non-empty string", option="run_id")
+    rid = check_id(run_id, "run_id") if run_id is not None else f"run_{uuid.uuid4().hex}"
     created, record = s.create_agent_run(
         rid, max_steps=max_steps, max_attempts=max_attempts, now=time.time()
     )

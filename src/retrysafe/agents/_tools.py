@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import random
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import httpx
 from retrysafe._exceptions import (
     AgentError,
     BudgetExceededError,
+    CallIdReusedError,
     ConfigurationError,
     NoActiveRunError,
     OutcomeUnknownError,
@@ -189,18 +189,20 @@ class _Flow:
             )
         self.token = 0
         self.call: AgentCall | None = None
+        self.call_id: str | None = None
         self.rng = random.Random()
         if self.run is None:
             return
         bound = bind_arguments(spec.signature, spec.name, args, kwargs)
         digest = arguments_hash(bound)
         step = _step_var.get() or 0
+        self.call_id = _call_id_var.get()
         key = call_key(
             self.run.id,
             spec.name,
             step=None if spec.dedupe == "run" else step,
             arguments_digest=digest,
-            call_id=_call_id_var.get(),
+            call_id=self.call_id,
         )
         now = self.run.clock()
         self.call = AgentCall(
@@ -211,7 +213,7 @@ class _Flow:
             kind=spec.kind,
             signature=spec.signature_hash,
             arguments_hash=digest,
-            arguments=canonical_json(bound),
+            arguments_json=canonical_json(bound),
             state=AgentCallState.RUNNING,
             owner=self.run.owner,
             lease_expires_at=now + spec.lease,
@@ -237,13 +239,14 @@ class _Flow:
         if outcome == "claimed":
             self.token = row.fencing_token
             return "run", None
+        self._check_same_call(row)
         if row.state is AgentCallState.REFUSED:
             raise self._budget_error(row.error or "step budget exhausted", "steps", row)
         if spec.kind == "read" and row.state is not AgentCallState.RUNNING:
             self.token = 0  # a repeated read runs again, without touching its audit row
             return "run", None
         if row.state is AgentCallState.SUCCEEDED:
-            if row.result is None:
+            if row.result_json is None:
                 raise ToolCallFailedError(
                     f"call {row.key} of {spec.name!r} succeeded but its result was not "
                     "JSON-serialisable, so it cannot be replayed; it is not run again",
@@ -252,7 +255,7 @@ class _Flow:
                     tool=spec.name,
                     error=row.result_summary or "",
                 )
-            return "return", json.loads(row.result)
+            return "return", row.result
         if row.state is AgentCallState.FAILED:
             raise ToolCallFailedError(
                 f"call {row.key} of {spec.name!r} failed before ({row.error}); it is not run again",
@@ -270,6 +273,35 @@ class _Flow:
         if row.lease_expires_at <= now:
             return self._take_over(row, now, allow_unknown=False)
         return "wait", None
+
+    def _check_same_call(self, row: AgentCall) -> None:
+        """A recorded call under this key must be this tool with these arguments.
+
+        Derived keys contain both, so only an explicit call id reused for another tool or
+        other arguments lands here; it is refused like the middleware's 422 for a reused key.
+        """
+        run, call = self.run, self.call
+        assert run is not None and call is not None
+        if row.tool == call.tool and row.arguments_hash == call.arguments_hash:
+            return
+        name = self.call_id if self.call_id is not None else row.key
+        what = (
+            f"for tool {row.tool!r}, not {call.tool!r}"
+            if row.tool != call.tool
+            else f"for {call.tool!r} with other arguments"
+        )
+        raise CallIdReusedError(
+            f"call id {name!r} of run {run.id!r} was already used {what} "
+            f"(arguments hash {row.arguments_hash} recorded, {call.arguments_hash} now); "
+            "nothing ran. Give each logical call its own call id",
+            run_id=run.id,
+            key=row.key,
+            tool=call.tool,
+            call_id=name,
+            recorded_tool=row.tool,
+            recorded_arguments_hash=row.arguments_hash,
+            arguments_hash=call.arguments_hash,
+        )
 
     def _take_over(self, row: AgentCall, now: float, *, allow_unknown: bool) -> tuple[str, Any]:
         run = self.run

@@ -55,13 +55,24 @@ def _run_dict(r: AgentRunRecord) -> dict[str, Any]:
 
 
 def _call_dict(c: AgentCall) -> dict[str, Any]:
+    """The call for ``--json``: ``arguments`` and ``result`` as JSON values, not JSON text."""
     d = asdict(c)
     d["state"] = c.state.value
-    d["arguments"] = json.loads(c.arguments)
-    d.pop("owner")
-    d.pop("fencing_token")
-    d.pop("lease_expires_at")
+    d["arguments"] = c.arguments
+    d["result"] = c.result
+    for name in ("arguments_json", "result_json", "owner", "fencing_token", "lease_expires_at"):
+        d.pop(name)
     return d
+
+
+def _short_key(key: str) -> str:
+    """``agent-3f2a9c…9e1b7d04``: enough to tell keys apart in an 80-column table."""
+    return key if len(key) <= 21 else f"{key[:12]}…{key[-8:]}"
+
+
+def _short_tool(name: str, width: int = 20) -> str:
+    """The end of a long tool name (``…ls>.create_ticket``): qualnames differ at the end."""
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
 @click.group()
@@ -104,9 +115,14 @@ def runs(store: str, limit: int, as_json: bool) -> None:
 @agents.command("calls")
 @click.argument("run_id")
 @store_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def calls(run_id: str, store: str, as_json: bool) -> None:
-    """List RUN_ID's logical tool calls: one row per call, its key, state and result."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (full keys).")
+@click.option("--wide", is_flag=True, help="Show full keys in the table.")
+def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:
+    """List RUN_ID's logical tool calls: one row per call, its key, state and result.
+
+    The table shortens keys (first 12 and last 8 characters); ``--wide`` or ``--json``
+    shows them in full.
+    """
     with _store(store) as s:
         if s.get_agent_run(run_id) is None:
             fail(f"no agent run {run_id!r} in {store}")
@@ -114,31 +130,35 @@ def calls(run_id: str, store: str, as_json: bool) -> None:
     if as_json:
         _emit([_call_dict(c) for c in rows])
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"calls of agent run {run_id}")
-    table.add_column("step", justify="right")
+    # Fits 80 columns: no rules between columns, a shortened key, short columns that never
+    # wrap; only the result wraps. --wide adds the full key, kind, arguments hash and times.
+    table = Table(title=f"calls of agent run {run_id}", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("step", justify="right", no_wrap=True)
     table.add_column("tool", no_wrap=True)
-    table.add_column("kind")
-    table.add_column("state", no_wrap=True)
-    table.add_column("attempts", justify="right")
-    table.add_column("key", overflow="fold")
-    table.add_column("args hash", overflow="fold")
-    table.add_column("result / error", overflow="fold")
-    table.add_column("created")
-    table.add_column("finished")
+    if wide:
+        table.add_column("kind", no_wrap=True)
+    table.add_column("state", no_wrap=True, min_width=9)
+    table.add_column("att", justify="right", no_wrap=True)
+    table.add_column("key", no_wrap=True, min_width=21)
+    table.add_column("result / error", overflow="fold", min_width=12)
+    if wide:
+        table.add_column("args hash", no_wrap=True, overflow="ellipsis")
+        table.add_column("created", no_wrap=True, overflow="ellipsis")
+        table.add_column("finished", no_wrap=True, overflow="ellipsis")
     for c in rows:
-        table.add_row(
-            str(c.step),
-            c.tool,
-            c.kind,
+        cells = [str(c.step), c.tool if wide else _short_tool(c.tool)]
+        cells += [c.kind] if wide else []
+        cells += [
             c.state.value,
             str(c.attempts),
-            c.key,
-            c.arguments_hash[:12],
+            c.key if wide else _short_key(c.key),
             c.error or c.result_summary or "",
-            _when(c.created_at),
-            _when(c.finished_at),
-        )
+        ]
+        if wide:
+            cells += [c.arguments_hash[:16], _when(c.created_at), _when(c.finished_at)]
+        table.add_row(*cells)
     Console().print(table)

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 
-from retrysafe.cli._client import _attempts_table, _emit, _errors, _JsonLines, _when
+from retrysafe.cli._client import (
+    _attempts_table,
+    _emit,
+    _errors,
+    _JsonLines,
+    _sqlite_path,
+    _when,
+)
 from retrysafe.cli._common import fail, store_option
 from retrysafe.stores._base import WebhookDelivery, WebhookEndpoint
 
@@ -44,6 +50,46 @@ def _hooks(store: str, allow_private: bool = False) -> Iterator[Any]:
 
     with _errors(store), Webhooks(store, allow_private=allow_private) as hooks:
         yield hooks
+
+
+@contextmanager
+def _reader(store: str) -> Iterator[Any]:
+    """Webhooks for a command that only reads: a SQLite store is opened read-only and a
+    missing file is an error (a typo must not create an empty store)."""
+    path = _sqlite_path(store)
+    if path is None:
+        with _hooks(store) as hooks:
+            yield hooks
+        return
+    from retrysafe.stores import SQLiteStore
+    from retrysafe.webhooks import Webhooks
+
+    with _errors(store):
+        opened = SQLiteStore(path, readonly=True)
+        try:
+            with Webhooks(opened) as hooks:
+                yield hooks
+        finally:
+            opened.close()
+
+
+def _read_payload(payload: str) -> str:
+    """PAYLOAD as text: itself, the file after ``@``, or stdin for ``-`` (UTF-8 only)."""
+    if payload == "-":
+        name, raw = "stdin", click.get_binary_stream("stdin").read()
+    elif payload.startswith("@"):
+        name = payload[1:]
+        try:
+            with open(name, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            fail(f"cannot read {name}: {exc.strerror or exc}")
+    else:
+        return payload
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"{name} is not UTF-8 text (byte {exc.start})")
 
 
 def _endpoints_table(endpoints: list[WebhookEndpoint]) -> None:
@@ -152,7 +198,7 @@ def endpoints_add(
 @_json_option
 def endpoints_list(store: str, as_json: bool) -> None:
     """List endpoints."""
-    with _hooks(store) as hooks, _errors(store):
+    with _reader(store) as hooks, _errors(store):
         found = hooks.list_endpoints()
         if as_json:
             _emit([e.to_dict() for e in found])
@@ -167,7 +213,7 @@ def endpoints_list(store: str, as_json: bool) -> None:
 @_json_option
 def endpoints_show(store: str, endpoint_id: str, secrets: bool, as_json: bool) -> None:
     """Show one endpoint (id or unique prefix)."""
-    with _hooks(store) as hooks, _errors(store):
+    with _reader(store) as hooks, _errors(store):
         _show_endpoint(hooks.get_endpoint(endpoint_id), as_json, secrets)
 
 
@@ -203,6 +249,8 @@ def endpoints_update(
 
     if rotate and secret is not None:
         raise click.UsageError("give --secret or --rotate, not both")
+    if no_rate_limit and rate_limit is not None:
+        raise click.UsageError("give --rate-limit or --no-rate-limit, not both")
     limit: dict[str, Any] = {}
     if no_rate_limit:
         limit["rate_limit"] = None
@@ -276,14 +324,7 @@ def endpoints_delete(store: str, endpoint_id: str, yes: bool) -> None:
 @_json_option
 def send(store: str, event_type: str, payload: str, event_id: str | None, as_json: bool) -> None:
     """Record an event (PAYLOAD: JSON text, @file, or - for stdin) and its deliveries."""
-    if payload == "-":
-        payload = sys.stdin.read()
-    elif payload.startswith("@"):
-        try:
-            with open(payload[1:], encoding="utf-8") as f:
-                payload = f.read()
-        except OSError as exc:
-            fail(f"cannot read {payload[1:]}: {exc.strerror or exc}")
+    payload = _read_payload(payload)
     try:
         value = json.loads(payload)
     except ValueError as exc:
@@ -313,7 +354,7 @@ def dlq_list(
     store: str, endpoint_id: str | None, event_type: str | None, limit: int, as_json: bool
 ) -> None:
     """Dead letters: exhausted (unknown) and rejected deliveries."""
-    with _hooks(store) as hooks, _errors(store):
+    with _reader(store) as hooks, _errors(store):
         found = hooks.dead_letters(endpoint_id=endpoint_id, event_type=event_type, limit=limit)
         if as_json:
             _emit([d.to_dict() for d in found])
@@ -327,7 +368,7 @@ def dlq_list(
 @_json_option
 def dlq_show(store: str, delivery_id: str, as_json: bool) -> None:
     """One delivery with all its attempts."""
-    with _hooks(store) as hooks, _errors(store):
+    with _reader(store) as hooks, _errors(store):
         d = hooks.delivery(delivery_id)
         attempts = hooks.attempts(d.id)
         if as_json:
@@ -399,6 +440,12 @@ def worker(store: str, concurrency: int, until_idle: bool, allow_private: bool) 
     log.setLevel(logging.INFO)
     try:
         with _hooks(store, allow_private) as hooks, _errors(store):
+            for endpoint, exc in hooks.refused_endpoints():
+                click.echo(
+                    f"retrysafe: warning: endpoint {endpoint.id} will not be delivered to: "
+                    f"{exc} (pass --allow-private to this worker too)",
+                    err=True,
+                )
             w = hooks.worker(concurrency=concurrency)
             try:
                 w.run(until_idle=until_idle, handle_signals=True)

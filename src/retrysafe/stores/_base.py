@@ -10,6 +10,7 @@ Times are Unix seconds (float). ``lease`` and ``retention`` are durations in sec
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -50,7 +51,17 @@ class KeyStore(Protocol):
       fencing token: they change the record only while it is ``running`` under exactly that
       token, so an owner whose lease was taken over can never overwrite or delete the new
       owner's record.
-    * Every fencing token of a key hash is larger than all earlier ones.
+    * Every fencing token of a key hash is larger than all earlier ones — also across
+      ``release``: a released key reads as absent (``get`` returns None, ``claim`` takes it)
+      but the store remembers its last token (a tombstone row; Redis: a per-key counter), so
+      the next claim's token is larger and an owner fenced out before the release still
+      matches nothing. Otherwise a take-over, a release and a new claim could hand the first
+      owner's token 1 out again, and that owner's late ``complete`` would overwrite the new
+      owner's record.
+    * Residual caveat: ``purge_keys`` deletes records and tombstones once their retention
+      ended, and with them the key's token history (Redis: the counter's TTL). An owner
+      still running past the retention window could then match a fresh claim's token; keep
+      retention far longer than any handler runs (it is hours, leases are seconds).
 
     Errors: :class:`~retrysafe.StoreUnavailableError` when the store cannot serve now (callers
     answer 503), :class:`~retrysafe.StoreError` for anything else; driver errors are chained.
@@ -84,7 +95,8 @@ class KeyStore(Protocol):
         ...
 
     def release(self, key_hash: str, fencing_token: int) -> bool:
-        """Delete the running record so the next attempt runs again. False when not owner."""
+        """Release the running record so the next attempt runs again: it reads as absent from
+        then on, while its fencing token stays remembered (see above). False when not owner."""
         ...
 
     def extend_lease(self, key_hash: str, fencing_token: int, *, now: float, lease: float) -> bool:
@@ -96,8 +108,8 @@ class KeyStore(Protocol):
         ...
 
     def purge_keys(self, *, now: float, batch: int = 1000) -> int:
-        """Delete records whose retention ended at or before ``now``, at most ``batch`` per
-        statement, until none remain; return how many were deleted."""
+        """Delete records (released ones included) whose retention ended at or before ``now``,
+        at most ``batch`` per statement, until none remain; return how many were deleted."""
         ...
 
     def close(self) -> None:
@@ -726,9 +738,11 @@ class AgentCall:
 
     Attributes:
         key: the call's idempotency key (derived from run, tool, step and arguments).
-        arguments: canonical JSON of the bound arguments; ``arguments_hash`` its SHA-256.
+        arguments_json: canonical JSON text of the bound arguments; ``arguments_hash`` its
+            SHA-256. :attr:`arguments` is the decoded value.
         signature: hash of the tool's parameters when the call was first recorded.
-        result: the result as JSON text (None until SUCCEEDED, or when not JSON-serialisable).
+        result_json: the result as JSON text (None until SUCCEEDED, or when not
+            JSON-serialisable). :attr:`result` is the decoded value.
         result_summary: a short human-readable summary (≤ 200 characters).
         fencing_token: proves which claimant may finish the call; ``owner`` names it.
     """
@@ -740,18 +754,30 @@ class AgentCall:
     kind: str
     signature: str
     arguments_hash: str
-    arguments: str
+    arguments_json: str
     state: AgentCallState
     attempts: int = 0
     fencing_token: int = 1
     owner: str = ""
     lease_expires_at: float = 0.0
-    result: str | None = None
+    result_json: str | None = None
     result_summary: str | None = None
     error: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
     finished_at: float | None = None
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The bound arguments as JSON values (``{parameter: value}``; tuples are lists)."""
+        value: dict[str, Any] = json.loads(self.arguments_json)
+        return value
+
+    @property
+    def result(self) -> Any:
+        """The stored result as JSON values (a tuple comes back as a list); None when there
+        is none (not SUCCEEDED, or not JSON-serialisable: see ``result_summary``)."""
+        return None if self.result_json is None else json.loads(self.result_json)
 
 
 @runtime_checkable

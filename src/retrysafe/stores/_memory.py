@@ -23,6 +23,9 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._keys: dict[str, KeyRecord] = {}
+        # Tombstones of released keys: key hash -> (last fencing token, expires_at). They
+        # read as absent but keep the token sequence going (see KeyStore).
+        self._released: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -35,11 +38,15 @@ class MemoryStore:
             existing = self._keys.get(key_hash)
             if existing is not None and existing.expires_at > now:
                 return False, existing
+            if existing is not None:
+                last = existing.fencing_token
+            else:
+                last = self._released.pop(key_hash, (0, 0.0))[0]
             record = KeyRecord(
                 key_hash=key_hash,
                 fingerprint=fingerprint,
                 state=KeyState.RUNNING,
-                fencing_token=1 if existing is None else existing.fencing_token + 1,
+                fencing_token=last + 1,
                 lease_expires_at=now + lease,
                 expires_at=now + max(retention, lease),
             )
@@ -85,9 +92,11 @@ class MemoryStore:
 
     def release(self, key_hash: str, fencing_token: int) -> bool:
         with self._lock:
-            if self._owned(key_hash, fencing_token) is None:
+            rec = self._owned(key_hash, fencing_token)
+            if rec is None:
                 return False
             del self._keys[key_hash]
+            self._released[key_hash] = (rec.fencing_token, rec.expires_at)
             return True
 
     def extend_lease(self, key_hash: str, fencing_token: int, *, now: float, lease: float) -> bool:
@@ -107,7 +116,10 @@ class MemoryStore:
             dead = [k for k, r in self._keys.items() if r.expires_at <= now]
             for k in dead:
                 del self._keys[k]
-            return len(dead)
+            gone = [k for k, (_, exp) in self._released.items() if exp <= now]
+            for k in gone:
+                del self._released[k]
+            return len(dead) + len(gone)
 
     def close(self) -> None:
         pass

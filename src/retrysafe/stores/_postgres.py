@@ -1,8 +1,9 @@
 """The PostgreSQL key store: many API replicas sharing one database (SPEC §9).
 
 Every primitive is one statement: a claim is ``INSERT … ON CONFLICT (key_hash) DO UPDATE …
-WHERE expires_at <= now RETURNING``, every fenced write an ``UPDATE``/``DELETE`` guarded by the
-fencing token, so PostgreSQL's row locks make each of them atomic across processes and hosts.
+WHERE expires_at <= now OR state = 'released' RETURNING``, every fenced write an ``UPDATE``
+guarded by the fencing token, so PostgreSQL's row locks make each of them atomic across
+processes and hosts.
 All SQL lives in ``sql/postgres.sql``.
 
 Clock: by default (``clock="server"``) leases and retention are measured on the **database
@@ -85,7 +86,8 @@ class PostgresStore:
     Concurrency contract: see :class:`~retrysafe.stores.KeyStore` — claims insert if absent or
     expired else return the existing record, fenced writes are compare-and-swap on the fencing
     token, tokens grow by one per claim or takeover of a key hash (a row is replaced in place,
-    never deleted and re-inserted, except by ``release`` and ``purge_keys``).
+    never deleted and re-inserted: ``release`` leaves a ``released`` tombstone that keeps the
+    token; only ``purge_keys`` deletes rows, once their retention ended).
 
     Args:
         url: ``postgresql://user:password@host:port/database`` (or ``postgres://``); any libpq

@@ -1,8 +1,9 @@
 """The embedded default store: one SQLite file in WAL mode (SPEC §9).
 
 Safe for many threads and many processes on one host: every claim is a single
-``INSERT … ON CONFLICT … RETURNING`` statement and every fenced write a single ``UPDATE``/
-``DELETE`` guarded by the fencing token, so SQLite's write lock makes each of them atomic.
+``INSERT … ON CONFLICT … RETURNING`` statement and every fenced write a single ``UPDATE``
+guarded by the fencing token (``release`` too: it leaves a tombstone, see
+:class:`~retrysafe.stores.KeyStore`), so SQLite's write lock makes each of them atomic.
 Each thread gets its own connection. All SQL lives in ``sql/sqlite.sql``.
 """
 

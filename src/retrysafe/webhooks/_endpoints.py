@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from retrysafe._exceptions import ConfigurationError
 from retrysafe.client._jobs import _check_url
@@ -49,12 +50,24 @@ def new_event_id() -> str:
 
 
 def check_url(url: object) -> str:
-    """An http(s) URL with a host and no whitespace.
+    """An http(s) URL with a host, no whitespace and no credentials.
+
+    A ``user:password@`` part is refused: a receiver authenticates deliveries by their
+    signature (the webhook secret), and endpoint URLs are printed by ``list`` and ``show``.
 
     Raises:
         ConfigurationError: anything else (``option="url"``).
     """
-    return _check_url(url)
+    checked = _check_url(url)
+    parts = urlsplit(checked)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigurationError(
+            f"the endpoint URL for host {parts.hostname or ''!r} must not carry credentials "
+            "(user:password@); deliveries are authenticated by their signature (the webhook "
+            "secret)",
+            option="url",
+        )
+    return checked
 
 
 def check_secret(secret: object) -> str:

@@ -16,14 +16,22 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, WebhookVerificationError
 from retrysafe.core import KeyState, StoredResponse
 from retrysafe.stores._base import KeyStore
-from retrysafe.webhooks._signing import DEFAULT_TOLERANCE, parse_secret, verify
+from retrysafe.webhooks._signing import (
+    DEFAULT_TOLERANCE,
+    Body,
+    Headers,
+    as_body,
+    as_headers,
+    parse_secret,
+    verify,
+)
 
 __all__ = ["Receipt", "WebhookMiddleware", "WebhookVerifier"]
 
@@ -108,13 +116,22 @@ class WebhookVerifier:
             self.store.close()
             self._owns_store = False
 
-    def verify(self, headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
+    def verify(self, headers: Headers, body: Body) -> tuple[str, Any]:
         """Check signature and timestamp; return ``(webhook_id, JSON payload)``.
+
+        Args:
+            headers: a mapping (``dict``, framework headers) or ``(name, value)`` pairs
+                (raw ASGI ``scope["headers"]``), names and values ``str`` or ``bytes``.
+            body: the raw request body, ``bytes`` or ``str`` (encoded as UTF-8, as the
+                official ``standardwebhooks`` library does).
 
         Raises:
             WebhookVerificationError: bad headers, stale timestamp, no matching signature,
                 or a body that is not JSON.
+            TypeError: headers or body of another type.
         """
+        body = as_body(body)
+        headers = as_headers(headers)
         webhook_id = verify(self._keys, headers, body, now=self._clock(), tolerance=self.tolerance)
         try:
             payload = json.loads(body)
@@ -159,9 +176,7 @@ class WebhookVerifier:
         assert self.store is not None
         self.store.release(self._key_hash(webhook_id), token)
 
-    def receive(
-        self, headers: Mapping[str, str], body: bytes, handler: Callable[[Any], _T]
-    ) -> Receipt:
+    def receive(self, headers: Headers, body: Body, handler: Callable[[Any], _T]) -> Receipt:
         """Verify, then run ``handler(payload)`` once per ``webhook-id``.
 
         Raises:
@@ -169,7 +184,9 @@ class WebhookVerifier:
                 not run).
             Exception: whatever the handler raised (the claim is released, so the sender's
                 retry runs it again).
+            TypeError: headers or body of another type (see :meth:`verify`).
         """
+        body = as_body(body)
         webhook_id, payload = self.verify(headers, body)
         if self.store is None:
             return Receipt(webhook_id, payload, False, False, handler(payload))
@@ -186,11 +203,12 @@ class WebhookVerifier:
 
     async def areceive(
         self,
-        headers: Mapping[str, str],
-        body: bytes,
+        headers: Headers,
+        body: Body,
         handler: Callable[[Any], Awaitable[_T]],
     ) -> Receipt:
         """:meth:`receive` for an async handler."""
+        body = as_body(body)
         webhook_id, payload = self.verify(headers, body)
         if self.store is None:
             return Receipt(webhook_id, payload, False, False, await handler(payload))
@@ -205,7 +223,7 @@ class WebhookVerifier:
         self._complete(webhook_id, token)
         return Receipt(webhook_id, payload, False, False, result)
 
-    def handler(self, fn: Callable[[Any], _T]) -> Callable[[Mapping[str, str], bytes], Receipt]:
+    def handler(self, fn: Callable[[Any], _T]) -> Callable[[Headers, Body], Receipt]:
         """Decorator: ``fn(payload)`` becomes ``(headers, body) -> Receipt``, verified and
         run once per ``webhook-id``::
 
@@ -216,7 +234,7 @@ class WebhookVerifier:
         """
 
         @functools.wraps(fn)
-        def wrapper(headers: Mapping[str, str], body: bytes) -> Receipt:
+        def wrapper(headers: Headers, body: Body) -> Receipt:
             return self.receive(headers, body, fn)
 
         return wrapper

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from retrysafe._exceptions import (
     ConfigurationError,
+    DestinationRefusedError,
     EndpointNotFoundError,
     JobNotFoundError,
     WebhookError,
@@ -506,7 +507,9 @@ class Webhooks:
 
         Raises:
             JobNotFoundError: an id matches no delivery.
-            WebhookError: an explicit id is not in ``states`` or its endpoint is disabled.
+            EndpointNotFoundError: ``endpoint_id`` matches no endpoint.
+            WebhookError: an explicit id is not in ``states``, or its endpoint (or the
+                ``endpoint_id`` endpoint) is disabled.
         """
         if isinstance(ids, str):
             ids = [ids]
@@ -527,6 +530,14 @@ class Webhooks:
                         endpoint_id=d.endpoint_id,
                     )
         else:
+            if endpoint_id is not None:
+                endpoint = self.get_endpoint(endpoint_id)
+                if not endpoint.enabled:
+                    raise WebhookError(
+                        f"endpoint {endpoint.id} is disabled; enable it first "
+                        "(enable_endpoint(replay_missed=True) replays all)",
+                        endpoint_id=endpoint.id,
+                    )
             enabled = {e.id for e in self.store.list_endpoints() if e.enabled}
             targets = [
                 d
@@ -566,6 +577,24 @@ class Webhooks:
         )
 
     # ------------------------------------------------------------------ the worker
+    def refused_endpoints(self) -> list[tuple[WebhookEndpoint, DestinationRefusedError]]:
+        """The enabled endpoints the SSRF guard would refuse now (empty when
+        ``allow_private``): every attempt to them fails with ``DestinationRefused`` until
+        the schedule runs out. Resolves each host once (blocking); a host that does not
+        resolve is not listed (DNS may be down for a moment)."""
+        if self.allow_private:
+            return []
+        refused = []
+        for endpoint in self.store.list_endpoints():
+            if not endpoint.enabled:
+                continue
+            try:
+                self._check_destination(endpoint.url)
+            except DestinationRefusedError as exc:
+                if exc.reason != "unresolved":
+                    refused.append((endpoint, exc))
+        return refused
+
     def worker(self, **options: Any) -> Worker:
         """A :class:`~retrysafe.client.Worker` that delivers webhooks: signs each attempt,
         follows each endpoint's schedule, pins the checked address (SSRF guard).
@@ -576,10 +605,21 @@ class Webhooks:
         ``options`` are the Worker's (``concurrency``, ``poll_interval``, ``rng``, …); a
         ``transport`` is wrapped by the SSRF guard. ``headers_for_attempt``, ``decide`` and
         ``queue`` are this object's; an ``on_attempt`` is called after this object's own.
+
+        Without ``allow_private``, logs one warning per enabled endpoint on a private,
+        loopback or link-local address (see :meth:`refused_endpoints`): its deliveries
+        would be refused at every attempt.
         """
         if options.pop("queue", QUEUE) != QUEUE:
             raise ConfigurationError(
                 f"the webhook worker delivers the {QUEUE!r} queue only", option="queue"
+            )
+        for endpoint, exc in self.refused_endpoints():
+            logger.warning(
+                "endpoint %s is on a refused address and this worker does not allow private "
+                "destinations: its deliveries will fail (%s)",
+                endpoint.id,
+                exc,
             )
         options.setdefault("policy", self.outbox.policy)
         options.setdefault("clock", self._clock)

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 from retrysafe._exceptions import ConfigurationError, WebhookVerificationError
 
@@ -25,6 +26,10 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "MIN_SECRET_BYTES",
     "SECRET_PREFIX",
+    "Body",
+    "Headers",
+    "as_body",
+    "as_headers",
     "generate_secret",
     "parse_secret",
     "sign",
@@ -116,6 +121,68 @@ def signature_header(
     return " ".join(sign(s, msg_id, timestamp, body) for s in secrets_)
 
 
+#: A request body: the raw bytes, or text (encoded as UTF-8, as the official
+#: ``standardwebhooks`` library does).
+Body: TypeAlias = bytes | bytearray | memoryview | str
+#: Request headers: a mapping (``dict``, Starlette/Werkzeug/requests headers) or an iterable of
+#: ``(name, value)`` pairs (raw ASGI ``scope["headers"]``), names and values ``str`` or
+#: ``bytes`` (bytes decoded as Latin-1, as HTTP and ASGI do).
+Headers: TypeAlias = Mapping[str, str] | Mapping[bytes, bytes] | Iterable[tuple[Any, Any]]
+
+
+def as_body(body: object) -> bytes:
+    """The body bytes that were signed: ``bytes``-like as is, ``str`` encoded as UTF-8.
+
+    Raises:
+        TypeError: any other type.
+    """
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    raise TypeError(
+        f"the webhook body must be the raw request body as bytes or str, not {type(body).__name__}"
+    )
+
+
+def _text(value: object, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("latin-1")
+    raise TypeError(f"a webhook header {what} must be str or bytes, not {type(value).__name__}")
+
+
+def as_headers(headers: object) -> dict[str, str]:
+    """Headers as ``{lower-case name: value}`` from a mapping or ``(name, value)`` pairs of
+    ``str`` or ``bytes`` (a repeated name keeps its first value).
+
+    Raises:
+        TypeError: anything else (a bare string, a pair that is not two items, other types).
+    """
+    if isinstance(headers, (str, bytes, bytearray)):
+        raise TypeError("webhook headers must be a mapping or (name, value) pairs, not a string")
+    items: Any
+    if hasattr(headers, "items") and callable(headers.items):
+        items = headers.items()
+    elif isinstance(headers, Iterable):
+        items = headers
+    else:
+        raise TypeError(
+            "webhook headers must be a mapping or (name, value) pairs, not "
+            f"{type(headers).__name__}"
+        )
+    out: dict[str, str] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"a webhook header must be a (name, value) pair, not {item!r}")
+        name = _text(item[0], "name").lower()
+        out.setdefault(name, _text(item[1], "value"))
+    return out
+
+
 def _header(headers: Mapping[str, str], name: str, msg_id: str | None) -> str:
     for key, value in headers.items():
         if key.lower() == name:
@@ -127,8 +194,8 @@ def _header(headers: Mapping[str, str], name: str, msg_id: str | None) -> str:
 
 def verify(
     secrets_: str | bytes | Iterable[str | bytes],
-    headers: Mapping[str, str],
-    body: bytes,
+    headers: Headers,
+    body: Body,
     *,
     now: float,
     tolerance: float = DEFAULT_TOLERANCE,
@@ -137,8 +204,9 @@ def verify(
 
     Args:
         secrets_: the endpoint's secret, or several (any may match, for rotation).
-        headers: the request headers (names compared case-insensitively).
-        body: the exact raw request body.
+        headers: the request headers (names compared case-insensitively): a mapping or
+            ``(name, value)`` pairs, ``str`` or ``bytes`` (see :func:`as_headers`).
+        body: the exact raw request body, ``bytes`` or ``str`` (encoded as UTF-8).
         now: the receiver's Unix time in seconds.
         tolerance: seconds the timestamp may differ from ``now`` either way (default 300).
 
@@ -149,7 +217,11 @@ def verify(
         WebhookVerificationError: a missing or malformed header, a timestamp outside the
             tolerance, or no ``v1`` signature that matches.
         ConfigurationError: a malformed secret (a bug on the receiver's side).
+        TypeError: headers or body of another type (see :func:`as_headers`,
+            :func:`as_body`).
     """
+    body = as_body(body)
+    headers = as_headers(headers)
     if isinstance(secrets_, (str, bytes)):
         secrets_ = [secrets_]
     keys = [s if isinstance(s, bytes) else parse_secret(s) for s in secrets_]

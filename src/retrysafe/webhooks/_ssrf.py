@@ -35,9 +35,23 @@ class DestinationRefused(httpx.ConnectError):
 
 def address_problem(ip: IPAddress) -> str | None:
     """Why ``ip`` is refused (``"loopback"``, ``"private"``, …), or None when it is a
-    global unicast address."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    global unicast address.
+
+    IPv6 addresses that carry an IPv4 address are judged by it too: IPv4-mapped
+    (``::ffff:0:0/96``), 6to4 (``2002::/16``, RFC 3056) and Teredo (``2001::/32``, RFC 4380:
+    server and client), so ``[2002:7f00:1::]`` is refused as loopback. An embedded address
+    that passes does not make the IPv6 address pass: it is still checked itself.
+    """
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        else:
+            embedded = [ip.sixtofour] if ip.sixtofour is not None else []
+            embedded += list(ip.teredo or ())
+            for v4 in embedded:
+                problem = address_problem(v4)
+                if problem is not None:
+                    return problem
     if ip.is_loopback:
         return "loopback"
     if ip.is_link_local:
@@ -75,8 +89,9 @@ def resolve_checked(host: str, port: int, *, allow_private: bool, url: str) -> l
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise DestinationRefusedError(
-                f"{url}: host {host!r} does not resolve ({exc})", url=url, reason="unresolved"
+                f"{url}: host {host!r} does not resolve ({why})", url=url, reason="unresolved"
             ) from exc
         addresses = []
         for info in infos:
@@ -93,7 +108,8 @@ def resolve_checked(host: str, port: int, *, allow_private: bool, url: str) -> l
             if problem is not None:
                 raise DestinationRefusedError(
                     f"{url} resolves to {problem} address {ip}; webhooks to private networks "
-                    "are refused (SSRF guard) unless allow_private=True",
+                    "are refused (SSRF guard) unless allowed: Webhooks(..., "
+                    "allow_private=True), or --allow-private on the command line",
                     url=url,
                     address=str(ip),
                     reason=problem,

@@ -27,7 +27,9 @@ CREATE TABLE IF NOT EXISTS retrysafe_meta (
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     key_hash         text PRIMARY KEY,
     fingerprint      text NOT NULL,
-    state            text NOT NULL CHECK (state IN ('running', 'completed')),
+    -- 'released': a tombstone left by release_key. It keeps fencing_token so the next claim
+    -- continues the key's token sequence; every key statement treats it as absent.
+    state            text NOT NULL CHECK (state IN ('running', 'completed', 'released')),
     fencing_token    bigint NOT NULL,
     lease_expires_at double precision NOT NULL,
     expires_at       double precision NOT NULL,
@@ -46,7 +48,8 @@ INSERT INTO retrysafe_meta (name, value) VALUES ('schema_version', %(version)s)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 
 -- name: claim_key
--- Insert if absent; replace if the record's retention has expired (it counts as absent). The
+-- Insert if absent; replace if the record's retention has expired or it was released (both
+-- count as absent; the token sequence continues). The
 -- conflicting row is locked by ON CONFLICT, so of concurrent claims exactly one inserts or
 -- replaces. Returns the new record only when this call claimed the key; otherwise no row.
 INSERT INTO idempotency_keys AS k
@@ -66,13 +69,15 @@ ON CONFLICT (key_hash) DO UPDATE SET
     expires_at = excluded.expires_at,
     status = NULL, headers = NULL, body = NULL, replayable = true
 WHERE k.expires_at <= coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)
+   OR k.state = 'released'
 RETURNING key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
           status, headers, body, replayable;
 
 -- name: get_key
+-- A released record (tombstone) reads as absent.
 SELECT key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
        status, headers, body, replayable
-FROM idempotency_keys WHERE key_hash = %(key_hash)s;
+FROM idempotency_keys WHERE key_hash = %(key_hash)s AND state <> 'released';
 
 -- name: take_over_key
 -- Compare-and-swap: only the running record of exactly this token, and only once its lease
@@ -96,7 +101,12 @@ SET state = 'completed', status = %(status)s, headers = %(headers)s, body = %(bo
 WHERE key_hash = %(key_hash)s AND fencing_token = %(token)s AND state = 'running';
 
 -- name: release_key
-DELETE FROM idempotency_keys
+-- Leaves a tombstone, not a gap: deleting the row would restart the key's fencing tokens at 1
+-- on the next claim, and a fenced-out owner still holding token 1 would own that claim. The
+-- tombstone keeps its token and expires_at (purge_keys removes it once that passed).
+UPDATE idempotency_keys
+SET state = 'released', fingerprint = '', status = NULL, headers = NULL, body = NULL,
+    replayable = true
 WHERE key_hash = %(key_hash)s AND fencing_token = %(token)s AND state = 'running';
 
 -- name: extend_key_lease

@@ -16,7 +16,9 @@ CREATE TABLE IF NOT EXISTS retrysafe_meta (
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     key_hash         TEXT NOT NULL UNIQUE,
     fingerprint      TEXT NOT NULL,
-    state            TEXT NOT NULL CHECK (state IN ('running', 'completed')),
+    -- 'released': a tombstone left by release_key. It keeps fencing_token so the next claim
+    -- continues the key's token sequence; every key statement treats it as absent.
+    state            TEXT NOT NULL CHECK (state IN ('running', 'completed', 'released')),
     fencing_token    INTEGER NOT NULL,
     lease_expires_at REAL NOT NULL,
     expires_at       REAL NOT NULL,
@@ -150,7 +152,8 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 
 -- name: claim_key
 -- ?1 key_hash, ?2 fingerprint, ?3 lease_expires_at, ?4 expires_at, ?5 now.
--- Insert if absent; replace if the record's retention has expired (it counts as absent).
+-- Insert if absent; replace if the record's retention has expired or it was released (both
+-- count as absent), continuing its token sequence.
 -- Returns the new fencing token only when this call claimed the key; otherwise no row.
 INSERT INTO idempotency_keys
     (key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at)
@@ -162,14 +165,14 @@ ON CONFLICT (key_hash) DO UPDATE SET
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     status = NULL, headers = NULL, body = NULL, replayable = 1
-WHERE idempotency_keys.expires_at <= ?5
+WHERE idempotency_keys.expires_at <= ?5 OR idempotency_keys.state = 'released'
 RETURNING fencing_token;
 
 -- name: get_key
--- ?1 key_hash.
+-- ?1 key_hash. A released record (tombstone) reads as absent.
 SELECT key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
        status, headers, body, replayable
-FROM idempotency_keys WHERE key_hash = ?1;
+FROM idempotency_keys WHERE key_hash = ?1 AND state <> 'released';
 
 -- name: take_over_key
 -- ?1 key_hash, ?2 fencing_token, ?3 lease_expires_at, ?4 now.
@@ -191,7 +194,12 @@ WHERE key_hash = ?1 AND fencing_token = ?2 AND state = 'running';
 
 -- name: release_key
 -- ?1 key_hash, ?2 fencing_token.
-DELETE FROM idempotency_keys
+-- Leaves a tombstone, not a gap: deleting the row would restart the key's fencing tokens at 1
+-- on the next claim, and a fenced-out owner still holding token 1 would own that claim. The
+-- tombstone keeps its token and expires_at (purge_keys removes it once that passed).
+UPDATE idempotency_keys
+SET state = 'released', fingerprint = '', status = NULL, headers = NULL, body = NULL,
+    replayable = 1
 WHERE key_hash = ?1 AND fencing_token = ?2 AND state = 'running';
 
 -- name: extend_key_lease
@@ -436,10 +444,13 @@ WHERE state = 'pending'
   AND id IN (SELECT job_id FROM webhook_deliveries WHERE endpoint_id = :id);
 
 -- name: retarget_endpoint_jobs
--- A new endpoint URL applies to the deliveries not sent yet or waiting for a replay.
+-- A new endpoint URL applies to every delivery not succeeded yet, whatever its lease state:
+-- pending, parked, dead letters, and in flight (a live worker's current attempt still goes
+-- to the URL it read at its claim; a crashed worker's expired lease is re-claimed with
+-- the new URL). The lease and fencing token are left alone.
 UPDATE outbox_jobs
 SET url = :url, destination = :destination, updated_at = :now
-WHERE state IN ('pending', 'cancelled', 'unknown', 'rejected')
+WHERE state <> 'succeeded'
   AND id IN (SELECT job_id FROM webhook_deliveries WHERE endpoint_id = :id);
 
 -- name: insert_event
