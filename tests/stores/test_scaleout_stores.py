@@ -199,6 +199,7 @@ def allkeys_lru(redis_url: str) -> Iterator[None]:
     """Redis with ``maxmemory-policy allkeys-lru`` for the test; restored afterwards."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     old = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    assert old is not None
     client.config_set("maxmemory-policy", "allkeys-lru")
     try:
         yield

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -76,7 +77,7 @@ def _reader(store: str) -> Iterator[Any]:
 def _read_payload(payload: str) -> str:
     """PAYLOAD as text: itself, the file after ``@``, or stdin for ``-`` (UTF-8 only)."""
     if payload == "-":
-        name, raw = "stdin", click.get_binary_stream("stdin").read()
+        name, raw = "stdin", sys.stdin.buffer.read()
     elif payload.startswith("@"):
         name = payload[1:]
         try:

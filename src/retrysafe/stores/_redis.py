@@ -32,7 +32,7 @@ import asyncio
 import json
 import math
 import warnings
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 import redis
@@ -185,6 +185,16 @@ def _record(key_hash: str, flat: Sequence[Any] | None) -> KeyRecord | None:
     return _from_fields(key_hash, fields)
 
 
+def _decoded(fields: Mapping[Any, Any]) -> dict[str, bytes]:
+    """HGETALL's answer as ``{str: bytes}`` (redis-py types it loosely as bytes | str)."""
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (
+            v if isinstance(v, bytes) else str(v).encode()
+        )
+        for k, v in fields.items()
+    }
+
+
 def _from_fields(key_hash: str, fields: dict[str, bytes]) -> KeyRecord | None:
     if "st" not in fields:
         return None
@@ -258,7 +268,7 @@ class RedisStore:
             "socket_connect_timeout": socket_timeout,
         }
         try:
-            self._r: redis.Redis[bytes] = redis.Redis.from_url(url, **self._options)
+            self._r: redis.Redis = redis.Redis.from_url(url, **self._options)
         except ValueError as exc:
             raise ConfigurationError(f"malformed Redis URL: {exc}", option="store") from exc
         kw = self._r.connection_pool.connection_kwargs
@@ -410,7 +420,7 @@ class RedisStore:
 
     def get(self, key_hash: str) -> KeyRecord | None:
         fields = self._call(self._r.hgetall, self._keys(key_hash)[0])
-        return _from_fields(key_hash, {k.decode(): v for k, v in fields.items()})
+        return _from_fields(key_hash, _decoded(fields))
 
     def purge_keys(self, *, now: float, batch: int = 1000) -> int:
         """Delete records whose ``exp`` passed. Redis's native TTL already drops expired
@@ -462,7 +472,7 @@ class AsyncRedisKeys:
 
     def __init__(self, store: RedisStore) -> None:
         self._s = store
-        self._client: redis.asyncio.Redis[bytes] | None = None
+        self._client: redis.asyncio.Redis | None = None
         self._scripts: dict[str, AsyncScript] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -533,4 +543,4 @@ class AsyncRedisKeys:
         self._get()
         assert self._client is not None
         fields = await self._await(self._client.hgetall(self._s._keys(key_hash)[0]))
-        return _from_fields(key_hash, {k.decode(): v for k, v in fields.items()})
+        return _from_fields(key_hash, _decoded(fields))
