@@ -22,7 +22,10 @@ def store_option(fn: Any) -> Any:
         default=DEFAULT_STORE,
         show_default=True,
         metavar="URL",
-        help="Store URL: sqlite:///path.db (more schemes with their stores).",
+        help=(
+            "Store URL: sqlite:///path.db, postgresql://user@host/db or "
+            "redis://host:6379/0 (see docs/stores.md)."
+        ),
     )(fn)
 
 
