@@ -21,6 +21,7 @@ _COMMANDS: dict[str, str] = {
     "gateway": "retrysafe.cli._gateway:gateway",
     "dlq": "retrysafe.cli._client:dlq",
     "jobs": "retrysafe.cli._client:jobs",
+    "migrate": "retrysafe.cli._migrate:migrate",
     "reconcile": "retrysafe.cli._client:reconcile_command",
     "webhooks": "retrysafe.cli._webhooks:webhooks",
     "worker": "retrysafe.cli._client:worker",

@@ -74,6 +74,9 @@ STORE_WAIT_MAX = 5.0
 def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
     """``(store, owned)``: open a URL (owned: close it when done) or take a store object.
 
+    ``sqlite:///path.db`` and ``postgresql://…`` have an outbox; ``redis://`` and
+    ``memory://`` are key stores only.
+
     Raises:
         ConfigurationError: the URL is malformed, names a missing directory, or a store
             without an outbox (``memory://``).
@@ -86,7 +89,8 @@ def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
             with contextlib.suppress(Exception):
                 opened.close()
             raise ConfigurationError(
-                f"store {store!r} has no outbox; use sqlite:///path.db", option="store"
+                f"store {store!r} has no outbox; use sqlite:///path.db or postgresql://…",
+                option="store",
             )
         return opened, True
     if not isinstance(store, OutboxStore):

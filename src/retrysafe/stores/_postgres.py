@@ -32,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from retrysafe._exceptions import ConfigurationError, SchemaError, StoreError, StoreUnavailableError
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._postgres_outbox import PostgresOutboxMixin
 from retrysafe.stores._sql import queries
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
@@ -80,8 +81,10 @@ def _complete_params(
     }
 
 
-class PostgresStore:
-    """PostgreSQL-backed :class:`~retrysafe.stores.KeyStore` (and its async face).
+class PostgresStore(PostgresOutboxMixin):
+    """PostgreSQL-backed :class:`~retrysafe.stores.KeyStore` and
+    :class:`~retrysafe.stores.OutboxStore` (and their async faces; the outbox half is
+    :class:`~retrysafe.stores._postgres_outbox.PostgresOutboxMixin`).
 
     Concurrency contract: see :class:`~retrysafe.stores.KeyStore` — claims insert if absent or
     expired else return the existing record, fenced writes are compare-and-swap on the fencing
@@ -212,11 +215,12 @@ class PostgresStore:
 
     def _check_or_create(self, conn: psycopg.Connection[Any], create: bool) -> None:
         version = self._version(conn)
-        if version == SCHEMA_VERSION:
+        if version == SCHEMA_VERSION and self._complete(conn):
             return
-        if version is None and not create:
+        if not create:
+            what = "no retrysafe schema" if version is None else "no outbox tables"
             raise SchemaError(
-                f"PostgreSQL store {self.where} has no retrysafe schema in {self.schema!r} "
+                f"PostgreSQL store {self.where} has {what} in {self.schema!r} "
                 "(run `retrysafe migrate --store URL`, or open it with create=True)",
                 store=self.url,
             )
@@ -225,10 +229,16 @@ class PostgresStore:
             conn.execute(stmt)
             conn.execute(_Q["lock_schema"])
             version = self._version(conn)  # another process may have won the race
-            if version is None:
-                for stmt_text in _split(_Q["schema"]):
+            if version is None or not self._complete(conn):
+                # Every statement is IF NOT EXISTS: this creates the schema, or adds the
+                # outbox tables to a version-1 schema written before they existed.
+                for stmt_text in _split(_Q["schema"]) + _split(_Q["outbox_schema"]):
                     conn.execute(stmt_text)
                 conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+    def _complete(self, conn: psycopg.Connection[Any]) -> bool:
+        row = conn.execute(_Q["outbox_exists"]).fetchone()
+        return row is not None and bool(row[0])
 
     def _version(self, conn: psycopg.Connection[Any]) -> int | None:
         row = conn.execute(_Q["meta_exists"]).fetchone()

@@ -126,3 +126,249 @@ WHERE key_hash IN (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 );
+
+-- ------------------------------------------------------------------ outbox (SPEC §5)
+-- Job columns, in the order retrysafe.stores._postgres_outbox reads them:
+-- id, idempotency_key, queue, state, method, url, destination, headers, body, created_at,
+-- updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
+-- lease_expires_at, finished_at, last_status, last_outcome, last_error
+-- Every statement that picks jobs by state (claims, lists, counts, purges) is limited to one
+-- %(queue)s. Clock: %(now)s as above (NULL: the server's clock). A time the caller computed
+-- (a due time, a purge cut-off) arrives twice: %(x_at)s, the caller's absolute time, used
+-- with clock="caller", and %(x_in)s, the same time as an offset from the caller's now, added
+-- to the server's clock when %(x_at)s is NULL (clock="server").
+
+-- name: outbox_exists
+SELECT to_regclass('outbox_jobs') IS NOT NULL;
+
+-- name: outbox_schema
+CREATE TABLE IF NOT EXISTS outbox_jobs (
+    id               text PRIMARY KEY,
+    idempotency_key  text NOT NULL UNIQUE,
+    queue            text NOT NULL DEFAULT 'default',
+    state            text NOT NULL CHECK (state IN
+                         ('pending', 'in_flight', 'succeeded', 'rejected', 'unknown', 'cancelled')),
+    method           text NOT NULL,
+    url              text NOT NULL,
+    destination      text NOT NULL,
+    headers          text NOT NULL,
+    body             bytea NOT NULL,
+    created_at       double precision NOT NULL,
+    updated_at       double precision NOT NULL,
+    due_at           double precision NOT NULL,
+    deadline_at      double precision,
+    attempts         integer NOT NULL DEFAULT 0,
+    sends            integer NOT NULL DEFAULT 0,
+    polls            integer NOT NULL DEFAULT 0,
+    last_delay       double precision NOT NULL DEFAULT 0,
+    lease_token      text,
+    lease_expires_at double precision,
+    finished_at      double precision,
+    last_status      integer,
+    last_outcome     text,
+    last_error       text
+);
+-- Every index a worker walks starts with the queue (as in SQLite).
+CREATE INDEX IF NOT EXISTS outbox_jobs_due ON outbox_jobs (queue, state, due_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_lease ON outbox_jobs (queue, state, lease_expires_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_created ON outbox_jobs (queue, created_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_updated ON outbox_jobs (queue, state, updated_at);
+CREATE TABLE IF NOT EXISTS outbox_attempts (
+    job_id          text NOT NULL REFERENCES outbox_jobs (id) ON DELETE CASCADE,
+    number          integer NOT NULL,
+    idempotency_key text NOT NULL,
+    started_at      double precision NOT NULL,
+    duration        double precision NOT NULL,
+    outcome         text NOT NULL,
+    status          integer,
+    error_type      text,
+    replayed        boolean NOT NULL DEFAULT false,
+    counted         boolean NOT NULL DEFAULT true,
+    PRIMARY KEY (job_id, number)
+);
+
+-- name: insert_job
+-- Idempotent on the key: a second insert with the same key inserts nothing and returns no row.
+INSERT INTO outbox_jobs
+    (id, idempotency_key, queue, state, method, url, destination, headers, body,
+     created_at, updated_at, due_at, deadline_at)
+SELECT %(id)s::text, %(key)s::text, %(queue)s::text, 'pending', %(method)s::text,
+       %(url)s::text, %(destination)s::text, %(headers)s::text, %(body)s::bytea, t.now, t.now, t.now, %(deadline_at)s::float8
+FROM (SELECT coalesce(%(now)s::float8,
+                      extract(epoch FROM statement_timestamp())::float8) AS now) AS t
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+
+-- name: claim_jobs
+-- One statement: lease up to %(limit)s jobs of %(queue)s that are due, or IN_FLIGHT under a
+-- lease that expired (the owner crashed), to the caller's token. Each branch walks its index
+-- in order, stops at %(limit)s and locks its rows FOR UPDATE SKIP LOCKED: a row another
+-- claimant is leasing right now is skipped, not waited for, so concurrent workers get
+-- disjoint batches without blocking each other. A row changed by a claimant that committed
+-- first is re-checked against the WHERE clause after the lock, so it is never leased twice.
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+), due AS (
+    SELECT id, due_at AS at FROM outbox_jobs
+    WHERE queue = %(queue)s AND state = 'pending' AND due_at <= (SELECT now FROM t)
+    ORDER BY due_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, lease_expires_at AS at FROM outbox_jobs
+    WHERE queue = %(queue)s AND state = 'in_flight' AND lease_expires_at <= (SELECT now FROM t)
+    ORDER BY lease_expires_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_jobs
+SET state = 'in_flight', lease_token = %(token)s,
+    lease_expires_at = (SELECT now FROM t) + %(lease)s::float8,
+    updated_at = (SELECT now FROM t)
+WHERE id IN (
+    SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c
+    ORDER BY at LIMIT %(limit)s
+)
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+
+-- name: claim_unknown_jobs
+-- Lease UNKNOWN jobs of %(queue)s for reconciliation (all, or the ids in %(ids)s).
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+)
+UPDATE outbox_jobs
+SET state = 'in_flight', lease_token = %(token)s,
+    lease_expires_at = (SELECT now FROM t) + %(lease)s::float8,
+    updated_at = (SELECT now FROM t)
+WHERE id IN (
+    SELECT id FROM outbox_jobs
+    WHERE queue = %(queue)s AND state = 'unknown'
+      AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+    ORDER BY created_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+
+-- name: finish_attempt
+-- Fenced by the lease token: a worker whose lease was taken over writes nothing. The job's
+-- update and the attempt's insert are one statement, so both happen or neither does; the
+-- attempt's number is the job's new send count. Returns that number (no row: not the owner).
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+), j AS (
+    UPDATE outbox_jobs
+    SET state = %(state)s,
+        due_at = coalesce(%(due_at)s::float8, (SELECT now FROM t) + %(due_in)s::float8),
+        attempts = attempts + (CASE WHEN %(counted)s THEN 1 ELSE 0 END),
+        sends = sends + 1,
+        polls = polls + (CASE WHEN %(counted)s THEN 0 ELSE 1 END),
+        last_delay = %(last_delay)s, lease_token = NULL, lease_expires_at = NULL,
+        finished_at = CASE WHEN %(terminal)s THEN (SELECT now FROM t) END,
+        last_status = %(status)s::integer, last_outcome = %(outcome)s, last_error = %(error)s,
+        updated_at = (SELECT now FROM t)
+    WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight'
+    RETURNING id, sends
+)
+INSERT INTO outbox_attempts
+    (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
+     replayed, counted)
+SELECT j.id, j.sends, %(key)s::text, %(started_at)s::float8, %(duration)s::float8,
+       %(outcome)s::text, %(status)s::integer, %(error_type)s::text, %(replayed)s::boolean,
+       %(counted)s::boolean
+FROM j
+RETURNING number;
+
+-- name: release_job
+-- Give a leased job back without counting an attempt (deferral, cancellation, shutdown).
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+)
+UPDATE outbox_jobs
+SET state = %(state)s,
+    due_at = coalesce(%(due_at)s::float8, (SELECT now FROM t) + %(due_in)s::float8),
+    lease_token = NULL, lease_expires_at = NULL,
+    finished_at = CASE WHEN %(terminal)s THEN (SELECT now FROM t) END,
+    last_error = coalesce(%(error)s, last_error), updated_at = (SELECT now FROM t)
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight';
+
+-- name: transition_job
+-- Move a job from one of %(from_states)s to %(state)s (cancel, retry, replay). With
+-- %(reset)s the attempt budget starts again (the attempt history and the key stay).
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+)
+UPDATE outbox_jobs
+SET state = %(state)s, due_at = (SELECT now FROM t), updated_at = (SELECT now FROM t),
+    finished_at = CASE WHEN %(state)s = 'pending' THEN NULL ELSE (SELECT now FROM t) END,
+    attempts = CASE WHEN %(reset)s THEN 0 ELSE attempts END,
+    polls = CASE WHEN %(reset)s THEN 0 ELSE polls END,
+    last_delay = CASE WHEN %(reset)s THEN 0 ELSE last_delay END,
+    deadline_at = CASE WHEN %(reset)s THEN %(deadline_at)s::float8 ELSE deadline_at END
+WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
+RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
+          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+
+-- name: get_job
+SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
+       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+FROM outbox_jobs WHERE id = %(id)s;
+
+-- name: get_job_by_key
+SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
+       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+FROM outbox_jobs WHERE idempotency_key = %(key)s;
+
+-- name: find_job_by_prefix
+-- %(pattern)s is the caller-validated lower-case hex prefix followed by the LIKE wildcard.
+SELECT id FROM outbox_jobs WHERE queue = %(queue)s AND id LIKE %(pattern)s
+ORDER BY id LIMIT 2;
+
+-- name: list_jobs
+SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
+       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
+       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+FROM outbox_jobs
+WHERE queue = %(queue)s AND (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+ORDER BY created_at, id LIMIT %(limit)s;
+
+-- name: list_attempts
+SELECT job_id, idempotency_key, number, started_at, duration, outcome, status, error_type,
+       replayed, counted
+FROM outbox_attempts WHERE job_id = %(job_id)s ORDER BY number;
+
+-- name: count_jobs
+SELECT state, count(*) FROM outbox_jobs WHERE queue = %(queue)s GROUP BY state;
+
+-- name: next_due
+-- The earliest time a job of %(queue)s becomes claimable (due PENDING, or IN_FLIGHT lease
+-- expiry), and the server's clock now (to turn it into the caller's clock).
+SELECT least(
+           (SELECT min(due_at) FROM outbox_jobs WHERE queue = %(queue)s AND state = 'pending'),
+           (SELECT min(lease_expires_at) FROM outbox_jobs
+            WHERE queue = %(queue)s AND state = 'in_flight')
+       ),
+       extract(epoch FROM statement_timestamp())::float8;
+
+-- name: purge_jobs
+-- One batch (attempts go with their job, ON DELETE CASCADE); rows another transaction holds
+-- (a claim or a finish in progress) are skipped.
+WITH t AS (
+    SELECT coalesce(%(before_at)s::float8,
+                    extract(epoch FROM statement_timestamp())::float8 + %(before_in)s::float8)
+           AS before
+)
+DELETE FROM outbox_jobs
+WHERE id IN (
+    SELECT id FROM outbox_jobs
+    WHERE queue = %(queue)s AND state = ANY(%(states)s::text[])
+      AND updated_at <= (SELECT before FROM t)
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+);

@@ -1,0 +1,107 @@
+"""``retrysafe migrate``: creates a missing schema, does nothing the second time, upgrades an
+older one and refuses a newer one (exit 1, naming both versions and ``retrysafe migrate``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from retrysafe import SchemaError
+from retrysafe.cli import cli
+
+
+def _migrate(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["migrate", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'm.db'}"
+
+
+def _pg_args(request: pytest.FixtureRequest) -> list[str]:
+    url: str = request.getfixturevalue("pg_url")
+    return ["--store", url, "--schema", request.getfixturevalue("pg_schema")]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_args(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    """``--store`` (and ``--schema``) arguments naming an empty store."""
+    if request.param == "sqlite":
+        return ["--store", _sqlite_url(tmp_path)]
+    return _pg_args(request)
+
+
+def _set_version(args: list[str], version: int) -> None:
+    store = args[1]
+    if store.startswith("sqlite:"):
+        conn = sqlite3.connect(store[len("sqlite:///") :])
+        with conn:
+            conn.execute(
+                "UPDATE retrysafe_meta SET value = ? WHERE name = 'schema_version'",
+                (str(version),),
+            )
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(store, autocommit=True) as pg:
+        pg.execute(
+            f"UPDATE {args[3]}.retrysafe_meta SET value = %s WHERE name = 'schema_version'",
+            (str(version),),
+        )
+
+
+def test_migrate_creates_the_schema_then_is_a_no_op(store_args: list[str]) -> None:
+    """On an empty store migrate creates version 1; a second run changes nothing."""
+    code, out, err = _migrate(*store_args, "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert (first["action"], first["from_version"], first["to_version"]) == ("created", None, 1)
+    code, out, err = _migrate(*store_args)
+    assert code == 0, err
+    assert "version 1; nothing to do" in out
+
+
+def test_migrate_refuses_a_newer_schema_version(store_args: list[str]) -> None:
+    """A schema from a newer retrysafe: exit 1, naming both versions and `retrysafe migrate`."""
+    assert _migrate(*store_args)[0] == 0
+    _set_version(store_args, 99)
+    code, out, err = _migrate(*store_args)
+    assert code == 1 and out == ""
+    assert "schema version 99" in err and "up to 1" in err and "retrysafe migrate" in err
+
+
+def test_migrate_adds_the_outbox_tables_to_an_older_postgres_schema(
+    request: pytest.FixtureRequest,
+) -> None:
+    """A version-1 PostgreSQL schema written before the outbox existed gets its tables; a
+    store opened with create=False on it says to run `retrysafe migrate`."""
+    import psycopg
+
+    from retrysafe.stores import PostgresStore
+
+    args = _pg_args(request)
+    assert _migrate(*args)[0] == 0
+    with psycopg.connect(args[1], autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {args[3]}.outbox_attempts, {args[3]}.outbox_jobs")
+    with pytest.raises(SchemaError, match="retrysafe migrate"):
+        PostgresStore(args[1], schema=args[3], create=False)
+    code, out, err = _migrate(*args, "--json")
+    assert code == 0, err
+    assert json.loads(out)["action"] == "upgraded"
+    with PostgresStore(args[1], schema=args[3], create=False) as store:
+        assert store.count_jobs(queue="default")
+
+
+def test_migrate_on_redis_says_there_is_nothing_to_migrate() -> None:
+    """Redis has no schema: migrate says so and exits 0 without connecting."""
+    code, out, _ = _migrate("--store", "redis://127.0.0.1:1/0", "--json")
+    report: dict[str, Any] = json.loads(out)
+    assert code == 0 and report["action"] == "not-applicable"
+    assert "nothing to migrate" in report["message"]

@@ -1,0 +1,388 @@
+"""The outbox store contract (SPEC §5, §9), run against every store with an outbox: SQLite and
+PostgreSQL (a fresh schema per test; CI=true fails instead of skipping when it is down)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrysafe import JobState
+from retrysafe.stores import AsyncOutboxStore, Attempt, NewJob, OutboxStore
+
+from .conftest import open_test_store
+
+OUTBOX_STORES = ["sqlite", "postgres"]
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture(params=OUTBOX_STORES)
+def outbox_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """An empty outbox store on the caller's clock (the tests drive time with ``now``)."""
+    store = open_test_store(request.param, request, tmp_path)
+    yield store
+    store.close()
+
+
+def _job(i: int = 0, *, queue: str = "default", key: str | None = None) -> NewJob:
+    return NewJob(
+        id=uuid.uuid4().hex,
+        key=key or str(uuid.uuid4()),
+        method="POST",
+        url=f"http://example.test/{i}",
+        destination="http://example.test:80",
+        headers=(("content-type", "application/json"),),
+        body=b'{"i": %d}' % i,
+        deadline_at=None,
+        queue=queue,
+    )
+
+
+def _attempt(job_id: str, key: str, *, counted: bool = True) -> Attempt:
+    return Attempt(
+        job_id=job_id,
+        key=key,
+        number=0,
+        started_at=T0,
+        duration=0.25,
+        outcome="success" if counted else "in_progress",
+        status=200 if counted else 409,
+        error_type=None,
+        replayed=False,
+        counted=counted,
+    )
+
+
+def _insert(store: OutboxStore, n: int, *, queue: str = "default", at: float = T0) -> list[str]:
+    return [store.insert_job(_job(i, queue=queue), now=at)[1].id for i in range(n)]
+
+
+def test_store_implements_both_outbox_protocols(outbox_store: Any) -> None:
+    """The store is an OutboxStore and its async face an AsyncOutboxStore."""
+    face = outbox_store.asyncio_outbox_store()
+    assert isinstance(outbox_store, OutboxStore)
+    assert isinstance(face, AsyncOutboxStore)
+
+
+def test_insert_is_idempotent_on_the_key(outbox_store: OutboxStore) -> None:
+    """A second insert with the same key inserts nothing and returns the first job."""
+    created, first = outbox_store.insert_job(_job(key="k-1"), now=T0)
+    again, same = outbox_store.insert_job(_job(key="k-1"), now=T0 + 1)
+    assert created and not again and same.id == first.id
+    assert (first.state, first.due_at, first.attempts) == (JobState.PENDING, T0, 0)
+    assert first.headers == (("content-type", "application/json"),)
+
+
+def test_claim_leases_due_jobs_earliest_first_up_to_the_limit(outbox_store: OutboxStore) -> None:
+    """Only due jobs are claimed, earliest due first, at most ``limit``, to the token."""
+    early = outbox_store.insert_job(_job(1), now=T0)[1]
+    late = outbox_store.insert_job(_job(2), now=T0 + 10)[1]
+    outbox_store.insert_job(_job(3), now=T0 + 100)
+    claimed = outbox_store.claim_jobs(queue="default", token="t", now=T0 + 50, lease=500, limit=5)
+    assert [j.id for j in claimed] == [early.id, late.id]
+    assert all(
+        j.state is JobState.IN_FLIGHT and j.lease_token == "t" and j.lease_expires_at == T0 + 550
+        for j in claimed
+    )
+    more = outbox_store.claim_jobs(queue="default", token="u", now=T0 + 200, lease=5, limit=1)
+    assert len(more) == 1 and more[0].id not in {early.id, late.id}
+
+
+def test_claims_see_only_their_own_queue(outbox_store: OutboxStore) -> None:
+    """A claimant of one queue never leases another queue's jobs; counts are per queue."""
+    [hook] = _insert(outbox_store, 1, queue="webhooks")
+    assert outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=5, limit=9) == []
+    [got] = outbox_store.claim_jobs(queue="webhooks", token="t", now=T0, lease=5, limit=9)
+    assert got.id == hook and got.queue == "webhooks"
+    assert outbox_store.count_jobs(queue="default")[JobState.IN_FLIGHT] == 0
+    assert outbox_store.count_jobs(queue="webhooks")[JobState.IN_FLIGHT] == 1
+
+
+def test_expired_lease_makes_an_in_flight_job_claimable_again(outbox_store: OutboxStore) -> None:
+    """A job IN_FLIGHT under an expired lease (owner crashed) is claimed again, same key."""
+    [job_id] = _insert(outbox_store, 1)
+    [first] = outbox_store.claim_jobs(queue="default", token="a", now=T0 + 1, lease=10, limit=5)
+    assert outbox_store.claim_jobs(queue="default", token="b", now=T0 + 5, lease=10, limit=5) == []
+    [again] = outbox_store.claim_jobs(queue="default", token="b", now=T0 + 11, lease=10, limit=5)
+    assert again.id == first.id == job_id and again.key == first.key and again.lease_token == "b"
+
+
+def test_writes_are_fenced_by_the_lease_token(outbox_store: OutboxStore) -> None:
+    """After a take-over the old owner can neither finish nor release the job."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="old", now=T0, lease=1, limit=1)
+    outbox_store.claim_jobs(queue="default", token="new", now=T0 + 2, lease=10, limit=1)
+    stale = outbox_store.finish_attempt(
+        job.id,
+        "old",
+        _attempt(job.id, job.key),
+        state=JobState.SUCCEEDED,
+        due_at=T0 + 3,
+        last_delay=0,
+        error=None,
+        now=T0 + 3,
+    )
+    assert stale is None
+    assert not outbox_store.release_job(
+        job.id, "old", state=JobState.PENDING, due_at=T0 + 3, error=None, now=T0 + 3
+    )
+    assert outbox_store.list_attempts(job.id) == []
+    done = outbox_store.finish_attempt(
+        job.id,
+        "new",
+        _attempt(job.id, job.key),
+        state=JobState.SUCCEEDED,
+        due_at=T0 + 3,
+        last_delay=0,
+        error=None,
+        now=T0 + 3,
+    )
+    assert done is not None and done.number == 1
+    final = outbox_store.get_job(job.id)
+    assert final is not None and final.state is JobState.SUCCEEDED
+    assert (final.finished_at, final.lease_token, final.last_status) == (T0 + 3, None, 200)
+
+
+def test_finish_records_attempts_and_polls_do_not_count(outbox_store: OutboxStore) -> None:
+    """Each finish adds a numbered attempt; a 409 poll raises sends and polls, not attempts."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    for n, counted in enumerate([True, False, True], start=1):
+        [claimed] = outbox_store.claim_jobs(
+            queue="default", token=f"t{n}", now=T0 + 10 * n, lease=5, limit=1
+        )
+        assert claimed.id == job.id
+        outbox_store.finish_attempt(
+            job.id,
+            f"t{n}",
+            _attempt(job.id, job.key, counted=counted),
+            state=JobState.PENDING,
+            due_at=T0 + 10 * n + 1,
+            last_delay=0.5,
+            error="boom",
+            now=T0 + 10 * n,
+        )
+    got = outbox_store.get_job(job.id)
+    assert got is not None
+    assert (got.attempts, got.sends, got.polls, got.last_delay) == (2, 3, 1, 0.5)
+    assert (got.state, got.due_at, got.finished_at) == (JobState.PENDING, T0 + 31, None)
+    attempts = outbox_store.list_attempts(job.id)
+    assert [(a.number, a.counted, a.status) for a in attempts] == [
+        (1, True, 200),
+        (2, False, 409),
+        (3, True, 200),
+    ]
+
+
+def test_release_gives_the_job_back_due_later(outbox_store: OutboxStore) -> None:
+    """A released job is PENDING, not claimable before its new due time, no attempt recorded."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=30, limit=1)
+    assert outbox_store.release_job(
+        job.id, "t", state=JobState.PENDING, due_at=T0 + 20, error="deferred", now=T0 + 1
+    )
+    assert outbox_store.next_due(queue="default") == T0 + 20
+    assert outbox_store.claim_jobs(queue="default", token="u", now=T0 + 19, lease=5, limit=1) == []
+    assert len(outbox_store.claim_jobs(queue="default", token="u", now=T0 + 20, lease=5, limit=1))
+    assert outbox_store.list_attempts(job.id) == []
+
+
+def test_next_due_covers_pending_and_expiring_leases(outbox_store: OutboxStore) -> None:
+    """next_due is the earliest due time or lease expiry of the queue; None when idle."""
+    assert outbox_store.next_due(queue="default") is None
+    _insert(outbox_store, 1, at=T0 + 50)
+    outbox_store.insert_job(_job(9), now=T0)
+    outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=7, limit=1)
+    assert outbox_store.next_due(queue="default") == T0 + 7
+
+
+def test_unknown_jobs_are_claimed_for_reconciliation(outbox_store: OutboxStore) -> None:
+    """claim_unknown_jobs leases UNKNOWN jobs only, all or those listed."""
+    ids = _insert(outbox_store, 3)
+    for job_id in ids[:2]:
+        outbox_store.transition_job(
+            job_id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=T0
+        )
+    only = outbox_store.claim_unknown_jobs(
+        queue="default", token="r", now=T0, lease=5, limit=10, ids=[ids[1]]
+    )
+    assert [j.id for j in only] == [ids[1]]
+    rest = outbox_store.claim_unknown_jobs(
+        queue="default", token="r", now=T0, lease=5, limit=10, ids=None
+    )
+    assert [j.id for j in rest] == [ids[0]] and rest[0].state is JobState.IN_FLIGHT
+
+
+def test_transition_with_reset_restarts_the_budget_same_key(outbox_store: OutboxStore) -> None:
+    """transition_job moves only from the given states; reset clears attempts and deadline."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    assert (
+        outbox_store.transition_job(
+            job.id, from_states=[JobState.UNKNOWN], state=JobState.PENDING, now=T0
+        )
+        is None
+    )
+    cancelled = outbox_store.transition_job(
+        job.id, from_states=[JobState.PENDING], state=JobState.CANCELLED, now=T0 + 1
+    )
+    assert cancelled is not None and cancelled.finished_at == T0 + 1
+    again = outbox_store.transition_job(
+        job.id,
+        from_states=[JobState.CANCELLED],
+        state=JobState.PENDING,
+        now=T0 + 2,
+        reset=True,
+        deadline_at=T0 + 99,
+    )
+    assert again is not None and again.key == job.key
+    assert (again.due_at, again.finished_at, again.deadline_at) == (T0 + 2, None, T0 + 99)
+
+
+def test_prefix_lookup_and_listing_are_per_queue(outbox_store: Any) -> None:
+    """resolve_job_id finds a unique prefix within the queue; list_jobs filters by state."""
+    [job_id] = _insert(outbox_store, 1)
+    _insert(outbox_store, 1, queue="webhooks")
+    assert outbox_store.resolve_job_id(job_id[:10], queue="default") == job_id
+    assert outbox_store.resolve_job_id(job_id[:10], queue="webhooks") is None
+    assert outbox_store.resolve_job_id("xyz", queue="default") is None
+    assert outbox_store.job_ids_with_prefix("", queue="default") == []
+    listed = outbox_store.list_jobs(queue="default", states=[JobState.PENDING], limit=10)
+    assert [j.id for j in listed] == [job_id]
+    assert outbox_store.list_jobs(queue="default", states=[JobState.UNKNOWN], limit=10) == []
+
+
+def test_purge_deletes_old_terminal_jobs_in_batches(outbox_store: OutboxStore) -> None:
+    """purge_jobs removes jobs in the given states last changed at or before the cut-off,
+    with their attempts, batch after batch, and nothing else."""
+    ids = _insert(outbox_store, 5)
+    for job_id in ids:
+        outbox_store.transition_job(
+            job_id, from_states=[JobState.PENDING], state=JobState.CANCELLED, now=T0 + 1
+        )
+    keep = _insert(outbox_store, 1)
+    outbox_store.transition_job(
+        keep[0], from_states=[JobState.PENDING], state=JobState.CANCELLED, now=T0 + 100
+    )
+    assert (
+        outbox_store.purge_jobs(
+            queue="default", states=[JobState.CANCELLED], before=T0 + 10, batch=2
+        )
+        == 5
+    )
+    assert [j.id for j in outbox_store.list_jobs(queue="default", states=None, limit=10)] == keep
+
+
+def test_four_threads_claiming_one_queue_never_get_the_same_job(outbox_store: Any) -> None:
+    """Concurrent claim_jobs calls from 4 threads each get disjoint jobs, and all of them."""
+    ids = set(_insert(outbox_store, 200))
+    got: list[list[str]] = []
+    lock = threading.Lock()
+
+    def claim(n: int) -> None:
+        mine: list[str] = []
+        while jobs := outbox_store.claim_jobs(
+            queue="default", token=f"t{n}", now=T0 + 1, lease=600, limit=7
+        ):
+            mine += [j.id for j in jobs]
+        with lock:
+            got.append(mine)
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    flat = [i for mine in got for i in mine]
+    assert len(flat) == len(set(flat)) == 200 and set(flat) == ids
+
+
+def _claim_in_process(spec: tuple[str, str, str | None], out: Any) -> None:
+    kind, where, schema = spec
+    store: Any
+    if kind == "sqlite":
+        from retrysafe.stores import SQLiteStore
+
+        store = SQLiteStore(where)
+    else:
+        from retrysafe.stores import PostgresStore
+
+        store = PostgresStore(where, schema=schema or "public", clock="caller")
+    mine: list[str] = []
+    while jobs := store.claim_jobs(
+        queue="default", token=uuid.uuid4().hex, now=T0 + 1, lease=600, limit=5
+    ):
+        mine += [j.id for j in jobs]
+    store.close()
+    out.put(mine)
+
+
+def test_two_processes_claiming_one_queue_never_get_the_same_job(
+    outbox_store: Any, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Two processes (own connections) claiming one queue get disjoint jobs, and all of them."""
+    ids = set(_insert(outbox_store, 300))
+    if request.node.callspec.params["outbox_store"] == "sqlite":
+        spec: tuple[str, str, str | None] = ("sqlite", str(tmp_path / "keys.db"), None)
+    else:
+        spec = ("postgres", request.getfixturevalue("pg_url"), outbox_store.schema)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claim_in_process, args=(spec, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    flat = [i for mine in got for i in mine]
+    assert len(flat) == len(set(flat)) == 300 and set(flat) == ids
+
+
+def test_postgres_server_clock_ignores_the_callers_now(pg_url: str, pg_schema: str) -> None:
+    """With clock="server" leases and due times are measured on the database's clock: a
+    caller clock far in the future claims nothing early, and due offsets are kept."""
+    from retrysafe.stores import PostgresStore
+
+    with PostgresStore(pg_url, schema=pg_schema) as store:
+        job = store.insert_job(_job(), now=0.0)[1]
+        assert abs(job.created_at - time.time()) < 60
+        [claimed] = store.claim_jobs(queue="default", token="t", now=0.0, lease=30, limit=1)
+        assert claimed.lease_expires_at is not None
+        assert 25 < claimed.lease_expires_at - claimed.updated_at <= 30.001
+        assert store.release_job(
+            job.id, "t", state=JobState.PENDING, due_at=1000.0 + 60, error=None, now=1000.0
+        )
+        assert store.claim_jobs(queue="default", token="u", now=1e12, lease=30, limit=1) == []
+        due = store.next_due(queue="default")
+        assert due is not None and 55 < due - time.time() <= 60.5
+
+
+def test_postgres_transactional_outbox_commits_or_rolls_back_with_the_business_row(
+    pg_url: str, pg_schema: str
+) -> None:
+    """insert_job(connection=…) inside store.transaction() commits and rolls back with it."""
+    from retrysafe.stores import PostgresStore
+
+    with PostgresStore(pg_url, schema=pg_schema, clock="caller") as store:
+        with store.transaction() as conn:
+            conn.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
+            conn.execute("INSERT INTO orders (id) VALUES (1)")
+            kept = store.insert_job(_job(1), now=T0, connection=conn)[1]
+        lost = _job(2)
+
+        def business_transaction() -> None:
+            with store.transaction() as conn:
+                conn.execute("INSERT INTO orders (id) VALUES (2)")
+                store.insert_job(lost, now=T0, connection=conn)
+                raise RuntimeError("business rule failed")
+
+        with pytest.raises(RuntimeError):
+            business_transaction()
+        assert store.get_job(kept.id) is not None and store.get_job(lost.id) is None
+        with store.transaction() as conn:
+            row = conn.execute("SELECT count(*) FROM orders").fetchone()
+        assert row is not None and row[0] == 1
