@@ -94,8 +94,9 @@ class Outbox:
                 UUIDv4. Submitting an existing key with the same request returns that job.
             deadline: seconds / timedelta from now, or an aware datetime, after which no
                 attempt starts (default ``policy.deadline``).
-            connection: the ``sqlite3.Connection`` from ``store.transaction()``: the job
-                commits or rolls back with your own rows (transactional outbox).
+            connection: the connection from ``store.transaction()`` (``sqlite3`` for SQLite,
+                ``psycopg`` for PostgreSQL): the job commits or rolls back with your own rows
+                (transactional outbox).
 
         Returns:
             The PENDING :class:`Job` with its ``id`` and ``key``.
