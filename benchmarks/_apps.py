@@ -2,7 +2,9 @@
 
 Every variant is the same trivial FastAPI JSON POST endpoint; only the middleware differs.
 Selected with ``uvicorn --factory benchmarks._apps:<variant>``; ``BENCH_DB`` names the SQLite
-file for the variants that need one.
+file for the variants that need one, ``BENCH_PG_URL`` / ``BENCH_PG_SCHEMA`` the PostgreSQL
+database and (fresh) schema, ``BENCH_REDIS_URL`` / ``BENCH_REDIS_PREFIX`` the Redis server and
+(unique) key prefix.
 """
 
 from __future__ import annotations
@@ -43,4 +45,34 @@ def competitor_sqlite() -> Any:
 
     app = _endpoint()
     app.add_middleware(IdempotencyMiddleware, backend=SQLiteBackend(os.environ["BENCH_DB"]))
+    return app
+
+
+def retrysafe_postgres() -> Any:
+    """(e) retrysafe's IdempotencyMiddleware on PostgreSQL (server clock, default pool)."""
+    from retrysafe import IdempotencyMiddleware
+    from retrysafe.stores import PostgresStore
+
+    store = PostgresStore(os.environ["BENCH_PG_URL"], schema=os.environ["BENCH_PG_SCHEMA"])
+    return IdempotencyMiddleware(_endpoint(), store=store)
+
+
+def retrysafe_redis() -> Any:
+    """(f) retrysafe's IdempotencyMiddleware on Redis (server clock)."""
+    from retrysafe import IdempotencyMiddleware
+    from retrysafe.stores import RedisStore
+
+    store = RedisStore(os.environ["BENCH_REDIS_URL"], prefix=os.environ["BENCH_REDIS_PREFIX"])
+    return IdempotencyMiddleware(_endpoint(), store=store)
+
+
+def competitor_redis() -> Any:
+    """(g) fastapi-idempotency-key 0.1.1 with its RedisBackend (redis.asyncio, Lua lock)."""
+    from fastapi_idempotency_key import IdempotencyMiddleware, RedisBackend
+
+    backend = RedisBackend(
+        redis_url=os.environ["BENCH_REDIS_URL"], prefix=os.environ["BENCH_REDIS_PREFIX"]
+    )
+    app = _endpoint()
+    app.add_middleware(IdempotencyMiddleware, backend=backend)
     return app

@@ -6,6 +6,14 @@ Variants, each served by one uvicorn process (one core) and loaded by wrk (the o
   (b) retrysafe IdempotencyMiddleware, SQLite, a new key per request
   (c) retrysafe IdempotencyMiddleware, SQLite, replays of 100 completed keys
   (d) fastapi-idempotency-key 0.1.1, SQLiteBackend, a new key per request
+  (e) retrysafe IdempotencyMiddleware, PostgreSQL, a new key per request
+  (f) retrysafe IdempotencyMiddleware, Redis, a new key per request
+  (g) fastapi-idempotency-key 0.1.1, RedisBackend, a new key per request
+
+Each (e) run gets a fresh PostgreSQL schema and each (f)/(g) run a unique Redis key prefix,
+removed after the run. ``--postgres`` / ``--redis`` name the servers (defaults: the
+``RETRYSAFE_TEST_POSTGRES`` / ``RETRYSAFE_TEST_REDIS`` environment variables, else
+``postgresql://postgres@127.0.0.1:5432/test`` and ``redis://127.0.0.1:6379/0``).
 
 Rounds are interleaved (a b c d a b c d …) so machine noise hits every variant alike; the
 medians and their ratios to (a) are printed. This is a benchmark, not a test: run it by hand.
@@ -14,6 +22,7 @@ Needs wrk (Debian: ``apt-get install -y wrk``) and the bench extra
 (``pip install -e '.[bench]'``).
 
     python benchmarks/middleware_bench.py --duration 10 --rounds 3
+    python benchmarks/middleware_bench.py --variants aefg --rounds 3 --duration 6
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -42,8 +53,15 @@ VARIANTS = {
     "b": ("retrysafe_sqlite", "first", "retrysafe, SQLite, first-time keys"),
     "c": ("retrysafe_sqlite", "replay", "retrysafe, SQLite, replays"),
     "d": ("competitor_sqlite", "first", "fastapi-idempotency-key, SQLite, first-time keys"),
+    "e": ("retrysafe_postgres", "first", "retrysafe, PostgreSQL, first-time keys"),
+    "f": ("retrysafe_redis", "first", "retrysafe, Redis, first-time keys"),
+    "g": ("competitor_redis", "first", "fastapi-idempotency-key, Redis, first-time keys"),
 }
-TARGETS = {"b": ("a", 0.7), "c": ("a", 0.9)}
+TARGETS = {"b": ("a", 0.7), "c": ("a", 0.9), "e": ("a", 0.35), "f": ("a", 0.65)}
+# (variant, other variant, minimum ratio) between two middlewares on the same store
+HEAD_TO_HEAD = [("b", "d", 4.0), ("f", "g", 1.5)]
+PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
 def free_port() -> int:
@@ -66,11 +84,48 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 20
     raise SystemExit("server did not start")
 
 
-def run_variant(code: str, duration: float, connections: int, workdir: Path) -> float:
+@contextmanager
+def store_namespace(code: str, pg_url: str, redis_url: str) -> Iterator[dict[str, str]]:
+    """A fresh PostgreSQL schema or Redis prefix for one run (environment for the app),
+    removed afterwards."""
+    tag = uuid.uuid4().hex[:12]
+    if code == "e":
+        import psycopg
+
+        schema = f"rs_bench_{tag}"
+        try:
+            yield {"BENCH_PG_URL": pg_url, "BENCH_PG_SCHEMA": schema}
+        finally:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    elif code in ("f", "g"):
+        import redis
+
+        prefix = f"rs-bench:{tag}:"
+        try:
+            yield {"BENCH_REDIS_URL": redis_url, "BENCH_REDIS_PREFIX": prefix}
+        finally:
+            client = redis.Redis.from_url(redis_url)
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=prefix + "*", count=5000):
+                batch.append(key)
+                if len(batch) >= 5000:
+                    client.unlink(*batch)
+                    batch.clear()
+            if batch:
+                client.unlink(*batch)
+            client.close()
+    else:
+        yield {}
+
+
+def run_variant(
+    code: str, duration: float, connections: int, workdir: Path, store_env: dict[str, str]
+) -> float:
     factory, mode, _ = VARIANTS[code]
     port = free_port()
     db = workdir / f"{code}-{uuid.uuid4().hex[:8]}.db"
-    env = dict(os.environ, BENCH_DB=str(db), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, BENCH_DB=str(db), PYTHONPATH=str(ROOT), **store_env)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -139,6 +194,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--variants", default="abcd")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--postgres", default=PG_URL, help="PostgreSQL URL for (e)")
+    parser.add_argument("--redis", default=REDIS_URL, help="Redis URL for (f) and (g)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk")
@@ -146,26 +203,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for code in args.variants:
-                rps = run_variant(code, args.duration, args.connections, Path(tmp))
+                with store_namespace(code, args.postgres, args.redis) as store_env:
+                    rps = run_variant(code, args.duration, args.connections, Path(tmp), store_env)
                 results[code].append(rps)
                 print(f"round {r + 1} ({code}) {VARIANTS[code][2]}: {rps:,.0f} req/s", flush=True)
     med = {code: statistics.median(v) for code, v in results.items()}
     print()
-    print(f"{'variant':<52} {'median req/s':>13} {'vs (a)':>8}")
+    print(f"{'variant':<56} {'median req/s':>13} {'vs (a)':>8}")
     for code in args.variants:
         ratio = med[code] / med["a"] if "a" in med else float("nan")
-        print(f"({code}) {VARIANTS[code][2]:<48} {med[code]:>13,.0f} {ratio:>8.2f}")
-    if "b" in med and "d" in med:
-        ratio_bd = med["b"] / med["d"]
-        print(f"\n(b)/(d) retrysafe vs fastapi-idempotency-key, first-time keys: {ratio_bd:.2f}x")
+        print(f"({code}) {VARIANTS[code][2]:<52} {med[code]:>13,.0f} {ratio:>8.2f}")
+    print()
+    for ours, theirs, _ in HEAD_TO_HEAD:
+        if ours in med and theirs in med:
+            print(
+                f"({ours})/({theirs}) retrysafe vs fastapi-idempotency-key, "
+                f"{VARIANTS[ours][2].split(', ')[1]}: {med[ours] / med[theirs]:.2f}x"
+            )
     for code, (base, target) in TARGETS.items():
         if code in med and base in med:
             ratio = med[code] / med[base]
             verdict = "met" if ratio >= target else "MISSED"
             print(f"target ({code}) >= {target} x ({base}): {ratio:.2f} {verdict}")
-    if "b" in med and "d" in med:
-        ratio = med["b"] / med["d"]
-        print(f"target (b) >= 4 x (d): {ratio:.2f} {'met' if ratio >= 4 else 'MISSED'}")
+    for ours, theirs, target in HEAD_TO_HEAD:
+        if ours in med and theirs in med:
+            ratio = med[ours] / med[theirs]
+            verdict = "met" if ratio >= target else "MISSED"
+            print(f"target ({ours}) >= {target:g} x ({theirs}): {ratio:.2f} {verdict}")
     if args.json:
         print(json.dumps({"medians": med, "runs": results}))
 
