@@ -1,6 +1,7 @@
 """A child agent process for the kill/resume test (run as a script, killed with SIGKILL).
 
-usage: agent_child.py guarded|naive STORE_PATH SERVICE_URL RUN_ID start|resume
+usage: agent_child.py guarded|naive STORE_URL SERVICE_URL RUN_ID start|resume [SCHEMA]
+(SCHEMA: the PostgreSQL schema of a postgresql:// store.)
 Prints the tool's result as one JSON line.
 """
 
@@ -13,11 +14,12 @@ from typing import Any
 import httpx
 
 from retrysafe.agents import instrument, resume_run, start_run, tool
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import open_store
 
 
 def main() -> None:
-    mode, path, url, run_id, phase = sys.argv[1:6]
+    mode, store_url, url, run_id, phase = sys.argv[1:6]
+    options = {"schema": sys.argv[6]} if len(sys.argv) > 6 else {}
     client = instrument(httpx.Client(timeout=5))
 
     def post(title: str) -> dict[str, Any]:
@@ -31,7 +33,7 @@ def main() -> None:
         return
 
     create_ticket = tool(kind="write", attempts=8, wait_initial=0.05, wait_max=0.2)(post)
-    store = SQLiteStore(path)
+    store = open_store(store_url, **options)
     run = (
         start_run(store, run_id)
         if phase == "start"

@@ -1,9 +1,17 @@
 """A ticket service on a real socket, protected by the idempotency middleware, counting its
-effects in an effect ledger; and a chaos proxy in front that loses answers after commit."""
+effects in an effect ledger; a chaos proxy in front that loses answers after commit; and the
+agent store, once per store that can hold agent runs (SQLite, PostgreSQL).
+
+PostgreSQL (``RETRYSAFE_TEST_POSTGRES``, default ``postgresql://postgres@127.0.0.1:5432/test``)
+gets a fresh schema per test, dropped afterwards, as in ``tests/stores/conftest.py``. When it is
+unreachable its tests are skipped with the reason — except under ``CI=true``, where they fail.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +26,10 @@ from starlette.routing import Route
 from retrysafe._serving import ServerThread
 from retrysafe.chaos import ChaosProxy, EffectLedger, FaultRates
 from retrysafe.server import IdempotencyMiddleware
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore, SQLiteStore, open_store
+
+PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+AGENT_STORES = ["sqlite", "postgres"]
 
 
 @dataclass
@@ -107,8 +118,52 @@ def lose_all(tickets: Tickets) -> Iterator[ChaosProxy]:
         yield proxy
 
 
+@dataclass(frozen=True)
+class StoreSpec:
+    """How to open the test's agent store: a store URL and constructor options (a child
+    process or the CLI opens it again from these)."""
+
+    url: str
+    schema: str | None = None
+
+    def open(self) -> Any:
+        return open_store(self.url, **({} if self.schema is None else {"schema": self.schema}))
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """The test PostgreSQL URL, once checked reachable (skip or, under CI, fail)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        reason = f"PostgreSQL at {PG_URL} is unreachable ({type(exc).__name__}: {exc})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; under CI=true the agent store tests must run, not skip")
+        pytest.skip(reason)
+    return PG_URL
+
+
+@pytest.fixture(params=AGENT_STORES)
+def agent_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreSpec]:
+    """Each store that can hold agent runs, on a private namespace (a fresh SQLite file, or a
+    fresh PostgreSQL schema dropped after the test)."""
+    if request.param == "sqlite":
+        yield StoreSpec(f"sqlite:///{tmp_path / 'agent.db'}")
+        return
+    import psycopg
+
+    url: str = request.getfixturevalue("pg_url")
+    schema = f"rs_test_{uuid.uuid4().hex[:16]}"
+    yield StoreSpec(url, schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 @pytest.fixture
-def agent_store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    store = SQLiteStore(tmp_path / "agent.db")
+def agent_store(agent_store_spec: StoreSpec) -> Iterator[AgentStore]:
+    store = agent_store_spec.open()
     yield store
     store.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextvars
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from retrysafe import ConfigurationError
@@ -14,10 +18,10 @@ from retrysafe.agents import (
     start_run,
     tool,
 )
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 
-def test_step_budget_stops_a_looping_agent(agent_store: SQLiteStore) -> None:
+def test_step_budget_stops_a_looping_agent(agent_store: AgentStore) -> None:
     """An agent that loops forever is stopped at max_steps; the audit log says why."""
     effects: list[int] = []
 
@@ -44,7 +48,7 @@ def test_step_budget_stops_a_looping_agent(agent_store: SQLiteStore) -> None:
     assert record.state == "stopped" and record.reason == calls[-1].error
 
 
-def test_budget_counts_logical_calls_not_repeats(agent_store: SQLiteStore) -> None:
+def test_budget_counts_logical_calls_not_repeats(agent_store: AgentStore) -> None:
     """Repeating the same call (a retried step, a resume) does not use up the budget."""
 
     @tool(kind="write")
@@ -66,7 +70,36 @@ def test_budget_counts_logical_calls_not_repeats(agent_store: SQLiteStore) -> No
             send("c")
 
 
-def test_attempt_budget_across_processes(agent_store: SQLiteStore) -> None:
+def test_step_budget_holds_under_concurrent_calls(agent_store: AgentStore) -> None:
+    """Eight different calls claimed at once under max_steps=3: exactly three run, the rest
+    are refused (the budget check and the insert are one serialised claim)."""
+    effects: list[int] = []
+    gate = threading.Barrier(8)
+
+    @tool(kind="write")
+    def post(i: int) -> int:
+        effects.append(i)
+        return i
+
+    def call(i: int) -> str:
+        gate.wait()
+        try:
+            post(i)
+        except BudgetExceededError:
+            return "refused"
+        return "ran"
+
+    run = start_run(agent_store, "burst", max_steps=3)
+    with run, run.step(1), ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, call, i) for i in range(8)]
+        outcomes = [f.result() for f in futures]
+    assert sorted(outcomes) == ["ran"] * 3 + ["refused"] * 5
+    assert len(effects) == 3
+    states = [c.state for c in run.calls()]
+    assert states.count(AgentCallState.SUCCEEDED) == 3
+
+
+def test_attempt_budget_across_processes(agent_store: AgentStore) -> None:
     """max_attempts caps one call's attempts summed over resumes; the error names the key."""
     attempts: list[int] = []
 
@@ -92,7 +125,7 @@ def test_attempt_budget_across_processes(agent_store: SQLiteStore) -> None:
     assert call.error == "attempt budget exhausted: 3 of 3"
 
 
-def test_bad_budgets_are_refused(agent_store: SQLiteStore) -> None:
+def test_bad_budgets_are_refused(agent_store: AgentStore) -> None:
     """Budgets must be positive integers."""
     with pytest.raises(ConfigurationError):
         start_run(agent_store, max_steps=0)

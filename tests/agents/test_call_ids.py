@@ -16,7 +16,7 @@ from retrysafe.agents import (
     start_run,
     tool,
 )
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 
 def _tools(effects: list[str]) -> tuple[Any, Any]:
@@ -33,7 +33,7 @@ def _tools(effects: list[str]) -> tuple[Any, Any]:
     return mk, rm
 
 
-def test_call_id_reused_with_other_arguments_is_refused(agent_store: SQLiteStore) -> None:
+def test_call_id_reused_with_other_arguments_is_refused(agent_store: AgentStore) -> None:
     """The same call id with other arguments raises CallIdReusedError naming id, tool and
     both argument hashes."""
     effects: list[str] = []
@@ -51,7 +51,7 @@ def test_call_id_reused_with_other_arguments_is_refused(agent_store: SQLiteStore
         assert part in str(e)
 
 
-def test_call_id_reuse_runs_nothing_and_keeps_the_original(agent_store: SQLiteStore) -> None:
+def test_call_id_reuse_runs_nothing_and_keeps_the_original(agent_store: AgentStore) -> None:
     """A refused call id reuse runs nothing; the audit log keeps the original call only."""
     effects: list[str] = []
     mk, _ = _tools(effects)
@@ -65,7 +65,7 @@ def test_call_id_reuse_runs_nothing_and_keeps_the_original(agent_store: SQLiteSt
     assert call.arguments == {"name": "printer"} and call.state is AgentCallState.SUCCEEDED
 
 
-def test_call_id_reused_by_another_tool_is_refused(agent_store: SQLiteStore) -> None:
+def test_call_id_reused_by_another_tool_is_refused(agent_store: AgentStore) -> None:
     """The same call id used for a different tool raises CallIdReusedError and runs nothing."""
     effects: list[str] = []
     mk, rm = _tools(effects)
@@ -78,7 +78,7 @@ def test_call_id_reused_by_another_tool_is_refused(agent_store: SQLiteStore) -> 
     assert [c.tool for c in run.calls()] == ["mk"]
 
 
-def test_call_id_repeated_with_same_call_replays(agent_store: SQLiteStore) -> None:
+def test_call_id_repeated_with_same_call_replays(agent_store: AgentStore) -> None:
     """The same call id with the same tool and arguments replays the stored result."""
     effects: list[str] = []
     mk, _ = _tools(effects)
@@ -90,7 +90,7 @@ def test_call_id_repeated_with_same_call_replays(agent_store: SQLiteStore) -> No
 
 
 @pytest.mark.parametrize("bad", ["a b/\n", "", "x" * 256, "tab\there", "café", " run"])
-def test_start_run_rejects_invalid_run_id(agent_store: SQLiteStore, bad: str) -> None:
+def test_start_run_rejects_invalid_run_id(agent_store: AgentStore, bad: str) -> None:
     """A run id that is not 1–255 visible ASCII is a ConfigurationError quoting it; no run."""
     with pytest.raises(ConfigurationError) as err:
         start_run(agent_store, bad)
@@ -106,7 +106,7 @@ def test_call_id_rejects_invalid_id(bad: str) -> None:
     assert err.value.option == "call_id" and repr(bad) in str(err.value)
 
 
-def test_visible_ascii_ids_are_accepted(agent_store: SQLiteStore) -> None:
+def test_visible_ascii_ids_are_accepted(agent_store: AgentStore) -> None:
     """Ids like model tool-call ids and UUIDs with punctuation are accepted unchanged."""
     run = start_run(agent_store, "run:2024-05-01/agent#1")
     assert run.id == "run:2024-05-01/agent#1"
@@ -114,7 +114,7 @@ def test_visible_ascii_ids_are_accepted(agent_store: SQLiteStore) -> None:
         pass
 
 
-def test_agent_call_decodes_arguments_and_result(agent_store: SQLiteStore) -> None:
+def test_agent_call_decodes_arguments_and_result(agent_store: AgentStore) -> None:
     """AgentCall.arguments and .result are JSON values (a tuple becomes a list); the raw
     text stays in arguments_json / result_json."""
 

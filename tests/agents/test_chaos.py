@@ -16,7 +16,7 @@ from retrysafe.agents import (
     tool,
 )
 from retrysafe.chaos import ChaosProxy
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 from .conftest import Tickets
 
@@ -41,7 +41,7 @@ def test_naive_loop_creates_two_tickets(tickets: Tickets, lose_first: ChaosProxy
 
 
 def test_guarded_loop_creates_one_ticket(
-    tickets: Tickets, lose_first: ChaosProxy, agent_store: SQLiteStore
+    tickets: Tickets, lose_first: ChaosProxy, agent_store: AgentStore
 ) -> None:
     """The same request through a write tool creates one ticket and returns its answer."""
     client = instrument(httpx.Client(timeout=5))
@@ -65,7 +65,7 @@ def test_guarded_loop_creates_one_ticket(
 
 
 def test_unknown_outcome_is_reported_with_the_key_and_not_rerun(
-    tickets: Tickets, lose_all: ChaosProxy, agent_store: SQLiteStore
+    tickets: Tickets, lose_all: ChaosProxy, agent_store: AgentStore
 ) -> None:
     """When every answer is lost the call ends UNKNOWN; a repeat reports it without running."""
     runs: list[str] = []

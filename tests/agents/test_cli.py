@@ -4,32 +4,44 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from retrysafe.agents import BudgetExceededError, start_run, tool
 from retrysafe.cli import cli
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import open_store
+
+from .conftest import StoreSpec
 
 
 @pytest.fixture
-def recorded(tmp_path: Path) -> str:
-    """A store with one run: two calls and a refusal."""
-    path = tmp_path / "agent.db"
+def recorded(agent_store_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A store with one run: two calls and a refusal; its URL (on PostgreSQL the CLI opens the
+    test's schema: a URL cannot name one)."""
+    spec = agent_store_spec
+    if spec.schema is not None:
+
+        def open_in_schema(url: str, **options: Any) -> Any:
+            if url.startswith("postgresql:"):
+                options["schema"] = spec.schema
+            return open_store(url, **options)
+
+        monkeypatch.setattr("retrysafe.stores.open_store", open_in_schema)
 
     @tool(kind="write")
     def create_ticket(title: str) -> dict[str, str]:
         return {"id": "T-1", "title": title}
 
-    with SQLiteStore(path) as store, start_run(store, "run-1", max_steps=2) as run:
+    with spec.open() as store, start_run(store, "run-1", max_steps=2) as run:
         for title in ("a", "b", "c"):
             with run.step():
                 try:
                     create_ticket(title)
                 except BudgetExceededError:
                     break
-    return f"sqlite:///{path}"
+    return spec.url
 
 
 def test_runs_json(recorded: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from retrysafe.agents import AgentCallState, instrument, resume_run, start_run, tool
 from retrysafe.chaos import ChaosProxy
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 from .conftest import Tickets
 
@@ -58,7 +58,7 @@ def _model(title: str) -> Any:
 
 
 def test_pydantic_ai_adapter_through_the_chaos_proxy(
-    tickets: Tickets, lose_first: ChaosProxy, agent_store: SQLiteStore
+    tickets: Tickets, lose_first: ChaosProxy, agent_store: AgentStore
 ) -> None:
     """A Pydantic AI agent whose model emits create_ticket twice, with the first answer lost,
     creates 1 ticket; re-running the agent in a resumed run creates none."""
@@ -89,7 +89,7 @@ def test_pydantic_ai_adapter_through_the_chaos_proxy(
 
 
 def test_pydantic_ai_adapter_reports_unknown_outcome_to_the_model(
-    tickets: Tickets, lose_all: ChaosProxy, agent_store: SQLiteStore
+    tickets: Tickets, lose_all: ChaosProxy, agent_store: AgentStore
 ) -> None:
     """When the outcome stays unknown, the model is told so, with the key (not a failure)."""
     adapter = _load("pydantic_ai_agent")

@@ -13,7 +13,7 @@ from retrysafe.agents import (
     start_run,
     tool,
 )
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 
 def _echo(request: httpx.Request) -> httpx.Response:
@@ -21,7 +21,7 @@ def _echo(request: httpx.Request) -> httpx.Response:
 
 
 def test_instrumented_client_sends_the_key_only_inside_write_tools(
-    agent_store: SQLiteStore,
+    agent_store: AgentStore,
 ) -> None:
     """Inside a write tool the key is sent; in read tools and outside tools it is not."""
     client = instrument(httpx.Client(transport=httpx.MockTransport(_echo)))
@@ -45,7 +45,7 @@ def test_instrumented_client_sends_the_key_only_inside_write_tools(
     assert sent == run.calls()[0].key
 
 
-def test_explicit_header_wins(agent_store: SQLiteStore) -> None:
+def test_explicit_header_wins(agent_store: AgentStore) -> None:
     """A request that sets its own Idempotency-Key keeps it."""
     client = instrument(httpx.Client(transport=httpx.MockTransport(_echo)))
 
@@ -58,7 +58,7 @@ def test_explicit_header_wins(agent_store: SQLiteStore) -> None:
         assert write() == "mine"
 
 
-def test_transport_wrappers_sync_and_async(agent_store: SQLiteStore) -> None:
+def test_transport_wrappers_sync_and_async(agent_store: AgentStore) -> None:
     """IdempotencyKeyTransport / AsyncIdempotencyKeyTransport add the key the same way."""
     sync_client = httpx.Client(transport=IdempotencyKeyTransport(httpx.MockTransport(_echo)))
     async_client = httpx.AsyncClient(
@@ -86,7 +86,7 @@ def test_transport_wrappers_sync_and_async(agent_store: SQLiteStore) -> None:
     asyncio.run(async_client.aclose())
 
 
-def test_instrumented_async_client(agent_store: SQLiteStore) -> None:
+def test_instrumented_async_client(agent_store: AgentStore) -> None:
     """instrument() works on an AsyncClient too."""
     client = instrument(httpx.AsyncClient(transport=httpx.MockTransport(_echo)))
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from retrysafe.agents import AgentCallState
-from retrysafe.stores import SQLiteStore
 
-from .conftest import Tickets
+from .conftest import StoreSpec, Tickets
 
 CHILD = str(Path(__file__).with_name("agent_child.py"))
 
@@ -50,22 +49,23 @@ def _run(args: list[str]) -> dict[str, str]:
 
 @pytest.mark.parametrize(("mode", "expected"), [("naive", 2), ("guarded", 1)])
 def test_killed_mid_call_then_resumed(
-    mode: str, expected: int, slow_tickets: Tickets, tmp_path: Path
+    mode: str, expected: int, slow_tickets: Tickets, agent_store_spec: StoreSpec
 ) -> None:
     """Killed after the service committed, resumed in a new process: the naive agent creates
     two tickets, the guarded one creates one and gets its answer."""
-    path = str(tmp_path / "agent.db")
-    args = [mode, path, slow_tickets.url, "run-kill"]
-    _kill_mid_call([*args, "start"], slow_tickets)
+    spec = agent_store_spec
+    args = [mode, spec.url, slow_tickets.url, "run-kill"]
+    schema = [] if spec.schema is None else [spec.schema]
+    _kill_mid_call([*args, "start", *schema], slow_tickets)
     if mode == "guarded":
-        with SQLiteStore(path) as store:
+        with spec.open() as store:
             (call,) = store.list_agent_calls("run-kill")
             assert call.state is AgentCallState.RUNNING  # recorded before the attempt
-    result = _run([*args, "resume"])
+    result = _run([*args, "resume", *schema])
     assert result["title"] == "kill me"
     assert slow_tickets.created("kill me") == expected
     if mode == "guarded":
-        with SQLiteStore(path) as store:
+        with spec.open() as store:
             (call,) = store.list_agent_calls("run-kill")
         assert call.state is AgentCallState.SUCCEEDED
         assert set(slow_tickets.keys) == {call.key}

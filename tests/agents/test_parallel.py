@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from retrysafe.agents import AgentCallState, current_call_key, instrument, start_run, tool
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 from .conftest import Tickets
 
 
-def test_parallel_duplicates_in_one_step_run_once(agent_store: SQLiteStore) -> None:
+def test_parallel_duplicates_in_one_step_run_once(agent_store: AgentStore) -> None:
     """Five concurrent identical calls (asyncio tasks) in one step: one effect, one result."""
     effects: list[str] = []
 
@@ -37,7 +37,7 @@ def test_parallel_duplicates_in_one_step_run_once(agent_store: SQLiteStore) -> N
     assert results == [{"sent": "hi", "n": 1}] * 5
 
 
-def test_parallel_duplicates_in_threads_run_once(agent_store: SQLiteStore) -> None:
+def test_parallel_duplicates_in_threads_run_once(agent_store: AgentStore) -> None:
     """The same with threads (each running in a copy of the run's context)."""
     effects: list[str] = []
     gate = threading.Barrier(4)
@@ -60,7 +60,7 @@ def test_parallel_duplicates_in_threads_run_once(agent_store: SQLiteStore) -> No
 
 
 def test_parallel_calls_with_different_arguments_run_separately(
-    agent_store: SQLiteStore,
+    agent_store: AgentStore,
 ) -> None:
     """Different arguments in one step are different logical calls, each run once."""
     effects: list[str] = []
@@ -80,7 +80,7 @@ def test_parallel_calls_with_different_arguments_run_separately(
     assert sorted(effects) == ["a", "b"]
 
 
-def test_read_tool_is_retried_without_a_key(tickets: Tickets, agent_store: SQLiteStore) -> None:
+def test_read_tool_is_retried_without_a_key(tickets: Tickets, agent_store: AgentStore) -> None:
     """A read tool retries transport errors (no key sent) and runs again when repeated."""
     failures = [httpx.ConnectError("refused"), httpx.ReadTimeout("slow")]
     keys: list[str | None] = []

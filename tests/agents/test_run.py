@@ -21,7 +21,7 @@ from retrysafe.agents import (
     start_run,
     tool,
 )
-from retrysafe.stores import SQLiteStore
+from retrysafe.stores import AgentStore
 
 
 def test_write_tool_outside_a_run_is_refused() -> None:
@@ -48,7 +48,7 @@ def test_read_tool_runs_outside_a_run() -> None:
     assert look(2) == 4
 
 
-def test_run_id_is_generated_and_stored(agent_store: SQLiteStore) -> None:
+def test_run_id_is_generated_and_stored(agent_store: AgentStore) -> None:
     """start_run without an id generates one, records it, and refuses to start it twice."""
     run = start_run(agent_store, max_steps=5)
     assert run.id.startswith("run_")
@@ -58,7 +58,7 @@ def test_run_id_is_generated_and_stored(agent_store: SQLiteStore) -> None:
         start_run(agent_store, run.id)
 
 
-def test_resume_unknown_run_id(agent_store: SQLiteStore) -> None:
+def test_resume_unknown_run_id(agent_store: AgentStore) -> None:
     """Resuming a run id the store does not hold raises RunNotFoundError naming it."""
     with pytest.raises(RunNotFoundError, match="nope") as err:
         resume_run(agent_store, "nope")
@@ -73,7 +73,7 @@ def test_store_url_is_accepted_and_memory_store_is_refused(tmp_path: Path) -> No
         start_run(MemoryStore())
 
 
-def test_call_is_recorded_with_its_key_before_the_first_attempt(agent_store: SQLiteStore) -> None:
+def test_call_is_recorded_with_its_key_before_the_first_attempt(agent_store: AgentStore) -> None:
     """Inside the first attempt the call row exists, RUNNING, with the key the tool sees."""
     seen: list[Any] = []
 
@@ -92,7 +92,7 @@ def test_call_is_recorded_with_its_key_before_the_first_attempt(agent_store: SQL
     assert run.calls()[0].key == row.key
 
 
-def test_repeated_call_returns_the_stored_result(agent_store: SQLiteStore) -> None:
+def test_repeated_call_returns_the_stored_result(agent_store: AgentStore) -> None:
     """The same call again in the same step (or resumed) returns the stored result."""
     effects: list[str] = []
 
@@ -115,7 +115,7 @@ def test_repeated_call_returns_the_stored_result(agent_store: SQLiteStore) -> No
     assert [c.step for c in run.calls()] == [1, 2]
 
 
-def test_explicit_call_id_dedupes_across_steps(agent_store: SQLiteStore) -> None:
+def test_explicit_call_id_dedupes_across_steps(agent_store: AgentStore) -> None:
     """Calls named by the same call id are one call, whatever their step."""
     effects: list[str] = []
 
@@ -131,7 +131,7 @@ def test_explicit_call_id_dedupes_across_steps(agent_store: SQLiteStore) -> None
     assert effects == ["hi"]
 
 
-def test_async_write_tool_dedupes(agent_store: SQLiteStore) -> None:
+def test_async_write_tool_dedupes(agent_store: AgentStore) -> None:
     """Async tools follow the same rules."""
     import asyncio
 
@@ -151,7 +151,7 @@ def test_async_write_tool_dedupes(agent_store: SQLiteStore) -> None:
     assert effects == ["a"]
 
 
-def test_definitive_failure_is_not_rerun(agent_store: SQLiteStore) -> None:
+def test_definitive_failure_is_not_rerun(agent_store: AgentStore) -> None:
     """A call that raised a non-retryable error is FAILED; a repeat re-raises it, no effect."""
     effects: list[str] = []
 
@@ -170,7 +170,7 @@ def test_definitive_failure_is_not_rerun(agent_store: SQLiteStore) -> None:
     assert run.calls()[0].state is AgentCallState.FAILED
 
 
-def test_non_serialisable_argument_runs_nothing(agent_store: SQLiteStore) -> None:
+def test_non_serialisable_argument_runs_nothing(agent_store: AgentStore) -> None:
     """A non-JSON argument is a PayloadError naming it; nothing is recorded or executed."""
     effects: list[object] = []
 
@@ -183,7 +183,7 @@ def test_non_serialisable_argument_runs_nothing(agent_store: SQLiteStore) -> Non
     assert effects == [] and run.calls() == []
 
 
-def test_changed_signature_between_runs_is_refused(agent_store: SQLiteStore) -> None:
+def test_changed_signature_between_runs_is_refused(agent_store: AgentStore) -> None:
     """A resumed run whose tool changed its parameters raises ToolSignatureError, no effect."""
     effects: list[str] = []
 
@@ -206,7 +206,7 @@ def test_changed_signature_between_runs_is_refused(agent_store: SQLiteStore) -> 
     assert err.value.tool == "send" and err.value.recorded != err.value.current
 
 
-def test_non_serialisable_result_is_not_replayed_nor_rerun(agent_store: SQLiteStore) -> None:
+def test_non_serialisable_result_is_not_replayed_nor_rerun(agent_store: AgentStore) -> None:
     """A result that is not JSON is kept as a summary; a repeat says so and runs nothing."""
     effects: list[int] = []
 

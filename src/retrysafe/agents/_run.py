@@ -81,7 +81,8 @@ def _agent_store(store: Any) -> AgentStore:
         store = open_store(store)
     if not isinstance(store, AgentStore):
         raise ConfigurationError(
-            f"{store!r} cannot hold agent runs; use a SQLiteStore (sqlite:///path.db)",
+            f"{store!r} cannot hold agent runs; use a SQLiteStore (sqlite:///path.db) "
+            "or a PostgresStore (postgresql://…)",
             option="store",
         )
     return store
@@ -179,7 +180,8 @@ def start_run(
     """Start a new agent run and record it in ``store``.
 
     Args:
-        store: a :class:`~retrysafe.SQLiteStore` or a store URL (``sqlite:///agent.db``).
+        store: a :class:`~retrysafe.SQLiteStore` or :class:`~retrysafe.stores.PostgresStore`,
+            or a store URL (``sqlite:///agent.db``, ``postgresql://user@host/db``).
         run_id: the run's id, 1–255 visible ASCII characters like an idempotency key
             (SPEC §2); None generates one (read it back from ``run.id``).
         max_steps: logical calls allowed in the run; the next one raises

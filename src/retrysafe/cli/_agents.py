@@ -28,7 +28,14 @@ def _store(url: str) -> Iterator[Any]:
     from retrysafe.stores import open_store
 
     try:
-        options = {"readonly": True} if url.lower().startswith("sqlite:") else {}
+        scheme = url.split(":", 1)[0].lower()
+        options: dict[str, Any] = (
+            {"readonly": True}
+            if scheme == "sqlite"
+            else {"create": False}
+            if scheme in ("postgresql", "postgres")
+            else {}
+        )
         store = open_store(url, **options)
     except RetrysafeError as exc:
         fail(str(exc))

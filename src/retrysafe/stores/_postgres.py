@@ -32,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from retrysafe._exceptions import ConfigurationError, SchemaError, StoreError, StoreUnavailableError
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._postgres_agents import PostgresAgentsMixin
 from retrysafe.stores._postgres_outbox import PostgresOutboxMixin
 from retrysafe.stores._sql import queries
 
@@ -81,10 +82,12 @@ def _complete_params(
     }
 
 
-class PostgresStore(PostgresOutboxMixin):
-    """PostgreSQL-backed :class:`~retrysafe.stores.KeyStore` and
+class PostgresStore(PostgresOutboxMixin, PostgresAgentsMixin):
+    """PostgreSQL-backed :class:`~retrysafe.stores.KeyStore`,
     :class:`~retrysafe.stores.OutboxStore` (and their async faces; the outbox half is
-    :class:`~retrysafe.stores._postgres_outbox.PostgresOutboxMixin`).
+    :class:`~retrysafe.stores._postgres_outbox.PostgresOutboxMixin`) and
+    :class:`~retrysafe.stores.AgentStore` (agent runs and calls, SPEC §7; the agent half is
+    :class:`~retrysafe.stores._postgres_agents.PostgresAgentsMixin`).
 
     Concurrency contract: see :class:`~retrysafe.stores.KeyStore` — claims insert if absent or
     expired else return the existing record, fenced writes are compare-and-swap on the fencing
@@ -218,7 +221,7 @@ class PostgresStore(PostgresOutboxMixin):
         if version == SCHEMA_VERSION and self._complete(conn):
             return
         if not create:
-            what = "no retrysafe schema" if version is None else "no outbox tables"
+            what = "no retrysafe schema" if version is None else "no outbox or agent tables"
             raise SchemaError(
                 f"PostgreSQL store {self.where} has {what} in {self.schema!r} "
                 "(run `retrysafe migrate --store URL`, or open it with create=True)",
@@ -231,14 +234,18 @@ class PostgresStore(PostgresOutboxMixin):
             version = self._version(conn)  # another process may have won the race
             if version is None or not self._complete(conn):
                 # Every statement is IF NOT EXISTS: this creates the schema, or adds the
-                # outbox tables to a version-1 schema written before they existed.
-                for stmt_text in _split(_Q["schema"]) + _split(_Q["outbox_schema"]):
+                # outbox and agent tables to a version-1 schema written before they existed.
+                feature_tables = _split(_Q["outbox_schema"]) + _split(_Q["agents_schema"])
+                for stmt_text in _split(_Q["schema"]) + feature_tables:
                     conn.execute(stmt_text)
                 conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
     def _complete(self, conn: psycopg.Connection[Any]) -> bool:
-        row = conn.execute(_Q["outbox_exists"]).fetchone()
-        return row is not None and bool(row[0])
+        for probe in ("outbox_exists", "agents_exists"):
+            row = conn.execute(_Q[probe]).fetchone()
+            if row is None or not row[0]:
+                return False
+        return True
 
     def _version(self, conn: psycopg.Connection[Any]) -> int | None:
         row = conn.execute(_Q["meta_exists"]).fetchone()

@@ -372,3 +372,137 @@ WHERE id IN (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 );
+
+-- ------------------------------------------------------------------ agent tool calls (SPEC §7)
+-- The same tables and semantics as sqlite.sql: one row per agent run and one per logical tool
+-- call (the audit log); a call's idempotency key is derived from the run and the call, so it
+-- is the primary key. States: running, succeeded, failed (definitive), unknown (outcome
+-- unknown), refused (budget).
+-- Clock: the agent layer computes every time (now, lease_expires_at) on the caller's clock and
+-- compares leases itself, so these statements store %(now)s as given in both clock modes.
+
+-- name: agents_exists
+SELECT to_regclass('agent_calls') IS NOT NULL;
+
+-- name: agents_schema
+CREATE TABLE IF NOT EXISTS agent_runs (
+    id           text PRIMARY KEY,
+    state        text NOT NULL CHECK (state IN ('active', 'stopped')),
+    max_steps    integer,
+    max_attempts integer,
+    reason       text,
+    created_at   double precision NOT NULL,
+    updated_at   double precision NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agent_calls (
+    idempotency_key  text PRIMARY KEY,
+    run_id           text NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
+    step             integer NOT NULL,
+    tool             text NOT NULL,
+    kind             text NOT NULL CHECK (kind IN ('read', 'write')),
+    signature        text NOT NULL,
+    arguments_hash   text NOT NULL,
+    arguments        text NOT NULL,
+    state            text NOT NULL CHECK (state IN
+                         ('running', 'succeeded', 'failed', 'unknown', 'refused')),
+    attempts         integer NOT NULL DEFAULT 0,
+    fencing_token    bigint NOT NULL DEFAULT 1,
+    owner            text NOT NULL,
+    lease_expires_at double precision NOT NULL,
+    result           text,
+    result_summary   text,
+    error            text,
+    created_at       double precision NOT NULL,
+    updated_at       double precision NOT NULL,
+    finished_at      double precision
+);
+CREATE INDEX IF NOT EXISTS agent_calls_run ON agent_calls (run_id, created_at);
+CREATE INDEX IF NOT EXISTS agent_calls_tool ON agent_calls (run_id, tool, signature);
+
+-- name: insert_agent_run
+INSERT INTO agent_runs (id, state, max_steps, max_attempts, created_at, updated_at)
+VALUES (%(id)s, 'active', %(max_steps)s, %(max_attempts)s, %(now)s, %(now)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, state, max_steps, max_attempts, reason, created_at, updated_at;
+
+-- name: get_agent_run
+SELECT id, state, max_steps, max_attempts, reason, created_at, updated_at
+FROM agent_runs WHERE id = %(id)s;
+
+-- name: lock_agent_run
+-- Serialises the claims of one run (held until commit), as SQLite's BEGIN IMMEDIATE does: the
+-- signature check, the step-budget count and the insert see no concurrent claim of this run.
+SELECT id FROM agent_runs WHERE id = %(run_id)s FOR UPDATE;
+
+-- name: list_agent_runs
+SELECT r.id, r.state, r.max_steps, r.max_attempts, r.reason, r.created_at, r.updated_at,
+       (SELECT count(*) FROM agent_calls c WHERE c.run_id = r.id AND c.state <> 'refused'),
+       (SELECT count(*) FROM agent_calls c WHERE c.run_id = r.id AND c.state = 'unknown')
+FROM agent_runs r ORDER BY r.created_at DESC, r.id LIMIT %(limit)s;
+
+-- name: stop_agent_run
+UPDATE agent_runs SET state = 'stopped', reason = %(reason)s, updated_at = %(now)s
+WHERE id = %(id)s;
+
+-- name: agent_signature_conflict
+-- A call of the same tool in this run recorded under another signature (the tool changed).
+SELECT idempotency_key FROM agent_calls
+WHERE run_id = %(run_id)s AND tool = %(tool)s AND signature <> %(signature)s LIMIT 1;
+
+-- name: count_agent_calls
+-- Logical calls that count against the step budget (refusals do not).
+SELECT count(*) FROM agent_calls WHERE run_id = %(run_id)s AND state <> 'refused';
+
+-- name: insert_agent_call
+-- Insert if absent, in one statement: of concurrent claimants of one key exactly one gets the
+-- row back; the others get no row and read the existing call.
+INSERT INTO agent_calls
+    (idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
+     owner, lease_expires_at, error, created_at, updated_at, finished_at)
+VALUES (%(key)s, %(run_id)s, %(step)s, %(tool)s, %(kind)s, %(signature)s, %(arguments_hash)s,
+        %(arguments)s, %(state)s, %(owner)s, %(lease_expires_at)s, %(error)s, %(now)s, %(now)s,
+        %(finished_at)s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments,
+          state, attempts, fencing_token, owner, lease_expires_at, result, result_summary,
+          error, created_at, updated_at, finished_at;
+
+-- name: get_agent_call
+SELECT idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
+       attempts, fencing_token, owner, lease_expires_at, result, result_summary, error,
+       created_at, updated_at, finished_at
+FROM agent_calls WHERE idempotency_key = %(key)s;
+
+-- name: list_agent_calls
+SELECT idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
+       attempts, fencing_token, owner, lease_expires_at, result, result_summary, error,
+       created_at, updated_at, finished_at
+FROM agent_calls WHERE run_id = %(run_id)s ORDER BY created_at, step, idempotency_key;
+
+-- name: take_over_agent_call
+-- Compare-and-swap: a running call whose lease expired, or (when allowed) an unknown one.
+UPDATE agent_calls SET
+    state = 'running', fencing_token = fencing_token + 1, owner = %(owner)s,
+    lease_expires_at = %(lease_expires_at)s, updated_at = %(now)s, finished_at = NULL
+WHERE idempotency_key = %(key)s AND fencing_token = %(token)s
+  AND ((state = 'running' AND lease_expires_at <= %(now)s)
+       OR (state = 'unknown' AND %(allow_unknown)s::boolean))
+RETURNING fencing_token;
+
+-- name: start_agent_attempt
+UPDATE agent_calls SET attempts = attempts + 1, lease_expires_at = %(lease_expires_at)s,
+    updated_at = %(now)s
+WHERE idempotency_key = %(key)s AND fencing_token = %(token)s AND state = 'running'
+RETURNING attempts;
+
+-- name: finish_agent_call
+UPDATE agent_calls SET state = %(state)s, result = %(result)s,
+    result_summary = %(result_summary)s, error = %(error)s, updated_at = %(now)s,
+    finished_at = %(now)s
+WHERE idempotency_key = %(key)s AND fencing_token = %(token)s AND state = 'running';
+
+-- name: interrupt_agent_calls
+-- A resumed run: calls left running by a process that stopped have an unknown outcome.
+UPDATE agent_calls SET state = 'unknown', updated_at = %(now)s, finished_at = %(now)s,
+    error = 'interrupted: the process running this call stopped; outcome unknown'
+WHERE run_id = %(run_id)s AND state = 'running';
