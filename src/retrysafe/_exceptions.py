@@ -4,7 +4,9 @@ Every error retrysafe raises on purpose derives from :class:`RetrysafeError` and
 structured attributes instead of information buried in the message::
 
     RetrysafeError
-    ├── ConfigurationError          a value that cannot work (bad URL, timeout <= 0, …)
+    ├── ConfigurationError          a value that cannot work (bad URL, timeout <= 0, …),
+    │                               or server.transaction() used outside a claimed request
+    │                               or with a store without SQL
     ├── InvalidKeyError             an idempotency key that is empty, too long or not visible ASCII
     ├── StoreError                  the store failed; the driver's error is the ``__cause__``
     │   ├── StoreUnavailableError   the store cannot be reached or is locked/read-only

@@ -2,12 +2,15 @@
 
 :class:`IdempotencyMiddleware` (ASGI) and :class:`WSGIIdempotencyMiddleware` (WSGI) share one
 engine over :mod:`retrysafe.core` and a :mod:`retrysafe.stores` key store, configured by one
-frozen :class:`IdempotencyConfig`. Importing this package imports no web framework.
+frozen :class:`IdempotencyConfig`. :func:`transaction` lets a handler commit its own SQL
+writes together with the key's completion (transactional mode). Importing this package imports
+no web framework.
 """
 
 from retrysafe.server._asgi import IdempotencyMiddleware
 from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
 from retrysafe.server._outcome import mark_outcome_unknown
+from retrysafe.server._transaction import transaction
 from retrysafe.server._wsgi import WSGIIdempotencyMiddleware
 
 __all__ = [
@@ -16,4 +19,5 @@ __all__ = [
     "IdempotencyMiddleware",
     "WSGIIdempotencyMiddleware",
     "mark_outcome_unknown",
+    "transaction",
 ]

@@ -3,12 +3,13 @@ small responder that wraps ``send``; never ``BaseHTTPMiddleware``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from retrysafe._exceptions import StoreError
+from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.core import (
     InvalidKey,
     Keyed,
@@ -26,6 +27,7 @@ from retrysafe.server._engine import (
     adrive,
 )
 from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
+from retrysafe.server._transaction import effect_opener
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store, open_store
 
 __all__ = ["IdempotencyMiddleware"]
@@ -85,6 +87,7 @@ class IdempotencyMiddleware:
             self.store = as_async_key_store(self._owned)
         else:
             self.store = as_async_key_store(store)
+        self._begin_effect = effect_opener(self._owned if isinstance(store, str) else store)
         self._engine = Engine(self.config)
         self._methods = self._engine.protected_methods
 
@@ -189,7 +192,7 @@ class IdempotencyMiddleware:
             await _send_answer(send, answer_or_run)
             return
 
-        responder = _Responder(engine, self.store, req, send)
+        responder = _Responder(engine, self.store, req, send, self._begin_effect)
         scope[SCOPE_KEY] = responder.state  # lets the app say "outcome unknown"
         try:
             await self.app(scope, replay_receive, responder.send)
@@ -211,10 +214,24 @@ class _Responder:
     the key just before the last body chunk leaves (so a completed response is durable before
     the client can see it)."""
 
-    __slots__ = ("capture", "engine", "finalized", "req", "state", "store", "wrapped")
+    __slots__ = (
+        "_opener",
+        "capture",
+        "engine",
+        "finalized",
+        "req",
+        "state",
+        "store",
+        "wrapped",
+    )
 
     def __init__(
-        self, engine: Engine, store: AsyncKeyStore, req: RequestState, send: Send
+        self,
+        engine: Engine,
+        store: AsyncKeyStore,
+        req: RequestState,
+        send: Send,
+        opener: Callable[[], Any],
     ) -> None:
         self.engine = engine
         self.store = store
@@ -222,7 +239,16 @@ class _Responder:
         self.wrapped = send
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
-        self.state: dict[str, Any] = {}
+        self._opener = opener
+        # scope[SCOPE_KEY]: "outcome unknown" and transaction() (SPEC §4 transactional mode).
+        self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
+
+    def _begin_effect(self) -> Any:
+        if self.finalized:
+            raise ConfigurationError(
+                "transaction() called after the response ended", option="transaction"
+            )
+        return self._opener()
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -239,14 +265,38 @@ class _Responder:
 
     async def _finalize(self) -> None:
         self.finalized = True
-        unknown = outcome_unknown(self.state)
+        state = self.state
+        unknown = outcome_unknown(state)
+        if "effect" in state:
+            await self._end_effect(unknown, None)
+            return
         await adrive(self.engine.conclude(self.req, self.capture, unknown=unknown), self.store)
+
+    async def _end_effect(self, unknown: bool, exc: BaseException | None) -> None:
+        """Transactional mode: commit or roll back the handler's transaction (in a thread:
+        its connection blocks), then release the key if that is what is left to do."""
+        engine = self.engine
+        reason = await asyncio.to_thread(
+            engine.end_effect,
+            self.req,
+            self.capture,
+            self.state["effect"],
+            unknown=unknown,
+            doomed=bool(self.state.get("effect_failed")),
+        )
+        if reason is not None:
+            error = reason if exc is None else exc
+            conversation = engine.abandon(self.req, self.capture, unknown=False, error=error)
+            await adrive(conversation, self.store)
 
     async def abort(self, exc: BaseException | None) -> None:
         """The handler raised (``exc``) or stopped without a complete response: release."""
         if self.finalized:
             return
         self.finalized = True
+        if "effect" in self.state:
+            await self._end_effect(outcome_unknown(self.state), exc)
+            return
         conversation = self.engine.abandon(
             self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
         )

@@ -464,7 +464,7 @@ class Engine:
         capture: Capture,
         *,
         unknown: bool,
-        error: BaseException | None,
+        error: BaseException | str | None,
     ) -> Generator[Op, Any, None]:
         """The handler raised (``error``) or stopped without a complete response: release the
         key so the next attempt runs again, unless the outcome is unknown; and log."""
@@ -489,8 +489,62 @@ class Engine:
             req.key_hash,
             level=logging.WARNING,
             claim=req.claim,
-            error="incomplete response" if error is None else repr(error),
+            error=(
+                "incomplete response"
+                if error is None
+                else error if isinstance(error, str) else repr(error)
+            ),
         )
+
+    def end_effect(
+        self,
+        req: RequestState,
+        capture: Capture,
+        effect: Any,
+        *,
+        unknown: bool,
+        doomed: bool = False,
+    ) -> str | None:
+        """Transactional mode (SPEC §4): finish the handler's open transaction ``effect``.
+
+        A stored response (:meth:`finish` chooses ``complete``) is completed *inside* the
+        effect's transaction, fenced by the token, then committed: effect and completion land
+        together. A fenced-off completion (lease taken over) rolls the effect back. Anything
+        else rolls the effect back. An unknown outcome rolls back and keeps the claim.
+        Synchronous: the ASGI driver runs it in a worker thread.
+
+        Args:
+            doomed: the handler's ``transaction()`` block raised: roll back whatever it answered.
+
+        Returns:
+            None when nothing is left to do, else why the key must now be released (the
+            caller settles that release with :meth:`abandon`).
+        """
+        if unknown:
+            effect.rollback()
+            self.log_unknown(req, capture.status)
+            return None
+        op = self.finish(req, capture)
+        if op[0] != "complete" or doomed:
+            effect.rollback()
+            if doomed:
+                return "the transaction() block raised"
+            if capture.complete:
+                return f"response not stored (status {capture.status}); effect rolled back"
+            return "incomplete response; effect rolled back"
+        try:
+            ok = effect.complete_in(*op[1], **op[2])
+            if ok:
+                effect.commit()
+            else:
+                effect.rollback()
+        except StoreError as exc:
+            effect.rollback()
+            self._log_store_failed(req, capture.status, op, exc)
+            # The release is fenced on state 'running': if the commit did land, it is a no-op.
+            return f"transactional completion failed: {exc!r}"
+        self.log_finish(req, op, ok, capture.status)
+        return None
 
     def _log_store_failed(
         self, req: RequestState, status: int, op: Op, exc: StoreError

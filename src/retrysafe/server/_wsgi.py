@@ -14,6 +14,7 @@ from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import Capture, Engine, RequestState, drive
 from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
+from retrysafe.server._transaction import effect_opener
 from retrysafe.stores import KeyStore, open_store
 
 __all__ = ["WSGIIdempotencyMiddleware"]
@@ -69,6 +70,7 @@ class WSGIIdempotencyMiddleware:
                 f"{store!r} is not a sync KeyStore; WSGI needs one", option="store"
             )
         self.store = store
+        self._begin_effect = effect_opener(store)
         self._engine = Engine(self.config)
         self._methods = self._engine.protected_methods
 
@@ -141,7 +143,7 @@ class WSGIIdempotencyMiddleware:
             start_response(answer_or_run.status_line, answer_or_run.str_headers())
             return [answer_or_run.body]
 
-        run = _Run(engine, self.store, req)
+        run = _Run(engine, self.store, req, self._begin_effect)
         environ[SCOPE_KEY] = run.state  # lets the app say "outcome unknown"
 
         def capturing_start_response(
@@ -168,21 +170,51 @@ class WSGIIdempotencyMiddleware:
 class _Run:
     """Per-request state of a handler that runs under a claimed key."""
 
-    __slots__ = ("capture", "engine", "finalized", "req", "state", "store")
+    __slots__ = ("_opener", "capture", "engine", "finalized", "req", "state", "store")
 
-    def __init__(self, engine: Engine, store: KeyStore, req: RequestState) -> None:
+    def __init__(
+        self, engine: Engine, store: KeyStore, req: RequestState, opener: Callable[[], Any]
+    ) -> None:
         self.engine = engine
         self.store = store
         self.req = req
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
-        self.state: dict[str, Any] = {}  # environ[SCOPE_KEY]: lets the app say "unknown"
+        self._opener = opener
+        # environ[SCOPE_KEY]: "outcome unknown" and transaction() (SPEC §4 transactional mode).
+        self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
+
+    def _begin_effect(self) -> Any:
+        if self.finalized:
+            raise ConfigurationError(
+                "transaction() called after the response ended", option="transaction"
+            )
+        return self._opener()
+
+    def _end_effect(self, unknown: bool, exc: BaseException | None) -> None:
+        """Transactional mode: commit or roll back the handler's transaction, then release
+        the key if that is what is left to do."""
+        engine = self.engine
+        state = self.state
+        reason = engine.end_effect(
+            self.req,
+            self.capture,
+            state["effect"],
+            unknown=unknown,
+            doomed=bool(state.get("effect_failed")),
+        )
+        if reason is not None:
+            error = reason if exc is None else exc
+            drive(engine.abandon(self.req, self.capture, unknown=False, error=error), self.store)
 
     def finalize(self) -> None:
         """The response is complete: complete the key (or release it, per SPEC §4)."""
         self.finalized = True
         self.capture.complete = True
         unknown = outcome_unknown(self.state)
+        if "effect" in self.state:
+            self._end_effect(unknown, None)
+            return
         drive(self.engine.conclude(self.req, self.capture, unknown=unknown), self.store)
 
     def abort(self, exc: BaseException | None) -> None:
@@ -190,6 +222,9 @@ class _Run:
         if self.finalized:
             return
         self.finalized = True
+        if "effect" in self.state:
+            self._end_effect(outcome_unknown(self.state), exc)
+            return
         conversation = self.engine.abandon(
             self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
         )

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Literal
 
 import psycopg
@@ -36,7 +37,7 @@ from retrysafe.stores._postgres_agents import PostgresAgentsMixin
 from retrysafe.stores._postgres_outbox import PostgresOutboxMixin
 from retrysafe.stores._sql import queries
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresEffect", "PostgresStore"]
 
 #: The schema version this release writes and understands.
 SCHEMA_VERSION = 1
@@ -278,6 +279,30 @@ class PostgresStore(PostgresOutboxMixin, PostgresAgentsMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def begin_effect(self) -> PostgresEffect:
+        """Open a transaction for a handler's own writes (SPEC §4 transactional mode).
+
+        Takes a connection from the sync pool and starts a transaction on it; the connection
+        goes back to the pool after :meth:`PostgresEffect.commit` or
+        :meth:`PostgresEffect.rollback`. Usable from any thread.
+
+        Raises:
+            StoreUnavailableError: no connection within ``connect_timeout``.
+            StoreError: the store is closed.
+        """
+        if self._closed:
+            raise StoreError(f"{self!r} is closed", store=self.url)
+        try:
+            conn = self._pool.getconn()
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._translate(exc) from exc
+        try:
+            conn.autocommit = False
+        except psycopg.Error as exc:
+            self._pool.putconn(conn)
+            raise self._translate(exc) from exc
+        return PostgresEffect(self, conn)
+
     def asyncio_key_store(self) -> AsyncPostgresKeys:
         """A new async face (its own :class:`psycopg_pool.AsyncConnectionPool`, opened on
         first use in the running event loop; close it with ``aclose()``)."""
@@ -346,6 +371,77 @@ class PostgresStore(PostgresOutboxMixin, PostgresAgentsMixin):
                 total += deleted
                 if deleted < batch:
                     return total
+
+
+class PostgresEffect:
+    """One open transaction holding a handler's effect and, at the end, the key's completion.
+
+    Attributes:
+        connection: the :class:`psycopg.Connection` (not autocommit) the handler writes with;
+            its search_path is the store's schema. Never commit it yourself.
+    """
+
+    __slots__ = ("_done", "_lock", "_store", "connection")
+
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
+        self._store = store
+        self.connection = conn
+        self._lock = threading.Lock()
+        self._done = False
+
+    def complete_in(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        """Complete the key inside this transaction, fenced by the token (not yet committed).
+
+        Returns:
+            Whether the key was still ours (False: the lease was taken over).
+        """
+        s = self._store
+        params = _complete_params(key_hash, fencing_token, response, s._now(now), retention)
+        with self._lock:
+            try:
+                return self.connection.execute(_Q["complete_key"], params).rowcount == 1
+            except psycopg.Error as exc:
+                raise s._translate(exc) from exc
+
+    def commit(self) -> None:
+        """COMMIT the effect (and the completion); the connection goes back to the pool."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            try:
+                self.connection.commit()
+            except psycopg.Error as exc:
+                raise self._store._translate(exc) from exc
+            finally:
+                self._give_back()
+
+    def rollback(self) -> None:
+        """ROLLBACK the effect; the connection goes back to the pool. Idempotent; never
+        raises."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            with suppress(psycopg.Error):
+                self.connection.rollback()
+            self._give_back()
+
+    def _give_back(self) -> None:
+        conn = self.connection
+        with suppress(psycopg.Error):
+            if not conn.closed:
+                conn.rollback()
+                conn.autocommit = True
+        self._store._pool.putconn(conn)
 
 
 def _claim_params(

@@ -33,7 +33,7 @@ from retrysafe.stores._sqlite_agents import SQLiteAgentsMixin
 from retrysafe.stores._sqlite_outbox import SQLiteOutboxMixin
 from retrysafe.stores._sqlite_webhooks import SQLiteWebhooksMixin
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "SQLiteEffect", "SQLiteStore"]
 
 #: The schema version this release writes and understands.
 SCHEMA_VERSION = 1
@@ -325,6 +325,96 @@ class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin, SQLiteAgentsMixin):
     def asyncio_key_store(self) -> _AsyncSQLiteKeys:
         """The :class:`~retrysafe.stores.AsyncKeyStore` face used by the ASGI middleware."""
         return _AsyncSQLiteKeys(self)
+
+    def begin_effect(self) -> SQLiteEffect:
+        """Open a transaction for a handler's own writes (SPEC §4 transactional mode).
+
+        A dedicated connection (usable from any thread, access serialised) runs
+        ``BEGIN IMMEDIATE``: it holds the database's write lock until :meth:`SQLiteEffect.commit`
+        or :meth:`SQLiteEffect.rollback`, so other writers wait up to ``busy_timeout``.
+
+        Raises:
+            StoreUnavailableError: the write lock stayed taken for ``busy_timeout``.
+            StoreError: the store is closed or the connection failed.
+        """
+        if self._closed:
+            raise StoreError(f"{self!r} is closed", store=self.url)
+        conn = self._connect(self.busy_timeout)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _translate(exc, self.url) from exc
+        return SQLiteEffect(conn, self.url)
+
+
+class SQLiteEffect:
+    """One open transaction holding a handler's effect and, at the end, the key's completion.
+
+    Attributes:
+        connection: the ``sqlite3`` connection (``isolation_level=None``, inside
+            ``BEGIN IMMEDIATE``) the handler writes with. Never commit it yourself.
+    """
+
+    __slots__ = ("_done", "_lock", "_url", "connection")
+
+    def __init__(self, conn: sqlite3.Connection, url: str) -> None:
+        self.connection = conn
+        self._url = url
+        self._lock = threading.Lock()
+        self._done = False
+
+    def complete_in(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        """Complete the key inside this transaction, fenced by the token (not yet committed).
+
+        Returns:
+            Whether the key was still ours (False: the lease was taken over).
+        """
+        with self._lock, _errors_for(self._url):
+            return _complete(self.connection, key_hash, fencing_token, response, now, retention)
+
+    def commit(self) -> None:
+        """COMMIT the effect (and the completion) and close the connection."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            try:
+                with _errors_for(self._url):
+                    self.connection.execute("COMMIT")
+            finally:
+                self._close()
+
+    def rollback(self) -> None:
+        """ROLLBACK the effect and close the connection. Idempotent; never raises."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            with suppress(sqlite3.Error):
+                if self.connection.in_transaction:
+                    self.connection.execute("ROLLBACK")
+            self._close()
+
+    def _close(self) -> None:
+        with suppress(sqlite3.Error):
+            self.connection.close()
+
+
+@contextmanager
+def _errors_for(url: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise _translate(exc, url) from exc
 
 
 class _Conn:
