@@ -153,3 +153,10 @@ def test_should_store_server_errors_when_asked() -> None:
     """``store_server_errors`` stores 5xx (Stripe) but never 408/429."""
     assert should_store(503, store_server_errors=True)
     assert not should_store(429, store_server_errors=True)
+
+
+def test_409_with_retry_after_is_not_stored() -> None:
+    """An upstream's 409 + Retry-After (request in progress) describes the attempt: not stored;
+    a plain 409 conflict is a final answer and is stored."""
+    assert not should_store(409, retry_after=True)
+    assert should_store(409)

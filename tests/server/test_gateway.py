@@ -66,6 +66,14 @@ def _upstream(effects: Counter[str]) -> Starlette:
         effects["slow"] += 1
         return JSONResponse({"done": True}, status_code=201)
 
+    async def busy(request: Request) -> Response:
+        effects["busy"] += 1
+        return JSONResponse(
+            {"type": "urn:retrysafe:problem:request-in-progress"},
+            status_code=409,
+            headers={"Retry-After": "1"},
+        )
+
     async def boom(request: Request) -> Response:
         effects["boom"] += 1
         return JSONResponse({"error": "down"}, status_code=503)
@@ -76,6 +84,7 @@ def _upstream(effects: Counter[str]) -> Starlette:
             Route("/echo", echo, methods=["POST", "PUT", "GET"]),
             Route("/stream", stream, methods=["POST", "GET"]),
             Route("/boom", boom, methods=["POST"]),
+            Route("/busy", busy, methods=["POST"]),
             Route("/slow", slow, methods=["POST"]),
         ]
     )
@@ -182,6 +191,17 @@ def test_upstream_timeout_keeps_the_key_claimed(
     time.sleep(1.2)  # the upstream finishes the first request meanwhile
     assert effects["slow"] == 1
     store.close()
+
+
+def test_upstream_409_in_progress_is_not_stored(gateway: str, effects: Counter[str]) -> None:
+    """An upstream's 409 with Retry-After (its own key is busy) is about the attempt: the
+    gateway forwards it and does not store it, so the retry reaches the upstream again."""
+    headers = {"Idempotency-Key": "gw-busy"}
+    for _ in range(2):
+        r = httpx.post(gateway + "/busy", json={}, headers=headers)
+        assert r.status_code == 409
+        assert "idempotent-replayed" not in r.headers
+    assert effects["busy"] == 2
 
 
 def test_upstream_5xx_is_forwarded_and_not_stored(gateway: str, effects: Counter[str]) -> None:

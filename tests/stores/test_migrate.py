@@ -99,9 +99,16 @@ def test_migrate_adds_the_outbox_tables_to_an_older_postgres_schema(
         assert store.count_jobs(queue="default")
 
 
-def test_migrate_on_redis_says_there_is_nothing_to_migrate() -> None:
-    """Redis has no schema: migrate says so and exits 0 without connecting."""
-    code, out, _ = _migrate("--store", "redis://127.0.0.1:1/0", "--json")
+def test_migrate_on_redis_says_there_is_nothing_to_migrate(redis_url: str) -> None:
+    """Redis has no schema: migrate connects once, says so and exits 0."""
+    code, out, _ = _migrate("--store", redis_url, "--json")
     report: dict[str, Any] = json.loads(out)
     assert code == 0 and report["action"] == "not-applicable"
     assert "nothing to migrate" in report["message"]
+
+
+def test_migrate_on_unreachable_redis_fails() -> None:
+    """A Redis that cannot be reached is an error even though there is nothing to migrate."""
+    code, _, err = _migrate("--store", "redis://127.0.0.1:1/0", "--json")
+    assert code == 1
+    assert "unavailable" in err

@@ -15,7 +15,13 @@ import psycopg
 import pytest
 import redis
 
-from retrysafe import RetrysafeWarning, SchemaError, StoreUnavailableError
+from retrysafe import (
+    ConfigurationError,
+    RetrysafeError,
+    RetrysafeWarning,
+    SchemaError,
+    StoreUnavailableError,
+)
 from retrysafe.stores import PostgresStore, RedisStore, open_store
 
 from .conftest import open_test_store
@@ -265,3 +271,27 @@ def test_importing_stores_does_not_import_drivers() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split("\n")
     assert out[:2] == ["[]", "True"]
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://", "postgresql://u:secret@127.0.0.1:5432/", "postgres://127.0.0.1"]
+)
+def test_postgres_url_without_a_database_is_refused(url: str) -> None:
+    """A URL naming no database is refused before connecting (libpq would pick a default
+    database and the schema would land there); the password is never echoed."""
+    with pytest.raises(ConfigurationError, match="names no database") as info:
+        open_store(url)
+    assert "secret" not in str(info.value)
+    with pytest.raises(ConfigurationError, match="names no database"):
+        PostgresStore(url)
+
+
+def test_store_without_an_outbox_never_shows_the_password(redis_url: str) -> None:
+    """Opening an outbox on Redis fails with the URL's password redacted."""
+    from retrysafe import Outbox
+
+    parts = redis_url.split("://", 1)
+    url = f"{parts[0]}://:topsecret@{parts[1]}"
+    with pytest.raises(RetrysafeError) as info:
+        Outbox(url)
+    assert "topsecret" not in str(info.value)

@@ -26,6 +26,7 @@ __all__ = ["agents"]
 def _store(url: str) -> Iterator[Any]:
     """Open the store read-only: listing never creates or changes it."""
     from retrysafe.stores import open_store
+    from retrysafe.stores._url_check import redact_url
 
     try:
         scheme = url.split(":", 1)[0].lower()
@@ -41,7 +42,10 @@ def _store(url: str) -> Iterator[Any]:
         fail(str(exc))
     try:
         if not hasattr(store, "list_agent_runs"):
-            fail(f"the store {url} cannot hold agent runs (use sqlite:///path.db)")
+            fail(
+                f"the store {redact_url(url)} cannot hold agent runs "
+                "(use sqlite:///path.db or postgresql://…)"
+            )
         yield store
     except RetrysafeError as exc:
         fail(str(exc))

@@ -95,6 +95,19 @@ def _reader(store: str) -> Iterator[Outbox]:
     file that does not exist is an error (a typo must not create an empty store)."""
     path = _sqlite_path(store)
     if path is None:
+        if store.split(":", 1)[0].lower() in ("postgresql", "postgres"):
+            # Reading never creates tables: a database without them is a SchemaError
+            # that names `retrysafe migrate`.
+            from retrysafe.stores import open_store
+
+            with _errors(store):
+                opened = open_store(store, create=False)
+                try:
+                    with Outbox(opened) as outbox:
+                        yield outbox
+                finally:
+                    opened.close()
+            return
         with _outbox(store) as outbox:
             yield outbox
         return

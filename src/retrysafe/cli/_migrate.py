@@ -133,8 +133,13 @@ def migrate(store: str, schema: str, as_json: bool) -> None:
         elif scheme in ("postgresql", "postgres"):
             report = _postgres(store, schema)
         elif scheme in ("redis", "rediss", "memory"):
+            # Nothing to create, but connect once so a wrong host or password is an error.
+            from retrysafe.stores import open_store
+            from retrysafe.stores._url_check import redact_url
+
+            open_store(store).close()
             report = MigrateReport(
-                f"{scheme}://…",
+                redact_url(store),
                 scheme,
                 "not-applicable",
                 None,

@@ -83,13 +83,15 @@ def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
     """
     if isinstance(store, str):
         from retrysafe.stores import open_store
+        from retrysafe.stores._url_check import redact_url
 
         opened = open_store(store)
         if not isinstance(opened, OutboxStore):
             with contextlib.suppress(Exception):
                 opened.close()
             raise ConfigurationError(
-                f"store {store!r} has no outbox; use sqlite:///path.db or postgresql://…",
+                f"store {redact_url(store)!r} has no outbox; use sqlite:///path.db or "
+                "postgresql://…",
                 option="store",
             )
         return opened, True

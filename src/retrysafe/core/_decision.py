@@ -174,14 +174,20 @@ def decide(record: KeyRecord | None, fingerprint: str, now: float) -> Decision:
     return InProgress(remaining, max(1, min(5, math.ceil(remaining))))
 
 
-def should_store(status: int, *, store_server_errors: bool = False) -> bool:
+def should_store(
+    status: int, *, store_server_errors: bool = False, retry_after: bool = False
+) -> bool:
     """Whether a handler's response completes the key (SPEC §4).
 
     2xx, 3xx and 4xx are stored, except 408 and 429, which describe the attempt rather than
     the operation. 5xx releases the key so the next attempt runs the handler again, unless
     ``store_server_errors`` is set (Stripe's behaviour, for handlers that cannot re-run safely).
+
+    ``retry_after``: the response carries ``Retry-After``. A 409 with it is an upstream's
+    "request in progress, try again" (IETF draft §2.6; a gateway in front of a protected
+    service sees one): it describes the attempt too, so it is not stored.
     """
-    if status in (408, 429):
+    if status in (408, 429) or (status == 409 and retry_after):
         return False
     if status >= 500:
         return store_server_errors

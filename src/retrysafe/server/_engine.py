@@ -569,8 +569,11 @@ class Engine:
         larger than ``max_replay_size`` completes it as not replayable. Anything else (5xx,
         408, 429, no complete response) releases the key so the next attempt runs again.
         """
+        status = capture.status
         if capture.complete and should_store(
-            capture.status, store_server_errors=self.store_server_errors
+            status,
+            store_server_errors=self.store_server_errors,
+            retry_after=status == 409 and _has_retry_after(capture.headers),
         ):
             if capture.overflow:
                 response = StoredResponse(capture.status, self._headers(capture), b"", False)
@@ -665,6 +668,15 @@ class Engine:
             req.key_hash,
             claim=req.claim,
         )
+
+
+def _has_retry_after(headers: Iterable[tuple[Any, Any]]) -> bool:
+    for name, _ in headers:
+        if (name.lower() if isinstance(name, str) else name.lower().decode("latin-1")) == (
+            "retry-after"
+        ):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------- drivers

@@ -36,6 +36,7 @@ from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._postgres_agents import PostgresAgentsMixin
 from retrysafe.stores._postgres_outbox import PostgresOutboxMixin
 from retrysafe.stores._sql import queries
+from retrysafe.stores._url_check import check_postgres_url
 
 __all__ = ["SCHEMA_VERSION", "PostgresEffect", "PostgresStore"]
 
@@ -137,6 +138,7 @@ class PostgresStore(PostgresOutboxMixin, PostgresAgentsMixin):
             )
         if clock not in ("server", "caller"):
             raise ConfigurationError("clock must be 'server' or 'caller'", option="clock")
+        check_postgres_url(url)
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ConfigurationError("need 0 <= min_size <= max_size, max_size >= 1")
         try:

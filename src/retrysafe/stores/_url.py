@@ -13,8 +13,9 @@ from retrysafe._exceptions import ConfigurationError
 from retrysafe.stores._base import AsyncKeyStore, KeyStore
 from retrysafe.stores._memory import MemoryStore
 from retrysafe.stores._sqlite import SQLiteStore, sqlite_path_from_url
+from retrysafe.stores._url_check import redact_url
 
-__all__ = ["as_async_key_store", "open_store"]
+__all__ = ["as_async_key_store", "open_store", "redact_url"]
 
 
 def open_store(url: str, **options: Any) -> Any:
