@@ -129,7 +129,7 @@ def gateway(
     configure_json_logging(getattr(logging, log_level.upper()))
     try:
         proxy = ReverseProxy(upstream, timeout=timeout)
-        key_store = open_store(store)
+        # Every option is checked before the store is opened: a typo never creates a store.
         config = IdempotencyConfig(
             lease=lease,
             retention=retention,
@@ -141,6 +141,7 @@ def gateway(
             in_progress_wait=in_progress_wait,
             fail_open=fail_open,
         )
+        key_store = open_store(store)
         app = IdempotencyMiddleware(proxy, store=key_store, config=config)
     except RetrysafeError as exc:
         fail(str(exc))
