@@ -32,6 +32,9 @@ from retrysafe._exceptions import ConfigurationError
 from retrysafe.stores._base import Attempt, Job, JobState, NewJob
 from retrysafe.stores._sql import queries
 
+# Rows come back in SQLite's column order, so one pair of converters serves both stores.
+from retrysafe.stores._sqlite_outbox import _row_to_attempt, _row_to_job
+
 if TYPE_CHECKING:
     from retrysafe.stores._postgres import Clock
 
@@ -39,75 +42,6 @@ __all__ = ["AsyncPostgresOutbox", "PostgresOutboxMixin"]
 
 _T = TypeVar("_T")
 _Q: dict[str, bytes] = {name: q.encode() for name, q in queries("postgres").items()}
-
-
-def _row_to_job(row: Sequence[Any]) -> Job:
-    (
-        id_,
-        key,
-        queue,
-        state,
-        method,
-        url,
-        destination,
-        headers,
-        body,
-        created_at,
-        updated_at,
-        due_at,
-        deadline_at,
-        attempts,
-        sends,
-        polls,
-        last_delay,
-        lease_token,
-        lease_expires_at,
-        finished_at,
-        last_status,
-        last_outcome,
-        last_error,
-    ) = row
-    return Job(
-        id=id_,
-        key=key,
-        queue=queue,
-        state=JobState(state),
-        method=method,
-        url=url,
-        destination=destination,
-        headers=tuple((str(k), str(v)) for k, v in json.loads(headers)),
-        body=bytes(body),
-        created_at=float(created_at),
-        updated_at=float(updated_at),
-        due_at=float(due_at),
-        deadline_at=None if deadline_at is None else float(deadline_at),
-        attempts=int(attempts),
-        sends=int(sends),
-        polls=int(polls),
-        last_delay=float(last_delay),
-        lease_token=lease_token,
-        lease_expires_at=None if lease_expires_at is None else float(lease_expires_at),
-        finished_at=None if finished_at is None else float(finished_at),
-        last_status=None if last_status is None else int(last_status),
-        last_outcome=last_outcome,
-        last_error=last_error,
-    )
-
-
-def _row_to_attempt(row: Sequence[Any]) -> Attempt:
-    job_id, key, number, started, duration, outcome, status, error_type, replayed, counted = row
-    return Attempt(
-        job_id=job_id,
-        key=key,
-        number=int(number),
-        started_at=float(started),
-        duration=float(duration),
-        outcome=outcome,
-        status=None if status is None else int(status),
-        error_type=error_type,
-        replayed=bool(replayed),
-        counted=bool(counted),
-    )
 
 
 def _states(states: Sequence[JobState] | None) -> list[str] | None:
