@@ -1,5 +1,6 @@
 """retrysafe's pure core: keys, fingerprints, the server decision (SPEC §3), the client
-classification (SPEC §5), backoff and problem details. Nothing here does I/O or reads a clock.
+classification (SPEC §5), backoff, lease timing and problem details. Nothing here does I/O or
+reads a clock.
 """
 
 from retrysafe.core._backoff import (
@@ -40,12 +41,22 @@ from retrysafe.core._decision import (
 )
 from retrysafe.core._fingerprint import canonical_body, fingerprint, is_json_content_type
 from retrysafe.core._keys import MAX_KEY_LENGTH, key_hash, parse_key, scope_from_authorization
+from retrysafe.core._lease import (
+    MAX_LEASE,
+    MAX_RUN_TIME,
+    MIN_HEARTBEAT,
+    LeaseTiming,
+    lease_timing,
+)
 from retrysafe.core._problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_PREFIX, Problem
 from retrysafe.core._records import KeyRecord, KeyState, StoredResponse
 
 __all__ = [
     "KEY_REUSED_PROBLEM",
     "MAX_KEY_LENGTH",
+    "MAX_LEASE",
+    "MAX_RUN_TIME",
+    "MIN_HEARTBEAT",
     "PROBLEM_CONTENT_TYPE",
     "PROBLEM_TYPE_PREFIX",
     "Action",
@@ -63,6 +74,7 @@ __all__ = [
     "KeyReused",
     "KeyState",
     "Keyed",
+    "LeaseTiming",
     "MissingKey",
     "NotProtected",
     "Problem",
@@ -83,6 +95,7 @@ __all__ = [
     "full_jitter",
     "is_json_content_type",
     "key_hash",
+    "lease_timing",
     "parse_key",
     "parse_retry_after",
     "scope_from_authorization",
