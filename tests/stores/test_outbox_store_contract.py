@@ -149,6 +149,60 @@ def test_writes_are_fenced_by_the_lease_token(outbox_store: OutboxStore) -> None
     assert (final.finished_at, final.lease_token, final.last_status) == (T0 + 3, None, 200)
 
 
+def test_lease_renewal_moves_the_owners_lease_end(outbox_store: OutboxStore) -> None:
+    """extend_job_lease renews the owner's lease to now + lease: no claim before its new end."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=10, limit=1)
+    assert outbox_store.extend_job_lease(job.id, "t", now=T0 + 8, lease=10)
+    renewed = outbox_store.get_job(job.id)
+    assert renewed is not None and renewed.lease_expires_at == T0 + 18
+    assert (renewed.state, renewed.lease_token, renewed.updated_at) == (JobState.IN_FLIGHT, "t", T0)
+    assert outbox_store.claim_jobs(queue="default", token="u", now=T0 + 17, lease=5, limit=1) == []
+    assert outbox_store.next_due(queue="default") == T0 + 18
+
+
+def test_lease_renewal_is_refused_to_a_stale_token(outbox_store: OutboxStore) -> None:
+    """After a take-over the old owner's renewal returns False and leaves the new lease alone."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="old", now=T0, lease=1, limit=1)
+    outbox_store.claim_jobs(queue="default", token="new", now=T0 + 2, lease=10, limit=1)
+    assert not outbox_store.extend_job_lease(job.id, "old", now=T0 + 3, lease=100)
+    got = outbox_store.get_job(job.id)
+    assert got is not None and (got.lease_token, got.lease_expires_at) == ("new", T0 + 12)
+
+
+def test_lease_renewal_is_refused_once_the_job_is_not_in_flight(outbox_store: OutboxStore) -> None:
+    """A finished job cannot be renewed by its last owner: False, still SUCCEEDED, no lease."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=10, limit=1)
+    outbox_store.finish_attempt(
+        job.id,
+        "t",
+        _attempt(job.id, job.key),
+        state=JobState.SUCCEEDED,
+        due_at=T0 + 1,
+        last_delay=0,
+        error=None,
+        now=T0 + 1,
+    )
+    assert not outbox_store.extend_job_lease(job.id, "t", now=T0 + 2, lease=10)
+    assert not outbox_store.extend_job_lease("no-such-job", "t", now=T0 + 2, lease=10)
+    got = outbox_store.get_job(job.id)
+    assert got is not None and (got.state, got.lease_expires_at) == (JobState.SUCCEEDED, None)
+
+
+@pytest.mark.anyio
+async def test_async_face_renews_and_refuses_like_the_store(outbox_store: Any) -> None:
+    """The async face's extend_job_lease renews for the owner and refuses a stale token."""
+    face = outbox_store.asyncio_outbox_store()
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=10, limit=1)
+    assert await face.extend_job_lease(job.id, "t", now=T0 + 5, lease=10)
+    assert not await face.extend_job_lease(job.id, "u", now=T0 + 5, lease=10)
+    got = outbox_store.get_job(job.id)
+    assert got is not None and got.lease_expires_at == T0 + 15
+
+
 def test_finish_records_attempts_and_polls_do_not_count(outbox_store: OutboxStore) -> None:
     """Each finish adds a numbered attempt; a 409 poll raises sends and polls, not attempts."""
     job = outbox_store.insert_job(_job(), now=T0)[1]
@@ -359,6 +413,23 @@ def test_postgres_server_clock_ignores_the_callers_now(pg_url: str, pg_schema: s
         assert store.claim_jobs(queue="default", token="u", now=1e12, lease=30, limit=1) == []
         due = store.next_due(queue="default")
         assert due is not None and 55 < due - time.time() <= 60.5
+
+
+def test_postgres_server_clock_renews_leases_from_the_servers_now(
+    pg_url: str, pg_schema: str
+) -> None:
+    """With clock="server" a renewal's lease is measured from the database's now, not the
+    caller's (a worker whose clock lags a day still renews for the full lease)."""
+    from retrysafe.stores import PostgresStore
+
+    with PostgresStore(pg_url, schema=pg_schema) as store:
+        job = store.insert_job(_job(), now=0.0)[1]
+        store.claim_jobs(queue="default", token="t", now=0.0, lease=5, limit=1)
+        before = time.time()
+        assert store.extend_job_lease(job.id, "t", now=before - 86_400, lease=600)
+        got = store.get_job(job.id)
+        assert got is not None and got.lease_expires_at is not None
+        assert abs(got.lease_expires_at - (before + 600)) < 5
 
 
 def test_postgres_transactional_outbox_commits_or_rolls_back_with_the_business_row(

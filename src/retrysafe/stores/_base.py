@@ -326,10 +326,12 @@ class OutboxStore(Protocol):
       job is leased to one claimant at a time, and only to a claimant of its own queue.
     * Every method that selects jobs by state (claims, lists, counts, ``next_due``, purges)
       sees only the given ``queue``; methods taking a job id see the job whatever its queue.
-    * ``finish_attempt`` and ``release_job`` are fenced by the lease token: they change the job
-      only while it is IN_FLIGHT under exactly that token, so a worker whose lease expired and
-      was taken over writes nothing. ``finish_attempt`` records the attempt in the same
-      transaction.
+    * ``finish_attempt``, ``release_job`` and ``extend_job_lease`` are fenced by the lease
+      token: they change the job only while it is IN_FLIGHT under exactly that token, so a
+      worker whose lease expired and was taken over writes nothing. ``finish_attempt`` records
+      the attempt in the same transaction.
+    * ``extend_job_lease`` is the owner's heartbeat: a live worker renews the lease of every
+      job it is sending, so the lease only bounds how long a dead worker blocks its jobs.
     """
 
     @property
@@ -393,6 +395,13 @@ class OutboxStore(Protocol):
         now: float,
     ) -> bool:
         """End a lease without recording an attempt. False when not the owner."""
+        ...
+
+    def extend_job_lease(self, job_id: str, token: str, *, now: float, lease: float) -> bool:
+        """Move the job's lease end to ``now + lease`` (seconds; a PostgreSQL store on the
+        server clock measures from its own now) while it is IN_FLIGHT under exactly
+        ``token``. True renewed; False otherwise, nothing written (taken over, finished,
+        released, deleted). An expired lease nobody claimed yet is still the token's."""
         ...
 
     def transition_job(
@@ -480,6 +489,10 @@ class AsyncOutboxStore(Protocol):
         due_at: float,
         error: str | None,
         now: float,
+    ) -> bool: ...
+
+    async def extend_job_lease(
+        self, job_id: str, token: str, *, now: float, lease: float
     ) -> bool: ...
 
     async def count_jobs(self, *, queue: str) -> dict[JobState, int]: ...

@@ -196,6 +196,16 @@ def _release(
     return cur.rowcount == 1
 
 
+def _extend(c: Conn, clock: Clock, job_id: str, token: str, now: float, lease: float) -> bool:
+    params = {
+        "id": job_id,
+        "token": token,
+        "now": now if clock == "caller" else None,
+        "lease": lease,
+    }
+    return c.execute(_Q["extend_job_lease"], params).rowcount == 1
+
+
 def _transition(
     c: Conn,
     clock: Clock,
@@ -240,8 +250,9 @@ class PostgresOutboxMixin:
     """:class:`~retrysafe.stores.OutboxStore` for :class:`~retrysafe.stores.PostgresStore`.
 
     Concurrency contract: see :class:`~retrysafe.stores.OutboxStore`. Claims lock their rows
-    ``FOR UPDATE SKIP LOCKED``; ``finish_attempt`` and ``release_job`` change a job only while
-    it is IN_FLIGHT under the caller's lease token; purges delete in batches of ``batch``.
+    ``FOR UPDATE SKIP LOCKED``; ``finish_attempt``, ``release_job`` and ``extend_job_lease``
+    change a job only while it is IN_FLIGHT under the caller's lease token; purges delete in
+    batches of ``batch``.
     """
 
     if TYPE_CHECKING:
@@ -331,6 +342,9 @@ class PostgresOutboxMixin:
         return self._run(
             lambda c: _release(c, self.clock, job_id, token, state, due_at, error, now)
         )
+
+    def extend_job_lease(self, job_id: str, token: str, *, now: float, lease: float) -> bool:
+        return self._run(lambda c: _extend(c, self.clock, job_id, token, now, lease))
 
     def transition_job(
         self,
@@ -469,6 +483,9 @@ class AsyncPostgresOutbox:
         return await self._call(
             lambda c: _release(c, self._s.clock, job_id, token, state, due_at, error, now)
         )
+
+    async def extend_job_lease(self, job_id: str, token: str, *, now: float, lease: float) -> bool:
+        return await self._call(lambda c: _extend(c, self._s.clock, job_id, token, now, lease))
 
     async def count_jobs(self, *, queue: str) -> dict[JobState, int]:
         return await self._call(lambda c: _count(c, queue))

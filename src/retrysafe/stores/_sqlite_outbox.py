@@ -254,6 +254,11 @@ def _release(
     return cur.rowcount == 1
 
 
+def _extend(c: sqlite3.Connection, job_id: str, token: str, now: float, lease: float) -> bool:
+    params = {"id": job_id, "token": token, "lease_expires_at": now + lease}
+    return c.execute(_Q["extend_job_lease"], params).rowcount == 1
+
+
 def _transition(
     c: sqlite3.Connection,
     job_id: str,
@@ -367,6 +372,9 @@ class SQLiteOutboxMixin:
         now: float,
     ) -> bool:
         return self.run(lambda c: _release(c, job_id, token, state, due_at, error, now))
+
+    def extend_job_lease(self, job_id: str, token: str, *, now: float, lease: float) -> bool:
+        return self.run(lambda c: _extend(c, job_id, token, now, lease))
 
     def transition_job(
         self,
@@ -512,6 +520,9 @@ class _AsyncSQLiteOutbox:
         now: float,
     ) -> bool:
         return await self._call(lambda c: _release(c, job_id, token, state, due_at, error, now))
+
+    async def extend_job_lease(self, job_id: str, token: str, *, now: float, lease: float) -> bool:
+        return await self._call(lambda c: _extend(c, job_id, token, now, lease))
 
     async def count_jobs(self, *, queue: str) -> dict[JobState, int]:
         return await self._call(lambda c: _count(c, queue))

@@ -295,6 +295,19 @@ SET state = %(state)s,
     last_error = coalesce(%(error)s, last_error), updated_at = (SELECT now FROM t)
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight';
 
+-- name: extend_job_lease
+-- The live owner's heartbeat (SPEC §5 "Crash safety"): the lease ends %(lease)s seconds from
+-- now (the server's clock, like the claims), so an attempt slower than the lease is never
+-- claimed again while its worker lives. Fenced like finish_attempt: once the job was taken
+-- over, finished, released or deleted, nothing changes (no row). The row lock orders it with
+-- a concurrent claim: a claim that locked the row first leaves it under another token.
+-- updated_at stays: a renewal is not a change of the job.
+UPDATE outbox_jobs
+SET lease_expires_at = coalesce(%(now)s::float8,
+                                extract(epoch FROM statement_timestamp())::float8)
+    + %(lease)s::float8
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight';
+
 -- name: transition_job
 -- Move a job from one of %(from_states)s to %(state)s (cancel, retry, replay). With
 -- %(reset)s the attempt budget starts again (the attempt history and the key stay).

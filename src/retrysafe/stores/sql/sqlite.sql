@@ -305,6 +305,14 @@ SET state = :state, due_at = :due_at, lease_token = NULL, lease_expires_at = NUL
     finished_at = :finished_at, last_error = COALESCE(:error, last_error), updated_at = :now
 WHERE id = :id AND lease_token = :token AND state = 'in_flight';
 
+-- name: extend_job_lease
+-- The live owner's heartbeat (SPEC §5 "Crash safety"): the lease ends at :lease_expires_at,
+-- so an attempt slower than the lease is never claimed again while its worker lives. Fenced
+-- like finish_attempt: once the job was taken over, finished, released or deleted, nothing
+-- changes (rowcount 0). updated_at stays: a renewal is not a change of the job.
+UPDATE outbox_jobs SET lease_expires_at = :lease_expires_at
+WHERE id = :id AND lease_token = :token AND state = 'in_flight';
+
 -- name: transition_job
 -- Move a job from one of the JSON array :from_states to :state (cancel, retry, replay).
 -- With :reset = 1 the attempt budget starts again (the attempt history and the key stay).
