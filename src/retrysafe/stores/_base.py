@@ -843,6 +843,16 @@ class AgentStore(Protocol):
         """Count one attempt (fenced). Returns the call's attempts, or None if not the owner."""
         ...
 
+    def extend_agent_call_lease(
+        self, key: str, fencing_token: int, *, lease_expires_at: float
+    ) -> bool:
+        """The live claimant's heartbeat: move a RUNNING call's lease end forward to
+        ``lease_expires_at`` (Unix seconds on the agent layer's clock; never backward) while it
+        runs under exactly ``fencing_token``. True renewed; False otherwise, nothing written
+        (taken over, finished, interrupted). An expired lease nobody took over yet is still
+        the token's."""
+        ...
+
     def finish_agent_call(
         self,
         key: str,

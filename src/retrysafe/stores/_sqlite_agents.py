@@ -219,6 +219,13 @@ class SQLiteAgentsMixin:
         row = self._arun(lambda c: c.execute(_Q["start_agent_attempt"], params).fetchone())
         return None if row is None else int(row[0])
 
+    def extend_agent_call_lease(
+        self, key: str, fencing_token: int, *, lease_expires_at: float
+    ) -> bool:
+        params = {"key": key, "token": fencing_token, "lease_expires_at": lease_expires_at}
+        n: int = self._arun(lambda c: c.execute(_Q["extend_agent_call_lease"], params).rowcount)
+        return n == 1
+
     def finish_agent_call(
         self,
         key: str,

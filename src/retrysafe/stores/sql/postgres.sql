@@ -508,6 +508,15 @@ UPDATE agent_calls SET attempts = attempts + 1, lease_expires_at = %(lease_expir
 WHERE idempotency_key = %(key)s AND fencing_token = %(token)s AND state = 'running'
 RETURNING attempts;
 
+-- name: extend_agent_call_lease
+-- The live claimant's heartbeat (SPEC §3 "Lease renewal", §7): fenced like finish_agent_call,
+-- so once the call was taken over (another token), finished or interrupted nothing changes
+-- (no row). The lease only moves forward: renewals run in threads of their own, and a late one
+-- must not shorten the lease a newer one set. updated_at stays: a renewal is no change.
+UPDATE agent_calls
+SET lease_expires_at = greatest(lease_expires_at, %(lease_expires_at)s::float8)
+WHERE idempotency_key = %(key)s AND fencing_token = %(token)s AND state = 'running';
+
 -- name: finish_agent_call
 UPDATE agent_calls SET state = %(state)s, result = %(result)s,
     result_summary = %(result_summary)s, error = %(error)s, updated_at = %(now)s,

@@ -584,6 +584,14 @@ UPDATE agent_calls SET attempts = attempts + 1, lease_expires_at = :lease_expire
 WHERE idempotency_key = :key AND fencing_token = :token AND state = 'running'
 RETURNING attempts;
 
+-- name: extend_agent_call_lease
+-- The live claimant's heartbeat (SPEC §3 "Lease renewal", §7): fenced like finish_agent_call,
+-- so once the call was taken over (another token), finished or interrupted nothing changes
+-- (rowcount 0). The lease only moves forward: renewals run in threads of their own, and a late
+-- one must not shorten the lease a newer one set. updated_at stays: a renewal is no change.
+UPDATE agent_calls SET lease_expires_at = max(lease_expires_at, :lease_expires_at)
+WHERE idempotency_key = :key AND fencing_token = :token AND state = 'running';
+
 -- name: finish_agent_call
 UPDATE agent_calls SET state = :state, result = :result, result_summary = :result_summary,
     error = :error, updated_at = :now, finished_at = :now
