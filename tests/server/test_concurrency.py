@@ -97,7 +97,8 @@ def test_in_progress_wait_gives_up_with_409(serve: Serve) -> None:
 
 
 def test_expired_lease_is_taken_over_and_fencing_protects_the_new_owner(serve: Serve) -> None:
-    """A handler that outlives its lease is taken over; its late result is not written."""
+    """A handler whose process stalled past its lease (no renewal) is taken over; its late
+    result is neither written nor shown to its client, who is told to retry (SPEC §3)."""
     h = serve(lease=30)
     with ThreadPoolExecutor(1) as pool:
         stale = pool.submit(h.post, "/slow", key="k1", json={}, headers=HOLD)
@@ -108,7 +109,9 @@ def test_expired_lease_is_taken_over_and_fencing_protects_the_new_owner(serve: S
         assert not is_replay(new_owner)
         h.effects.gate.set()
         late = stale.result()
-    assert late.status_code == 201  # its client still gets its own answer
+    # Record before answer: the stale answer is not the key's record, so its client is sent
+    # to retry, and the retry replays the new owner's answer.
+    assert_problem(late, 409, "request-in-progress")
     [record] = records(h.store)
     assert record.state is KeyState.COMPLETED
     assert record.fencing_token == 2

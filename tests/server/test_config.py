@@ -17,10 +17,13 @@ from retrysafe.stores import MemoryStore
 
 
 def test_defaults_follow_the_spec() -> None:
-    """POST/PATCH protected, 60 s lease, 24 h retention, 1 MiB limits, fail closed."""
+    """POST/PATCH protected, 10 s lease renewed every lease/3, 600 s max run time, 24 h
+    retention, 1 MiB limits, fail closed."""
     config = IdempotencyConfig()
     assert config.protected_methods == frozenset({"POST", "PATCH"})
-    assert (config.lease, config.retention) == (60.0, 86400.0)
+    assert (config.lease, config.retention) == (10.0, 86400.0)
+    assert config.heartbeat == pytest.approx(10.0 / 3)
+    assert config.max_run_time == 600.0
     assert config.max_body_size == config.max_replay_size == 1024 * 1024
     assert config.key_required is False
     assert config.fail_open is False

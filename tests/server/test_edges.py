@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from retrysafe.core import KeyState
 from retrysafe.server import IdempotencyMiddleware, WSGIIdempotencyMiddleware
 from retrysafe.stores import SQLiteStore
 
@@ -54,8 +55,9 @@ async def test_streamed_asgi_response_is_forwarded_and_stored(tmp_path: Path) ->
     assert app.runs == 1
 
 
-async def test_incomplete_asgi_response_releases_the_key(tmp_path: Path) -> None:
-    """An app that stops before its last chunk (client gone) releases the key."""
+async def test_incomplete_asgi_response_keeps_the_key_as_outcome_unknown(tmp_path: Path) -> None:
+    """An app that stops after its response started, before its last chunk, keeps the key
+    claimed as outcome-unknown (the effect may have happened, SPEC §4)."""
     store = SQLiteStore(tmp_path / "keys.db")
     app = StreamingApp(finish=False)
     mw = IdempotencyMiddleware(app, store)
@@ -79,7 +81,8 @@ async def test_incomplete_asgi_response_releases_the_key(tmp_path: Path) -> None
     }
     await mw(scope, receive, send)
     assert [m.get("body") for m in sent[1:]] == [b"a", b"b"]
-    assert records(store) == []
+    [record] = records(store)
+    assert record.state is KeyState.RUNNING
     store.close()
 
 
@@ -156,8 +159,9 @@ class ClosingIterable:
         self.closed = True
 
 
-def test_wsgi_abandoned_iteration_releases_the_key_and_closes(tmp_path: Path) -> None:
-    """A WSGI server that stops iterating (client gone) closes the body; the key is released."""
+def test_wsgi_abandoned_iteration_is_drained_recorded_and_closed(tmp_path: Path) -> None:
+    """A WSGI server that stops iterating (client gone): the rest of the answer is captured
+    and the key completed with all of it; the app's iterable is closed (SPEC §3)."""
     store = SQLiteStore(tmp_path / "keys.db")
     body = ClosingIterable([b"a", b"b", b"c"])
 
@@ -171,7 +175,10 @@ def test_wsgi_abandoned_iteration_releases_the_key_and_closes(tmp_path: Path) ->
     assert next(iterator) == b"a"
     result.close()
     assert body.closed
-    assert records(store) == []
+    [record] = records(store)
+    assert record.state is KeyState.COMPLETED
+    assert record.response is not None
+    assert record.response.body == b"abc"
     store.close()
 
 

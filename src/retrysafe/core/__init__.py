@@ -37,6 +37,7 @@ from retrysafe.core._decision import (
     Unkeyed,
     check_key,
     decide,
+    releases_unfinished,
     should_store,
 )
 from retrysafe.core._fingerprint import canonical_body, fingerprint, is_json_content_type
@@ -98,6 +99,7 @@ __all__ = [
     "lease_timing",
     "parse_key",
     "parse_retry_after",
+    "releases_unfinished",
     "scope_from_authorization",
     "should_store",
 ]

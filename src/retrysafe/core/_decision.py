@@ -31,6 +31,7 @@ __all__ = [
     "Unkeyed",
     "check_key",
     "decide",
+    "releases_unfinished",
     "should_store",
 ]
 
@@ -192,3 +193,21 @@ def should_store(
     if status >= 500:
         return store_server_errors
     return 100 <= status < 500
+
+
+def releases_unfinished(status: int, *, store_server_errors: bool = False) -> bool:
+    """Whether a handler that did not finish its response may release its key (SPEC §4).
+
+    An unfinished response — the handler raised, or returned without ending its response —
+    says "not done" only when nothing had started (``status`` 0: the exception came first) or
+    the started status itself says "not done" (a 5xx unless ``store_server_errors``, 408,
+    429). Any other started response means the effect may have happened: the key stays
+    claimed as outcome-unknown, so a retry does not run the effect again while the lease lasts.
+
+    Args:
+        status: the status the handler had started its response with, or 0.
+        store_server_errors: 5xx answers are stored (then a started 5xx is not "not done").
+    """
+    if status == 0 or status in (408, 429):
+        return True
+    return status >= 500 and not store_server_errors

@@ -9,7 +9,10 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import anyio
+
 from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.core import (
     InvalidKey,
     Keyed,
@@ -20,10 +23,14 @@ from retrysafe.core import (
 )
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
+    FENCED,
+    FORWARD,
+    UNRECORDED,
     Answer,
     Capture,
     Engine,
     RequestState,
+    Verdict,
     adrive,
 )
 from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
@@ -41,6 +48,14 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 class _ClientGone(Exception):
     """The client disconnected while the request body was being read."""
+
+
+# What a server's ``send`` raises once the client has gone: uvicorn's ClientDisconnected is an
+# OSError; anyio streams (outer BaseHTTPMiddleware layers) raise these.
+_SEND_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+_DISCONNECT: Message = {"type": "http.disconnect"}
+# Background records (SPEC §3 "Record before answer"): strong references until they finish.
+_BACKGROUND: set[asyncio.Task[None]] = set()
 
 
 class IdempotencyMiddleware:
@@ -167,7 +182,6 @@ class IdempotencyMiddleware:
             fingerprint(method, path, query, body, content_type),
             started,
         )
-        replay_receive = _BodyReceive(body, receive)
         try:
             answer_or_run = await adrive(engine.admit(req), self.store)
         except StoreError as exc:
@@ -176,7 +190,7 @@ class IdempotencyMiddleware:
                     "fail-open", method, path, 0, started, req.key_hash,
                     level=logging.WARNING, error=repr(exc),
                 )
-                await self.app(scope, replay_receive, send)
+                await self.app(scope, _BodyReceive(body, receive), send)
                 return
             answer = engine.store_unavailable()
             engine.log_decision(
@@ -195,12 +209,13 @@ class IdempotencyMiddleware:
         responder = _Responder(engine, self.store, req, send, self._begin_effect)
         scope[SCOPE_KEY] = responder.state  # lets the app say "outcome unknown"
         try:
-            await self.app(scope, replay_receive, responder.send)
+            await self.app(scope, _BodyReceive(body, responder.wait_end), responder.send)
         except BaseException as exc:
             await responder.abort(exc)
             raise
         if not responder.finalized:
-            # The app returned without finishing a response (client gone, app bug): release.
+            # The app returned without finishing its response (an app bug, or an app that
+            # gave up): release if nothing had started, else the outcome is unknown.
             await responder.abort(None)
 
     async def _too_large(self, send: Send, method: str, path: str, started: float) -> None:
@@ -210,16 +225,31 @@ class IdempotencyMiddleware:
 
 
 class _Responder:
-    """Per-request: forwards the response unchanged, keeps a copy, and completes or releases
-    the key just before the last body chunk leaves (so a completed response is durable before
-    the client can see it)."""
+    """Per-request: renews the lease while the app runs, forwards the response, keeps a copy,
+    and records it before the end of the answer leaves (SPEC §3).
+
+    * Record before answer: the start message waits for the first body message; a body
+      message that ends the response (``more_body`` false), or that completes a declared
+      ``Content-Length``, waits until the key is completed. If the record cannot land the
+      client gets 503 ``store-unavailable`` instead (or, when part of a streamed answer already
+      left, the connection is cut before its end) and the record is retried in the background.
+    * Client gone: a ``send`` that fails because the client left is swallowed; the app runs on
+      and its whole answer is captured and recorded, so the retry gets the replay. The app's
+      ``receive`` never reports the disconnect before the response ends.
+    """
 
     __slots__ = (
+        "_ended",
         "_opener",
+        "beat",
         "capture",
         "engine",
         "finalized",
+        "gone",
+        "held",
+        "length",
         "req",
+        "sent",
         "state",
         "store",
         "wrapped",
@@ -239,10 +269,43 @@ class _Responder:
         self.wrapped = send
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
+        self.gone = False  # the client went away: nothing more is forwarded
+        self.sent = False  # something of the answer reached the server's send
+        self.held: list[Message] = []  # messages waiting for the record
+        self.length = -1  # the declared Content-Length, or -1
+        self._ended: asyncio.Event | None = None
         self._opener = opener
         # scope[SCOPE_KEY]: "outcome unknown" and transaction() (SPEC §4 transactional mode).
         self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
+        self.beat = AsyncHeartbeat(
+            self._renew,
+            engine.timing,
+            clock=engine.clock,
+            started=req.claimed_at,
+            on_lost=self._lease_lost,
+            on_expired=self._run_time_exceeded,
+            on_error=self._renewal_failed,
+        ).start()
 
+    # -------------------------------------------------------------- heartbeat
+    async def _renew(self) -> bool:
+        effect = self.state.get("effect")
+        if effect is not None and effect.holds_write_lock:
+            # SQLite transactional mode: the handler's open write transaction holds the
+            # database's write lock, so no one can take the key over; a renewal would wait.
+            return True
+        return await adrive(self.engine.renew(self.req), self.store)
+
+    def _lease_lost(self) -> None:
+        self.engine.lease_lost(self.req)
+
+    def _run_time_exceeded(self) -> None:
+        self.engine.run_time_exceeded(self.req)
+
+    def _renewal_failed(self, exc: BaseException) -> None:
+        self.engine.renewal_failed(self.req, exc)
+
+    # -------------------------------------------------------------- the app's side
     def _begin_effect(self) -> Any:
         if self.finalized:
             raise ConfigurationError(
@@ -250,33 +313,116 @@ class _Responder:
             )
         return self._opener()
 
+    async def wait_end(self) -> Message:
+        """The app's ``receive`` once its body was read: ``http.disconnect``, but only after
+        the response ended, so a departed client never makes the app stop half-way."""
+        if not self.finalized:
+            if self._ended is None:
+                self._ended = asyncio.Event()
+            await self._ended.wait()
+        return _DISCONNECT
+
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.body":
+            if self.finalized:
+                return  # after the end, or after abort: nothing more belongs to this answer
             capture = self.capture
             capture.add(message.get("body", b""))
-            if not message.get("more_body", False) and not self.finalized:
-                capture.complete = True
-                await self._finalize()
+            if message.get("more_body", False):
+                if 0 <= self.length <= capture.size:
+                    self.held.append(message)  # completes the declared body: wait for the record
+                else:
+                    await self._forward(message)
+                return
+            capture.complete = True
+            self.held.append(message)
+            await self._finalize()
         elif kind == "http.response.start":
-            self.capture.status = message["status"]
-            self.capture.headers = message.get("headers") or ()
-        await self.wrapped(message)
+            capture = self.capture
+            capture.status = message["status"]
+            capture.headers = message.get("headers") or ()
+            self.length = _content_length(capture.headers)
+            self.held.append(message)
+        else:
+            await self._forward(message)
+
+    async def _forward(self, message: Message | None) -> None:
+        """Send the held messages and ``message``, unless the client has gone."""
+        if self.gone:
+            self.held = []
+            return
+        held = self.held
+        try:
+            if held:
+                self.held = []
+                for m in held:
+                    self.sent = True
+                    await self.wrapped(m)
+            if message is not None:
+                self.sent = True
+                await self.wrapped(message)
+        except _SEND_ERRORS as exc:
+            self.gone = True
+            self.held = []
+            req = self.req
+            self.engine.log_decision(
+                "client-gone", req.method, req.path, self.capture.status, req.started,
+                req.key_hash, level=logging.WARNING, error=repr(exc),
+                detail="the client left mid-answer; the answer is still captured and recorded",
+            )
+
+    # -------------------------------------------------------------- the end
+    def _ended_now(self) -> None:
+        self.finalized = True
+        if self._ended is not None:
+            self._ended.set()
 
     async def _finalize(self) -> None:
-        self.finalized = True
+        self._ended_now()
+        self.beat.bounded = False  # the handler is done; only its record may still be pending
         state = self.state
         unknown = outcome_unknown(state)
         if "effect" in state:
-            await self._end_effect(unknown, None)
-            return
-        await adrive(self.engine.conclude(self.req, self.capture, unknown=unknown), self.store)
+            verdict = await self._end_effect(unknown, None)
+        else:
+            verdict = await adrive(
+                self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
+            )
+        if verdict == UNRECORDED and self.req.pending is not None:
+            task = asyncio.get_running_loop().create_task(self._record_later())
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+        else:
+            self.beat.stop()
+        if verdict == FORWARD:
+            await self._forward(None)
+        else:
+            await self._replace(verdict)
 
-    async def _end_effect(self, unknown: bool, exc: BaseException | None) -> None:
+    async def _record_later(self) -> None:
+        try:
+            await adrive(self.engine.record_later(self.req), self.store)
+        finally:
+            self.beat.stop()
+
+    async def _replace(self, verdict: Verdict) -> None:
+        """The answer may not be seen: answer for it if nothing left yet, else cut it short."""
+        self.held = []
+        if self.sent or self.gone:
+            return  # the server closes the connection before the end: the client retries
+        engine = self.engine
+        answer = engine.in_progress(1) if verdict == FENCED else engine.store_unavailable()
+        try:
+            await _send_answer(self.wrapped, answer)
+        except _SEND_ERRORS:
+            self.gone = True
+
+    async def _end_effect(self, unknown: bool, exc: BaseException | None) -> Verdict:
         """Transactional mode: commit or roll back the handler's transaction (in a thread:
         its connection blocks), then release the key if that is what is left to do."""
         engine = self.engine
-        reason = await asyncio.to_thread(
+        verdict, reason = await asyncio.to_thread(
             engine.end_effect,
             self.req,
             self.capture,
@@ -286,14 +432,20 @@ class _Responder:
         )
         if reason is not None:
             error = reason if exc is None else exc
-            conversation = engine.abandon(self.req, self.capture, unknown=False, error=error)
+            conversation = engine.abandon(
+                self.req, self.capture, unknown=False, error=error, undone=True
+            )
             await adrive(conversation, self.store)
+        return verdict
 
     async def abort(self, exc: BaseException | None) -> None:
-        """The handler raised (``exc``) or stopped without a complete response: release."""
+        """The app raised (``exc``) or returned without ending its response: release the key,
+        or keep it as outcome-unknown when the response had started (SPEC §4)."""
         if self.finalized:
             return
-        self.finalized = True
+        self._ended_now()
+        self.beat.stop()
+        self.held = []  # the end of an unfinished answer never leaves
         if "effect" in self.state:
             await self._end_effect(outcome_unknown(self.state), exc)
             return
@@ -304,20 +456,30 @@ class _Responder:
 
 
 class _BodyReceive:
-    """``receive`` that first hands the app the buffered body, then defers to the server."""
+    """``receive`` that first hands the app the buffered body, then defers to ``after``."""
 
-    __slots__ = ("body", "receive", "sent")
+    __slots__ = ("after", "body", "sent")
 
-    def __init__(self, body: bytes, receive: Receive) -> None:
+    def __init__(self, body: bytes, after: Receive) -> None:
         self.body = body
-        self.receive = receive
+        self.after = after
         self.sent = False
 
     async def __call__(self) -> Message:
         if not self.sent:
             self.sent = True
             return {"type": "http.request", "body": self.body, "more_body": False}
-        return await self.receive()
+        return await self.after()
+
+
+def _content_length(headers: Any) -> int:
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return -1
+    return -1
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
-from retrysafe.core import scope_from_authorization
+from retrysafe.core import LeaseTiming, lease_timing, scope_from_authorization
 
 __all__ = [
     "DEFAULT_REPLAY_HEADERS",
@@ -71,8 +71,18 @@ class IdempotencyConfig:
         scope: ``fn(headers) -> str`` naming who owns a key (``headers`` has lower-case names);
             default :func:`~retrysafe.core.scope_from_authorization`, so tenants never share
             keys (SPEC §2).
-        lease: seconds a claimant may run before another attempt may take the key over
-            (default 60 s). Choose it longer than your slowest handler.
+        lease: seconds a claim holds without renewal (default 10 s). While the handler runs
+            the middleware renews the lease every ``heartbeat`` seconds, fenced by the
+            request's token, so a live handler is never taken over however long it runs; the
+            lease only bounds how long a claimant that stopped renewing (its process died, or
+            it ran past ``max_run_time``) blocks its key before a retry may take over
+            (SPEC §3 "Lease renewal"). Keep it short: it is your crash-recovery delay.
+        heartbeat: seconds between lease renewals (default ``lease / 3``, so two renewals may
+            fail before the lease ends); at least 0.05 s and shorter than ``lease``.
+        max_run_time: seconds a handler may run before renewal stops (default 600 s): a wedged
+            process then no longer holds its key forever; the lease runs out and a retry may
+            take over. Measured on ``clock``. Raise it for handlers that legitimately run
+            longer (long AI calls).
         retention: seconds a completed key is remembered (default 24 h, as Stripe).
         max_body_size: largest request body read for fingerprinting (default 1 MiB); larger
             bodies get 413 ``body-too-large`` and nothing is claimed.
@@ -93,18 +103,23 @@ class IdempotencyConfig:
         clock: returns Unix time in seconds (default :func:`time.time`); inject one in tests.
 
     Raises:
-        ConfigurationError: a duration or size that is not positive, an empty method set, a
-            status outside 400–599.
+        ConfigurationError: a duration or size that is not positive or not finite, a lease
+            over a day or a ``max_run_time`` over a week, a heartbeat not shorter than the
+            lease (see :func:`~retrysafe.core.lease_timing`), an empty method set, a status
+            outside 400–599.
 
     Warns:
-        RetrysafeWarning: ``retention`` shorter than ``lease`` (a key could be forgotten while
-            its first attempt still runs).
+        RetrysafeWarning: ``retention`` shorter than ``lease`` or ``max_run_time`` (a key could
+            be forgotten while its first attempt still runs); a heartbeat longer than half the
+            lease.
     """
 
     protected_methods: Collection[str] = frozenset({"POST", "PATCH"})
     key_required: bool | KeyRequired = False
     scope: ScopeFunction = scope_from_authorization
-    lease: float | timedelta = 60.0
+    lease: float | timedelta = 10.0
+    heartbeat: float | timedelta | None = None
+    max_run_time: float | timedelta = 600.0
     retention: float | timedelta = 24 * 3600.0
     max_body_size: int = _MIB
     max_replay_size: int = _MIB
@@ -142,9 +157,14 @@ class IdempotencyConfig:
         object.__setattr__(
             self, "replay_headers", frozenset(h.strip().lower() for h in self.replay_headers)
         )
-        lease = _seconds(self.lease, "lease")
+        timing = lease_timing(
+            self.lease, heartbeat=self.heartbeat, max_run_time=self.max_run_time
+        )
+        lease = timing.lease
         retention = _seconds(self.retention, "retention")
         object.__setattr__(self, "lease", lease)
+        object.__setattr__(self, "heartbeat", timing.heartbeat)
+        object.__setattr__(self, "max_run_time", timing.max_run_time)
         object.__setattr__(self, "retention", retention)
         object.__setattr__(
             self,
@@ -165,10 +185,12 @@ class IdempotencyConfig:
             raise ConfigurationError(
                 "key_required must be a bool or fn(method, path) -> bool", option="key_required"
             )
-        if retention < lease:
+        longest = max(lease, timing.max_run_time)
+        if retention < longest:
             warnings.warn(
-                f"retention ({retention} s) is shorter than lease ({lease} s): a key can be "
-                "forgotten while its first attempt still runs, and a retry would run again",
+                f"retention ({retention} s) is shorter than lease or max_run_time "
+                f"({longest} s): a key can be forgotten while its first attempt still runs, "
+                "and a retry would run again",
                 RetrysafeWarning,
                 stacklevel=3,
             )
@@ -177,6 +199,15 @@ class IdempotencyConfig:
     def lease_seconds(self) -> float:
         """``lease`` as float seconds."""
         return _seconds(self.lease, "lease")
+
+    @property
+    def lease_timing(self) -> LeaseTiming:
+        """``lease``, ``heartbeat`` and ``max_run_time`` as one validated value."""
+        return LeaseTiming(
+            float(self.lease),  # type: ignore[arg-type]
+            float(self.heartbeat),  # type: ignore[arg-type]
+            float(self.max_run_time),  # type: ignore[arg-type]
+        )
 
     @property
     def retention_seconds(self) -> float:

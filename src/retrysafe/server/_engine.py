@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Generator, Iterable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from retrysafe._exceptions import InvalidKeyError, StoreError, StoreUnavailableError
 from retrysafe.core import (
@@ -31,16 +31,21 @@ from retrysafe.core import (
     TakeOver,
     check_key,
     decide,
+    releases_unfinished,
     should_store,
 )
 from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
 
 __all__ = [
+    "FENCED",
+    "FORWARD",
+    "UNRECORDED",
     "Answer",
     "Capture",
     "Engine",
     "Op",
     "RequestState",
+    "Verdict",
     "acall_op",
     "adrive",
     "call_op",
@@ -56,11 +61,23 @@ Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 RawHeaders = list[tuple[bytes, bytes]]
 _R = TypeVar("_R")
 
+#: What a driver does with the app's answer once the engine has concluded (record before
+#: answer, SPEC §3): ``"forward"`` — nothing is pending (stored, released or outcome unknown),
+#: send the answer; ``"fenced"`` — the lease was taken over and the answer is not the key's
+#: record: send 409 ``request-in-progress`` instead (the new owner's answer will be replayed);
+#: ``"unrecorded"`` — the record could not land: send 503 ``store-unavailable`` and keep
+#: recording in the background (:meth:`Engine.record_later`).
+Verdict = Literal["forward", "fenced", "unrecorded"]
+FORWARD: Verdict = "forward"
+FENCED: Verdict = "fenced"
+UNRECORDED: Verdict = "unrecorded"
+
 _POLL_INITIAL = 0.02  # seconds: first wait while polling a running key (in_progress_wait)
 _POLL_MAX = 0.25  # seconds: longest single wait while polling
 _MAX_RACES = 8  # claim/take-over races lost in a row before answering 409
 _SETTLE_INITIAL = 0.05  # seconds: first wait before retrying a failed complete/release
-_SETTLE_MAX = 1.0  # seconds: longest wait between those retries
+_SETTLE_MAX = 0.5  # seconds: longest wait between those retries
+_RECORD_WAIT = 1.0  # seconds the client waits for a failing record before it gets 503
 _REPLAYED = (b"idempotent-replayed", b"true")
 
 
@@ -100,15 +117,25 @@ def status_line(status: int) -> str:
 
 
 class RequestState:
-    """Per-request values of a protected, keyed request (mutable, slotted)."""
+    """Per-request values of a protected, keyed request (mutable, slotted).
+
+    Attributes:
+        token: the fencing token once claimed.
+        claim: ``"new"`` or ``"takeover"``.
+        claimed_at: when the claim was taken, on the engine's clock (for ``max_run_time``).
+        lost: a renewal found the key taken over: nothing this request writes will land.
+        pending: the completing operation still to be recorded in the background, or None.
+    """
 
     __slots__ = (
         "claim",
+        "claimed_at",
         "fingerprint",
         "key_hash",
-        "lease_deadline",
+        "lost",
         "method",
         "path",
+        "pending",
         "started",
         "token",
     )
@@ -123,7 +150,9 @@ class RequestState:
         self.started = started
         self.token = 0
         self.claim = "new"
-        self.lease_deadline = 0.0  # time.monotonic() by which the lease surely still holds
+        self.claimed_at = 0.0
+        self.lost = False
+        self.pending: Op | None = None
 
 
 class Capture:
@@ -185,6 +214,7 @@ class Engine:
         "retention",
         "scope",
         "store_server_errors",
+        "timing",
         "wait",
     )
 
@@ -193,7 +223,8 @@ class Engine:
         self.protected_methods = frozenset(config.protected_methods)
         self.key_required = config.key_required
         self.scope = config.scope
-        self.lease = config.lease_seconds
+        self.timing = config.lease_timing
+        self.lease = self.timing.lease
         self.retention = config.retention_seconds
         self.wait = config.in_progress_wait_seconds
         self.max_body_size = config.max_body_size
@@ -357,7 +388,7 @@ class Engine:
         )
         if claimed:
             req.token = record.fencing_token
-            req.lease_deadline = self._lease_deadline()
+            req.claimed_at = now
             return None
         deadline = -1.0
         delay = _POLL_INITIAL
@@ -394,7 +425,7 @@ class Engine:
                 if new is not None:
                     req.token = new.fencing_token
                     req.claim = "takeover"
-                    req.lease_deadline = self._lease_deadline()
+                    req.claimed_at = now
                     return None
                 record = yield ("get", (req.key_hash,), {})
                 now = self.clock()
@@ -408,32 +439,98 @@ class Engine:
             )
             if claimed:
                 req.token = record.fencing_token
-                req.lease_deadline = self._lease_deadline()
+                req.claimed_at = now
                 return None
 
-    def _lease_deadline(self) -> float:
-        # Measured from just after the claim; a tenth of the lease is kept as a safety margin
-        # for clock drift between this process and the store's clock.
-        return time.monotonic() + 0.9 * self.lease
+    # ------------------------------------------------------------------ while the handler runs
+    def renew(self, req: RequestState) -> Generator[Op, Any, bool]:
+        """One heartbeat: move the lease to ``now + lease``, fenced by the request's token.
 
-    def settle(self, req: RequestState, op: Op) -> Generator[Op, Any, bool]:
-        """Run the completing or releasing ``op``; retry it while the lease still holds.
+        Returns:
+            True when renewed; False when the key is no longer this request's (taken over,
+            completed or released): :meth:`lease_lost` is then the caller's next step.
+        """
+        ok = yield (
+            "extend_lease",
+            (req.key_hash, req.token),
+            {"now": self.clock(), "lease": self.lease},
+        )
+        return bool(ok)
 
-        A store that is briefly unavailable (locked, restarting) must not turn a finished
-        handler into a lost record: the key would stay claimed until its lease ends and the
-        next attempt would run the effect again. So a ``StoreUnavailableError`` is retried with
-        capped backoff (50 ms doubling to 1 s) until the lease's deadline; after that the
-        error propagates (the fencing token could no longer be trusted to hold anyway).
+    def lease_lost(self, req: RequestState) -> None:
+        """A renewal found the key taken over while the handler still runs: say so loudly.
+
+        Nothing this request writes will land (every write is fenced); its effect may have
+        run twice, which only a process stalled for longer than the lease can cause.
+        """
+        req.lost = True
+        self.log_decision(
+            "lease-lost",
+            req.method,
+            req.path,
+            0,
+            req.started,
+            req.key_hash,
+            level=logging.ERROR,
+            claim=req.claim,
+            fencing_token=req.token,
+            detail="another attempt took this key over while the handler ran (this process "
+            "stalled past the lease); its result will not be written",
+        )
+
+    def run_time_exceeded(self, req: RequestState) -> None:
+        """The handler ran past ``max_run_time``: renewal stops and the lease runs out."""
+        self.log_decision(
+            "max-run-time",
+            req.method,
+            req.path,
+            0,
+            req.started,
+            req.key_hash,
+            level=logging.WARNING,
+            claim=req.claim,
+            detail=f"the handler has run for {self.timing.max_run_time:g} s (max_run_time): "
+            "lease renewal stopped; a retry may take the key over once the lease ends",
+        )
+
+    def renewal_failed(self, req: RequestState, exc: BaseException) -> None:
+        """A renewal raised (store hiccup); the next heartbeat tries again."""
+        self.log_decision(
+            "renewal-failed",
+            req.method,
+            req.path,
+            0,
+            req.started,
+            req.key_hash,
+            level=logging.WARNING,
+            error=repr(exc),
+        )
+
+    # ------------------------------------------------------------------ after the handler
+    def settle(
+        self, req: RequestState, op: Op, *, wait: float | None
+    ) -> Generator[Op, Any, bool]:
+        """Run the completing or releasing ``op``, retrying while the store is unavailable.
+
+        A store that is briefly unavailable (locked, restarting, a dropped connection) must not
+        turn a finished handler into a lost record, so ``StoreUnavailableError`` is retried
+        with capped backoff (50 ms doubling to 500 ms) for ``wait`` seconds, or for ever when
+        ``wait`` is None (the background record). The op is fenced by the token, so a retry
+        can never overwrite a new owner's record.
 
         Returns:
             Whether the store applied the operation (False: the lease was taken over).
+
+        Raises:
+            StoreError: still unavailable after ``wait`` seconds, or any other store error.
         """
         delay = _SETTLE_INITIAL
+        until = None if wait is None else time.monotonic() + wait
         while True:
             try:
                 ok = yield op
             except StoreUnavailableError:
-                if time.monotonic() + delay >= req.lease_deadline:
+                if until is not None and time.monotonic() + delay >= until:
                     raise
                 yield ("sleep", (delay,), {})
                 delay = min(delay * 2.0, _SETTLE_MAX)
@@ -442,21 +539,65 @@ class Engine:
 
     def conclude(
         self, req: RequestState, capture: Capture, *, unknown: bool
-    ) -> Generator[Op, Any, None]:
-        """After a complete response: store it or release the key (SPEC §4), and log.
+    ) -> Generator[Op, Any, Verdict]:
+        """After a complete response, before its end reaches the client: store it or release
+        the key (SPEC §4), and log. Record before answer (SPEC §3): the verdict tells the
+        driver whether the answer may go out.
 
         ``unknown``: the app marked the outcome unknown; the key stays claimed.
         """
         if unknown:
             self.log_unknown(req, capture.status)
-            return
+            return FORWARD
         op = self.finish(req, capture)
         try:
-            ok = yield from self.settle(req, op)
+            ok = yield from self.settle(req, op, wait=_RECORD_WAIT)
         except StoreError as exc:
-            self._log_store_failed(req, capture.status, op, exc)
-            return
+            if op[0] != "complete":
+                # A 5xx/408/429 says "not done": forward it; the unreleased key's lease runs
+                # out (the driver stops renewing), and a retry then runs again.
+                self._log_store_failed(req, capture.status, op, exc)
+                return FORWARD
+            req.pending = op
+            self.log_decision(
+                "unrecorded",
+                req.method,
+                req.path,
+                capture.status,
+                req.started,
+                req.key_hash,
+                level=logging.ERROR,
+                error=repr(exc),
+                detail="the answer could not be recorded: the client gets 503 "
+                "store-unavailable; the record is retried in the background while the lease "
+                "is renewed",
+            )
+            return UNRECORDED
         self.log_finish(req, op, ok, capture.status)
+        return FORWARD if ok or op[0] != "complete" else FENCED
+
+    def record_later(self, req: RequestState) -> Generator[Op, Any, None]:
+        """The background half of record-before-answer: retry ``req.pending`` until the
+        store applies it (or refuses it: the lease was lost), however long the store is down.
+        The driver keeps renewing the lease meanwhile and stops when this returns."""
+        op = req.pending
+        if op is None:
+            return
+        try:
+            ok = yield from self.settle(req, op, wait=None)
+        except StoreError as exc:
+            self._log_store_failed(req, 0, op, exc)
+            return
+        finally:
+            req.pending = None
+        if ok:
+            self.log_decision(
+                "stored-late", req.method, req.path, 0, req.started, req.key_hash,
+                level=logging.WARNING, claim=req.claim,
+                detail="the answer was recorded after the store recovered; retries replay it",
+            )
+        else:
+            self.log_finish(req, op, False, 0)
 
     def abandon(
         self,
@@ -465,15 +606,25 @@ class Engine:
         *,
         unknown: bool,
         error: BaseException | str | None,
+        undone: bool = False,
     ) -> Generator[Op, Any, None]:
-        """The handler raised (``error``) or stopped without a complete response: release the
-        key so the next attempt runs again, unless the outcome is unknown; and log."""
-        if unknown:
-            self.log_unknown(req, capture.status)
+        """The handler raised (``error``) or stopped without a complete response, and log.
+
+        The key is released so the next attempt runs again only when the unfinished response
+        says "not done" (:func:`core.releases_unfinished`: nothing started, or a started 5xx,
+        408 or 429), or when ``undone`` (transactional mode rolled the effect back). A
+        response that had started otherwise, or one the app marked unknown, keeps the key
+        claimed as outcome-unknown (the effect may have happened).
+        """
+        if unknown or not (
+            undone
+            or releases_unfinished(capture.status, store_server_errors=self.store_server_errors)
+        ):
+            self.log_unknown(req, capture.status, error=_describe(error))
             return
         op = self.release(req)
         try:
-            ok = yield from self.settle(req, op)
+            ok = yield from self.settle(req, op, wait=_RECORD_WAIT)
         except StoreError as exc:
             self._log_store_failed(req, capture.status, op, exc)
             return
@@ -489,11 +640,7 @@ class Engine:
             req.key_hash,
             level=logging.WARNING,
             claim=req.claim,
-            error=(
-                "incomplete response"
-                if error is None
-                else error if isinstance(error, str) else repr(error)
-            ),
+            error=_describe(error),
         )
 
     def end_effect(
@@ -504,7 +651,7 @@ class Engine:
         *,
         unknown: bool,
         doomed: bool = False,
-    ) -> str | None:
+    ) -> tuple[Verdict, str | None]:
         """Transactional mode (SPEC §4): finish the handler's open transaction ``effect``.
 
         A stored response (:meth:`finish` chooses ``complete``) is completed *inside* the
@@ -517,21 +664,23 @@ class Engine:
             doomed: the handler's ``transaction()`` block raised: roll back whatever it answered.
 
         Returns:
-            None when nothing is left to do, else why the key must now be released (the
-            caller settles that release with :meth:`abandon`).
+            ``(verdict, reason)``: what to do with the answer (``"unrecorded"`` here means the
+            effect was rolled back because its completion failed: answer 503, nothing
+            happened), and None when nothing is left to do, else why the key must now be
+            released (the caller settles that release with :meth:`abandon`).
         """
         if unknown:
             effect.rollback()
             self.log_unknown(req, capture.status)
-            return None
+            return FORWARD, None
         op = self.finish(req, capture)
         if op[0] != "complete" or doomed:
             effect.rollback()
             if doomed:
-                return "the transaction() block raised"
+                return FORWARD, "the transaction() block raised"
             if capture.complete:
-                return f"response not stored (status {capture.status}); effect rolled back"
-            return "incomplete response; effect rolled back"
+                return FORWARD, f"response not stored (status {capture.status}); effect rolled back"
+            return FORWARD, "incomplete response; effect rolled back"
         try:
             ok = effect.complete_in(*op[1], **op[2])
             if ok:
@@ -542,9 +691,9 @@ class Engine:
             effect.rollback()
             self._log_store_failed(req, capture.status, op, exc)
             # The release is fenced on state 'running': if the commit did land, it is a no-op.
-            return f"transactional completion failed: {exc!r}"
+            return UNRECORDED, f"transactional completion failed: {exc!r}"
         self.log_finish(req, op, ok, capture.status)
-        return None
+        return (FORWARD if ok else FENCED), None
 
     def _log_store_failed(
         self, req: RequestState, status: int, op: Op, exc: StoreError
@@ -629,8 +778,13 @@ class Engine:
         extra.update(fields)
         log.log(level, "decision=%s", decision, extra=extra)
 
-    def log_unknown(self, req: RequestState, status: int) -> None:
-        """The app marked the outcome unknown: the key stays claimed until its lease ends."""
+    def log_unknown(
+        self, req: RequestState, status: int, *, error: BaseException | str | None = None
+    ) -> None:
+        """The outcome is unknown: the key stays claimed until its lease ends."""
+        fields: dict[str, Any] = {}
+        if error is not None:
+            fields["error"] = _describe(error)
         self.log_decision(
             "outcome-unknown",
             req.method,
@@ -641,6 +795,7 @@ class Engine:
             level=logging.WARNING,
             claim=req.claim,
             detail="the effect may have happened; the key stays claimed until its lease ends",
+            **fields,
         )
 
     def log_finish(self, req: RequestState, op: Op, ok: bool, status: int) -> None:
@@ -656,7 +811,7 @@ class Engine:
                 level=logging.WARNING,
                 claim=req.claim,
                 fencing_token=req.token,
-                detail=f"lease lost: {op[0]} not written (handler outlived its lease)",
+                detail=f"lease lost: {op[0]} not written (the key was taken over)",
             )
             return
         self.log_decision(
@@ -668,6 +823,12 @@ class Engine:
             req.key_hash,
             claim=req.claim,
         )
+
+
+def _describe(error: BaseException | str | None) -> str:
+    if error is None:
+        return "incomplete response"
+    return error if isinstance(error, str) else repr(error)
 
 
 def _has_retry_after(headers: Iterable[tuple[Any, Any]]) -> bool:

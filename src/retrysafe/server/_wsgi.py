@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from retrysafe._exceptions import ConfigurationError, StoreError
-from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
+from retrysafe._exceptions import ConfigurationError, StoreError, StoreUnavailableError
+from retrysafe._heartbeat import Heartbeat
+from retrysafe.core import InvalidKey, Keyed, MissingKey, Problem, fingerprint, key_hash
 from retrysafe.server._config import IdempotencyConfig, resolve_config
-from retrysafe.server._engine import Capture, Engine, RequestState, drive
+from retrysafe.server._engine import (
+    FENCED,
+    FORWARD,
+    UNRECORDED,
+    Answer,
+    Capture,
+    Engine,
+    RequestState,
+    Verdict,
+    drive,
+)
 from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
 from retrysafe.server._transaction import effect_opener
 from retrysafe.stores import KeyStore, open_store
@@ -33,9 +45,13 @@ class WSGIIdempotencyMiddleware:
 
     The behaviour, configuration and answers are those of
     :class:`~retrysafe.server.IdempotencyMiddleware` (one shared engine); only the I/O differs.
-    The response iterable streams through with a one-chunk look-ahead, so the key is completed
-    before the last chunk is handed to the server; the app iterable's ``close()`` is always
-    called.
+    The lease is renewed from a heartbeat thread while the app runs. The response iterable
+    streams through with a one-chunk look-ahead, and the chunks completing a declared
+    ``Content-Length`` wait too, until the key is completed (record before answer, SPEC §3); a
+    record that cannot land answers 503 ``store-unavailable`` when no chunk has left yet, and
+    otherwise aborts the connection before the end. A server that stops iterating because the
+    client left still gets the rest of the answer drained, captured and recorded in
+    ``close()``, which always closes the app's iterable.
 
     Usage with Flask::
 
@@ -103,7 +119,14 @@ class WSGIIdempotencyMiddleware:
             engine.log_decision("unkeyed", method, path, 0, started)
             return self.app(environ, start_response)
 
-        body = _read_body(environ, engine.max_body_size)
+        try:
+            body = _read_body(environ, engine.max_body_size)
+        except _ClientGone as gone:
+            # Nothing was claimed and the handler did not run; nobody is left to read this.
+            engine.log_decision("disconnect", method, path, 0, started, error=str(gone))
+            answer = _incomplete_body(str(gone))
+            start_response(answer.status_line, answer.str_headers())
+            return [answer.body]
         if body is None:
             answer = engine.body_too_large()
             engine.log_decision(answer.decision, method, path, answer.status, started)
@@ -143,21 +166,21 @@ class WSGIIdempotencyMiddleware:
             start_response(answer_or_run.status_line, answer_or_run.str_headers())
             return [answer_or_run.body]
 
-        run = _Run(engine, self.store, req, self._begin_effect)
+        run = _Run(engine, self.store, req, self._begin_effect, start_response)
         environ[SCOPE_KEY] = run.state  # lets the app say "outcome unknown"
 
         def capturing_start_response(
             status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
         ) -> Write:
+            # Held until the first body bytes leave (PEP 3333 lets middleware delay it), so a
+            # record that cannot land can still answer 503 instead (record before answer).
+            if exc_info is not None and run.started_out:
+                raise exc_info[1].with_traceback(exc_info[2])
             run.capture.status = int(status.split(" ", 1)[0])
             run.capture.headers = headers
-            write = start_response(status, headers, exc_info)
-
-            def capturing_write(data: bytes) -> object:
-                run.capture.add(data)
-                return write(data)
-
-            return capturing_write
+            run.length = _content_length(headers)
+            run.head = (status, headers, exc_info)
+            return run.write
 
         try:
             result = self.app(environ, capturing_start_response)
@@ -168,21 +191,90 @@ class WSGIIdempotencyMiddleware:
 
 
 class _Run:
-    """Per-request state of a handler that runs under a claimed key."""
+    """Per-request state of a handler that runs under a claimed key; renews its lease."""
 
-    __slots__ = ("_opener", "capture", "engine", "finalized", "req", "state", "store")
+    __slots__ = (
+        "_opener",
+        "_start_response",
+        "_write",
+        "beat",
+        "capture",
+        "engine",
+        "finalized",
+        "head",
+        "length",
+        "req",
+        "started_out",
+        "state",
+        "store",
+    )
 
     def __init__(
-        self, engine: Engine, store: KeyStore, req: RequestState, opener: Callable[[], Any]
+        self,
+        engine: Engine,
+        store: KeyStore,
+        req: RequestState,
+        opener: Callable[[], Any],
+        start_response: StartResponse,
     ) -> None:
         self.engine = engine
         self.store = store
         self.req = req
+        self._start_response = start_response
+        self._write: Write | None = None
+        self.head: tuple[str, list[tuple[str, str]], ExcInfo | None] | None = None
+        self.started_out = False  # the server's start_response was called
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
+        self.length = -1  # the declared Content-Length, or -1
         self._opener = opener
         # environ[SCOPE_KEY]: "outcome unknown" and transaction() (SPEC §4 transactional mode).
         self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
+        self.beat = Heartbeat(
+            self._renew,
+            engine.timing,
+            clock=engine.clock,
+            started=req.claimed_at,
+            on_lost=self._lease_lost,
+            on_expired=self._run_time_exceeded,
+            on_error=self._renewal_failed,
+        ).start()
+
+    def start_out(self) -> None:
+        """Hand the held status and headers to the server (before the first body bytes)."""
+        if not self.started_out and self.head is not None:
+            self.started_out = True
+            status, headers, exc_info = self.head
+            self._write = self._start_response(status, headers, exc_info)
+
+    def write(self, data: bytes) -> object:
+        """The legacy ``write()`` callable: captured, and it sends the headers first."""
+        self.capture.add(data)
+        self.start_out()
+        assert self._write is not None, "write() called before start_response()"
+        return self._write(data)
+
+    def answer_instead(self, answer: Answer) -> bytes:
+        """Replace the unsent answer with ``answer`` (its status line and headers go to the
+        server); returns its body."""
+        self.started_out = True
+        self._start_response(answer.status_line, answer.str_headers())
+        return answer.body
+
+    def _renew(self) -> bool:
+        effect = self.state.get("effect")
+        if effect is not None and effect.holds_write_lock:
+            return True  # SQLite transactional mode: the write lock fences the key
+        return drive(self.engine.renew(self.req), self.store)
+
+    def _lease_lost(self) -> None:
+        self.engine.lease_lost(self.req)
+
+    def _run_time_exceeded(self) -> None:
+        self.engine.run_time_exceeded(self.req)
+
+    def _renewal_failed(self, exc: BaseException) -> None:
+        self.engine.renewal_failed(self.req, exc)
 
     def _begin_effect(self) -> Any:
         if self.finalized:
@@ -191,12 +283,12 @@ class _Run:
             )
         return self._opener()
 
-    def _end_effect(self, unknown: bool, exc: BaseException | None) -> None:
+    def _end_effect(self, unknown: bool, exc: BaseException | None) -> Verdict:
         """Transactional mode: commit or roll back the handler's transaction, then release
         the key if that is what is left to do."""
         engine = self.engine
         state = self.state
-        reason = engine.end_effect(
+        verdict, reason = engine.end_effect(
             self.req,
             self.capture,
             state["effect"],
@@ -205,23 +297,46 @@ class _Run:
         )
         if reason is not None:
             error = reason if exc is None else exc
-            drive(engine.abandon(self.req, self.capture, unknown=False, error=error), self.store)
+            conversation = engine.abandon(
+                self.req, self.capture, unknown=False, error=error, undone=True
+            )
+            drive(conversation, self.store)
+        return verdict
 
-    def finalize(self) -> None:
-        """The response is complete: complete the key (or release it, per SPEC §4)."""
+    def finalize(self) -> Verdict:
+        """The response is complete: complete the key (or release it, per SPEC §4) before its
+        end leaves; when the record cannot land, keep recording it in a background thread."""
         self.finalized = True
         self.capture.complete = True
+        self.beat.bounded = False
         unknown = outcome_unknown(self.state)
         if "effect" in self.state:
-            self._end_effect(unknown, None)
-            return
-        drive(self.engine.conclude(self.req, self.capture, unknown=unknown), self.store)
+            verdict = self._end_effect(unknown, None)
+        else:
+            verdict = drive(
+                self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
+            )
+        if verdict == UNRECORDED and self.req.pending is not None:
+            threading.Thread(
+                target=self._record_later, name="retrysafe-record", daemon=True
+            ).start()
+        else:
+            self.beat.stop()
+        return verdict
+
+    def _record_later(self) -> None:
+        try:
+            drive(self.engine.record_later(self.req), self.store)
+        finally:
+            self.beat.stop()
 
     def abort(self, exc: BaseException | None) -> None:
-        """The handler raised (``exc``) or the server stopped iterating: release the key."""
+        """The handler raised (``exc``): release the key, or keep it as outcome-unknown when
+        the response had started (SPEC §4)."""
         if self.finalized:
             return
         self.finalized = True
+        self.beat.stop()
         if "effect" in self.state:
             self._end_effect(outcome_unknown(self.state), exc)
             return
@@ -232,43 +347,114 @@ class _Run:
 
 
 class _Response:
-    """The app's response iterable, streamed with a one-chunk look-ahead and copied."""
+    """The app's response iterable: streamed through, copied, and recorded before its end."""
 
-    __slots__ = ("_result", "_run")
+    __slots__ = ("_it", "_result", "_run")
 
     def __init__(self, result: Iterable[bytes], run: _Run) -> None:
         self._result = result
         self._run = run
+        self._it: Iterator[bytes] | None = None
 
     def __iter__(self) -> Iterator[bytes]:
         run = self._run
         capture = run.capture
-        pending = b""
-        have = False
+        # Chunks waiting for the record: always the latest one (a one-chunk look-ahead, so a
+        # one-chunk answer can still be replaced), and all that complete a Content-Length.
+        held: list[bytes] = []
+        it = self._it = iter(self._result)
         try:
-            for chunk in self._result:
+            for chunk in it:
                 capture.add(chunk)
-                if have:
-                    yield pending
-                pending = chunk
-                have = True
+                if held and not 0 <= run.length <= capture.size:
+                    run.start_out()
+                    yield from held
+                    held = []
+                held.append(chunk)
         except GeneratorExit:
             raise
         except BaseException as exc:
             run.abort(exc)
             raise
-        run.finalize()
-        if have:
-            yield pending
+        if run.finalized:
+            return  # close() drained and recorded it already
+        verdict = run.finalize()
+        if verdict == FORWARD:
+            run.start_out()
+            yield from held
+            return
+        if run.started_out:
+            # Part of the answer left already: cut the connection before its end, so the
+            # client sees a broken answer and retries with the same key.
+            raise StoreUnavailableError(
+                "the answer could not be recorded, so its end is not sent "
+                f"({'lease taken over' if verdict == FENCED else 'store unavailable'})",
+                store=repr(run.store),
+            )
+        engine = run.engine
+        yield run.answer_instead(
+            engine.in_progress(1) if verdict == FENCED else engine.store_unavailable()
+        )
 
     def close(self) -> None:
+        run = self._run
         try:
+            if not run.finalized:
+                # The server stopped iterating (the client left): let the app finish, capture
+                # the rest of its answer and record it, so the retry gets the replay.
+                self._drain()
+        finally:
             close = getattr(self._result, "close", None)
             if close is not None:
                 close()
-        finally:
-            # Iteration abandoned before the end (client gone): the next attempt runs again.
-            self._run.abort(None)
+
+    def _drain(self) -> None:
+        run = self._run
+        capture = run.capture
+        it = self._it if self._it is not None else iter(self._result)
+        try:
+            for chunk in it:
+                capture.add(chunk)
+        except BaseException as exc:
+            run.abort(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        req = run.req
+        run.engine.log_decision(
+            "client-gone", req.method, req.path, capture.status, req.started, req.key_hash,
+            level=logging.WARNING,
+            detail="the server stopped sending the answer (client gone); it was captured to "
+            "the end and is recorded",
+        )
+        run.finalize()
+        run.started_out = True  # nobody is listening: never hand the server headers now
+
+
+class _ClientGone(Exception):
+    """The request body ended before its Content-Length (the client went away)."""
+
+
+def _incomplete_body(why: str) -> Answer:
+    problem = Problem(
+        "incomplete-body",
+        400,
+        f"The request body ended early ({why}); nothing was run. Send the whole body again "
+        "with the same Idempotency-Key.",
+    )
+    body = problem.body()
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in problem.headers(len(body))]
+    return Answer(400, headers, body, "incomplete-body")
+
+
+def _content_length(headers: Iterable[tuple[str, str]]) -> int:
+    for name, value in headers:
+        if name.lower() == "content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return -1
+    return -1
 
 
 def _read_body(environ: Environ, limit: int) -> bytes | None:
@@ -285,7 +471,10 @@ def _read_body(environ: Environ, limit: int) -> bytes | None:
         if expected > limit:
             return None
         if expected >= 0:
-            return _read_exactly(stream, expected)
+            data = _read_exactly(stream, expected)
+            if len(data) < expected:
+                raise _ClientGone(f"{len(data)} of {expected} bytes arrived")
+            return data
     if not environ.get("wsgi.input_terminated"):
         return b""  # PEP 3333: without a Content-Length there is no body to read
     chunks: list[bytes] = []
@@ -303,17 +492,20 @@ def _read_body(environ: Environ, limit: int) -> bytes | None:
 def _read_exactly(stream: Any, n: int) -> bytes:
     if n == 0:
         return b""
-    data: bytes = stream.read(n)
-    if len(data) >= n:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n:
-        chunk = stream.read(n - got)
-        if not chunk:
-            break
-        parts.append(chunk)
-        got += len(chunk)
+    try:
+        data: bytes = stream.read(n)
+        if len(data) >= n:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < n:
+            chunk = stream.read(n - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    except OSError as exc:  # the connection broke while reading: the client went away
+        raise _ClientGone(f"reading the body failed: {exc!r}") from exc
     return b"".join(parts)
 
 

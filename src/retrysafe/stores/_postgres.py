@@ -385,6 +385,9 @@ class PostgresEffect:
 
     __slots__ = ("_done", "_lock", "_store", "connection")
 
+    #: Other connections can still write the key's row: the middleware keeps renewing the lease.
+    holds_write_lock = False
+
     def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
         self._store = store
         self.connection = conn

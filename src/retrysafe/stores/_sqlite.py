@@ -358,6 +358,10 @@ class SQLiteEffect:
 
     __slots__ = ("_done", "_lock", "_url", "connection")
 
+    #: The open transaction holds the database's write lock: no other writer (a take-over
+    #: included) can touch the key until it ends, so the middleware need not renew the lease.
+    holds_write_lock = True
+
     def __init__(self, conn: sqlite3.Connection, url: str) -> None:
         self.connection = conn
         self._url = url
