@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,26 @@ class Effects:
 
 
 BIG = b"x" * 5000
+STREAM_CHUNKS = 4  # /stream: the effect first, then this many chunks ...
+STREAM_PAUSE = 0.15  # ... each after this many seconds
+
+
+def stream_chunk(n: int, i: int) -> bytes:
+    """Chunk ``i`` of the /stream answer of effect ``n``: 1 KiB, so it leaves at once."""
+    return f"effect {n} chunk {i}\n".encode().ljust(1024, b".")
+
+
+async def stream_chunks(n: int) -> AsyncIterator[bytes]:
+    import asyncio
+
+    for i in range(STREAM_CHUNKS):
+        await asyncio.sleep(STREAM_PAUSE)
+        yield stream_chunk(n, i)
+
+
+def stream_body(n: int) -> bytes:
+    """The whole /stream answer of effect ``n``."""
+    return b"".join(stream_chunk(n, i) for i in range(STREAM_CHUNKS))
 
 
 def _post_headers(n: int) -> dict[str, str]:
@@ -131,6 +151,17 @@ def starlette_app(effects: Effects, middleware: list[Any]) -> Any:
         n = effects.record("slow")
         return JSONResponse({"n": n}, status_code=201)
 
+    def late(request: Request) -> Response:  # the effect first, then a held answer
+        n = effects.record("late")
+        effects.hold(request.headers)
+        return JSONResponse({"n": n}, status_code=201)
+
+    async def stream(request: Request) -> Response:
+        from starlette.responses import StreamingResponse
+
+        n = effects.record("stream")
+        return StreamingResponse(stream_chunks(n), status_code=201, media_type="text/plain")
+
     routes = [
         Route("/posts", posts, methods=["POST", "PATCH"]),
         Route("/posts", read_posts, methods=["GET"]),
@@ -142,6 +173,8 @@ def starlette_app(effects: Effects, middleware: list[Any]) -> Any:
         Route("/big", big, methods=["POST"]),
         Route("/binary", binary, methods=["POST"]),
         Route("/slow", slow, methods=["POST"]),
+        Route("/late", late, methods=["POST"]),
+        Route("/stream", stream, methods=["POST"]),
     ]
     return Starlette(routes=routes, middleware=middleware)
 
@@ -201,6 +234,19 @@ def fastapi_app(effects: Effects) -> Any:
         effects.hold(request.headers)
         return {"n": effects.record("slow")}
 
+    @app.post("/late", status_code=201)
+    def late(request: FastAPIRequest) -> dict[str, int]:
+        n = effects.record("late")
+        effects.hold(request.headers)
+        return {"n": n}
+
+    @app.post("/stream")
+    async def stream() -> Response:
+        from fastapi.responses import StreamingResponse
+
+        n = effects.record("stream")
+        return StreamingResponse(stream_chunks(n), status_code=201, media_type="text/plain")
+
     return app
 
 
@@ -257,6 +303,23 @@ def flask_app(effects: Effects) -> Any:
     def slow() -> tuple[Response, int]:
         effects.hold(request.headers)
         return jsonify(n=effects.record("slow")), 201
+
+    @app.post("/late")
+    def late() -> tuple[Response, int]:
+        n = effects.record("late")
+        effects.hold(request.headers)
+        return jsonify(n=n), 201
+
+    @app.post("/stream")
+    def stream() -> Response:
+        n = effects.record("stream")
+
+        def chunks() -> Iterator[bytes]:
+            for i in range(STREAM_CHUNKS):
+                time.sleep(STREAM_PAUSE)
+                yield stream_chunk(n, i)
+
+        return Response(chunks(), 201, content_type="text/plain")
 
     return app
 

@@ -1,0 +1,285 @@
+"""SPEC §3 when it is hard: a slow handler, a client that leaves, a store that cannot record.
+
+Real sockets throughout: uvicorn for ASGI (Starlette), werkzeug's threaded server for WSGI
+(Flask), a real clock, and real failures (a SIGKILLed server, a full tmpfs disk).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from retrysafe._serving import free_port
+from retrysafe.core import KeyState
+from retrysafe.stores import SQLiteStore
+
+from .harness import HOLD, Harness, Serve, assert_problem, is_replay, records, stream_body
+
+BOTH = pytest.mark.parametrize("framework", ["starlette", "flask"])  # ASGI and WSGI
+
+
+def _post(h: Harness, path: str, key: str, timeout: float, **kwargs: object) -> httpx.Response:
+    headers = dict(HOLD) if path in ("/slow", "/late") else {}
+    return h.client.post(
+        path, json={}, headers={"Idempotency-Key": key, **headers}, timeout=timeout, **kwargs
+    )
+
+
+def _completed(h: Harness) -> bool:
+    return any(r.state is KeyState.COMPLETED for r in records(h.store))
+
+
+def _wait(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.02)
+
+
+@BOTH
+def test_handler_outliving_its_lease_runs_once(serve: Serve) -> None:
+    """Lease 2 s, handler 5 s, client timeout 1 s, a retry every 0.5 s for 8 s: one effect;
+    the retries get 409 while it runs (long past the lease), then the replay."""
+    h = serve(clock=time.time, lease=2)
+    opener = threading.Timer(5.0, h.effects.gate.set)
+    start = time.monotonic()
+    opener.start()
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            _post(h, "/slow", "slow-ai-call", timeout=1)
+        seen: list[tuple[float, httpx.Response]] = []
+        while time.monotonic() - start < 8:
+            time.sleep(0.5)
+            seen.append((time.monotonic() - start, _post(h, "/slow", "slow-ai-call", timeout=1)))
+    finally:
+        opener.cancel()
+        h.effects.gate.set()
+    assert h.effects.counts["slow"] == 1
+    conflicts = [t for t, r in seen if r.status_code == 409]
+    replays = [r for _, r in seen if r.status_code == 201]
+    assert conflicts and max(conflicts) > 4.0  # still 409 twice the lease after the claim
+    assert len(conflicts) + len(replays) == len(seen)
+    assert replays and all(is_replay(r) and r.json() == {"n": 1} for r in replays)
+    assert [r.status_code for _, r in seen] == sorted(
+        (r.status_code for _, r in seen), reverse=True
+    )  # every 409 came before every replay
+
+
+@pytest.fixture
+def killable(tmp_path: Path) -> Iterator[object]:
+    """Start ``tests/server/killable_app.py`` processes on one SQLite file; kill them at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    db, ledger = tmp_path / "keys.db", tmp_path / "ledger.txt"
+    script = Path(__file__).with_name("killable_app.py")
+
+    def start(lease: float) -> str:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(db), str(ledger), str(port), str(lease)],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return f"http://127.0.0.1:{port}"
+            except OSError:
+                assert proc.poll() is None, "the app process died at start"
+                assert time.monotonic() < deadline, "the app never listened"
+                time.sleep(0.05)
+
+    start.ledger = ledger  # type: ignore[attr-defined]
+    start.procs = procs  # type: ignore[attr-defined]
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_sigkilled_handler_is_taken_over_after_the_short_lease(killable: object) -> None:
+    """A handler SIGKILLed mid-run stops renewing; after its (short) lease a retry on a new
+    process takes the key over and the effect runs once."""
+    lease = 1.5
+    first = killable(lease)  # type: ignore[operator]
+    ledger: Path = killable.ledger  # type: ignore[attr-defined]
+    key = {"Idempotency-Key": "order-42"}
+
+    def doomed() -> None:
+        try:
+            httpx.post(f"{first}/work", json={}, headers={**key, "X-Sleep": "30"}, timeout=30)
+        except httpx.HTTPError:
+            pass  # the server was killed under it
+
+    sender = threading.Thread(target=doomed)
+    sender.start()
+    _wait(lambda: ledger.exists() and "start" in ledger.read_text())
+    time.sleep(lease)  # long enough that the dead process had renewed at least once
+    killable.procs[0].send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+    killed_at = time.monotonic()
+    sender.join(10)
+    second = killable(lease)  # type: ignore[operator]
+    statuses: list[int] = []
+    with httpx.Client(base_url=second, timeout=10) as client:
+        while time.monotonic() - killed_at < 15:
+            r = client.post("/work", json={}, headers={**key, "X-Sleep": "0"})
+            statuses.append(r.status_code)
+            if r.status_code == 201:
+                break
+            assert_problem(r, 409, "request-in-progress")
+            time.sleep(0.1)
+        took_over_after = time.monotonic() - killed_at
+        replay = client.post("/work", json={}, headers={**key, "X-Sleep": "0"})
+    assert statuses[-1] == 201
+    assert took_over_after < lease + 3.0  # the lease, not a long default, bounded the wait
+    assert is_replay(replay)
+    assert ledger.read_text().split() == ["start", "start", "effect"]
+
+
+@BOTH
+def test_streamed_answer_whose_client_leaves_is_captured_and_replayed(serve: Serve) -> None:
+    """A client that reads the first bytes of a streamed answer and leaves: one effect, the
+    key completes with the whole answer, and the retry replays all of it."""
+    h = serve(clock=time.time)
+    with h.client.stream(
+        "POST", "/stream", json={}, headers={"Idempotency-Key": "s1"}
+    ) as response:
+        assert response.status_code == 201
+        first = next(response.iter_raw())
+        assert first
+    _wait(lambda: _completed(h))
+    retry = _post(h, "/stream", "s1", timeout=5)
+    assert is_replay(retry)
+    assert retry.status_code == 201
+    assert retry.content == stream_body(1)
+    assert h.effects.counts["stream"] == 1
+
+
+@BOTH
+def test_answer_whose_client_timed_out_is_recorded_and_replayed(serve: Serve) -> None:
+    """A client that timed out before a buffered answer was ready: the answer is still stored,
+    and the retry replays it; one effect."""
+    h = serve(clock=time.time)
+    with pytest.raises(httpx.TimeoutException):
+        _post(h, "/late", "l1", timeout=0.3)
+    assert h.effects.counts["late"] == 1
+    h.effects.gate.set()
+    _wait(lambda: _completed(h))
+    retry = _post(h, "/late", "l1", timeout=5)
+    assert is_replay(retry)
+    assert (retry.status_code, retry.json()) == (201, {"n": 1})
+    assert h.effects.counts["late"] == 1
+
+
+@BOTH
+def test_client_leaving_before_its_body_arrived_runs_nothing(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that disconnects before sending its whole body: no handler run, no key held."""
+    h = serve(clock=time.time)
+    caplog.set_level(logging.INFO, logger="retrysafe.server")
+    host, port = h.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /posts HTTP/1.1\r\nHost: t\r\nIdempotency-Key: b1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\": 1"
+        )
+    _wait(lambda: any(getattr(r, "decision", "") == "disconnect" for r in caplog.records))
+    assert records(h.store) == []
+    assert h.effects.counts["posts"] == 0
+    whole = h.post("/posts", "b1", json={"a": 1})
+    assert (whole.status_code, is_replay(whole)) == (201, False)
+
+
+@BOTH
+def test_wedged_handler_stops_renewing_after_max_run_time(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that never finishes holds its key only for max_run_time plus one lease; then
+    renewal stops (logged) and a retry takes the key over."""
+    h = serve(clock=time.time, lease=1, max_run_time=1.5, retention=3600)
+    caplog.set_level(logging.INFO, logger="retrysafe.server")
+    start = time.monotonic()
+    wedged = threading.Thread(target=lambda: _post(h, "/slow", "w1", timeout=30))
+    wedged.start()
+    try:
+        assert h.effects.entered.wait(5)
+        while True:
+            r = h.client.post("/slow", json={}, headers={"Idempotency-Key": "w1"}, timeout=5)
+            if r.status_code != 409:
+                break
+            assert time.monotonic() - start < 6, "the wedged handler kept its key"
+            time.sleep(0.1)
+        elapsed = time.monotonic() - start
+    finally:
+        h.effects.gate.set()
+        wedged.join(10)
+    assert (r.status_code, is_replay(r)) == (201, False)
+    assert elapsed >= 1.5  # renewed until max_run_time ...
+    assert any(getattr(x, "decision", "") == "max-run-time" for x in caplog.records)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs mounted for this test (the machine's CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@BOTH
+def test_answer_that_cannot_be_recorded_is_503_then_replayed(
+    serve: Serve, full_disk: Path
+) -> None:
+    """The disk fills up while the handler runs: its client gets 503 store-unavailable, not
+    the unrecorded answer; once space is back the background record lands and a retry gets
+    the replay; one effect."""
+    store = SQLiteStore(full_disk / "keys.db")
+    try:
+        h = serve(store=store, clock=time.time)
+        result: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: result.append(_post(h, "/slow", "d1", 15)))
+        sender.start()
+        assert h.effects.entered.wait(5)
+        filler = _fill(full_disk)
+        h.effects.gate.set()
+        sender.join(15)
+        assert_problem(result[0], 503, "store-unavailable")
+        assert h.effects.counts["slow"] == 1
+        assert not _completed(h)
+        filler.unlink()
+        _wait(lambda: _completed(h))
+        retry = _post(h, "/slow", "d1", timeout=5)
+        assert is_replay(retry)
+        assert (retry.status_code, retry.json()) == (201, {"n": 1})
+        assert h.effects.counts["slow"] == 1
+    finally:
+        store.close()
