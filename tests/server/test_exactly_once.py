@@ -30,10 +30,10 @@ from .harness import HOLD, Harness, Serve, assert_problem, is_replay, records, s
 BOTH = pytest.mark.parametrize("framework", ["starlette", "flask"])  # ASGI and WSGI
 
 
-def _post(h: Harness, path: str, key: str, timeout: float, **kwargs: object) -> httpx.Response:
+def _post(h: Harness, path: str, key: str, timeout: float) -> httpx.Response:
     headers = dict(HOLD) if path in ("/slow", "/late") else {}
     return h.client.post(
-        path, json={}, headers={"Idempotency-Key": key, **headers}, timeout=timeout, **kwargs
+        path, json={}, headers={"Idempotency-Key": key, **headers}, timeout=timeout
     )
 
 
