@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -27,21 +28,31 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 8.0) -> None:
         time.sleep(0.01)
 
 
-def _kill_mid_call(args: list[str], tickets: Tickets) -> None:
-    """Start the child, SIGKILL it once the service committed but before it answered."""
-    child = subprocess.Popen([sys.executable, CHILD, *args], stdout=subprocess.PIPE, text=True)
+def _kill_mid_call(args: list[str], tickets: Tickets, env: dict[str, str] | None = None) -> float:
+    """Start the child, SIGKILL it once the service committed but before it answered.
+    Returns when it was killed (Unix seconds)."""
+    child = subprocess.Popen(
+        [sys.executable, CHILD, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         _wait_for(lambda: tickets.created() >= 1)
         assert not tickets.answered
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=5)
+    killed_at = time.time()
     _wait_for(lambda: bool(tickets.answered))  # the service finished its request
+    return killed_at
 
 
-def _run(args: list[str]) -> dict[str, str]:
+def _run(args: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
     out = subprocess.run(
-        [sys.executable, CHILD, *args], capture_output=True, text=True, timeout=20, check=True
+        [sys.executable, CHILD, *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+        env=env,
     )
     result: dict[str, str] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -70,3 +81,29 @@ def test_killed_mid_call_then_resumed(
         assert call.state is AgentCallState.SUCCEEDED
         assert set(slow_tickets.keys) == {call.key}
         assert result["id"] == "T-1"
+
+
+def test_killed_mid_call_is_taken_over_once_its_short_lease_ends(
+    slow_tickets: Tickets, agent_store_spec: StoreSpec
+) -> None:
+    """Killed mid-call while renewing a 2 s lease: another process of the same run (joined,
+    not resumed: nothing is interrupted) waits until that lease ends, then takes the call over
+    and re-sends it with the same key: one ticket, and the first answer."""
+    spec = agent_store_spec
+    args = ["guarded", spec.url, slow_tickets.url, "run-join"]
+    schema = [] if spec.schema is None else [spec.schema]
+    env = {**os.environ, "AGENT_CHILD_LEASE": "2"}
+    killed_at = _kill_mid_call([*args, "start", *schema], slow_tickets, env)
+    with spec.open() as store:
+        (killed,) = store.list_agent_calls("run-join")
+    assert killed.state is AgentCallState.RUNNING
+    assert killed.lease_expires_at > killed_at  # renewed up to the kill: a duplicate must wait
+    result = _run([*args, "join", *schema], env)
+    with spec.open() as store:
+        (call,) = store.list_agent_calls("run-join")
+    assert (call.state, call.fencing_token) == (AgentCallState.SUCCEEDED, 2)
+    assert call.finished_at is not None
+    assert killed.lease_expires_at <= call.finished_at < killed.lease_expires_at + 5
+    assert slow_tickets.created("kill me") == 1
+    assert set(slow_tickets.keys) == {call.key}
+    assert result == {"id": "T-1", "title": "kill me"}

@@ -4,6 +4,12 @@ Write tools record each logical call (its key included) before the first attempt
 the stored result to every repeat. An attempt that raised a transport error or a timeout has
 an unknown outcome: it is retried only with the SAME key, and when the attempts run out the
 call is UNKNOWN (reported with its key), never silently failed. Read tools retry freely.
+
+A claimed call is held under a short lease that its process renews (a heartbeat, SPEC §3
+"Lease renewal") from its first attempt until its outcome is recorded, so a parallel
+duplicate waits however long the tool runs, and takes the call over only once a dead (or
+wedged, past ``max_run_time``) process stopped renewing. A claimant that finds its call taken
+over writes nothing and raises :class:`~retrysafe.AgentError` with the key.
 """
 
 from __future__ import annotations
@@ -11,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, TypeVar, cast, overload
 
 import httpx
@@ -30,6 +39,7 @@ from retrysafe._exceptions import (
     ToolCallFailedError,
     ToolSignatureError,
 )
+from retrysafe._heartbeat import AsyncHeartbeat, Heartbeat
 from retrysafe.agents._keys import (
     arguments_hash,
     bind_arguments,
@@ -38,7 +48,7 @@ from retrysafe.agents._keys import (
     signature_hash,
 )
 from retrysafe.agents._run import AgentRun, _call_id_var, _key_var, _run_var, _step_var
-from retrysafe.core import Action, Backoff, classify_response
+from retrysafe.core import Action, Backoff, LeaseTiming, classify_response, lease_timing
 from retrysafe.stores._base import AgentCall, AgentCallState
 
 __all__ = ["ToolSpec", "is_retryable", "tool"]
@@ -46,6 +56,8 @@ __all__ = ["ToolSpec", "is_retryable", "tool"]
 _F = TypeVar("_F", bound=Callable[..., Any])
 _POLL = 0.02
 _SUMMARY = 200
+
+log = logging.getLogger("retrysafe.agents")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -62,7 +74,10 @@ def is_retryable(exc: BaseException) -> bool:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolSpec:
-    """A tool's declaration, as ``@tool`` recorded it (``fn.__retrysafe_tool__``)."""
+    """A tool's declaration, as ``@tool`` recorded it (``fn.__retrysafe_tool__``).
+
+    ``timing`` holds the validated lease, heartbeat and maximum run time (seconds).
+    """
 
     name: str
     kind: Literal["read", "write"]
@@ -70,9 +85,14 @@ class ToolSpec:
     backoff: Backoff
     retry_on: Callable[[BaseException], bool]
     dedupe: Literal["step", "run"]
-    lease: float
+    timing: LeaseTiming
     signature: inspect.Signature
     signature_hash: str
+
+    @property
+    def lease(self) -> float:
+        """Seconds a claimed call holds without renewal (``timing.lease``)."""
+        return self.timing.lease
 
 
 @overload
@@ -89,7 +109,9 @@ def tool(
     wait_max: float = ...,
     retry_on: Callable[[BaseException], bool] = ...,
     dedupe: Literal["step", "run"] = ...,
-    lease: float = ...,
+    lease: float | timedelta = ...,
+    heartbeat: float | timedelta | None = ...,
+    max_run_time: float | timedelta = ...,
 ) -> Callable[[_F], _F]: ...
 
 
@@ -104,7 +126,9 @@ def tool(
     wait_max: float = 5.0,
     retry_on: Callable[[BaseException], bool] = is_retryable,
     dedupe: Literal["step", "run"] = "step",
-    lease: float = 300.0,
+    lease: float | timedelta = 30.0,
+    heartbeat: float | timedelta | None = None,
+    max_run_time: float | timedelta = 3600.0,
 ) -> Any:
     """Declare a sync or async function an agent tool.
 
@@ -119,14 +143,37 @@ def tool(
             attempts run out. Any other exception is a definitive failure.
         dedupe: ``"step"`` (default): the same arguments in another step are another call;
             ``"run"``: the same arguments anywhere in the run are the same call.
-        lease: seconds a call may run before a parallel duplicate may take it over.
+        lease: seconds (float or ``timedelta``) a claimed call holds without renewal: how
+            long a process that died mid-call blocks it before a parallel duplicate or a
+            resumed run may take it over (default 30 s). A live call renews it, however
+            long the tool runs, so it need not cover the tool's run time.
+        heartbeat: seconds between renewals (default ``lease / 3``): one fenced store write
+            each, from a thread for a sync tool, on the event loop (the write itself in a
+            worker thread) for an async one.
+        max_run_time: seconds after the first attempt started (default one hour) when
+            renewal stops: a wedged call then loses its lease like a dead one. Backoff
+            waits between attempts count.
+
+        The three durations follow :func:`retrysafe.core.lease_timing` (SPEC §3 "Lease
+        renewal", §7; Temporal's activity heartbeats, Kleppmann's fencing tokens). A
+        claimant whose renewal finds the call taken over logs it at ERROR level (run, key,
+        tool), does not record its late result, and raises :class:`~retrysafe.AgentError`
+        with the key, as it does when its next attempt finds the call taken over.
 
     Returns:
         The function wrapped with the same signature (frameworks that read signatures and
         docstrings see the original), marked with ``__retrysafe_tool__``.
 
     Raises:
-        ConfigurationError: a bad ``kind``, ``attempts`` < 1, bad waits or lease.
+        ConfigurationError: a bad ``kind``, ``attempts`` < 1 or bad waits; a ``lease``,
+            ``heartbeat`` or ``max_run_time`` that is not seconds or a ``timedelta``, not
+            finite, zero or negative, above its bound (``MAX_LEASE`` one day,
+            ``MAX_RUN_TIME`` seven days), a heartbeat under ``MIN_HEARTBEAT`` (0.05 s), or a
+            heartbeat not shorter than the lease.
+
+    Warns:
+        RetrysafeWarning: a heartbeat longer than half the lease (one late renewal lets a
+            duplicate take over live work).
     """
     if kind not in ("read", "write"):
         raise ConfigurationError(f"kind must be 'read' or 'write', not {kind!r}", option="kind")
@@ -134,8 +181,7 @@ def tool(
         raise ConfigurationError("attempts must be an integer >= 1", option="attempts")
     if dedupe not in ("step", "run"):
         raise ConfigurationError("dedupe must be 'step' or 'run'", option="dedupe")
-    if not lease > 0:
-        raise ConfigurationError("lease must be > 0 seconds", option="lease")
+    timing = lease_timing(lease, heartbeat=heartbeat, max_run_time=max_run_time)
     backoff = Backoff(base=wait_initial, cap=max(wait_max, wait_initial))
 
     def decorate(f: _F) -> _F:
@@ -147,7 +193,7 @@ def tool(
             backoff=backoff,
             retry_on=retry_on,
             dedupe=dedupe,
-            lease=lease,
+            timing=timing,
             signature=sig,
             signature_hash=signature_hash(sig),
         )
@@ -191,6 +237,16 @@ class _Flow:
         self.call: AgentCall | None = None
         self.call_id: str | None = None
         self.rng = random.Random()
+        # Lease renewal: the heartbeat renewing this call's claim, whether a renewal found the
+        # call taken over, whether the outcome was recorded (or refused) so that renewals have
+        # nothing left to do, and whether this claimant was fenced out. The lock keeps a
+        # renewal and the recording of the outcome apart, so a renewal that runs after the
+        # outcome was written never mistakes the finished call for a lost one.
+        self.beat: Heartbeat | AsyncHeartbeat | None = None
+        self.lost = False
+        self.recorded = False
+        self.fenced_out = False
+        self._guard = threading.Lock()
         if self.run is None:
             return
         bound = bind_arguments(spec.signature, spec.name, args, kwargs)
@@ -374,19 +430,119 @@ class _Flow:
             call.key, self.token, lease_expires_at=now + self.spec.lease, now=now
         )
         if n is None:
-            raise AgentError(
-                f"call {call.key} of {self.spec.name!r} was taken over by another claimant",
-                run_id=run.id,
-                key=call.key,
-                tool=self.spec.name,
+            raise self._taken_over("")
+
+    def _taken_over(self, detail: str) -> AgentError:
+        """How a claimant that lost its claim is told (the call's key included)."""
+        run, call = self.run, self.call
+        assert run is not None and call is not None
+        return AgentError(
+            f"call {call.key} of {self.spec.name!r} was taken over by another claimant{detail}",
+            run_id=run.id,
+            key=call.key,
+            tool=self.spec.name,
+        )
+
+    # ------------------------------------------------------------------ lease renewal
+    def heartbeat(self) -> Heartbeat | None:
+        """Start renewing the claim from threads (a sync tool); None when there is none."""
+        if not self._holds_claim():
+            return None
+        beat = Heartbeat(self.renew, self.spec.timing, **self._beat_options())
+        self.beat = beat
+        return beat.start()
+
+    def async_heartbeat(self) -> AsyncHeartbeat | None:
+        """Start renewing the claim on the running event loop (an async tool): the store is
+        sync, so each renewal runs in a worker thread."""
+        if not self._holds_claim():
+            return None
+
+        async def renew() -> bool:
+            return await asyncio.to_thread(self.renew)
+
+        beat = AsyncHeartbeat(renew, self.spec.timing, **self._beat_options())
+        self.beat = beat
+        return beat.start()
+
+    def _holds_claim(self) -> bool:
+        return self.run is not None and self.call is not None and bool(self.token)
+
+    def _beat_options(self) -> dict[str, Any]:
+        assert self.run is not None
+        return {
+            "clock": self.run.clock,
+            "on_lost": self.on_lost,
+            "on_expired": self.on_expired,
+            "on_error": self.on_renew_error,
+        }
+
+    def renew(self) -> bool:
+        """One fenced renewal (in a thread): True renewed, False the call is not ours."""
+        run, call = self.run, self.call
+        assert run is not None and call is not None
+        with self._guard:
+            if self.recorded:
+                return True  # the outcome is written: the heartbeat is being stopped
+            return run.store.extend_agent_call_lease(
+                call.key, self.token, lease_expires_at=run.clock() + self.spec.lease
             )
 
+    def _log_fields(self) -> dict[str, Any]:
+        assert self.run is not None and self.call is not None
+        return {"run_id": self.run.id, "key": self.call.key, "tool": self.spec.name}
+
+    def on_lost(self) -> None:
+        """A renewal found the call under another token (or no longer running)."""
+        self.lost = True
+        fields = self._log_fields()
+        log.error(
+            "lease lost: call %s of run %r (tool %r) was taken over by another claimant (or "
+            "marked UNKNOWN by a resumed run) while it ran; its late result will not be "
+            "recorded",
+            fields["key"],
+            fields["run_id"],
+            fields["tool"],
+            extra=fields,
+        )
+
+    def on_expired(self) -> None:
+        """The call ran past ``max_run_time``: renewal stopped, the lease will run out."""
+        fields = self._log_fields()
+        log.warning(
+            "call %s of run %r (tool %r) ran past max_run_time (%g s): lease renewal stopped; "
+            "once its lease ends a parallel duplicate may take it over",
+            fields["key"],
+            fields["run_id"],
+            fields["tool"],
+            self.spec.timing.max_run_time,
+            extra=fields,
+        )
+
+    def on_renew_error(self, exc: BaseException) -> None:
+        fields = self._log_fields()
+        log.warning(
+            "lease renewal of call %s of run %r failed (retried at the next heartbeat): %r",
+            fields["key"],
+            fields["run_id"],
+            exc,
+            extra=fields,
+        )
+
+    # ------------------------------------------------------------------ outcomes
     def finish(
         self, state: AgentCallState, *, result: Any = None, error: str | None = None
-    ) -> None:
+    ) -> bool:
+        """Record the call's outcome, fenced by its token.
+
+        Returns True when recorded (or when there is no claim to record), False when the
+        call was taken over: nothing is written, and :attr:`fenced_out` is set.
+        """
         run, call = self.run, self.call
         if run is None or call is None or not self.token:
-            return
+            return True
+        if self.beat is not None:
+            self.beat.bounded = False  # the work is over: only its outcome is being recorded
         stored: str | None = None
         summary: str | None = None
         if state is AgentCallState.SUCCEEDED:
@@ -397,19 +553,38 @@ class _Flow:
             summary = repr(result)
             if len(summary) > _SUMMARY:
                 summary = summary[: _SUMMARY - 1] + "…"
-        run.store.finish_agent_call(
-            call.key,
-            self.token,
-            state=state,
-            result=stored,
-            result_summary=summary,
-            error=error,
-            now=run.clock(),
-        )
+        with self._guard:
+            # A renewal that found the call taken over: the fenced write below would be
+            # refused too, so do not even try to write the late result.
+            ok = not self.lost and run.store.finish_agent_call(
+                call.key,
+                self.token,
+                state=state,
+                result=stored,
+                result_summary=summary,
+                error=error,
+                now=run.clock(),
+            )
+            self.recorded = True
+        if not ok:
+            self.fenced_out = True
+        return ok
+
+    def succeeded(self, result: Any) -> None:
+        """Record the tool's result, or raise when the call was taken over meanwhile."""
+        if not self.finish(AgentCallState.SUCCEEDED, result=result):
+            raise self._taken_over(
+                " while this attempt ran (its lease ran out unrenewed, or a resumed run "
+                "interrupted it); this attempt's result was not recorded: the call's outcome "
+                "is the one recorded under its key"
+            )
 
     def on_error(self, exc: BaseException, attempt: int) -> float | None:
         """Seconds to wait before the next attempt, or None when ``exc`` is final (recorded)."""
         spec = self.spec
+        if self.lost:  # taken over: no further attempt, nothing to record
+            self.fenced_out = True
+            return None
         if isinstance(exc, Exception) and spec.retry_on(exc):
             if attempt + 1 < spec.attempts:
                 return spec.backoff.delay(attempt, previous=spec.backoff.base, rng=self.rng)
@@ -425,6 +600,10 @@ class _Flow:
         return None
 
     def final_error(self, exc: BaseException) -> BaseException:
+        if self.fenced_out and isinstance(exc, Exception):
+            return self._taken_over(
+                f" while this attempt ran; its error ({_describe(exc)}) was not recorded"
+            )
         retryable = isinstance(exc, Exception) and self.spec.retry_on(exc)
         if self.spec.kind == "write" and self.call is not None and self.token and retryable:
             return self._unknown(self.get())
@@ -449,27 +628,32 @@ def _call(spec: ToolSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw: dic
             time.sleep(_POLL)
             outcome, row = "existing", flow.get()
     key = flow.call.key if flow.call is not None and spec.kind == "write" else None
-    for attempt in range(spec.attempts):
-        flow.begin_attempt()
-        reset = _key_var.set(key)
-        call_reset = _call_id_var.set(None)
-        try:
-            result = fn(*args, **kw)
-        except BaseException as exc:
-            wait = flow.on_error(exc, attempt)
-            if wait is None:
-                final = flow.final_error(exc)
-                if final is exc:
-                    raise
-                raise final from exc
-            time.sleep(wait)
-            continue
-        finally:
-            _call_id_var.reset(call_reset)
-            _key_var.reset(reset)
-        flow.finish(AgentCallState.SUCCEEDED, result=result)
-        return result
-    raise AssertionError("unreachable")  # pragma: no cover
+    beat = flow.heartbeat()  # renews the claim until the outcome is recorded
+    try:
+        for attempt in range(spec.attempts):
+            flow.begin_attempt()
+            reset = _key_var.set(key)
+            call_reset = _call_id_var.set(None)
+            try:
+                result = fn(*args, **kw)
+            except BaseException as exc:
+                wait = flow.on_error(exc, attempt)
+                if wait is None:
+                    final = flow.final_error(exc)
+                    if final is exc:
+                        raise
+                    raise final from exc
+                time.sleep(wait)
+                continue
+            finally:
+                _call_id_var.reset(call_reset)
+                _key_var.reset(reset)
+            flow.succeeded(result)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        if beat is not None:
+            beat.stop()
 
 
 async def _acall(
@@ -487,24 +671,29 @@ async def _acall(
             await asyncio.sleep(_POLL)
             outcome, row = "existing", await asyncio.to_thread(flow.get)
     key = flow.call.key if flow.call is not None and spec.kind == "write" else None
-    for attempt in range(spec.attempts):
-        await asyncio.to_thread(flow.begin_attempt)
-        reset = _key_var.set(key)
-        call_reset = _call_id_var.set(None)
-        try:
-            result = await fn(*args, **kw)
-        except BaseException as exc:
-            wait = await asyncio.to_thread(flow.on_error, exc, attempt)
-            if wait is None:
-                final = flow.final_error(exc)
-                if final is exc:
-                    raise
-                raise final from exc
-            await asyncio.sleep(wait)
-            continue
-        finally:
-            _call_id_var.reset(call_reset)
-            _key_var.reset(reset)
-        await asyncio.to_thread(flow.finish, AgentCallState.SUCCEEDED, result=result)
-        return result
-    raise AssertionError("unreachable")  # pragma: no cover
+    beat = flow.async_heartbeat()  # renews the claim until the outcome is recorded
+    try:
+        for attempt in range(spec.attempts):
+            await asyncio.to_thread(flow.begin_attempt)
+            reset = _key_var.set(key)
+            call_reset = _call_id_var.set(None)
+            try:
+                result = await fn(*args, **kw)
+            except BaseException as exc:
+                wait = await asyncio.to_thread(flow.on_error, exc, attempt)
+                if wait is None:
+                    final = await asyncio.to_thread(flow.final_error, exc)
+                    if final is exc:
+                        raise
+                    raise final from exc
+                await asyncio.sleep(wait)
+                continue
+            finally:
+                _call_id_var.reset(call_reset)
+                _key_var.reset(reset)
+            await asyncio.to_thread(flow.succeeded, result)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        if beat is not None:
+            beat.stop()
