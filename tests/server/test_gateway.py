@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -78,6 +79,29 @@ def _upstream(effects: Counter[str]) -> Starlette:
         effects["boom"] += 1
         return JSONResponse({"error": "down"}, status_code=503)
 
+    async def ai(request: Request) -> Response:  # a slow AI call: the effect, then 5 s
+        effects["ai"] += 1
+        await asyncio.sleep(5.0)
+        return JSONResponse({"answer": effects["ai"]}, status_code=201)
+
+    async def drip(request: Request) -> Response:  # a byte every 0.2 s: no read ever times out
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(50):
+                await asyncio.sleep(0.2)
+                yield b"."
+
+        effects["drip"] += 1
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    async def broken(request: Request) -> Response:  # the body breaks off half-way
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"half an answer"
+            await asyncio.sleep(0.05)
+            raise RuntimeError("upstream crashed mid-body")
+
+        effects["broken"] += 1
+        return StreamingResponse(chunks(), media_type="text/plain")
+
     return Starlette(
         routes=[
             Route("/posts", posts, methods=["POST"]),
@@ -86,6 +110,10 @@ def _upstream(effects: Counter[str]) -> Starlette:
             Route("/boom", boom, methods=["POST"]),
             Route("/busy", busy, methods=["POST"]),
             Route("/slow", slow, methods=["POST"]),
+            Route("/ai", ai, methods=["POST"]),
+            Route("/drip", drip, methods=["POST"]),
+            Route("/broken", broken, methods=["POST"]),
+            Route("/put", posts, methods=["PUT", "DELETE"]),
         ]
     )
 
@@ -333,4 +361,176 @@ def test_cli_gateway_bad_input_is_a_clear_error(args: list[str], message: str) -
     out = subprocess.run(_cli("gateway", *args), capture_output=True, text=True, timeout=30)
     assert out.returncode != 0
     assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def cli_gateway(upstream: ServerThread, tmp_path: Path) -> Iterator[Any]:
+    """``start(*options) -> url``: a `retrysafe gateway` process; ``.stderr()`` stops it and
+    returns what it wrote."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*options: str) -> str:
+        port = free_port()
+        proc = subprocess.Popen(
+            _cli(
+                "gateway",
+                "--upstream",
+                upstream.url,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--store",
+                f"sqlite:///{tmp_path}/gw{len(procs)}.db",
+                *options,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        procs.append(proc)
+        _wait_port(port, proc)
+        return f"http://127.0.0.1:{port}"
+
+    def stderr() -> str:
+        procs[-1].terminate()
+        return procs[-1].communicate(timeout=10)[1]
+
+    start.stderr = stderr  # type: ignore[attr-defined]
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+
+
+def test_cli_gateway_holds_a_slow_upstream_past_its_lease(
+    cli_gateway: Any, effects: Counter[str]
+) -> None:
+    """`--lease 2`, an upstream taking 5 s, client timeout 1 s, a retry every 0.5 s for 8 s:
+    the upstream runs once; retries get 409 while it runs, then the replay."""
+    url = cli_gateway("--lease", "2") + "/ai"
+    headers = {"Idempotency-Key": "ai-1"}
+    start = time.monotonic()
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url, json={}, headers=headers, timeout=1)
+    statuses: list[int] = []
+    while time.monotonic() - start < 8:
+        time.sleep(0.5)
+        r = httpx.post(url, json={}, headers=headers, timeout=1)
+        statuses.append(r.status_code)
+        if r.status_code == 201:
+            assert r.headers["idempotent-replayed"] == "true"
+            assert r.json() == {"answer": 1}
+    assert effects["ai"] == 1
+    assert 409 in statuses and statuses[-1] == 201
+    assert statuses == sorted(statuses, reverse=True)  # every 409 before every replay
+    assert statuses.count(409) >= 6  # 409 for > 3 s: long past the 2 s lease
+
+
+def test_slow_drip_upstream_is_cut_at_the_total_deadline(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """An upstream that drips a byte every 0.2 s is cut off at the total deadline (1 s), not
+    per read; the key stays claimed as outcome-unknown, so the retry gets 409."""
+    store = SQLiteStore(tmp_path / "drip.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=1), store=store)
+    headers = {"Idempotency-Key": "drip-1"}
+    with ServerThread(app) as gw:
+        start = time.monotonic()
+        with pytest.raises(httpx.HTTPError):  # a cut connection, never a complete answer
+            httpx.post(gw.url + "/drip", json={}, headers=headers, timeout=20)
+        assert time.monotonic() - start < 3.0
+        retry = httpx.post(gw.url + "/drip", json={}, headers=headers)
+        assert retry.status_code == 409
+    assert effects["drip"] == 1
+    store.close()
+
+
+def test_upstream_answering_after_the_deadline_gets_504_and_keeps_the_key(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """No answer within the total deadline: 504 gateway-timeout, the key kept."""
+    store = SQLiteStore(tmp_path / "late.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=0.5), store=store)
+    headers = {"Idempotency-Key": "late-1"}
+    with ServerThread(app) as gw:
+        first = httpx.post(gw.url + "/ai", json={}, headers=headers)
+        assert first.status_code == 504
+        assert first.json()["type"] == "urn:retrysafe:problem:gateway-timeout"
+        assert httpx.post(gw.url + "/ai", json={}, headers=headers).status_code == 409
+    assert effects["ai"] == 1
+    store.close()
+
+
+def test_cli_gateway_methods_option_protects_put_and_delete(
+    cli_gateway: Any, effects: Counter[str]
+) -> None:
+    """`--methods POST,PATCH,PUT,DELETE`: a repeated PUT runs upstream once and replays."""
+    url = cli_gateway("--methods", "POST,PATCH,PUT,DELETE") + "/put"
+    headers = {"Idempotency-Key": "put-1"}
+    first = httpx.put(url, json={"title": "p"}, headers=headers)
+    again = httpx.put(url, json={"title": "p"}, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert effects["posts"] == 1
+
+
+def test_cli_gateway_logs_json_only_when_the_upstream_body_breaks(
+    cli_gateway: Any, effects: Counter[str]
+) -> None:
+    """An upstream body that breaks off: the client sees a broken answer, stderr stays one
+    JSON line per event (no traceback), and the retry gets 409 (outcome unknown)."""
+    url = cli_gateway() + "/broken"
+    headers = {"Idempotency-Key": "broken-1"}
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(url, json={}, headers=headers, timeout=5)
+    assert httpx.post(url, json={}, headers=headers, timeout=5).status_code == 409
+    err = cli_gateway.stderr()
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("{") for line in lines), err
+    decisions = [json.loads(line).get("decision") for line in lines]
+    assert "outcome-unknown" in decisions
+    assert effects["broken"] == 1
+
+
+@pytest.mark.parametrize("store", ["memory://", "MEMORY://"])
+def test_cli_gateway_refuses_a_memory_store_unless_told(store: str) -> None:
+    """`--store memory://` would forget every key on restart: refused (exit 2) unless
+    `--allow-memory-store` says this is a test."""
+    out = subprocess.run(
+        _cli("gateway", "--upstream", "http://127.0.0.1:1", "--store", store),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2
+    assert "--allow-memory-store" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--lease", "0"],
+        ["--lease", "nan"],
+        ["--lease", "1e12"],
+        ["--heartbeat", "5", "--lease", "2"],
+        ["--max-run-time", "-1"],
+        ["--timeout", "inf"],
+        ["--methods", "PO ST"],
+        ["--methods", ","],
+    ],
+)
+def test_cli_gateway_bad_lease_timing_and_methods_exit_2(args: list[str]) -> None:
+    """A lease, heartbeat, run time, timeout or method list that cannot work: exit 2, one line."""
+    out = subprocess.run(
+        _cli("gateway", "--upstream", "http://127.0.0.1:1", *args),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(("retrysafe: error:", "Usage:")), out.stderr
     assert "Traceback" not in out.stderr

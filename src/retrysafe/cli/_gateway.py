@@ -25,9 +25,30 @@ __all__ = ["gateway"]
 @click.option(
     "--lease",
     type=float,
-    default=60.0,
+    default=10.0,
     show_default=True,
-    help="Seconds a request may run before another attempt may take over.",
+    help="Seconds a claim holds without renewal: how long a crashed gateway blocks a key. "
+    "A live request renews it, however long the upstream takes.",
+)
+@click.option(
+    "--heartbeat",
+    type=float,
+    default=None,
+    help="Seconds between lease renewals  [default: lease/3].",
+)
+@click.option(
+    "--max-run-time",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds after which a request's lease is no longer renewed (a wedged request).",
+)
+@click.option(
+    "--methods",
+    default="POST,PATCH",
+    show_default=True,
+    metavar="M1,M2",
+    help="Comma-separated methods to protect, e.g. POST,PATCH,PUT,DELETE.",
 )
 @click.option(
     "--retention",
@@ -41,7 +62,8 @@ __all__ = ["gateway"]
     type=float,
     default=30.0,
     show_default=True,
-    help="Seconds to wait for the upstream (connect and each read).",
+    help="Total seconds per upstream request, from sending it to the last body byte; "
+    "past it the client gets 504 and the key is kept as outcome-unknown.",
 )
 @click.option(
     "--key-required/--key-optional",
@@ -87,6 +109,11 @@ __all__ = ["gateway"]
     help="If the store is down, forward unprotected instead of answering 503.",
 )
 @click.option(
+    "--allow-memory-store",
+    is_flag=True,
+    help="Accept --store memory:// (for tests only: a restart forgets every key).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -97,6 +124,9 @@ def gateway(
     listen: str,
     store: str,
     lease: float,
+    heartbeat: float | None,
+    max_run_time: float,
+    methods: str,
     retention: float,
     timeout: float,
     key_required: bool,
@@ -106,12 +136,14 @@ def gateway(
     store_server_errors: bool,
     in_progress_wait: float,
     fail_open: bool,
+    allow_memory_store: bool,
     log_level: str,
 ) -> None:
     """Run a reverse proxy that gives UPSTREAM idempotency keys.
 
-    Every POST/PATCH carrying an Idempotency-Key runs once upstream; repeats get the stored
-    answer with Idempotent-Replayed: true. One JSON log line per decision goes to stderr.
+    Every POST/PATCH (see --methods) carrying an Idempotency-Key runs once upstream; repeats
+    get the stored answer with Idempotent-Replayed: true. One JSON log line per decision goes
+    to stderr.
 
     \b
     Example:
@@ -127,11 +159,23 @@ def gateway(
 
     host, port = parse_listen(listen)
     configure_json_logging(getattr(logging, log_level.upper()))
+    configure_json_logging(logging.WARNING, logger="uvicorn")
+    protected = [m.strip().upper() for m in methods.split(",") if m.strip()]
+    if store.strip().lower().startswith("memory:") and not allow_memory_store:
+        fail(
+            "--store memory:// keeps keys in this process only: a restart forgets them and "
+            "retries run the effect again. Use sqlite:///FILE, postgresql://… or redis://…, "
+            "or pass --allow-memory-store for tests.",
+            2,
+        )
     try:
         proxy = ReverseProxy(upstream, timeout=timeout)
         # Every option is checked before the store is opened: a typo never creates a store.
         config = IdempotencyConfig(
+            protected_methods=protected,
             lease=lease,
+            heartbeat=heartbeat,
+            max_run_time=max_run_time,
             retention=retention,
             key_required=key_required,
             max_body_size=max_body_size,
@@ -144,7 +188,7 @@ def gateway(
         key_store = open_store(store)
         app = IdempotencyMiddleware(proxy, store=key_store, config=config)
     except RetrysafeError as exc:
-        fail(str(exc))
+        fail(str(exc), 2)
     check_port_free(host, port)
     logging.getLogger("retrysafe.gateway").info(
         "gateway listening",
@@ -155,6 +199,7 @@ def gateway(
         host=host,
         port=port,
         log_level="warning",
+        log_config=None,  # uvicorn's own lines go through the JSON handler too
         access_log=False,
         lifespan="on",
         # The upstream's own Date and Server headers pass through; don't add a second pair.

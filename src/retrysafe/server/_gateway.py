@@ -5,17 +5,21 @@ nobody can modify, whatever its language. Request and response bodies stream thr
 the upstream side); hop-by-hop headers (RFC 9110 §7.6.1) are dropped; ``X-Forwarded-*`` are
 added. An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504``; both are
 5xx: when nothing reached the upstream (connection refused) the middleware releases the key
-and the client's retry runs again; when the request was sent and the answer never came (read
-timeout, reset), the outcome is unknown and the key stays claimed until its lease ends.
+and the client's retry runs again; when the request was sent and the answer never came (the
+total deadline passed, a reset), the outcome is unknown and the key stays claimed until its
+lease ends. A body that breaks off mid-answer ends the response unfinished (the server cuts the
+connection) and is logged as one line, never a traceback.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 
 from retrysafe._exceptions import ConfigurationError
@@ -62,7 +66,8 @@ class ReverseProxy:
 
     Args:
         upstream: base URL, e.g. ``http://127.0.0.1:8000`` (a path prefix is kept).
-        timeout: seconds for connecting and for each read from the upstream (default 30 s).
+        timeout: total seconds one upstream exchange may take, from sending the request to the
+            last body byte (default 30 s): a slow-drip upstream is cut off at the deadline.
         client: an ``httpx.AsyncClient`` to use (tests); by default one is created with
             transport-level retries off, so retries happen in one layer only (SPEC §5).
 
@@ -73,8 +78,13 @@ class ReverseProxy:
     def __init__(
         self, upstream: str, *, timeout: float = 30.0, client: httpx.AsyncClient | None = None
     ) -> None:
-        if timeout <= 0:
-            raise ConfigurationError("gateway timeout must be > 0 seconds", option="timeout")
+        if isinstance(timeout, bool) or not (
+            isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
+        ):
+            raise ConfigurationError(
+                f"gateway timeout must be a finite number of seconds > 0, got {timeout!r}",
+                option="timeout",
+            )
         self.upstream = validate_upstream(upstream)
         self._timeout = timeout
         self._client = client
@@ -136,62 +146,70 @@ class ReverseProxy:
         request = client.build_request(
             scope["method"], url, headers=headers, content=_body(receive)
         )
-        try:
-            response = await client.send(request, stream=True)
-        except _NOT_SENT as exc:
-            # Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4).
-            await _problem(
-                send, Problem("bad-gateway", 502, f"upstream unreachable: {type(exc).__name__}")
-            )
-            log.warning(
-                "upstream unreachable", extra={"upstream": self.upstream, "error": repr(exc)}
-            )
+        response: httpx.Response | None = None
+        broke: BaseException | None = None
+        # One deadline for the whole exchange (httpx's own timeouts are per read).
+        with anyio.move_on_after(self._timeout) as deadline:
+            try:
+                response = await client.send(request, stream=True)
+                out_headers = [
+                    (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
+                ]
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,
+                        "headers": out_headers,
+                    }
+                )
+                async for chunk in response.aiter_raw():
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except _NOT_SENT as exc:
+                # Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4).
+                await _problem(
+                    send,
+                    Problem("bad-gateway", 502, f"upstream unreachable: {type(exc).__name__}"),
+                )
+                log.warning(
+                    "upstream unreachable", extra={"upstream": self.upstream, "error": repr(exc)}
+                )
+                return
+            except httpx.HTTPError as exc:
+                broke = exc
+            finally:
+                if response is not None:
+                    with anyio.CancelScope(shield=True):
+                        await response.aclose()
+        if deadline.cancelled_caught:
+            broke = httpx.ReadTimeout(f"no complete answer within {self._timeout:g} s")
+        if broke is None:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        except httpx.HTTPError as exc:
-            # The request may have reached the upstream and committed: "I don't know" (SPEC §0).
-            # Releasing the key would let a retry run the effect twice, so the key stays
-            # claimed until its lease ends; repeats meanwhile get 409 request-in-progress.
-            mark_outcome_unknown(scope)
-            timeout = isinstance(exc, httpx.TimeoutException)
+        # The request may have reached the upstream and committed: "I don't know" (SPEC §0).
+        # Releasing the key would let a retry run the effect twice, so the key stays claimed
+        # until its lease ends; repeats meanwhile get 409 request-in-progress.
+        mark_outcome_unknown(scope)
+        if response is None:
+            timeout = isinstance(broke, httpx.TimeoutException)
             await _problem(
                 send,
                 Problem(
                     "gateway-timeout" if timeout else "bad-gateway",
                     504 if timeout else 502,
-                    f"no complete answer from the upstream ({type(exc).__name__}); it may have "
-                    "acted on the request. Retry with the same Idempotency-Key.",
+                    f"no complete answer from the upstream ({type(broke).__name__}); it may "
+                    "have acted on the request. Retry with the same Idempotency-Key.",
                 ),
             )
             log.warning(
-                "upstream outcome unknown", extra={"upstream": self.upstream, "error": repr(exc)}
+                "upstream outcome unknown", extra={"upstream": self.upstream, "error": repr(broke)}
             )
             return
-        try:
-            out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": out_headers,
-                }
-            )
-            try:
-                async for chunk in response.aiter_raw():
-                    if chunk:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:
-                # The answer broke off mid-body: the client sees a truncated response, exactly
-                # what the upstream gave. Raising lets the server abort the connection; the
-                # upstream did act, so the key must not be released.
-                mark_outcome_unknown(scope)
-                log.warning(
-                    "upstream body truncated",
-                    extra={"upstream": self.upstream, "error": repr(exc)},
-                )
-                raise
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            await response.aclose()
+        # The answer broke off mid-body: returning without its end makes the server cut the
+        # connection, so the client sees a broken answer (never a complete-looking one).
+        log.warning(
+            "upstream body broke off", extra={"upstream": self.upstream, "error": repr(broke)}
+        )
 
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:
