@@ -39,6 +39,26 @@ def retrysafe_sqlite() -> Any:
     return IdempotencyMiddleware(_endpoint(), store=SQLiteStore(os.environ["BENCH_DB"]))
 
 
+def retrysafe_sqlite_no_heartbeat() -> Any:
+    """(h) as (b), with lease renewal switched off: isolates what the heartbeat costs."""
+    import retrysafe.server._asgi as asgi
+
+    class _NoHeartbeat:
+        bounded = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def start(self) -> _NoHeartbeat:
+            return self
+
+        def stop(self) -> None:
+            pass
+
+    setattr(asgi, "AsyncHeartbeat", _NoHeartbeat)  # noqa: B010 (a deliberate patch)
+    return retrysafe_sqlite()
+
+
 def competitor_sqlite() -> Any:
     """(d) fastapi-idempotency-key 0.1.1 with its SQLite backend."""
     from fastapi_idempotency_key import IdempotencyMiddleware, SQLiteBackend

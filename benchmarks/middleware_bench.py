@@ -9,6 +9,7 @@ Variants, each served by one uvicorn process (one core) and loaded by wrk (the o
   (e) retrysafe IdempotencyMiddleware, PostgreSQL, a new key per request
   (f) retrysafe IdempotencyMiddleware, Redis, a new key per request
   (g) fastapi-idempotency-key 0.1.1, RedisBackend, a new key per request
+  (h) as (b) with lease renewal switched off      -- what the heartbeat costs: (b) vs (h)
 
 Each (e) run gets a fresh PostgreSQL schema and each (f)/(g) run a unique Redis key prefix,
 removed after the run. ``--postgres`` / ``--redis`` name the servers (defaults: the
@@ -23,6 +24,7 @@ Needs wrk (Debian: ``apt-get install -y wrk``) and the bench extra
 
     python benchmarks/middleware_bench.py --duration 10 --rounds 3
     python benchmarks/middleware_bench.py --variants aefg --rounds 3 --duration 6
+    python benchmarks/middleware_bench.py --variants abh --rounds 5 --duration 6
 """
 
 from __future__ import annotations
@@ -56,10 +58,11 @@ VARIANTS = {
     "e": ("retrysafe_postgres", "first", "retrysafe, PostgreSQL, first-time keys"),
     "f": ("retrysafe_redis", "first", "retrysafe, Redis, first-time keys"),
     "g": ("competitor_redis", "first", "fastapi-idempotency-key, Redis, first-time keys"),
+    "h": ("retrysafe_sqlite_no_heartbeat", "first", "retrysafe, SQLite, first-time, no heartbeat"),
 }
 TARGETS = {"b": ("a", 0.7), "c": ("a", 0.9), "e": ("a", 0.35), "f": ("a", 0.65)}
 # (variant, other variant, minimum ratio) between two middlewares on the same store
-HEAD_TO_HEAD = [("b", "d", 4.0), ("f", "g", 1.5)]
+HEAD_TO_HEAD = [("b", "d", 4.0), ("f", "g", 1.5), ("b", "h", 0.97)]
 PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -217,8 +220,8 @@ def main() -> None:
     for ours, theirs, _ in HEAD_TO_HEAD:
         if ours in med and theirs in med:
             print(
-                f"({ours})/({theirs}) retrysafe vs fastapi-idempotency-key, "
-                f"{VARIANTS[ours][2].split(', ')[1]}: {med[ours] / med[theirs]:.2f}x"
+                f"({ours})/({theirs}) {VARIANTS[ours][2]} vs {VARIANTS[theirs][2]}: "
+                f"{med[ours] / med[theirs]:.2f}x"
             )
     for code, (base, target) in TARGETS.items():
         if code in med and base in med:
