@@ -330,6 +330,47 @@ def _wsgi_client(app: Any, db: DB) -> httpx.Client:
     return httpx.Client(transport=httpx.WSGITransport(app=middleware), base_url="http://t")
 
 
+def test_long_transaction_keeps_its_key_past_the_lease(db: DB) -> None:
+    """A handler holding its transaction for twice its 1 s lease is renewed, never taken
+    over: the retry meanwhile gets 409 or, once committed, the replay; one effect."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        with transaction(environ) as conn:
+            _insert(conn, "once")
+        entered.set()
+        assert gate.wait(10)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"done"]
+
+    middleware = WSGIIdempotencyMiddleware(app, db.store, lease=1)
+    results: dict[str, httpx.Response] = {}
+
+    def send(name: str) -> None:
+        with httpx.Client(
+            transport=httpx.WSGITransport(app=middleware), base_url="http://t", timeout=20
+        ) as c:
+            results[name] = c.post("/write", json={}, headers=KEY)
+
+    first = threading.Thread(target=send, args=("first",))
+    first.start()
+    retry = threading.Thread(target=send, args=("retry",))
+    try:
+        assert entered.wait(10)
+        time.sleep(2.0)  # twice the lease
+        retry.start()
+        time.sleep(0.3)
+    finally:
+        gate.set()
+        first.join(20)
+        if retry.is_alive() or retry.ident is not None:
+            retry.join(20)
+    assert results["first"].status_code == 201
+    late = results["retry"]
+    assert late.status_code == 409 or late.headers.get("idempotent-replayed") == "true"
+    assert db.rows() == ["once"]
+
+
 def test_failed_transaction_block_rolls_back_even_on_success(db: DB) -> None:
     """A handler whose transaction() block raised, then answered 201 anyway: rolled back,
     key released."""
