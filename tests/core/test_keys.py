@@ -26,6 +26,12 @@ def test_surrounding_whitespace_is_ignored() -> None:
     assert parse_key(" abc ") == "abc"
 
 
+def test_quoted_key_may_hold_spaces_beside_a_visible_character() -> None:
+    """Inside quotes a space is legal as long as one character is visible."""
+    assert parse_key('" a "') == " a "
+    assert parse_key('"a b"') == "a b"
+
+
 def test_longest_key_is_accepted() -> None:
     """255 visible ASCII characters is the upper bound, inclusive."""
     assert parse_key("k" * MAX_KEY_LENGTH) == "k" * MAX_KEY_LENGTH
@@ -46,10 +52,15 @@ def test_longest_key_is_accepted() -> None:
         ('"abc', "closing quote"),
         ('"a\\qb"', "escape"),
         ('"abc"def', "after the closing quote"),
+        ('"   "', "only spaces"),
+        ('" \t "', "visible ASCII"),
+        ('abc"', "bare key cannot contain"),
+        ('a"b', "bare key cannot contain"),
+        ('ab"c', "bare key cannot contain"),
     ],
 )
 def test_malformed_keys_are_rejected_with_a_reason(raw: str, reason_part: str) -> None:
-    """Empty, too long, non-ASCII, control characters and broken quoting raise InvalidKeyError."""
+    """Empty, too long, invisible, spaces-only, bare-quote and badly quoted keys are refused."""
     with pytest.raises(InvalidKeyError) as info:
         parse_key(raw)
     assert reason_part in info.value.reason

@@ -1,51 +1,109 @@
 """Request fingerprints (SPEC §1): what makes two requests "the same request".
 
-A fingerprint is the SHA-256 of the upper-cased method, the route path, the query with its
-parameters sorted, and the canonical body. JSON bodies are canonicalised (object keys sorted,
-insignificant whitespace removed) so that bodies differing only in key order or spacing are the
-same request; any other body is compared byte for byte.
+A fingerprint is the SHA-256 of:
+
+- the upper-cased method and the route path;
+- the query, its parameters sorted by name with a stable sort: distinct names may come in any
+  order (``a=1&b=2`` is ``b=2&a=1``), but repeated parameters keep their relative order
+  (``a=1&a=100`` is not ``a=100&a=1``); blank values are kept;
+- the media type of ``Content-Type``: type/subtype, lower-cased, parameters such as ``charset``
+  ignored (SPEC §1 names the media type), absent or empty → ``""``. The same bytes sent as
+  ``application/json`` and as ``text/plain`` are two requests;
+- the canonical body. A JSON body (``application/json`` or any ``+json`` type) is re-encoded with
+  object keys sorted and insignificant whitespace removed, so bodies differing only in key order
+  or spacing are the same request. A JSON body with a duplicate member name at any depth
+  (``{"a":1,"a":2}``) is not canonicalised: parsers disagree on which member wins, so its raw
+  bytes are hashed. Malformed JSON and every other body are compared byte for byte.
+
+The hashed bytes are ``[prefix] method NUL path NUL query NUL body``. For ``application/json``,
+the common case, the media type is implied and there is no prefix, so such a request keeps the
+fingerprint earlier versions gave it (unless it repeats a query parameter or a JSON member).
+Any other media type (including none) is hashed in the prefix
+``b"media-type" NUL <length> NUL <media type>``; an un-prefixed message starts with an
+upper-cased method, never with a lower-case letter, so the two forms never coincide.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from operator import itemgetter
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 __all__ = ["canonical_body", "fingerprint", "is_json_content_type"]
 
-# One encoder for every canonical body: json.dumps with these options builds a new encoder
-# per call, which costs as much as encoding a small body.
+# One encoder and one decoder for every canonical body: json.dumps/json.loads with options
+# build a new encoder/decoder per call, which costs as much as handling a small body.
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+# The media type whose fingerprints carry no prefix (see the module docstring).
+_IMPLIED_MEDIA_TYPE = "application/json"
+
+_by_name = itemgetter(0)
+
+
+class _DuplicateMemberError(ValueError):
+    """A JSON object names a member twice (a ValueError, so it falls back like bad JSON)."""
+
+
+def _no_duplicate_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Called by the C scanner once per object, at every depth; dict() and len() stay in C.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateMemberError
+    return obj
+
+
+_STRICT_JSON = json.JSONDecoder(object_pairs_hook=_no_duplicate_members)
+
+
+def _media_type(content_type: str | None) -> str:
+    if not content_type:
+        return ""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _is_json_media(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
 
 
 def is_json_content_type(content_type: str | None) -> bool:
     """True for ``application/json`` and any ``+json`` media type (parameters ignored)."""
-    if not content_type:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
+    return _is_json_media(_media_type(content_type))
 
 
 def canonical_body(body: bytes, content_type: str | None) -> bytes:
-    """Return the canonical form of a request body.
+    """Return the canonical form of a request body (SPEC §1).
 
     Args:
         body: the raw body bytes.
         content_type: the request's ``Content-Type`` header, or None.
 
     Returns:
-        For a JSON content type whose body parses as JSON: the compact, key-sorted UTF-8 JSON
-        encoding. Otherwise the body unchanged (binary and malformed JSON bodies are compared as
-        bytes; they are never an error here).
+        For a JSON content type whose body parses as JSON without a duplicate member name at
+        any depth: the compact, key-sorted UTF-8 JSON encoding. Otherwise the body unchanged
+        (binary bodies, malformed JSON, duplicate members and nesting too deep to parse are
+        compared as bytes; they are never an error here).
     """
     if body and is_json_content_type(content_type):
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):
-            return body
-        return _CANONICAL_JSON.encode(parsed).encode("utf-8")
+        return _canonical_json(body)
     return body
+
+
+def _canonical_json(body: bytes) -> bytes:
+    # What json.loads does with bytes: UTF-8, or UTF-16/32 told by a BOM or zero bytes. A
+    # first byte that is ASCII but not NUL, followed by a non-NUL, is always UTF-8; deciding
+    # that here skips json.detect_encoding, which costs about as much as the duplicate check.
+    plainly_utf8 = 0 < body[0] < 0x80 and body[1:2] != b"\x00"
+    encoding = "utf-8" if plainly_utf8 else json.detect_encoding(body)
+    try:
+        parsed = _STRICT_JSON.decode(body.decode(encoding, "surrogatepass"))
+    except (ValueError, RecursionError):  # includes UnicodeDecodeError, _DuplicateMemberError
+        return body
+    # surrogatepass: "\ud800" is valid JSON text but a lone surrogate, which strict UTF-8
+    # refuses to encode.
+    return _CANONICAL_JSON.encode(parsed).encode("utf-8", "surrogatepass")
 
 
 def fingerprint(
@@ -55,23 +113,41 @@ def fingerprint(
     body: bytes,
     content_type: str | None = None,
 ) -> str:
-    """SHA-256 (hex, 64 characters) of method, route path, sorted query and canonical body.
+    """SHA-256 of what makes a request "the same request" (SPEC §1).
+
+    Hashed: the upper-cased method; the route path; the query with its parameters stably
+    sorted by name (repeated parameters keep their order, blank values kept, percent-escapes
+    that are not UTF-8 kept as their bytes); the media type of ``content_type`` (type/subtype,
+    lower-cased, parameters ignored); and the canonical body (:func:`canonical_body`). The
+    module docstring gives the byte layout.
 
     Args:
         method: HTTP method, any case.
         path: the route path without the query string, e.g. ``"/posts"``.
-        query: the raw query string without ``?`` (``""`` when absent).
+        query: the raw query string without ``?`` (``""`` when absent), as the server decoded
+            it (ASGI and WSGI: Latin-1).
         body: the raw request body.
-        content_type: the request's ``Content-Type``; decides whether JSON canonicalisation applies.
+        content_type: the request's ``Content-Type`` or None; its media type is hashed and
+            decides whether JSON canonicalisation applies.
+
+    Returns:
+        64 lower-case hex digits.
     """
+    media = _media_type(content_type)
     h = hashlib.sha256()
+    if media != _IMPLIED_MEDIA_TYPE:
+        encoded = media.encode("utf-8", "surrogateescape")
+        h.update(b"media-type\x00%d\x00%b" % (len(encoded), encoded))
     h.update(method.upper().encode("ascii", "replace"))
     h.update(b"\x00")
     h.update(path.encode("utf-8", "surrogateescape"))
     h.update(b"\x00")
     if query:
-        pairs = sorted(parse_qsl(query, keep_blank_values=True))
-        h.update(urlencode(pairs).encode("utf-8"))
+        # surrogateescape both ways: "%FF" and "%FE" stay two bytes instead of both decoding
+        # to U+FFFD; valid UTF-8 round-trips exactly as before.
+        pairs = parse_qsl(query, keep_blank_values=True, errors="surrogateescape")
+        pairs.sort(key=_by_name)  # stable: repeated names keep their order
+        h.update(urlencode(pairs, errors="surrogateescape").encode("ascii"))
     h.update(b"\x00")
-    h.update(canonical_body(body, content_type))
+    h.update(_canonical_json(body) if body and _is_json_media(media) else body)
     return h.hexdigest()

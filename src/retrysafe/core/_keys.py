@@ -30,12 +30,14 @@ def parse_key(raw: str) -> str:
         raw: the header value exactly as received.
 
     Returns:
-        The key: 1–255 visible ASCII characters (0x21–0x7E, plus space inside quotes).
+        The key: 1–255 visible ASCII characters (0x21–0x7E), plus spaces inside quotes as long
+        as at least one character is visible.
 
     Raises:
         InvalidKeyError: the value is empty, longer than 255 characters, contains characters
-            outside visible ASCII, or is a malformed quoted string (unterminated, bad escape,
-            trailing data after the closing quote).
+            outside visible ASCII, is a quoted string of spaces only, is a bare token containing
+            ``"``, or is a malformed quoted string (unterminated, bad escape, trailing data after
+            the closing quote). SPEC §2.
     """
     value = raw.strip(" \t")
     if not value:
@@ -44,13 +46,24 @@ def parse_key(raw: str) -> str:
         key = _parse_sf_string(value, raw)
         # Inside a structured-field string a space is legal; everything else must be visible.
         bad = [c for c in key if c != " " and ord(c) not in _VCHAR]
-    elif value.isascii() and value.isprintable() and " " not in value:
+        if not bad and key and not key.strip(" "):
+            raise InvalidKeyError(
+                "the quoted key is only spaces; a key needs at least one visible character",
+                key=raw,
+            )
+    elif value.isascii() and value.isprintable() and " " not in value and '"' not in value:
         # The common case, checked in C: printable ASCII without space is exactly VCHAR.
         key = value
         bad = []
     else:
         key = value
         bad = [c for c in key if ord(c) not in _VCHAR]
+        if not bad:  # all visible, so the one thing wrong is a '"' in a bare key
+            raise InvalidKeyError(
+                "a bare key cannot contain '\"'; send it as a quoted string with '\"' escaped "
+                "as '\\\"'",
+                key=raw,
+            )
     if bad:
         raise InvalidKeyError(
             f"the key contains a character outside visible ASCII ({bad[0]!r})", key=raw
