@@ -31,8 +31,8 @@ structured attributes instead of information buried in the message::
                                     are not valid (Standard Webhooks)
 
     RetrysafeWarning (UserWarning)  a configuration that works but is dangerous
-                                    (retention shorter than the lease, a worker lease
-                                    shorter than twice the request timeout, …)
+                                    (retention shorter than the lease, a heartbeat
+                                    longer than half the lease, …)
 
 Driver errors (``sqlite3``, ``psycopg``, ``redis``) are translated to these in one place per
 store and always chained with ``raise … from``.

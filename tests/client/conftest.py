@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,3 +143,53 @@ def base_url(_server: tuple[ServerThread, list[Script]]) -> str:
 def outbox(sqlite_path: Path) -> Iterator[Outbox]:
     with Outbox(f"sqlite:///{sqlite_path}", policy=FAST) as ob:
         yield ob
+
+
+PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@dataclass(frozen=True)
+class OutboxDatabase:
+    """One fresh outbox database: ``open()`` gives a new store on it (own connections or
+    pool, as another worker process would have); ``argv`` names it for a child process
+    (``kind location schema``, see :func:`open_outbox_database`)."""
+
+    open: Callable[[], Any]
+    argv: tuple[str, str, str]
+
+
+def open_outbox_database(kind: str, location: str, schema: str) -> Any:
+    """The store a child process opens from :attr:`OutboxDatabase.argv`."""
+    if kind == "sqlite":
+        from retrysafe.stores import SQLiteStore
+
+        return SQLiteStore(location)
+    from retrysafe.stores import PostgresStore
+
+    return PostgresStore(location, schema=schema)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def outbox_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OutboxDatabase]:
+    """A fresh outbox on SQLite (a file) or PostgreSQL (a schema, server clock), dropped after.
+    PostgreSQL down: skipped, except under ``CI=true`` where the test fails."""
+    if request.param == "sqlite":
+        path = str(tmp_path / "outbox.db")
+        yield OutboxDatabase(lambda: open_outbox_database("sqlite", path, ""), ("sqlite", path, ""))
+        return
+    import psycopg
+
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        reason = f"PostgreSQL at {PG_URL} is unreachable ({exc})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; under CI=true the store tests must run, not skip")
+        pytest.skip(reason)
+    schema = f"rs_test_{uuid.uuid4().hex[:16]}"
+    yield OutboxDatabase(
+        lambda: open_outbox_database("postgres", PG_URL, schema), ("postgres", PG_URL, schema)
+    )
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

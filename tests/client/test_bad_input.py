@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +69,57 @@ def test_zero_negative_or_infinite_timeout_is_refused(timeout: float) -> None:
         RetryPolicy(timeout=timeout)
 
 
-def test_lease_not_longer_than_timeout_is_refused(sqlite_path: Path) -> None:
-    """A lease <= the request timeout is refused at worker startup."""
-    with pytest.raises(ConfigurationError, match="lease"):
-        Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=10), lease=5)
+def test_lease_shorter_than_the_timeout_is_accepted_without_a_warning(sqlite_path: Path) -> None:
+    """A lease shorter than the request timeout is fine (the worker renews it): no warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        worker = Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=60), lease=2)
+    assert worker.lease == 2.0 and worker.timing.heartbeat == pytest.approx(2 / 3)
+    worker.close()
 
 
-def test_lease_shorter_than_twice_the_timeout_warns(sqlite_path: Path) -> None:
-    """A lease between 1× and 2× the timeout works but warns."""
-    with pytest.warns(RetrysafeWarning):
-        Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=10), lease=15).close()
+def test_default_lease_is_short_whatever_the_timeout(sqlite_path: Path) -> None:
+    """The default lease is 10 s with a heartbeat of a third of it, even for a 10 min timeout."""
+    worker = Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=600))
+    assert worker.lease == 10.0 and worker.timing.heartbeat == pytest.approx(10 / 3)
+    assert worker.timing.max_run_time >= 1200
+    worker.close()
+
+
+@pytest.mark.parametrize("option", ["lease", "heartbeat", "max_run_time"])
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, 1e12, "5", True])
+def test_bad_lease_timing_is_refused_naming_the_option(
+    sqlite_path: Path, option: str, value: object
+) -> None:
+    """lease, heartbeat and max_run_time that are zero, negative, NaN, infinite, absurdly
+    large or not numbers are ConfigurationErrors naming the option; no store is created."""
+    with pytest.raises(ConfigurationError) as info:
+        Worker(f"sqlite:///{sqlite_path}", **{option: value})  # type: ignore[arg-type]
+    assert info.value.option == option
+    assert not sqlite_path.exists()
+
+
+@pytest.mark.parametrize("heartbeat", [5, 6])
+def test_heartbeat_not_shorter_than_the_lease_is_refused(
+    sqlite_path: Path, heartbeat: float
+) -> None:
+    """A heartbeat >= the lease would let the lease end before its first renewal: refused."""
+    with pytest.raises(ConfigurationError, match="shorter than the lease") as info:
+        Worker(f"sqlite:///{sqlite_path}", lease=5, heartbeat=heartbeat)
+    assert info.value.option == "heartbeat"
+
+
+def test_heartbeat_longer_than_half_the_lease_warns(sqlite_path: Path) -> None:
+    """A heartbeat between half the lease and the lease works but warns."""
+    with pytest.warns(RetrysafeWarning, match="half the lease"):
+        Worker(f"sqlite:///{sqlite_path}", lease=5, heartbeat=3).close()
+
+
+def test_max_run_time_shorter_than_the_timeout_warns(sqlite_path: Path) -> None:
+    """A max_run_time below the request timeout works but warns (a slow attempt stops
+    renewing its lease)."""
+    with pytest.warns(RetrysafeWarning, match="max_run_time"):
+        Worker(f"sqlite:///{sqlite_path}", policy=RetryPolicy(timeout=10), max_run_time=5).close()
 
 
 def test_store_in_a_missing_directory_is_refused(tmp_path: Path) -> None:

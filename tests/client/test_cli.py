@@ -147,12 +147,36 @@ def test_retrysafe_warning_is_one_line(sqlite_path: Path) -> None:
     """A RetrysafeWarning prints as `retrysafe: warning: …`, without source path or code."""
     store = f"sqlite:///{sqlite_path}"
     code, _, err = _run(
-        "worker", "--store", store, "--timeout", "1", "--lease", "1.5", "--until-idle", "--json"
+        "worker", "--store", store, "--lease", "1.5", "--heartbeat", "1", "--until-idle", "--json"
     )
     assert code == 0
     [line] = [x for x in err.splitlines() if "lease" in x]
-    assert line.startswith("retrysafe: warning: lease (1.5 s)")
+    assert line.startswith("retrysafe: warning: heartbeat (1 s)")
     assert ".py" not in err and "warnings.warn" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("--lease", "0"), "--lease"),
+        (("--heartbeat", "-1"), "--heartbeat"),
+        (("--max-run-time", "0"), "--max-run-time"),
+        (("--lease", "nan"), "--lease"),
+        (("--heartbeat", "inf"), "--heartbeat"),
+        (("--max-run-time", "1e12"), "--max-run-time"),
+        (("--lease", "1e9"), "--lease"),
+        (("--lease", "5", "--heartbeat", "5"), "--heartbeat"),
+        (("--heartbeat", "20"), "--heartbeat"),
+    ],
+)
+def test_bad_lease_timing_flags_exit_2_and_create_no_store(
+    sqlite_path: Path, args: tuple[str, ...], option: str
+) -> None:
+    """worker --lease/--heartbeat/--max-run-time zero, negative, NaN, inf, huge, or a
+    heartbeat not shorter than the lease: exit 2 naming the flag, no store file created."""
+    code, _, err = _run("worker", "--store", f"sqlite:///{sqlite_path}", "--until-idle", *args)
+    assert code == 2 and option in err, err
+    assert not sqlite_path.exists()
 
 
 def test_ctrl_c_on_worker_releases_its_job_and_exits_130(

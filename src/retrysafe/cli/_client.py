@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,10 +20,12 @@ from typing import Any, TypeVar
 
 import click
 
-from retrysafe._exceptions import RetrysafeError, StoreUnavailableError
+from retrysafe._exceptions import ConfigurationError, RetrysafeError, StoreUnavailableError
 from retrysafe.cli._common import fail, store_option
 from retrysafe.client import DEAD_LETTER_STATES, Attempt, Job, JobState, Outbox, RetryPolicy
 from retrysafe.client._policy import Step
+from retrysafe.client._worker import DEFAULT_LEASE
+from retrysafe.core import lease_timing
 
 __all__ = ["dlq", "jobs", "reconcile_command", "worker"]
 
@@ -185,6 +188,25 @@ def _policy(attempts: int, timeout: float, wait_initial: float, wait_max: float)
 
 
 # ---------------------------------------------------------------------- worker
+def _check_lease_timing(
+    lease: float | None, heartbeat: float | None, max_run_time: float | None
+) -> None:
+    """Exit 2 on lease options the worker would refuse (NaN, inf, too large, a heartbeat not
+    shorter than the lease), before the store is opened: a bad flag never creates a store.
+    Warnings are left to the worker, which prints each once."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lease_timing(
+                DEFAULT_LEASE if lease is None else lease,
+                heartbeat=heartbeat,
+                max_run_time=3600.0 if max_run_time is None else max_run_time,
+            )
+    except ConfigurationError as exc:
+        option = (exc.option or "lease").replace("_", "-")
+        fail(f"--{option}: {exc}", code=2)
+
+
 class _JsonLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         data = getattr(record, "retrysafe", None)
@@ -211,7 +233,26 @@ class _JsonLines(logging.Handler):
 @click.option(
     "--wait-max", type=_SECONDS, default=30.0, show_default=True, help="Backoff cap, seconds."
 )
-@click.option("--lease", type=_SECONDS, default=None, help="Lease seconds (default 3 × timeout).")
+@click.option(
+    "--lease",
+    type=_SECONDS,
+    default=None,
+    help="Seconds a dead worker's jobs wait before another worker sends them (default 10; "
+    "a live worker renews the lease, so it may be shorter than --timeout).",
+)
+@click.option(
+    "--heartbeat",
+    type=_SECONDS,
+    default=None,
+    help="Seconds between lease renewals (default lease / 3; must be shorter than --lease).",
+)
+@click.option(
+    "--max-run-time",
+    type=_SECONDS,
+    default=None,
+    help="Seconds after which a job's lease is no longer renewed (default 3600, at least "
+    "2 × timeout).",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
 @_json_option
 def worker(
@@ -222,12 +263,15 @@ def worker(
     wait_initial: float,
     wait_max: float,
     lease: float | None,
+    heartbeat: float | None,
+    max_run_time: float | None,
     until_idle: bool,
     as_json: bool,
 ) -> None:
     """Deliver outbox jobs until stopped (SIGTERM: graceful, exit 0; Ctrl-C: release in-flight
     jobs, exit 130). A store that is unavailable for a while is waited out."""
     policy = _policy(attempts, timeout, wait_initial, wait_max)
+    _check_lease_timing(lease, heartbeat, max_run_time)
     log = logging.getLogger("retrysafe.client")
     tty = sys.stdout.isatty() and not as_json
     live: Any = None
@@ -235,7 +279,12 @@ def worker(
     old_level = logging.NOTSET
     with _outbox(store, policy) as outbox:
         with _errors():
-            w = outbox.worker(concurrency=concurrency, lease=lease)
+            w = outbox.worker(
+                concurrency=concurrency,
+                lease=lease,
+                heartbeat=heartbeat,
+                max_run_time=max_run_time,
+            )
         if tty:
             from rich.live import Live
 

@@ -2,8 +2,10 @@
 
 A thin async driver around the pure rules: :func:`~retrysafe.core.classify_response` and
 :func:`~retrysafe.core.classify_transport_error` (what an attempt saw), :func:`next_step`
-(what happens next) and :class:`RetryBudget` (may this retry go now). The store leases jobs
-atomically, so any number of workers, in any number of processes, can share one store.
+(what happens next), :class:`RetryBudget` (may this retry go now) and
+:class:`~retrysafe.core.LeaseTiming` (how often a held job's lease is renewed). The store
+leases jobs atomically, so any number of workers, in any number of processes, can share one
+store; while a worker holds a job it renews the job's lease (SPEC §5 "Crash safety").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUnavailableError
+from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
 from retrysafe.client._policy import (
@@ -34,7 +37,14 @@ from retrysafe.client._policy import (
     seconds,
 )
 from retrysafe.client._sender import SendResult, make_client, send_attempt
-from retrysafe.core import Action, AttemptOutcome, equal_jitter
+from retrysafe.core import (
+    MAX_RUN_TIME,
+    Action,
+    AttemptOutcome,
+    LeaseTiming,
+    equal_jitter,
+    lease_timing,
+)
 from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 
 if TYPE_CHECKING:
@@ -69,6 +79,12 @@ _T = TypeVar("_T")
 
 #: The longest wait between two tries of a store that is unavailable (seconds).
 STORE_WAIT_MAX = 5.0
+#: The worker's default job lease (seconds), whatever the request timeout: a live worker
+#: renews the lease of every job it is sending, so the lease only bounds how long the jobs of
+#: a dead worker wait before another worker sends them again (SPEC §5 "Crash safety").
+DEFAULT_LEASE = 10.0
+#: The shortest default ``max_run_time`` (seconds); the default is at least twice the timeout.
+DEFAULT_MAX_RUN_TIME = 3600.0
 
 
 def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
@@ -196,8 +212,11 @@ class _StoreOutage:
             )
             self.down_since = None
 
-    async def call(self, op: Callable[[], Awaitable[_T]], *, until: float) -> _T:
-        """``await op()``, tried again through an outage until the clock passes ``until``.
+    async def call(
+        self, op: Callable[[], Awaitable[_T]], *, until: float | Callable[[], float]
+    ) -> _T:
+        """``await op()``, tried again through an outage until the clock passes ``until``
+        (Unix seconds, or a function returning them: a lease end that renewals move).
 
         Raises:
             StoreUnavailableError: still unavailable at ``until``.
@@ -208,7 +227,7 @@ class _StoreOutage:
                 result = await op()
             except StoreUnavailableError as exc:
                 wait = self.failed(exc, tries)
-                left = until - self._clock()
+                left = (until() if callable(until) else until) - self._clock()
                 if left <= 0:
                     raise
                 tries += 1
@@ -218,24 +237,146 @@ class _StoreOutage:
             return result
 
 
-def _check_lease(lease: float | timedelta | None, policy: RetryPolicy) -> float:
-    if lease is None:
-        return 3.0 * policy.timeout_s
-    value = seconds(lease, "lease")
-    if value <= policy.timeout_s:
-        raise ConfigurationError(
-            f"lease ({value} s) must be longer than the request timeout ({policy.timeout_s} s): "
-            "otherwise a second worker re-sends a job whose first attempt is still running",
-            option="lease",
-        )
-    if value < 2 * policy.timeout_s:
+def _max_run_time(value: float | timedelta | None, policy: RetryPolicy) -> float | timedelta:
+    """The worker's ``max_run_time``: the default (an hour, at least twice the timeout) or
+    ``value``, which :func:`~retrysafe.core.lease_timing` then validates.
+
+    Warns:
+        RetrysafeWarning: ``value`` shorter than the request timeout (a slow attempt would
+            stop renewing its lease and could be sent again while it still runs).
+    """
+    if value is None:
+        return min(MAX_RUN_TIME, max(DEFAULT_MAX_RUN_TIME, 2.0 * policy.timeout_s))
+    given = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(given, (int, float))
+        and not isinstance(given, bool)
+        and 0 < given < policy.timeout_s
+    ):
         warnings.warn(
-            f"lease ({value} s) is shorter than twice the request timeout ({policy.timeout_s} s); "
-            "a slow store write after a slow attempt may let another worker take the job over",
+            f"max_run_time ({given:g} s) is shorter than the request timeout "
+            f"({policy.timeout_s:g} s): an attempt slower than it stops renewing its lease, "
+            "and another worker may send the job again while it still runs",
             RetrysafeWarning,
             stacklevel=3,
         )
     return value
+
+
+class _JobLease:
+    """The lease of one claimed job while this worker holds it (SPEC §5 "Crash safety").
+
+    Made when the job's processing starts and dropped with it (``with`` stops the renewals),
+    so nothing about the job outlives its attempt. Every ``timing.heartbeat`` seconds it
+    renews the lease (fenced by the token): a slow attempt is never claimed by another worker
+    while this one lives, and a dead worker's jobs wait at most one lease.
+
+    Attributes:
+        expires_at: the last known lease end (Unix seconds): writes of this job are retried
+            through a store outage until then.
+    """
+
+    __slots__ = (
+        "_astore",
+        "_beat",
+        "_clock",
+        "_lost",
+        "_outage",
+        "_settling",
+        "expires_at",
+        "job",
+        "timing",
+        "token",
+    )
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        astore: AsyncOutboxStore,
+        timing: LeaseTiming,
+        clock: Callable[[], float],
+        outage: _StoreOutage,
+    ) -> None:
+        self.job = job
+        self.token = job.lease_token or ""
+        self.timing = timing
+        self.expires_at = job.lease_expires_at or (clock() + timing.lease)
+        self._lost = False
+        self._settling = False
+        self._astore = astore
+        self._clock = clock
+        self._outage = outage
+        self._beat = AsyncHeartbeat(
+            self._renew,
+            timing,
+            clock=clock,
+            on_lost=self._on_lost,
+            on_expired=self._on_expired,
+            on_error=self._on_error,
+        )
+
+    def __enter__(self) -> _JobLease:
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._beat.stop()
+
+    def until(self) -> float:
+        return self.expires_at
+
+    def is_lost(self) -> bool:
+        """A renewal was refused: another claimant holds the job (or it was finished,
+        released or deleted elsewhere). This worker must not record its outcome."""
+        return self._lost
+
+    def settle(self) -> None:
+        """The attempt is over and its outcome (or a release) is being written: renewal goes
+        on while that write is retried, no longer bounded by ``max_run_time``; the fenced
+        write itself now says whether the job is still ours."""
+        self._settling = True
+        self._beat.bounded = False
+
+    async def _renew(self) -> bool:
+        at = self._clock()
+        lease = self.timing.lease
+        renewed = await self._astore.extend_job_lease(self.job.id, self.token, now=at, lease=lease)
+        if renewed:
+            self.expires_at = max(self.expires_at, at + lease)
+        return renewed
+
+    def _on_lost(self) -> None:
+        self._lost = True
+        if self._settling:  # possibly our own write that just ended the lease
+            return
+        logger.error(
+            "job=%s key=%s lease lost: a renewal was refused, another worker holds the job; "
+            "this worker will not record the outcome of its attempt",
+            self.job.id,
+            self.job.key,
+        )
+
+    def _on_expired(self) -> None:
+        logger.warning(
+            "job=%s key=%s has been processed for max_run_time (%g s): its lease is no longer "
+            "renewed and ends within %g s; another worker may then send it again (same key)",
+            self.job.id,
+            self.job.key,
+            self.timing.max_run_time,
+            self.timing.lease,
+        )
+
+    def _on_error(self, exc: BaseException) -> None:
+        if isinstance(exc, StoreUnavailableError):
+            self._outage.failed(exc, 0)  # one warning per outage; retried at the next beat
+            return
+        logger.warning(
+            "job=%s key=%s lease renewal failed (tried again at the next heartbeat): %r",
+            self.job.id,
+            self.job.key,
+            exc,
+        )
 
 
 class Worker:
@@ -246,8 +387,20 @@ class Worker:
         store: an outbox store or its URL (``sqlite:///path.db``).
         policy: retries, backoff and timeouts (default :class:`RetryPolicy`).
         concurrency: attempts in flight at once (default 8).
-        lease: seconds a claimed job stays leased (default ``3 × timeout``). Must exceed the
-            request timeout; a warning below twice it.
+        lease: seconds a claimed job stays leased without renewal (default 10, whatever the
+            request timeout). While the worker holds a job it renews the lease every
+            ``heartbeat`` seconds (fenced by the lease token), so an attempt slower than the
+            lease is never sent by a second worker at the same time; the lease only bounds how
+            long the jobs of a worker that died (SIGKILL, power loss) wait before another
+            worker sends them again with the same key. A short lease is therefore safe with a
+            long timeout.
+        heartbeat: seconds between renewals (default ``lease / 3``: two renewals may fail
+            before the lease ends); must be shorter than the lease, and a warning above half
+            of it.
+        max_run_time: seconds after which a job's lease is no longer renewed while its attempt
+            runs (a wedged worker must not hold a job forever); its outcome is still recorded
+            if the lease holds. Default one hour, at least twice the timeout; a warning when
+            shorter than the timeout.
         poll_interval: seconds between store polls when idle (default 0.2); in-process
             submissions wake the worker at once.
         budget: per-destination retry budget (default :class:`RetryBudget`); None disables.
@@ -269,8 +422,14 @@ class Worker:
             never claimed, and ``until_idle`` only waits for this queue.
 
     Raises:
-        ConfigurationError: bad concurrency/poll interval/grace/queue name, a lease not longer
-            than the timeout, or a store without an outbox.
+        ConfigurationError: bad concurrency/poll interval/grace/queue name; a lease, heartbeat
+            or max_run_time that is not finite, <= 0 or too large (see
+            :func:`~retrysafe.core.lease_timing`), a heartbeat not shorter than the lease; or
+            a store without an outbox.
+
+    Warns:
+        RetrysafeWarning: a heartbeat longer than half the lease; a max_run_time shorter
+            than the request timeout.
     """
 
     def __init__(
@@ -280,6 +439,8 @@ class Worker:
         policy: RetryPolicy | None = None,
         concurrency: int = 8,
         lease: float | timedelta | None = None,
+        heartbeat: float | timedelta | None = None,
+        max_run_time: float | timedelta | None = None,
         poll_interval: float | timedelta = 0.2,
         budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen value
         grace: float | timedelta = 10.0,
@@ -295,7 +456,12 @@ class Worker:
         self.queue = check_queue(queue)
         self.policy = policy or RetryPolicy()
         self.concurrency = count(concurrency, "concurrency")
-        self.lease = _check_lease(lease, self.policy)
+        self.timing = lease_timing(
+            DEFAULT_LEASE if lease is None else lease,
+            heartbeat=heartbeat,
+            max_run_time=_max_run_time(max_run_time, self.policy),
+        )
+        self.lease = self.timing.lease
         self.poll_interval = seconds(poll_interval, "poll_interval")
         self.grace = seconds(grace, "grace", allow_zero=True)
         self.store, self._owns_store = open_outbox_store(store)
@@ -486,23 +652,37 @@ class Worker:
 
     # ------------------------------------------------------------------ one job
     async def _process(self, client: httpx.AsyncClient, job: Job) -> None:
-        token = job.lease_token or ""
-        # Writes under this job's lease are retried through a store outage until the lease
-        # expires; after that fencing makes them pointless (another worker may own the job).
-        until = job.lease_expires_at or (self._clock() + self.lease)
+        """One claimed job, from its claim to its recorded outcome (or its release), under a
+        lease that is renewed all along and dropped with it."""
+        lease = _JobLease(
+            job, astore=self._astore, timing=self.timing, clock=self._clock, outage=self._outage
+        )
+        with lease:
+            await self._attempt(client, lease)
+
+    async def _give_back(
+        self, lease: _JobLease, *, state: JobState, due_at: float, error: str | None, now: float
+    ) -> None:
+        """End the lease without an attempt (deadline, retry budget, gate)."""
+        lease.settle()
+        await self._outage.call(
+            lambda: self._astore.release_job(
+                lease.job.id, lease.token, state=state, due_at=due_at, error=error, now=now
+            ),
+            until=lease.until,
+        )
+
+    async def _attempt(self, client: httpx.AsyncClient, lease: _JobLease) -> None:
+        job, token = lease.job, lease.token
         try:
             now = self._clock()
             if deadline_passed(job.deadline_at, now):
-                await self._outage.call(
-                    lambda: self._astore.release_job(
-                        job.id,
-                        token,
-                        state=JobState.UNKNOWN,
-                        due_at=now,
-                        error="deadline passed before the next attempt",
-                        now=now,
-                    ),
-                    until=until,
+                await self._give_back(
+                    lease,
+                    state=JobState.UNKNOWN,
+                    due_at=now,
+                    error="deadline passed before the next attempt",
+                    now=now,
                 )
                 self.stats.unknown += 1
                 logger.info("job=%s key=%s state=unknown reason=deadline", job.id, job.key)
@@ -513,16 +693,8 @@ class Worker:
                 if not allowed:
                     # Deferred, not dropped, and not an attempt (SPEC §5 retry budget).
                     due_at = now + wait + self._rng.uniform(0, wait)
-                    await self._outage.call(
-                        lambda: self._astore.release_job(
-                            job.id,
-                            token,
-                            state=JobState.PENDING,
-                            due_at=due_at,
-                            error=None,
-                            now=now,
-                        ),
-                        until=until,
+                    await self._give_back(
+                        lease, state=JobState.PENDING, due_at=due_at, error=None, now=now
                     )
                     self.stats.deferred += 1
                     logger.debug(
@@ -532,24 +704,25 @@ class Worker:
             if self._gate is not None:
                 wait = self._gate(job, now)
                 if wait > 0:
-                    await self._outage.call(
-                        lambda: self._astore.release_job(
-                            job.id,
-                            token,
-                            state=JobState.PENDING,
-                            due_at=now + wait,
-                            error=None,
-                            now=now,
-                        ),
-                        until=until,
+                    await self._give_back(
+                        lease, state=JobState.PENDING, due_at=now + wait, error=None, now=now
                     )
                     self.stats.deferred += 1
                     return
             if self._headers_for_attempt is not None:
                 job = _with_headers(job, self._headers_for_attempt(job))
+            if lease.is_lost():  # taken over while the hooks ran: the new owner sends it
+                self._not_recorded(job, "before its attempt started")
+                return
             result = await send_attempt(
                 client, job, timeout=self.policy.timeout_s, clock=self._clock
             )
+            lease.settle()
+            if lease.is_lost():
+                self._not_recorded(
+                    job, f"during its attempt ({result.classification.outcome.value})"
+                )
+                return
             end = self._clock()
             step = next_step(
                 result.classification,
@@ -566,7 +739,7 @@ class Worker:
                 step = self._decide(job, result, step)
             if self._budgets is not None and step.state is JobState.SUCCEEDED:
                 self._budgets.credit(job.destination, end)
-            await self._record(job, token, result, step, end, until)
+            await self._record(job, token, result, step, end, lease.until)
         except asyncio.CancelledError:
             # Cancellation is never retried nor counted: back to PENDING, same key, now.
             self._release_now(job, token, "cancelled")
@@ -595,6 +768,16 @@ class Worker:
                     now=now,
                 )
 
+    def _not_recorded(self, job: Job, when: str) -> None:
+        self.stats.lease_lost += 1
+        logger.warning(
+            "job=%s key=%s not recorded: its lease was lost %s; the worker that holds the job "
+            "now sends it with the same key and records its outcome",
+            job.id,
+            job.key,
+            when,
+        )
+
     def _release_now(self, job: Job, token: str, why: str) -> None:
         try:
             now = self._clock()
@@ -609,7 +792,13 @@ class Worker:
             logger.exception("job=%s could not be released; its lease will expire", job.id)
 
     async def _record(
-        self, job: Job, token: str, result: SendResult, step: Step, end: float, until: float
+        self,
+        job: Job,
+        token: str,
+        result: SendResult,
+        step: Step,
+        end: float,
+        until: Callable[[], float],
     ) -> None:
         attempt = Attempt(
             job_id=job.id,
@@ -724,6 +913,11 @@ async def areconcile(
     Anything else (no answer, 5xx, 409 still in progress) leaves the job UNKNOWN; every
     attempt is recorded either way.
 
+    Every claimed job's lease (``DEFAULT_LEASE``, 10 s) is renewed like the worker's, from
+    the claim until its outcome is recorded: jobs waiting for one of the ``concurrency``
+    slots and attempts slower than the lease are never taken by a worker meanwhile, and the
+    jobs of a reconcile that died are free again one lease later.
+
     A store that is unavailable for a while is waited out like the worker does: the claim
     for up to ``3 × timeout`` seconds, each job's outcome while its lease is valid (after
     that the job is left to expire and be re-sent with the same key).
@@ -752,15 +946,20 @@ async def areconcile(
         raise ConfigurationError("ids must be a list of job ids, not a string", option="ids")
     outbox_store, owned = open_outbox_store(store)
     astore = _async_face(outbox_store)
-    lease = 3.0 * policy.timeout_s
+    timing = lease_timing(DEFAULT_LEASE, max_run_time=_max_run_time(None, policy))
     outage = _StoreOutage(outbox_store.url, base=0.05, rng=random.Random(), clock=clock)
     try:
         start = clock()
         jobs = await outage.call(
             lambda: astore.claim_unknown_jobs(
-                queue=queue, token=uuid.uuid4().hex, now=clock(), lease=lease, limit=limit, ids=ids
+                queue=queue,
+                token=uuid.uuid4().hex,
+                now=clock(),
+                lease=timing.lease,
+                limit=limit,
+                ids=ids,
             ),
-            until=start + lease,
+            until=start + 3.0 * policy.timeout_s,
         )
         sem = asyncio.Semaphore(concurrency)
         finals: list[Job] = []
@@ -768,8 +967,12 @@ async def areconcile(
         async with make_client(policy, transport=transport, max_connections=concurrency) as client:
 
             async def one(job: Job) -> None:
-                token = job.lease_token or ""
-                until = job.lease_expires_at or (clock() + lease)
+                held = _JobLease(job, astore=astore, timing=timing, clock=clock, outage=outage)
+                with held:
+                    await resend(held)
+
+            async def resend(held: _JobLease) -> None:
+                job, token = held.job, held.token
                 async with sem:
                     try:
                         result = await send_attempt(
@@ -787,6 +990,15 @@ async def areconcile(
                                 now=now,
                             )
                         raise
+                held.settle()
+                if held.is_lost():
+                    logger.warning(
+                        "job=%s key=%s not recorded: its lease was lost during the reconcile "
+                        "attempt; the worker that holds the job records its outcome",
+                        job.id,
+                        job.key,
+                    )
+                    return
                 state = reconcile_step(result.classification)
                 end = clock()
                 attempt = Attempt(
@@ -813,11 +1025,11 @@ async def areconcile(
                             error=None if state is JobState.SUCCEEDED else result.detail,
                             now=end,
                         ),
-                        until=until,
+                        until=held.until,
                     )
                     final = await outage.call(
                         lambda: asyncio.to_thread(outbox_store.get_job, job.id),
-                        until=max(until, clock() + policy.timeout_s),
+                        until=max(held.expires_at, clock() + policy.timeout_s),
                     )
                 except StoreUnavailableError as exc:
                     logger.warning(

@@ -1,0 +1,179 @@
+"""Lease renewal (SPEC §5 "Crash safety"): a live worker renews the lease of every job it is
+sending, so a short lease works with a long request timeout; a dead worker stops renewing and
+its job is taken over one lease later, re-sent with the same key."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from retrysafe import JobState, Outbox, RetryPolicy, RetrysafeWarning, Worker
+from retrysafe._serving import ServerThread
+from retrysafe.server import IdempotencyMiddleware
+from retrysafe.stores import SQLiteStore
+
+from .conftest import OutboxDatabase, Script, Step
+
+LONG_TIMEOUT = RetryPolicy(timeout=10.0, wait_initial=0.05, wait_max=0.1, poll_interval=0.1)
+
+_WORKER = """
+import sys
+from retrysafe import RetryPolicy, Worker
+from retrysafe.stores import PostgresStore, SQLiteStore
+kind, where, schema = sys.argv[1:4]
+store = SQLiteStore(where) if kind == "sqlite" else PostgresStore(where, schema=schema)
+Worker(store, policy=RetryPolicy(timeout=10.0), lease=1.0, poll_interval=0.05).run_until_idle()
+"""
+
+
+def test_attempt_slower_than_the_lease_is_sent_once_while_two_workers_poll(
+    outbox_database: OutboxDatabase, script: Script, base_url: str
+) -> None:
+    """An endpoint slower than the lease (2.5 s against 1 s, timeout 10 s) with two workers
+    polling one store throughout: one request reaches it and the job ends SUCCEEDED."""
+    path = script.plan("/slower-than-the-lease", Step(201, sleep=2.5))
+    stores = [outbox_database.open() for _ in range(3)]
+    try:
+        job = Outbox(stores[0], policy=LONG_TIMEOUT).submit(base_url + path, json={})
+        workers = [
+            Worker(s, policy=LONG_TIMEOUT, lease=1.0, poll_interval=0.02) for s in stores[1:]
+        ]
+        threads = [threading.Thread(target=w.run_until_idle) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert not any(t.is_alive() for t in threads)
+        assert [s.key for s in script.requests(path)] == [job.key]
+        final = stores[0].get_job(job.id)
+        assert final is not None and final.state is JobState.SUCCEEDED
+        assert [a.status for a in stores[0].list_attempts(job.id)] == [201]
+        assert [(w.stats.succeeded, w.stats.lease_lost) for w in workers].count((1, 0)) == 1
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_sigkilled_worker_job_is_taken_over_one_short_lease_later_with_one_effect(
+    outbox_database: OutboxDatabase, tmp_path: Path
+) -> None:
+    """kill -9 mid-attempt under a 1 s lease (timeout 10 s): another worker re-sends the job
+    with the same key about a lease later; SUCCEEDED, one effect behind the middleware."""
+    effects: list[str] = []
+    arrivals: list[tuple[float, str | None]] = []
+    arrived = threading.Event()
+
+    async def create(request: Request) -> Response:
+        arrived.set()
+        await asyncio.sleep(0.5)  # the attempt is in flight when the worker dies
+        effects.append((await request.body()).decode())
+        return JSONResponse({"created": True}, status_code=201)
+
+    inner = Starlette(routes=[Route("/posts", create, methods=["POST"])])
+    middleware = IdempotencyMiddleware(inner, f"sqlite:///{tmp_path / 'keys.db'}")
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            key = dict(scope["headers"]).get(b"idempotency-key")
+            arrivals.append((time.monotonic(), None if key is None else key.decode()))
+        await middleware(scope, receive, send)
+
+    store = outbox_database.open()
+    try:
+        with ServerThread(app) as server:
+            outbox = Outbox(store, policy=LONG_TIMEOUT)
+            job = outbox.submit(server.url + "/posts", json={"text": "once"})
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+            argv = [sys.executable, "-c", _WORKER, *outbox_database.argv]
+            proc = subprocess.Popen(argv, env=env)
+            try:
+                assert arrived.wait(20), "the first attempt never reached the server"
+                assert outbox.get(job.id).state is JobState.IN_FLIGHT
+                proc.send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                proc.wait(10)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            outbox.worker(lease=1.0, poll_interval=0.05).run_until_idle()
+        final = outbox.get(job.id)
+        assert final.state is JobState.SUCCEEDED
+        assert len(arrivals) >= 2 and {key for _, key in arrivals} == {job.key}
+        assert arrivals[1][0] - killed < 3.0  # one short lease, not 3 × the 10 s timeout
+        assert effects == ['{"text":"once"}']
+        assert outbox.attempts(job.id)[-1].replayed  # the server replayed, did not re-run
+    finally:
+        middleware.close()
+        store.close()
+
+
+def test_worker_whose_lease_was_taken_over_logs_it_and_records_nothing(
+    sqlite_store: SQLiteStore, script: Script, base_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal refused mid-attempt (another claimant took the job): one ERROR naming the job
+    and its key, no attempt recorded, counted in lease_lost; the new owner's lease stays."""
+    caplog.set_level(logging.WARNING, logger="retrysafe.client")
+    path = script.plan("/taken-over", Step(201, sleep=1.0))
+    job = Outbox(sqlite_store, policy=LONG_TIMEOUT).submit(base_url + path, json={})
+    worker = Worker(sqlite_store, policy=LONG_TIMEOUT, lease=0.6, heartbeat=0.2, poll_interval=0.02)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert script.started.wait(10)
+        [taken] = sqlite_store.claim_jobs(
+            queue="default", token="other", now=time.time() + 60, lease=600, limit=1
+        )
+        assert taken.id == job.id
+        deadline = time.monotonic() + 10
+        while worker.stats.lease_lost == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        thread.join(20)
+    assert (worker.stats.lease_lost, worker.stats.attempts, worker.stats.succeeded) == (1, 0, 0)
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and job.id in r.getMessage()
+    ]
+    assert len(errors) == 1 and job.key in errors[0] and "lease lost" in errors[0]
+    after = sqlite_store.get_job(job.id)
+    assert after is not None and (after.state, after.lease_token) == (JobState.IN_FLIGHT, "other")
+    assert sqlite_store.list_attempts(job.id) == []
+
+
+def test_attempt_past_max_run_time_stops_renewing_and_is_taken_over(
+    sqlite_store: SQLiteStore, script: Script, base_url: str
+) -> None:
+    """A worker wedged past max_run_time stops renewing: another worker re-sends the job with
+    the same key once the lease ends, and only one outcome is recorded."""
+    path = script.plan("/wedged", Step(201, sleep=2.0), Step(201))
+    job = Outbox(sqlite_store, policy=LONG_TIMEOUT).submit(base_url + path, json={})
+    with pytest.warns(RetrysafeWarning, match="max_run_time"):
+        wedged = Worker(
+            sqlite_store, policy=LONG_TIMEOUT, lease=0.6, heartbeat=0.2, max_run_time=0.3
+        )
+    other = Worker(sqlite_store, policy=LONG_TIMEOUT, lease=5.0, poll_interval=0.02)
+    first = threading.Thread(target=wedged.run_until_idle)
+    first.start()
+    assert script.started.wait(10)
+    second = threading.Thread(target=other.run_until_idle)
+    second.start()
+    first.join(20)
+    second.join(20)
+    assert [s.key for s in script.requests(path)] == [job.key, job.key]
+    assert (wedged.stats.lease_lost, other.stats.succeeded) == (1, 1)
+    assert [a.status for a in sqlite_store.list_attempts(job.id)] == [201]
