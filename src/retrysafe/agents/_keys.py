@@ -164,10 +164,14 @@ def call_key(
         tool: the tool's name.
         step: the step the call belongs to (None: the call is the same in every step).
         arguments_digest: :func:`arguments_hash` of the bound arguments.
-        call_id: an explicit call id (e.g. the model's tool-call id); when given it replaces
-            ``tool``, ``step`` and the arguments: one id names one call in the run, so reusing
-            it for another tool or other arguments finds the recorded call (and is refused by
-            :class:`~retrysafe.agents.CallIdReusedError`) instead of silently making a new one.
+        call_id: an explicit call id that the application keeps stable across retries and
+            resumes, e.g. derived from its own domain object (an order id, a ticket's external
+            reference); never an id the model mints per turn, since some models issue a new
+            tool-call id every turn, which would make one logical call two (SPEC §7). When
+            given it replaces ``tool``, ``step`` and the arguments: one id names one call in the
+            run, so reusing it for another tool or other arguments finds the recorded call (and
+            is refused by :class:`~retrysafe.agents.CallIdReusedError`) instead of silently
+            making a new one.
     """
     h = hashlib.sha256()
     if call_id is not None:

@@ -51,12 +51,19 @@ def current_call_key() -> str | None:
 
 @contextmanager
 def call_id(value: str) -> Iterator[None]:
-    """Name the next tool call(s) in this block explicitly (e.g. by the model's tool-call id).
+    """Name the next tool call(s) in this block explicitly, by an id the application keeps.
 
     The call's key is then derived from the run and ``value`` alone: one id names one logical
     call. Repeating the id with the same tool and arguments returns the recorded result;
     with another tool or other arguments it raises
     :class:`~retrysafe.agents.CallIdReusedError` and nothing runs.
+
+    Use an id that stays the same across retries and resumes, e.g. derived from the
+    application's own domain object (an order id, a ticket's external reference), or use no
+    ``call_id`` at all: the default key comes from the run, the step and the canonical
+    arguments (SPEC §7). Never pass an id the model mints per turn (its tool-call id): some
+    models issue a new one every turn, so a retried or resumed step would become a second
+    logical call and repeat the effect.
 
     Raises:
         ConfigurationError: ``value`` is not 1–255 visible ASCII characters (SPEC §2).
