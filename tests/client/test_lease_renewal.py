@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from retrysafe import JobState, Outbox, RetryPolicy, RetrysafeWarning, Worker
 from retrysafe._serving import ServerThread
+from retrysafe.client import _worker
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import SQLiteStore
 
@@ -42,9 +43,9 @@ Worker(store, policy=RetryPolicy(timeout=10.0), lease=1.0, poll_interval=0.05).r
 def test_attempt_slower_than_the_lease_is_sent_once_while_two_workers_poll(
     outbox_database: OutboxDatabase, script: Script, base_url: str
 ) -> None:
-    """An endpoint slower than the lease (2.5 s against 1 s, timeout 10 s) with two workers
+    """An endpoint slower than the lease (2.2 s against 1 s, timeout 10 s) with two workers
     polling one store throughout: one request reaches it and the job ends SUCCEEDED."""
-    path = script.plan("/slower-than-the-lease", Step(201, sleep=2.5))
+    path = script.plan("/slower-than-the-lease", Step(201, sleep=2.2))
     stores = [outbox_database.open() for _ in range(3)]
     try:
         job = Outbox(stores[0], policy=LONG_TIMEOUT).submit(base_url + path, json={})
@@ -177,3 +178,28 @@ def test_attempt_past_max_run_time_stops_renewing_and_is_taken_over(
     assert [s.key for s in script.requests(path)] == [job.key, job.key]
     assert (wedged.stats.lease_lost, other.stats.succeeded) == (1, 1)
     assert [a.status for a in sqlite_store.list_attempts(job.id)] == [201]
+
+
+def test_reconcile_renews_its_jobs_while_a_worker_polls(
+    sqlite_store: SQLiteStore, script: Script, base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reconcile re-sending an UNKNOWN job slower than its lease (1.5 s against 0.6 s) while a
+    worker polls the store: one request, the job ends SUCCEEDED."""
+    monkeypatch.setattr(_worker, "DEFAULT_LEASE", 0.6)
+    path = script.plan("/reconcile-slow", Step(201, sleep=1.5))
+    outbox = Outbox(sqlite_store, policy=LONG_TIMEOUT)
+    job = outbox.submit(base_url + path, json={})
+    sqlite_store.transition_job(
+        job.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=time.time()
+    )
+    worker = Worker(sqlite_store, policy=LONG_TIMEOUT, lease=5.0, poll_interval=0.02)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        report = outbox.reconcile()
+    finally:
+        worker.stop()
+        thread.join(20)
+    assert report.succeeded == 1 and worker.stats.claimed == 0
+    assert [s.key for s in script.requests(path)] == [job.key]
+    assert outbox.get(job.id).state is JobState.SUCCEEDED

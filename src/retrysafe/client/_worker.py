@@ -351,8 +351,9 @@ class _JobLease:
         if self._settling:  # possibly our own write that just ended the lease
             return
         logger.error(
-            "job=%s key=%s lease lost: a renewal was refused, another worker holds the job; "
-            "this worker will not record the outcome of its attempt",
+            "job=%s key=%s lease lost: a renewal was refused (another worker took the job "
+            "over, or it was finished, released or deleted elsewhere); this worker will not "
+            "record the outcome of its attempt",
             self.job.id,
             self.job.key,
         )
@@ -771,8 +772,8 @@ class Worker:
     def _not_recorded(self, job: Job, when: str) -> None:
         self.stats.lease_lost += 1
         logger.warning(
-            "job=%s key=%s not recorded: its lease was lost %s; the worker that holds the job "
-            "now sends it with the same key and records its outcome",
+            "job=%s key=%s not recorded: its lease was lost %s; whoever holds the job now "
+            "(another worker, same key) records its own outcome",
             job.id,
             job.key,
             when,
@@ -994,7 +995,7 @@ async def areconcile(
                 if held.is_lost():
                     logger.warning(
                         "job=%s key=%s not recorded: its lease was lost during the reconcile "
-                        "attempt; the worker that holds the job records its outcome",
+                        "attempt; whoever holds the job now records its own outcome",
                         job.id,
                         job.key,
                     )
