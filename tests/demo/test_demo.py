@@ -23,6 +23,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
+        # Wide enough that rich never folds a long temporary path in the middle of a word.
+        env={**os.environ, "COLUMNS": "400"},
     )
 
 
