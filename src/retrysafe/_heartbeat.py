@@ -3,15 +3,19 @@
 The rule — how often, until when, what a failed renewal means — is
 :class:`~retrysafe.core.LeaseTiming`; these are its two drivers:
 
-* :class:`AsyncHeartbeat` renews on the running event loop with ``loop.call_later``: starting
-  and stopping one costs a timer handle, so requests shorter than one heartbeat interval pay
-  nothing else.
-* :class:`Heartbeat` renews from threads: one daemon scheduler thread per process keeps a heap
-  of due renewals, and each renewal runs in a short-lived daemon thread of its own, so a
-  renewal stuck on a slow store never delays the others. Starting and stopping one is a heap
-  push under a lock.
+* :class:`AsyncHeartbeat` renews from the running event loop, :class:`Heartbeat` from threads
+  (each renewal in a short-lived daemon thread of its own, so a renewal stuck on a slow store
+  never delays the others).
+* Neither schedules anything per claim: starting one adds it to a set, stopping removes it.
+  One sweeper per event loop (a task) or per process (a daemon thread) wakes every quarter of
+  the shortest heartbeat interval it serves and renews the claims that are due. Requests
+  shorter than one interval therefore cost a set insert and a set removal — measured by
+  variant (h) of ``benchmarks/middleware_bench.py``. A renewal may come up to a quarter of an
+  interval late; the default interval (a third of the lease) leaves room for that and for two
+  failed renewals.
 
-Both call ``renew()`` every ``timing.heartbeat`` seconds (monotonic time) until :meth:`stop`:
+Both call ``renew()`` about every ``timing.heartbeat`` seconds (monotonic time) until
+:meth:`stop`:
 
 * ``renew()`` returns True: renewed. False: the claim is no longer ours (taken over, fenced,
   finished elsewhere) — renewal stops and ``on_lost()`` runs once, so the caller can log it
@@ -28,11 +32,10 @@ A renewal that finishes after :meth:`stop` is ignored, whatever it returned.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 
 from retrysafe.core import LeaseTiming
@@ -46,14 +49,28 @@ def _nothing() -> None:
     return None
 
 
+def _ignore(exc: BaseException) -> None:
+    return None
+
+
 def _log_error(exc: BaseException) -> None:
     log.warning("lease renewal failed (will retry at the next heartbeat): %r", exc)
+
+
+def _renewed() -> bool:
+    return True
+
+
+async def _renewed_async() -> bool:
+    return True
 
 
 class _Base:
     __slots__ = (
         "bounded",
+        "busy",
         "clock",
+        "due",
         "on_error",
         "on_expired",
         "on_lost",
@@ -81,7 +98,15 @@ class _Base:
         self.on_error = on_error
         self.bounded = True
         self.stopped = False
+        self.busy = False  # a renewal is in flight
+        self.due = 0.0  # monotonic time of the next renewal
         self.renewals = 0
+
+    def _forget(self) -> None:
+        """Drop the callbacks: they usually point back at the claimant, and a cycle would keep
+        every finished request alive until the garbage collector runs."""
+        self.on_lost = self.on_expired = _nothing
+        self.on_error = _ignore
 
     def _expired(self) -> bool:
         """Past ``max_run_time`` while bounded: stop renewing (and say so once)."""
@@ -112,7 +137,7 @@ class AsyncHeartbeat(_Base):
         on_lost, on_expired, on_error: see the module docstring.
     """
 
-    __slots__ = ("_handle", "_loop", "_renew", "_task")
+    __slots__ = ("_renew", "_sweeper")
 
     def __init__(
         self,
@@ -134,28 +159,26 @@ class AsyncHeartbeat(_Base):
             on_error=on_error,
         )
         self._renew = renew
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._sweeper: _LoopSweeper | None = None
 
     def start(self) -> AsyncHeartbeat:
-        """Schedule the first renewal one interval from now. Must run on the event loop."""
-        self._loop = asyncio.get_running_loop()
-        self._handle = self._loop.call_later(self.timing.heartbeat, self._due)
+        """Renew from one interval from now on. Must run on the event loop."""
+        loop = asyncio.get_running_loop()
+        sweeper = _LOOP_SWEEPERS.get(loop)
+        if sweeper is None:
+            sweeper = _LOOP_SWEEPERS[loop] = _LoopSweeper(loop)
+        self._sweeper = sweeper
+        self.due = time.monotonic() + self.timing.heartbeat
+        sweeper.add(self)
         return self
 
     def stop(self) -> None:
         """Stop renewing. Idempotent; a renewal in flight finishes and is ignored."""
         self.stopped = True
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _due(self) -> None:
-        self._handle = None
-        if self.stopped or self._loop is None:
-            return
-        self._task = self._loop.create_task(self._beat())
+        self._forget()
+        self._renew = _renewed_async
+        if self._sweeper is not None:
+            self._sweeper.beats.discard(self)
 
     async def _beat(self) -> None:
         try:
@@ -169,9 +192,50 @@ class AsyncHeartbeat(_Base):
                 ok = True
             self._outcome(ok)
         finally:
-            self._task = None
-        if not self.stopped and self._loop is not None:
-            self._handle = self._loop.call_later(self.timing.heartbeat, self._due)
+            self.busy = False
+            self.due = time.monotonic() + self.timing.heartbeat
+            if self.stopped:
+                self.stop()
+
+
+class _LoopSweeper:
+    """The live heartbeats of one event loop, and the task that renews the due ones."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.beats: set[AsyncHeartbeat] = set()
+        self.tick = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self.renewals: set[asyncio.Task[None]] = set()
+
+    def add(self, beat: AsyncHeartbeat) -> None:
+        self.beats.add(beat)
+        tick = beat.timing.heartbeat / 4.0
+        if not self.tick or tick < self.tick:
+            self.tick = tick
+        if self.task is None:
+            self.task = self.loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        idle = 0
+        try:
+            while idle < 4:  # gone after four idle ticks; the next add starts it again
+                await asyncio.sleep(self.tick)
+                if not self.beats:
+                    idle += 1
+                    continue
+                idle = 0
+                now = time.monotonic()
+                for beat in [b for b in self.beats if b.due <= now and not b.busy]:
+                    beat.busy = True
+                    task = self.loop.create_task(beat._beat())
+                    self.renewals.add(task)
+                    task.add_done_callback(self.renewals.discard)
+        finally:
+            self.task = None  # cancelled with its loop: nothing more to renew there
+        self.tick = min((b.timing.heartbeat for b in self.beats), default=0.0) / 4.0
+        if self.beats:  # added during the last idle tick
+            self.task = self.loop.create_task(self._run())
 
 
 class Heartbeat(_Base):
@@ -208,61 +272,72 @@ class Heartbeat(_Base):
         self._renew = renew
 
     def start(self) -> Heartbeat:
-        """Schedule the first renewal one interval from now."""
-        _SCHEDULER.add(self, time.monotonic() + self.timing.heartbeat)
+        """Renew from one interval from now on."""
+        self.due = time.monotonic() + self.timing.heartbeat
+        _THREAD_SWEEPER.add(self)
         return self
 
     def stop(self) -> None:
         """Stop renewing. Idempotent; a renewal in flight finishes and is ignored."""
         self.stopped = True
+        self._forget()
+        self._renew = _renewed
+        _THREAD_SWEEPER.discard(self)
 
     def _beat(self) -> None:
-        if self.stopped or self._expired():
-            return
         try:
-            ok = self._renew()
-        except Exception as exc:
-            if not self.stopped:
-                self.on_error(exc)
-            ok = True
-        self._outcome(ok)
-        if not self.stopped:
-            _SCHEDULER.add(self, time.monotonic() + self.timing.heartbeat)
+            if self._expired():
+                return
+            try:
+                ok = self._renew()
+            except Exception as exc:
+                if not self.stopped:
+                    self.on_error(exc)
+                ok = True
+            self._outcome(ok)
+        finally:
+            self.due = time.monotonic() + self.timing.heartbeat
+            self.busy = False
+            if self.stopped:
+                self.stop()
 
 
-class _Scheduler:
-    """One daemon thread per process: pops due heartbeats and runs each renewal in a thread."""
+class _ThreadSweeper:
+    """The live thread heartbeats of this process, and the daemon thread that renews them."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Heartbeat]] = []
-        self._seq = itertools.count()
-        self._cond = threading.Condition(threading.Lock())
+        self._beats: set[Heartbeat] = set()
+        self._lock = threading.Lock()
+        self._tick = 1.0
         self._thread: threading.Thread | None = None
 
-    def add(self, beat: Heartbeat, due: float) -> None:
-        with self._cond:
-            heapq.heappush(self._heap, (due, next(self._seq), beat))
+    def add(self, beat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.add(beat)
+            self._tick = min(self._tick, beat.timing.heartbeat / 4.0)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="retrysafe-heartbeat", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is beat:
-                self._cond.notify()
+
+    def discard(self, beat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.discard(beat)
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while True:
-                    # Drop stopped heartbeats first so short requests leave nothing to wake for.
-                    while self._heap and self._heap[0][2].stopped:
-                        heapq.heappop(self._heap)
-                    wait = self._heap[0][0] - time.monotonic() if self._heap else 60.0
-                    if self._heap and wait <= 0:
-                        beat = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(wait)
-            threading.Thread(target=beat._beat, name="retrysafe-renewal", daemon=True).start()
+            time.sleep(self._tick)
+            now = time.monotonic()
+            with self._lock:
+                due = [b for b in self._beats if b.due <= now and not b.busy]
+                for beat in due:
+                    beat.busy = True
+            for beat in due:
+                threading.Thread(target=beat._beat, name="retrysafe-renewal", daemon=True).start()
 
 
-_SCHEDULER = _Scheduler()
+_LOOP_SWEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopSweeper] = (
+    weakref.WeakKeyDictionary()
+)
+_THREAD_SWEEPER = _ThreadSweeper()
