@@ -37,6 +37,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from retrysafe.core import LeaseTiming
 
@@ -65,8 +66,15 @@ async def _renewed_async() -> bool:
     return True
 
 
-class _Base:
+_R = TypeVar("_R")
+
+
+class _Base(Generic[_R]):
+    """What both drivers share: the callbacks, the run-time bound, and the bookkeeping around
+    one renewal (``_before`` / ``_after``); the subclasses only await or call ``renew``."""
+
     __slots__ = (
+        "_renew",
         "bounded",
         "busy",
         "clock",
@@ -82,14 +90,16 @@ class _Base:
 
     def __init__(
         self,
+        renew: Callable[[], _R],
         timing: LeaseTiming,
         *,
-        clock: Callable[[], float],
-        started: float | None,
-        on_lost: Callable[[], None],
-        on_expired: Callable[[], None],
-        on_error: Callable[[BaseException], None],
+        clock: Callable[[], float] = time.time,
+        started: float | None = None,
+        on_lost: Callable[[], None] = _nothing,
+        on_expired: Callable[[], None] = _nothing,
+        on_error: Callable[[BaseException], None] = _log_error,
     ) -> None:
+        self._renew = renew
         self.timing = timing
         self.clock = clock
         self.started = clock() if started is None else started
@@ -102,31 +112,40 @@ class _Base:
         self.due = 0.0  # monotonic time of the next renewal
         self.renewals = 0
 
-    def _forget(self) -> None:
-        """Drop the callbacks: they usually point back at the claimant, and a cycle would keep
-        every finished request alive until the garbage collector runs."""
+    def _stopped_now(self, renewed: Callable[[], _R]) -> None:
+        """Mark stopped and drop the callbacks: they usually point back at the claimant, and a
+        cycle would keep every finished request alive until the garbage collector runs."""
+        self.stopped = True
+        self._renew = renewed
         self.on_lost = self.on_expired = _nothing
         self.on_error = _ignore
 
-    def _expired(self) -> bool:
-        """Past ``max_run_time`` while bounded: stop renewing (and say so once)."""
+    def _before(self) -> bool:
+        """Whether to renew now: not past ``max_run_time`` while bounded (else say so once)."""
+        if self.stopped:
+            return False
         if self.bounded and not self.timing.keeps_renewing(self.started, self.clock()):
             self.stopped = True
             self.on_expired()
-            return True
-        return False
+            return False
+        return True
 
-    def _outcome(self, ok: bool) -> None:
-        if self.stopped:
-            return
-        if ok:
-            self.renewals += 1
-            return
-        self.stopped = True
-        self.on_lost()
+    def _failed(self, exc: BaseException) -> None:
+        if not self.stopped:
+            self.on_error(exc)
+
+    def _after(self, ok: bool) -> None:
+        if not self.stopped:
+            if ok:
+                self.renewals += 1
+            else:
+                self.stopped = True
+                self.on_lost()
+        self.due = time.monotonic() + self.timing.heartbeat
+        self.busy = False
 
 
-class AsyncHeartbeat(_Base):
+class AsyncHeartbeat(_Base[Awaitable[bool]]):
     """Renews one claim from the running event loop (see the module docstring).
 
     Args:
@@ -137,29 +156,7 @@ class AsyncHeartbeat(_Base):
         on_lost, on_expired, on_error: see the module docstring.
     """
 
-    __slots__ = ("_renew", "_sweeper")
-
-    def __init__(
-        self,
-        renew: Callable[[], Awaitable[bool]],
-        timing: LeaseTiming,
-        *,
-        clock: Callable[[], float] = time.time,
-        started: float | None = None,
-        on_lost: Callable[[], None] = _nothing,
-        on_expired: Callable[[], None] = _nothing,
-        on_error: Callable[[BaseException], None] = _log_error,
-    ) -> None:
-        super().__init__(
-            timing,
-            clock=clock,
-            started=started,
-            on_lost=on_lost,
-            on_expired=on_expired,
-            on_error=on_error,
-        )
-        self._renew = renew
-        self._sweeper: _LoopSweeper | None = None
+    __slots__ = ("_sweeper",)
 
     def start(self) -> AsyncHeartbeat:
         """Renew from one interval from now on. Must run on the event loop."""
@@ -174,28 +171,20 @@ class AsyncHeartbeat(_Base):
 
     def stop(self) -> None:
         """Stop renewing. Idempotent; a renewal in flight finishes and is ignored."""
-        self.stopped = True
-        self._forget()
-        self._renew = _renewed_async
-        if self._sweeper is not None:
-            self._sweeper.beats.discard(self)
+        self._stopped_now(_renewed_async)
+        sweeper: _LoopSweeper | None = getattr(self, "_sweeper", None)
+        if sweeper is not None:
+            sweeper.beats.discard(self)
 
     async def _beat(self) -> None:
+        ok = True
         try:
-            if self._expired():
-                return
-            try:
+            if self._before():
                 ok = await self._renew()
-            except Exception as exc:
-                if not self.stopped:
-                    self.on_error(exc)
-                ok = True
-            self._outcome(ok)
+        except Exception as exc:
+            self._failed(exc)
         finally:
-            self.busy = False
-            self.due = time.monotonic() + self.timing.heartbeat
-            if self.stopped:
-                self.stop()
+            self._after(ok)
 
 
 class _LoopSweeper:
@@ -226,6 +215,8 @@ class _LoopSweeper:
                     continue
                 idle = 0
                 now = time.monotonic()
+                # Lost or past max_run_time: nothing more to renew, even if never stop()ped.
+                self.beats.difference_update([b for b in self.beats if b.stopped])
                 for beat in [b for b in self.beats if b.due <= now and not b.busy]:
                     beat.busy = True
                     task = self.loop.create_task(beat._beat())
@@ -238,7 +229,7 @@ class _LoopSweeper:
             self.task = self.loop.create_task(self._run())
 
 
-class Heartbeat(_Base):
+class Heartbeat(_Base[bool]):
     """Renews one claim from threads (see the module docstring): for sync code (WSGI, sync
     agent tools).
 
@@ -248,28 +239,7 @@ class Heartbeat(_Base):
         timing, clock, started, on_lost, on_expired, on_error: as :class:`AsyncHeartbeat`.
     """
 
-    __slots__ = ("_renew",)
-
-    def __init__(
-        self,
-        renew: Callable[[], bool],
-        timing: LeaseTiming,
-        *,
-        clock: Callable[[], float] = time.time,
-        started: float | None = None,
-        on_lost: Callable[[], None] = _nothing,
-        on_expired: Callable[[], None] = _nothing,
-        on_error: Callable[[BaseException], None] = _log_error,
-    ) -> None:
-        super().__init__(
-            timing,
-            clock=clock,
-            started=started,
-            on_lost=on_lost,
-            on_expired=on_expired,
-            on_error=on_error,
-        )
-        self._renew = renew
+    __slots__ = ()
 
     def start(self) -> Heartbeat:
         """Renew from one interval from now on."""
@@ -279,27 +249,18 @@ class Heartbeat(_Base):
 
     def stop(self) -> None:
         """Stop renewing. Idempotent; a renewal in flight finishes and is ignored."""
-        self.stopped = True
-        self._forget()
-        self._renew = _renewed
+        self._stopped_now(_renewed)
         _THREAD_SWEEPER.discard(self)
 
     def _beat(self) -> None:
+        ok = True
         try:
-            if self._expired():
-                return
-            try:
+            if self._before():
                 ok = self._renew()
-            except Exception as exc:
-                if not self.stopped:
-                    self.on_error(exc)
-                ok = True
-            self._outcome(ok)
+        except Exception as exc:
+            self._failed(exc)
         finally:
-            self.due = time.monotonic() + self.timing.heartbeat
-            self.busy = False
-            if self.stopped:
-                self.stop()
+            self._after(ok)
 
 
 class _ThreadSweeper:
@@ -330,6 +291,7 @@ class _ThreadSweeper:
             time.sleep(self._tick)
             now = time.monotonic()
             with self._lock:
+                self._beats.difference_update([b for b in self._beats if b.stopped])
                 due = [b for b in self._beats if b.due <= now and not b.busy]
                 for beat in due:
                     beat.busy = True

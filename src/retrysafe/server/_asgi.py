@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._exceptions import StoreError
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.core import (
     InvalidKey,
@@ -27,7 +27,7 @@ from retrysafe.server._engine import (
     FORWARD,
     UNRECORDED,
     Answer,
-    Capture,
+    Claimant,
     Engine,
     RequestState,
     Verdict,
@@ -224,7 +224,7 @@ class IdempotencyMiddleware:
         await _send_answer(send, answer)
 
 
-class _Responder:
+class _Responder(Claimant):
     """Per-request: renews the lease while the app runs, forwards the response, keeps a copy,
     and records it before the end of the answer leaves (SPEC §3).
 
@@ -238,22 +238,7 @@ class _Responder:
       ``receive`` never reports the disconnect before the response ends.
     """
 
-    __slots__ = (
-        "_ended",
-        "_opener",
-        "beat",
-        "capture",
-        "engine",
-        "finalized",
-        "gone",
-        "held",
-        "length",
-        "req",
-        "sent",
-        "state",
-        "store",
-        "wrapped",
-    )
+    __slots__ = ("_ended", "beat", "gone", "held", "length", "sent", "wrapped")
 
     def __init__(
         self,
@@ -263,55 +248,27 @@ class _Responder:
         send: Send,
         opener: Callable[[], Any],
     ) -> None:
-        self.engine = engine
-        self.store = store
-        self.req = req
+        super().__init__(engine, store, req, opener)
         self.wrapped = send
-        self.capture = Capture(engine.max_replay_size)
-        self.finalized = False
         self.gone = False  # the client went away: nothing more is forwarded
         self.sent = False  # something of the answer reached the server's send
         self.held: list[Message] = []  # messages waiting for the record
         self.length = -1  # the declared Content-Length, or -1
         self._ended: asyncio.Event | None = None
-        self._opener = opener
-        # scope[SCOPE_KEY]: "outcome unknown" and transaction() (SPEC §4 transactional mode).
-        self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
         self.beat = AsyncHeartbeat(
             self._renew,
             engine.timing,
             clock=engine.clock,
             started=req.claimed_at,
-            on_lost=self._lease_lost,
-            on_expired=self._run_time_exceeded,
-            on_error=self._renewal_failed,
+            on_lost=self.lease_lost,
+            on_expired=self.run_time_exceeded,
+            on_error=self.renewal_failed,
         ).start()
 
-    # -------------------------------------------------------------- heartbeat
     async def _renew(self) -> bool:
-        effect = self.state.get("effect")
-        if effect is not None and effect.holds_write_lock:
-            # SQLite transactional mode: the handler's open write transaction holds the
-            # database's write lock, so no one can take the key over; a renewal would wait.
+        if self.write_locked():
             return True
         return await adrive(self.engine.renew(self.req), self.store)
-
-    def _lease_lost(self) -> None:
-        self.engine.lease_lost(self.req)
-
-    def _run_time_exceeded(self) -> None:
-        self.engine.run_time_exceeded(self.req)
-
-    def _renewal_failed(self, exc: BaseException) -> None:
-        self.engine.renewal_failed(self.req, exc)
-
-    # -------------------------------------------------------------- the app's side
-    def _begin_effect(self) -> Any:
-        if self.finalized:
-            raise ConfigurationError(
-                "transaction() called after the response ended", option="transaction"
-            )
-        return self._opener()
 
     async def wait_end(self) -> Message:
         """The app's ``receive`` once its body was read: ``http.disconnect``, but only after

@@ -17,7 +17,12 @@ from collections.abc import Generator, Iterable
 from http import HTTPStatus
 from typing import Any, Literal, TypeVar
 
-from retrysafe._exceptions import InvalidKeyError, StoreError, StoreUnavailableError
+from retrysafe._exceptions import (
+    ConfigurationError,
+    InvalidKeyError,
+    StoreError,
+    StoreUnavailableError,
+)
 from retrysafe.core import (
     InProgress,
     InvalidKey,
@@ -42,6 +47,7 @@ __all__ = [
     "UNRECORDED",
     "Answer",
     "Capture",
+    "Claimant",
     "Engine",
     "Op",
     "RequestState",
@@ -188,6 +194,47 @@ class Capture:
             self.chunks = []
         elif chunk:
             self.chunks.append(chunk)
+
+
+class Claimant:
+    """What the ASGI responder and the WSGI run share while a request holds its claim: the
+    engine and store, the request, the copy of its answer, the state dict the app sees under
+    ``SCOPE_KEY`` ("outcome unknown", ``transaction()``), and the heartbeat's callbacks. The
+    drivers add only their I/O (STYLE: build and decide once, let the faces do the I/O)."""
+
+    __slots__ = ("_opener", "capture", "engine", "finalized", "req", "state", "store")
+
+    def __init__(self, engine: Engine, store: Any, req: RequestState, opener: Any) -> None:
+        self.engine = engine
+        self.store = store
+        self.req = req
+        self.capture = Capture(engine.max_replay_size)
+        self.finalized = False
+        self._opener = opener
+        self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
+
+    def _begin_effect(self) -> Any:
+        if self.finalized:
+            raise ConfigurationError(
+                "transaction() called after the response ended", option="transaction"
+            )
+        return self._opener()
+
+    def write_locked(self) -> bool:
+        """SQLite transactional mode: the handler's open write transaction holds the
+        database's write lock, so no one can take the key over and a renewal would only wait
+        for the lock; the drivers skip renewing then."""
+        effect = self.state.get("effect")
+        return effect is not None and bool(effect.holds_write_lock)
+
+    def lease_lost(self) -> None:
+        self.engine.lease_lost(self.req)
+
+    def run_time_exceeded(self) -> None:
+        self.engine.run_time_exceeded(self.req)
+
+    def renewal_failed(self, exc: BaseException) -> None:
+        self.engine.renewal_failed(self.req, exc)
 
 
 class Engine:

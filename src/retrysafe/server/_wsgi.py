@@ -19,7 +19,7 @@ from retrysafe.server._engine import (
     FORWARD,
     UNRECORDED,
     Answer,
-    Capture,
+    Claimant,
     Engine,
     RequestState,
     Verdict,
@@ -190,24 +190,10 @@ class WSGIIdempotencyMiddleware:
         return _Response(result, run)
 
 
-class _Run:
+class _Run(Claimant):
     """Per-request state of a handler that runs under a claimed key; renews its lease."""
 
-    __slots__ = (
-        "_opener",
-        "_start_response",
-        "_write",
-        "beat",
-        "capture",
-        "engine",
-        "finalized",
-        "head",
-        "length",
-        "req",
-        "started_out",
-        "state",
-        "store",
-    )
+    __slots__ = ("_start_response", "_write", "beat", "head", "length", "started_out")
 
     def __init__(
         self,
@@ -217,27 +203,20 @@ class _Run:
         opener: Callable[[], Any],
         start_response: StartResponse,
     ) -> None:
-        self.engine = engine
-        self.store = store
-        self.req = req
+        super().__init__(engine, store, req, opener)
         self._start_response = start_response
         self._write: Write | None = None
         self.head: tuple[str, list[tuple[str, str]], ExcInfo | None] | None = None
         self.started_out = False  # the server's start_response was called
-        self.capture = Capture(engine.max_replay_size)
-        self.finalized = False
         self.length = -1  # the declared Content-Length, or -1
-        self._opener = opener
-        # environ[SCOPE_KEY]: "outcome unknown" and transaction() (SPEC §4 transactional mode).
-        self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
         self.beat = Heartbeat(
             self._renew,
             engine.timing,
             clock=engine.clock,
             started=req.claimed_at,
-            on_lost=self._lease_lost,
-            on_expired=self._run_time_exceeded,
-            on_error=self._renewal_failed,
+            on_lost=self.lease_lost,
+            on_expired=self.run_time_exceeded,
+            on_error=self.renewal_failed,
         ).start()
 
     def start_out(self) -> None:
@@ -262,26 +241,9 @@ class _Run:
         return answer.body
 
     def _renew(self) -> bool:
-        effect = self.state.get("effect")
-        if effect is not None and effect.holds_write_lock:
-            return True  # SQLite transactional mode: the write lock fences the key
+        if self.write_locked():
+            return True
         return drive(self.engine.renew(self.req), self.store)
-
-    def _lease_lost(self) -> None:
-        self.engine.lease_lost(self.req)
-
-    def _run_time_exceeded(self) -> None:
-        self.engine.run_time_exceeded(self.req)
-
-    def _renewal_failed(self, exc: BaseException) -> None:
-        self.engine.renewal_failed(self.req, exc)
-
-    def _begin_effect(self) -> Any:
-        if self.finalized:
-            raise ConfigurationError(
-                "transaction() called after the response ended", option="transaction"
-            )
-        return self._opener()
 
     def _end_effect(self, unknown: bool, exc: BaseException | None) -> Verdict:
         """Transactional mode: commit or roll back the handler's transaction, then release
