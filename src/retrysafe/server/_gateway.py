@@ -148,6 +148,7 @@ class ReverseProxy:
         )
         response: httpx.Response | None = None
         broke: BaseException | None = None
+        unreachable: BaseException | None = None
         # One deadline for the whole exchange (httpx's own timeouts are per read).
         with anyio.move_on_after(self._timeout) as deadline:
             try:
@@ -166,21 +167,26 @@ class ReverseProxy:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except _NOT_SENT as exc:
-                # Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4).
-                await _problem(
-                    send,
-                    Problem("bad-gateway", 502, f"upstream unreachable: {type(exc).__name__}"),
-                )
-                log.warning(
-                    "upstream unreachable", extra={"upstream": self.upstream, "error": repr(exc)}
-                )
-                return
+                unreachable = exc
             except httpx.HTTPError as exc:
                 broke = exc
             finally:
                 if response is not None:
                     with anyio.CancelScope(shield=True):
                         await response.aclose()
+        # Answers leave outside the deadline's scope: the last one records the key, and a
+        # record must never be cancelled half-way.
+        if unreachable is not None:
+            # Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4).
+            await _problem(
+                send,
+                Problem("bad-gateway", 502, f"upstream unreachable: {type(unreachable).__name__}"),
+            )
+            log.warning(
+                "upstream unreachable",
+                extra={"upstream": self.upstream, "error": repr(unreachable)},
+            )
+            return
         if deadline.cancelled_caught:
             broke = httpx.ReadTimeout(f"no complete answer within {self._timeout:g} s")
         if broke is None:
