@@ -17,6 +17,7 @@ from retrysafe._exceptions import (
     StoreError,
     StoreUnavailableError,
     WebhookError,
+    WebhookIdReusedError,
     WebhookVerificationError,
 )
 from retrysafe.client import (
@@ -83,6 +84,7 @@ __all__ = [
     "ToolSignatureError",
     "WSGIIdempotencyMiddleware",
     "WebhookError",
+    "WebhookIdReusedError",
     "WebhookVerificationError",
     "WebhookVerifier",
     "Webhooks",

@@ -27,8 +27,9 @@ structured attributes instead of information buried in the message::
         ├── EndpointNotFoundError   no webhook endpoint with that id
         ├── DestinationRefusedError an endpoint resolves to a private, loopback, link-local,
         │                           multicast or reserved address (SSRF guard)
-        └── WebhookVerificationError an incoming webhook's signature, timestamp or headers
-                                    are not valid (Standard Webhooks)
+        ├── WebhookVerificationError an incoming webhook's signature, timestamp or headers
+        │                           are not valid (Standard Webhooks)
+        └── WebhookIdReusedError    an incoming webhook-id already received with another body
 
     RetrysafeWarning (UserWarning)  a configuration that works but is dangerous
                                     (retention shorter than the lease, a heartbeat
@@ -262,6 +263,25 @@ class WebhookError(RetrysafeError):
     def __init__(self, message: str, *, endpoint_id: str | None = None) -> None:
         super().__init__(message)
         self.endpoint_id = endpoint_id
+
+
+class WebhookIdReusedError(WebhookError):
+    """An incoming ``webhook-id`` was already received with another body (SPEC §6): a sender
+    bug or a forged redelivery, never a duplicate to acknowledge. The handler did not run.
+
+    Attributes:
+        webhook_id: the reused id.
+        stored_fingerprint: SHA-256 (hex) of the body first received under it.
+        fingerprint: SHA-256 (hex) of this body.
+    """
+
+    def __init__(
+        self, message: str, *, webhook_id: str, stored_fingerprint: str, fingerprint: str
+    ) -> None:
+        super().__init__(message)
+        self.webhook_id = webhook_id
+        self.stored_fingerprint = stored_fingerprint
+        self.fingerprint = fingerprint
 
 
 class EndpointNotFoundError(WebhookError, LookupError):

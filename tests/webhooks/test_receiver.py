@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from retrysafe import JobState, WebhookVerificationError
+from retrysafe import JobState, WebhookIdReusedError, WebhookVerificationError
 from retrysafe._serving import ServerThread
 from retrysafe.chaos import ChaosProxy, FaultRates
 from retrysafe.stores import MemoryStore, SQLiteStore
@@ -148,3 +150,103 @@ def test_the_verifier_takes_a_str_body_and_raw_asgi_header_pairs() -> None:
     again = verifier.receive(signed("msg_s", body.encode()), body.encode(), lambda p: p)
     assert first.result == {"n": "é"} and not first.duplicate
     assert again.duplicate
+
+
+# ------------------------------------------------------------- one claim decision (SPEC §6)
+def test_a_reused_id_with_another_body_is_a_conflict_not_a_duplicate() -> None:
+    """The same webhook-id with another body raises WebhookIdReusedError (both fingerprints
+    kept); the handler does not run again."""
+    verifier = WebhookVerifier(SECRET, store=MemoryStore())
+    calls: list[Any] = []
+    verifier.receive(signed("msg_r", b'{"amount": 1}'), b'{"amount": 1}', calls.append)
+    with pytest.raises(WebhookIdReusedError) as info:
+        verifier.receive(signed("msg_r", b'{"amount": 9}'), b'{"amount": 9}', calls.append)
+    assert info.value.webhook_id == "msg_r"
+    assert info.value.stored_fingerprint != info.value.fingerprint
+    assert calls == [{"amount": 1}]
+
+
+def test_middleware_answers_422_for_a_reused_id_with_another_body(
+    effects_app: tuple[ServerThread, Counter[str]],
+) -> None:
+    """Through the ASGI middleware the conflict is a 422 webhook-id-reused; the app ran once."""
+    server, effects = effects_app
+    first = httpx.post(server.url + "/hook", content=b'{"a": 1}', headers=signed("c", b'{"a": 1}'))
+    other = httpx.post(server.url + "/hook", content=b'{"a": 2}', headers=signed("c", b'{"a": 2}'))
+    assert first.status_code == 200
+    assert other.status_code == 422
+    assert other.json()["type"] == "webhook-id-reused"
+    assert effects == Counter({"c": 1})
+
+
+class _ThreadCheckedStore:
+    """A sync KeyStore that records whether any call ran on an event loop's thread."""
+
+    def __init__(self, inner: SQLiteStore) -> None:
+        self._inner = inner
+        self.on_loop: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "asyncio_key_store":  # a sync-only store: the verifier must use threads
+            raise AttributeError(name)
+        method = getattr(self._inner, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                self.on_loop.append(name)
+            except RuntimeError:
+                pass
+            return method(*args, **kwargs)
+
+        return call
+
+
+def test_areceive_never_calls_the_sync_store_on_the_event_loop(tmp_path: Any) -> None:
+    """areceive claims, renews and completes through the store's async face: no sync store
+    call blocks the event loop."""
+    store = SQLiteStore(tmp_path / "r.db")
+    checked = _ThreadCheckedStore(store)
+    verifier = WebhookVerifier(SECRET, store=checked, lease=0.3)
+
+    async def handler(payload: Any) -> str:
+        await asyncio.sleep(0.5)  # long enough for renewals
+        return "ok"
+
+    async def main() -> None:
+        body = b'{"x": 1}'
+        receipt = await verifier.areceive(signed("loop-1", body), body, handler)
+        assert receipt.result == "ok"
+        again = await verifier.areceive(signed("loop-1", body), body, handler)
+        assert again.duplicate
+
+    asyncio.run(main())
+    assert checked.on_loop == []
+    store.close()
+
+
+def test_a_handler_longer_than_its_lease_keeps_its_claim(tmp_path: Any) -> None:
+    """A delivery handled for 1.2 s under a 0.3 s lease is renewed: a redelivery meanwhile is
+    told it is in progress, never run a second time."""
+    store = SQLiteStore(tmp_path / "long.db")
+    verifier = WebhookVerifier(SECRET, store=store, lease=0.3)
+    started = threading.Event()
+    calls: list[Any] = []
+
+    def slow(payload: Any) -> None:
+        calls.append(payload)
+        started.set()
+        time.sleep(1.2)
+
+    body = b'{"slow": true}'
+    first = threading.Thread(target=verifier.receive, args=(signed("long", body), body, slow))
+    first.start()
+    assert started.wait(5)
+    time.sleep(0.8)  # well past the lease
+    during = verifier.receive(signed("long", body), body, slow)
+    first.join(10)
+    after = verifier.receive(signed("long", body), body, slow)
+    assert during.in_progress and not during.duplicate
+    assert after.duplicate
+    assert len(calls) == 1
+    store.close()

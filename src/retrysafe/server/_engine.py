@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal, TypeVar
 
@@ -44,10 +45,13 @@ from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
 __all__ = [
     "FENCED",
     "FORWARD",
+    "RECORD_WAIT",
     "UNRECORDED",
     "Answer",
     "Capture",
+    "ClaimOutcome",
     "Claimant",
+    "Claimed",
     "Engine",
     "Op",
     "RequestState",
@@ -55,8 +59,10 @@ __all__ = [
     "acall_op",
     "adrive",
     "call_op",
+    "claim_key",
     "drive",
     "log",
+    "settle",
     "status_line",
 ]
 
@@ -83,7 +89,8 @@ _POLL_MAX = 0.25  # seconds: longest single wait while polling
 _MAX_RACES = 8  # claim/take-over races lost in a row before answering 409
 _SETTLE_INITIAL = 0.05  # seconds: first wait before retrying a failed complete/release
 _SETTLE_MAX = 0.5  # seconds: longest wait between those retries
-_RECORD_WAIT = 1.0  # seconds the client waits for a failing record before it gets 503
+#: Seconds a client waits for a failing record before it gets 503 (SPEC §3 record before answer).
+RECORD_WAIT = 1.0
 _REPLAYED = (b"idempotent-replayed", b"true")
 
 
@@ -426,68 +433,27 @@ class Engine:
         Yields store operations; the driver sends back each result. Returns None when the
         handler must run (``req.token`` then holds the fencing token), else the answer.
         """
-        now = self.clock()
-        claim_args = (req.key_hash, req.fingerprint)
-        claimed, record = yield (
-            "claim",
-            claim_args,
-            {"now": now, "lease": self.lease, "retention": self.retention},
+        outcome = yield from claim_key(
+            req.key_hash,
+            req.fingerprint,
+            clock=self.clock,
+            lease=self.lease,
+            retention=self.retention,
+            wait=self.wait,
         )
-        if claimed:
-            req.token = record.fencing_token
-            req.claimed_at = now
+        if isinstance(outcome, Claimed):
+            req.token = outcome.fencing_token
+            req.claimed_at = outcome.at
+            if outcome.takeover:
+                req.claim = "takeover"
             return None
-        deadline = -1.0
-        delay = _POLL_INITIAL
-        races = 0
-        while True:
-            decision = decide(record, req.fingerprint, now)
-            if isinstance(decision, Replay):
-                return self.replay(decision.response)
-            if isinstance(decision, KeyReused):
-                return self.key_reused(decision)
-            if isinstance(decision, ReplayUnavailable):
-                return self.replay_unavailable(decision.status)
-            if isinstance(decision, InProgress):
-                if self.wait > 0:
-                    t = time.monotonic()
-                    if deadline < 0:
-                        deadline = t + self.wait
-                    if t < deadline:
-                        yield ("sleep", (min(delay, deadline - t),), {})
-                        delay = min(delay * 1.5, _POLL_MAX)
-                        record = yield ("get", (req.key_hash,), {})
-                        now = self.clock()
-                        continue
-                return self.in_progress(decision.retry_after)
-            races += 1
-            if races > _MAX_RACES:
-                return self.in_progress(1)
-            if isinstance(decision, TakeOver):
-                new = yield (
-                    "take_over",
-                    (req.key_hash, decision.fencing_token),
-                    {"now": now, "lease": self.lease},
-                )
-                if new is not None:
-                    req.token = new.fencing_token
-                    req.claim = "takeover"
-                    req.claimed_at = now
-                    return None
-                record = yield ("get", (req.key_hash,), {})
-                now = self.clock()
-                continue
-            # Claim: the record was released or expired since we looked; claim it again.
-            now = self.clock()
-            claimed, record = yield (
-                "claim",
-                claim_args,
-                {"now": now, "lease": self.lease, "retention": self.retention},
-            )
-            if claimed:
-                req.token = record.fencing_token
-                req.claimed_at = now
-                return None
+        if isinstance(outcome, Replay):
+            return self.replay(outcome.response)
+        if isinstance(outcome, KeyReused):
+            return self.key_reused(outcome)
+        if isinstance(outcome, ReplayUnavailable):
+            return self.replay_unavailable(outcome.status)
+        return self.in_progress(outcome.retry_after)
 
     # ------------------------------------------------------------------ while the handler runs
     def renew(self, req: RequestState) -> Generator[Op, Any, bool]:
@@ -557,32 +523,8 @@ class Engine:
     def settle(
         self, req: RequestState, op: Op, *, wait: float | None
     ) -> Generator[Op, Any, bool]:
-        """Run the completing or releasing ``op``, retrying while the store is unavailable.
-
-        A store that is briefly unavailable (locked, restarting, a dropped connection) must not
-        turn a finished handler into a lost record, so ``StoreUnavailableError`` is retried
-        with capped backoff (50 ms doubling to 500 ms) for ``wait`` seconds, or for ever when
-        ``wait`` is None (the background record). The op is fenced by the token, so a retry
-        can never overwrite a new owner's record.
-
-        Returns:
-            Whether the store applied the operation (False: the lease was taken over).
-
-        Raises:
-            StoreError: still unavailable after ``wait`` seconds, or any other store error.
-        """
-        delay = _SETTLE_INITIAL
-        until = None if wait is None else time.monotonic() + wait
-        while True:
-            try:
-                ok = yield op
-            except StoreUnavailableError:
-                if until is not None and time.monotonic() + delay >= until:
-                    raise
-                yield ("sleep", (delay,), {})
-                delay = min(delay * 2.0, _SETTLE_MAX)
-                continue
-            return bool(ok)
+        """:func:`settle` for this request's completing or releasing ``op``."""
+        return (yield from settle(op, wait=wait))
 
     def conclude(
         self, req: RequestState, capture: Capture, *, unknown: bool
@@ -598,7 +540,7 @@ class Engine:
             return FORWARD
         op = self.finish(req, capture)
         try:
-            ok = yield from self.settle(req, op, wait=_RECORD_WAIT)
+            ok = yield from self.settle(req, op, wait=RECORD_WAIT)
         except StoreError as exc:
             if op[0] != "complete":
                 # A 5xx/408/429 says "not done": forward it; the unreleased key's lease runs
@@ -671,7 +613,7 @@ class Engine:
             return
         op = self.release(req)
         try:
-            ok = yield from self.settle(req, op, wait=_RECORD_WAIT)
+            ok = yield from self.settle(req, op, wait=RECORD_WAIT)
         except StoreError as exc:
             self._log_store_failed(req, capture.status, op, exc)
             return
@@ -885,6 +827,126 @@ def _has_retry_after(headers: Iterable[tuple[Any, Any]]) -> bool:
         ):
             return True
     return False
+
+
+# ---------------------------------------------------------------------- the claim
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The key is ours: run the work under ``fencing_token``.
+
+    Attributes:
+        fencing_token: the token every later write of this claimant is fenced by.
+        takeover: the claim took over an expired lease (its claimant stopped renewing).
+        at: when it was claimed, on the caller's clock.
+    """
+
+    fencing_token: int
+    takeover: bool
+    at: float
+
+
+#: What :func:`claim_key` ends with: the key is ours, or the decision that answers for it.
+ClaimOutcome = Claimed | Replay | KeyReused | ReplayUnavailable | InProgress
+
+
+def claim_key(
+    key_hash: str,
+    fingerprint: str,
+    *,
+    clock: Callable[[], float],
+    lease: float,
+    retention: float,
+    wait: float = 0.0,
+) -> Generator[Op, Any, ClaimOutcome]:
+    """The claim conversation of SPEC §3, as store operations (sans-I/O; drive it with
+    :func:`drive` or :func:`adrive`): claim the key, or let :func:`core.decide` say what the
+    stored record means — take over an expired lease, claim a record released meanwhile, or
+    end with the decision (replay, key reused, replay unavailable, in progress). One
+    implementation for every claimant of a key: the middleware and the webhook receiver.
+
+    Args:
+        key_hash: the store's id of the key (SHA-256 hex of scope and key).
+        fingerprint: what makes the work "the same" (SHA-256 hex).
+        clock: Unix seconds (the caller's injected clock).
+        lease, retention: seconds, passed to the store.
+        wait: seconds a running key is polled for (20 ms backing off to 250 ms, monotonic
+            time) before ending with :class:`~retrysafe.core.InProgress`; 0 ends at once.
+
+    Returns:
+        :class:`Claimed`, or the decision that answers instead. After 8 lost races in a row
+        (others claiming and releasing the key meanwhile) it ends with ``InProgress`` (1 s).
+    """
+    args = (key_hash, fingerprint)
+    now = clock()
+    claimed, record = yield ("claim", args, {"now": now, "lease": lease, "retention": retention})
+    if claimed:
+        return Claimed(record.fencing_token, False, now)
+    deadline = -1.0
+    delay = _POLL_INITIAL
+    races = 0
+    while True:
+        decision = decide(record, fingerprint, now)
+        if isinstance(decision, (Replay, KeyReused, ReplayUnavailable)):
+            return decision
+        if isinstance(decision, InProgress):
+            if wait > 0:
+                t = time.monotonic()
+                if deadline < 0:
+                    deadline = t + wait
+                if t < deadline:
+                    yield ("sleep", (min(delay, deadline - t),), {})
+                    delay = min(delay * 1.5, _POLL_MAX)
+                    record = yield ("get", (key_hash,), {})
+                    now = clock()
+                    continue
+            return decision
+        races += 1
+        if races > _MAX_RACES:
+            return InProgress(1.0, 1)
+        if isinstance(decision, TakeOver):
+            token = decision.fencing_token
+            new = yield ("take_over", (key_hash, token), {"now": now, "lease": lease})
+            if new is not None:
+                return Claimed(new.fencing_token, True, now)
+            record = yield ("get", (key_hash,), {})
+            now = clock()
+            continue
+        # Claim: the record was released or expired since we looked; claim it again.
+        now = clock()
+        claimed, record = yield (
+            "claim", args, {"now": now, "lease": lease, "retention": retention}
+        )
+        if claimed:
+            return Claimed(record.fencing_token, False, now)
+
+
+def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:
+    """Run a fenced completing or releasing ``op``, retrying while the store is unavailable.
+
+    A store that is briefly unavailable (locked, restarting, a dropped connection) must not
+    turn finished work into a lost record, so ``StoreUnavailableError`` is retried with capped
+    backoff (50 ms doubling to 500 ms) for ``wait`` seconds, or for ever when ``wait`` is None
+    (the background record). The op is fenced by its token, so a retry can never overwrite a
+    new owner's record.
+
+    Returns:
+        Whether the store applied the operation (False: the claim was taken over).
+
+    Raises:
+        StoreError: still unavailable after ``wait`` seconds, or any other store error.
+    """
+    delay = _SETTLE_INITIAL
+    until = None if wait is None else time.monotonic() + wait
+    while True:
+        try:
+            ok = yield op
+        except StoreUnavailableError:
+            if until is not None and time.monotonic() + delay >= until:
+                raise
+            yield ("sleep", (delay,), {})
+            delay = min(delay * 2.0, _SETTLE_MAX)
+            continue
+        return bool(ok)
 
 
 # ---------------------------------------------------------------------- drivers

@@ -20,6 +20,7 @@ from retrysafe._exceptions import (
     DestinationRefusedError,
     EndpointNotFoundError,
     WebhookError,
+    WebhookIdReusedError,
     WebhookVerificationError,
 )
 from retrysafe.stores._base import WebhookDelivery as Delivery
@@ -67,6 +68,7 @@ __all__ = [
     "Receipt",
     "Schedule",
     "WebhookError",
+    "WebhookIdReusedError",
     "WebhookMiddleware",
     "WebhookPolicy",
     "WebhookVerificationError",

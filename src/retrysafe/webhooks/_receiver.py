@@ -2,12 +2,16 @@
 
 Senders deliver at least once, so a receiver sees duplicates (a lost 200, a replay from the
 DLQ). :class:`WebhookVerifier` checks the signature and timestamp, then claims the
-``webhook-id`` in a :class:`~retrysafe.stores.KeyStore` with the same claim / complete /
-release primitives the idempotency middleware uses: the first delivery runs the handler and
-completes the claim; a duplicate is acknowledged without running it; a handler that fails
-releases the claim so the sender's retry runs it again. Use it directly
-(:meth:`WebhookVerifier.receive`), as a decorator (:meth:`WebhookVerifier.handler`) or as
-pure ASGI middleware (:class:`WebhookMiddleware`).
+``webhook-id`` through the very claim conversation the idempotency middleware runs
+(:func:`retrysafe.server._engine.claim_key`, deciding with :func:`core.decide`, SPEC §3, §6):
+the first delivery runs the handler (its lease renewed while it runs) and completes the claim;
+a duplicate — the same id with the same body — is acknowledged without running it; the same
+id with *another* body is a conflict (:class:`~retrysafe.WebhookIdReusedError`, 422), never a
+silent duplicate; a handler that fails releases the claim so the sender's retry runs it again.
+Use it directly (:meth:`WebhookVerifier.receive` / :meth:`WebhookVerifier.areceive`), as a
+decorator (:meth:`WebhookVerifier.handler`) or as pure ASGI middleware
+(:class:`WebhookMiddleware`). The async paths use the store's async face: no store call blocks
+the event loop.
 """
 
 from __future__ import annotations
@@ -16,13 +20,35 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from retrysafe._exceptions import ConfigurationError, WebhookVerificationError
-from retrysafe.core import KeyState, StoredResponse
-from retrysafe.stores._base import KeyStore
+from retrysafe._exceptions import (
+    ConfigurationError,
+    StoreError,
+    WebhookIdReusedError,
+    WebhookVerificationError,
+)
+from retrysafe._heartbeat import AsyncHeartbeat, Heartbeat
+from retrysafe.core import (
+    InProgress,
+    KeyReused,
+    LeaseTiming,
+    StoredResponse,
+    lease_timing,
+)
+from retrysafe.server._engine import (
+    RECORD_WAIT,
+    Claimed,
+    ClaimOutcome,
+    Op,
+    adrive,
+    claim_key,
+    drive,
+    settle,
+)
+from retrysafe.stores._base import AsyncKeyStore, KeyStore
 from retrysafe.webhooks._signing import (
     DEFAULT_TOLERANCE,
     Body,
@@ -73,12 +99,14 @@ class WebhookVerifier:
         tolerance: seconds the ``webhook-timestamp`` may differ from the clock (default 300).
         retention: seconds a handled id is remembered (default 7 days; longer than the
             sender's whole retry schedule).
-        lease: seconds a handler may run before another delivery of the same id may take
-            over (default 60).
+        lease: seconds a delivery's claim holds without renewal (default 10 s): how long a
+            receiver that died mid-handler blocks the id. A live handler renews it every
+            ``heartbeat`` seconds (default lease / 3), up to ``max_run_time`` (default 600 s).
         clock: Unix-seconds clock.
 
     Raises:
-        ConfigurationError: a malformed secret, bad durations.
+        ConfigurationError: a malformed secret, bad durations (see
+            :func:`~retrysafe.core.lease_timing`).
     """
 
     def __init__(
@@ -88,16 +116,21 @@ class WebhookVerifier:
         store: KeyStore | str | None = None,
         tolerance: float = DEFAULT_TOLERANCE,
         retention: float = 7 * 24 * 3600.0,
-        lease: float = 60.0,
+        lease: float = 10.0,
+        heartbeat: float | None = None,
+        max_run_time: float = 600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         secrets = [secret] if isinstance(secret, str) else list(secret)
         self._keys = [parse_secret(s) for s in secrets]
         if not self._keys:
             raise ConfigurationError("at least one secret is needed", option="secret")
-        for name, value in (("tolerance", tolerance), ("retention", retention), ("lease", lease)):
-            if not isinstance(value, (int, float)) or value <= 0:
+        for name, value in (("tolerance", tolerance), ("retention", retention)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigurationError(f"{name} must be > 0 seconds", option=name)
+        self.timing: LeaseTiming = lease_timing(
+            lease, heartbeat=heartbeat, max_run_time=max_run_time
+        )
         self._owns_store = isinstance(store, str)
         if isinstance(store, str):
             from retrysafe.stores import open_store
@@ -105,9 +138,10 @@ class WebhookVerifier:
             self.store: KeyStore | None = open_store(store)
         else:
             self.store = store
+        self._astore: AsyncKeyStore | None = None
         self.tolerance = float(tolerance)
         self.retention = float(retention)
-        self.lease = float(lease)
+        self.lease = self.timing.lease
         self._clock = clock
 
     def close(self) -> None:
@@ -139,42 +173,52 @@ class WebhookVerifier:
             raise WebhookVerificationError("body is not JSON", webhook_id=webhook_id) from None
         return webhook_id, payload
 
+    # ------------------------------------------------------------------ the claim, once
     @staticmethod
     def _key_hash(webhook_id: str) -> str:
         return hashlib.sha256(b"webhook-id\x00" + webhook_id.encode()).hexdigest()
 
-    def _claim(self, webhook_id: str, body: bytes) -> tuple[str, int | None]:
-        """``("run", token)``, ``("duplicate", None)`` or ``("in_progress", None)``."""
-        assert self.store is not None
-        key_hash = self._key_hash(webhook_id)
-        fingerprint = hashlib.sha256(body).hexdigest()
-        now = self._clock()
-        claimed, record = self.store.claim(
-            key_hash, fingerprint, now=now, lease=self.lease, retention=self.retention
-        )
-        if claimed:
-            return "run", record.fencing_token
-        if record.state is KeyState.COMPLETED:
-            return "duplicate", None
-        if record.lease_expires_at <= now:
-            taken = self.store.take_over(key_hash, record.fencing_token, now=now, lease=self.lease)
-            if taken is not None:
-                return "run", taken.fencing_token
-        return "in_progress", None
-
-    def _complete(self, webhook_id: str, token: int) -> None:
-        assert self.store is not None
-        self.store.complete(
+    def _claim(self, webhook_id: str, body: bytes) -> Generator[Op, Any, ClaimOutcome]:
+        """The middleware's claim conversation for this delivery (fingerprint: the body)."""
+        return claim_key(
             self._key_hash(webhook_id),
-            token,
-            _ACK,
-            now=self._clock(),
+            hashlib.sha256(body).hexdigest(),
+            clock=self._clock,
+            lease=self.timing.lease,
             retention=self.retention,
         )
 
-    def _release(self, webhook_id: str, token: int) -> None:
-        assert self.store is not None
-        self.store.release(self._key_hash(webhook_id), token)
+    def _renew(self, webhook_id: str, token: int) -> Op:
+        return (
+            "extend_lease",
+            (self._key_hash(webhook_id), token),
+            {"now": self._clock(), "lease": self.timing.lease},
+        )
+
+    def _finish(self, webhook_id: str, token: int, done: bool) -> Op:
+        """Complete the claim (the handler succeeded) or release it (it failed)."""
+        key_hash = self._key_hash(webhook_id)
+        if done:
+            return (
+                "complete",
+                (key_hash, token, _ACK),
+                {"now": self._clock(), "retention": self.retention},
+            )
+        return ("release", (key_hash, token), {})
+
+    @staticmethod
+    def _answered(webhook_id: str, payload: Any, outcome: ClaimOutcome) -> Receipt:
+        """The receipt for a delivery that does not run (or the conflict it is)."""
+        if isinstance(outcome, KeyReused):
+            raise WebhookIdReusedError(
+                f"webhook-id {webhook_id!r} was already received with another body: a sender "
+                "bug or a forged redelivery, not a duplicate",
+                webhook_id=webhook_id,
+                stored_fingerprint=outcome.stored_fingerprint,
+                fingerprint=outcome.fingerprint,
+            )
+        busy = isinstance(outcome, InProgress)
+        return Receipt(webhook_id, payload, not busy, busy)
 
     def receive(self, headers: Headers, body: Body, handler: Callable[[Any], _T]) -> Receipt:
         """Verify, then run ``handler(payload)`` once per ``webhook-id``.
@@ -182,24 +226,68 @@ class WebhookVerifier:
         Raises:
             WebhookVerificationError: verification failed (answer 400/401; the handler did
                 not run).
+            WebhookIdReusedError: the id was already received with another body (answer
+                422; the handler did not run).
+            StoreError: the store could not claim the id, or could not record the handled
+                one within a second (answer 503; the sender retries).
             Exception: whatever the handler raised (the claim is released, so the sender's
                 retry runs it again).
             TypeError: headers or body of another type (see :meth:`verify`).
         """
         body = as_body(body)
         webhook_id, payload = self.verify(headers, body)
-        if self.store is None:
+        store = self.store
+        if store is None:
             return Receipt(webhook_id, payload, False, False, handler(payload))
-        state, token = self._claim(webhook_id, body)
-        if token is None:
-            return Receipt(webhook_id, payload, state == "duplicate", state == "in_progress")
+        outcome = drive(self._claim(webhook_id, body), store)
+        if not isinstance(outcome, Claimed):
+            return self._answered(webhook_id, payload, outcome)
+        token = outcome.fencing_token
+        beat = Heartbeat(
+            lambda: bool(drive(_one(self._renew(webhook_id, token)), store)),
+            self.timing,
+            clock=self._clock,
+            started=outcome.at,
+        ).start()
         try:
             result = handler(payload)
         except BaseException:
-            self._release(webhook_id, token)
+            beat.stop()
+            drive(settle(self._finish(webhook_id, token, False), wait=RECORD_WAIT), store)
             raise
-        self._complete(webhook_id, token)
+        try:
+            drive(settle(self._finish(webhook_id, token, True), wait=RECORD_WAIT), store)
+        finally:
+            beat.stop()
         return Receipt(webhook_id, payload, False, False, result)
+
+    def _async_store(self) -> AsyncKeyStore:
+        if self._astore is None:
+            from retrysafe.stores import as_async_key_store
+
+            assert self.store is not None
+            self._astore = as_async_key_store(self.store)
+        return self._astore
+
+    async def aclaim(self, webhook_id: str, body: bytes) -> ClaimOutcome:
+        """Claim a verified delivery on the store's async face (see :meth:`areceive`)."""
+        return await adrive(self._claim(webhook_id, body), self._async_store())
+
+    def aheartbeat(self, webhook_id: str, claimed: Claimed) -> AsyncHeartbeat:
+        """Renew a claimed delivery's lease from the event loop until ``stop()``."""
+        astore = self._async_store()
+        token = claimed.fencing_token
+
+        async def renew() -> bool:
+            return bool(await adrive(_one(self._renew(webhook_id, token)), astore))
+
+        return AsyncHeartbeat(renew, self.timing, clock=self._clock, started=claimed.at).start()
+
+    async def afinish(self, webhook_id: str, claimed: Claimed, done: bool) -> None:
+        """Complete (``done``) or release a claimed delivery on the async face, retrying a
+        briefly unavailable store for a second (raises :class:`~retrysafe.StoreError`)."""
+        op = self._finish(webhook_id, claimed.fencing_token, done)
+        await adrive(settle(op, wait=RECORD_WAIT), self._async_store())
 
     async def areceive(
         self,
@@ -207,20 +295,25 @@ class WebhookVerifier:
         body: Body,
         handler: Callable[[Any], Awaitable[_T]],
     ) -> Receipt:
-        """:meth:`receive` for an async handler."""
+        """:meth:`receive` for an async handler; every store call uses the store's async face."""
         body = as_body(body)
         webhook_id, payload = self.verify(headers, body)
         if self.store is None:
             return Receipt(webhook_id, payload, False, False, await handler(payload))
-        state, token = self._claim(webhook_id, body)
-        if token is None:
-            return Receipt(webhook_id, payload, state == "duplicate", state == "in_progress")
+        outcome = await self.aclaim(webhook_id, body)
+        if not isinstance(outcome, Claimed):
+            return self._answered(webhook_id, payload, outcome)
+        beat = self.aheartbeat(webhook_id, outcome)
         try:
             result = await handler(payload)
         except BaseException:
-            self._release(webhook_id, token)
+            beat.stop()
+            await self.afinish(webhook_id, outcome, False)
             raise
-        self._complete(webhook_id, token)
+        try:
+            await self.afinish(webhook_id, outcome, True)
+        finally:
+            beat.stop()
         return Receipt(webhook_id, payload, False, False, result)
 
     def handler(self, fn: Callable[[Any], _T]) -> Callable[[Headers, Body], Receipt]:
@@ -240,14 +333,22 @@ class WebhookVerifier:
         return wrapper
 
 
+def _one(op: Op) -> Generator[Op, Any, Any]:
+    """A conversation of one store operation."""
+    return (yield op)
+
+
 class WebhookMiddleware:
     """Pure ASGI middleware that verifies webhooks on ``path`` and passes each
     ``webhook-id`` to the app once.
 
     Answers without calling the app: 401 (problem+json) when verification fails, 200
-    ``{"duplicate": true}`` for an id already handled, 409 with ``Retry-After`` while
-    another delivery of it runs. A 2xx from the app completes the id; anything else (or an
-    exception) releases it so the sender's retry runs again. Other paths pass through.
+    ``{"duplicate": true}`` for an id already handled with the same body, 422
+    ``webhook-id-reused`` for an id already received with another body, 409 with
+    ``Retry-After`` while another delivery of it runs, 503 when the store cannot claim it.
+    While the app runs the claim's lease is renewed. A 2xx from the app completes the id;
+    anything else (or an exception) releases it so the sender's retry runs again. Other paths
+    pass through.
 
     Args:
         app: the ASGI application.
@@ -282,15 +383,32 @@ class WebhookMiddleware:
         except WebhookVerificationError as exc:
             await _answer(send, 401, {"type": "webhook-verification", "detail": exc.reason})
             return
-        token = None
-        if self.verifier.store is not None:
-            state, token = self.verifier._claim(webhook_id, body)
-            if state == "duplicate":
-                await _answer(send, 200, {"duplicate": True, "webhook_id": webhook_id})
+        verifier = self.verifier
+        claimed: Claimed | None = None
+        if verifier.store is not None:
+            try:
+                outcome = await verifier.aclaim(webhook_id, body)
+            except StoreError:
+                await _answer(send, 503, {"type": "store-unavailable"}, retry_after=True)
                 return
-            if state == "in_progress":
+            if isinstance(outcome, KeyReused):
+                await _answer(
+                    send,
+                    422,
+                    {
+                        "type": "webhook-id-reused",
+                        "webhook_id": webhook_id,
+                        "detail": "this webhook-id was already received with another body",
+                    },
+                )
+                return
+            if isinstance(outcome, InProgress):
                 await _answer(send, 409, {"in_progress": True}, retry_after=True)
                 return
+            if not isinstance(outcome, Claimed):
+                await _answer(send, 200, {"duplicate": True, "webhook_id": webhook_id})
+                return
+            claimed = outcome
         status: list[int] = []
         sent_body = False
 
@@ -306,17 +424,20 @@ class WebhookMiddleware:
                 status.append(int(message["status"]))
             await send(message)
 
+        if claimed is None:
+            await self.app(scope, replay, watch)
+            return
+        beat = verifier.aheartbeat(webhook_id, claimed)
         try:
             await self.app(scope, replay, watch)
         except BaseException:
-            if token is not None:
-                self.verifier._release(webhook_id, token)
+            beat.stop()
+            await verifier.afinish(webhook_id, claimed, False)
             raise
-        if token is not None:
-            if status and 200 <= status[0] < 300:
-                self.verifier._complete(webhook_id, token)
-            else:
-                self.verifier._release(webhook_id, token)
+        try:
+            await verifier.afinish(webhook_id, claimed, bool(status and 200 <= status[0] < 300))
+        finally:
+            beat.stop()
 
 
 async def _answer(send: _Send, status: int, doc: dict[str, Any], retry_after: bool = False) -> None:
