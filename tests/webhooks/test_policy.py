@@ -254,3 +254,11 @@ def test_rate_limited_endpoint_is_never_sent_faster(
     assert min(gaps) >= 0.07  # 100 ms slots, minus slack for connection set-up
     assert {d.state for d in hooks.deliveries()} == {JobState.SUCCEEDED}
     assert all(d.sends == 1 for d in hooks.deliveries())  # deferrals are not attempts
+
+
+def test_a_retry_due_after_the_deadline_goes_to_the_dlq() -> None:
+    """The schedule plugs into the one retry rule, so the delivery's deadline is honoured: a
+    retry that would be due after it ends the delivery UNKNOWN (the DLQ), not PENDING."""
+    s = step(503, deadline_at=1000.5)  # the schedule's first wait is >= 1 s
+    assert (s.state, s.reason) == (JobState.UNKNOWN, "deadline exhausted")
+    assert step(503, deadline_at=1005.0).state is JobState.PENDING

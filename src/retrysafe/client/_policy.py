@@ -13,18 +13,21 @@ import random
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.core import Action, Backoff, Classification, Jitter
 from retrysafe.stores._base import JobState
 
 __all__ = [
+    "DelayPolicy",
     "RetryPolicy",
     "Step",
     "count",
     "deadline_passed",
     "next_step",
     "reconcile_step",
+    "retry_step",
     "seconds",
 ]
 
@@ -218,25 +221,79 @@ def next_step(
         The :class:`Step`. Exhausted attempts, polls or deadline give UNKNOWN, never a
         silent failure.
     """
+    if classification.action is Action.POLL:
+        # 409 request-in-progress: the operation runs elsewhere. Poll on its own schedule,
+        # never counted as a failure, same key.
+        if polls + 1 >= policy.polls:
+            return Step(JobState.UNKNOWN, now, 0.0, False, "still in progress after polls")
+        capped = None if retry_after is None else min(retry_after, policy.retry_after_max_s)
+        delay = capped if capped is not None else policy.poll_interval_s
+        return _schedule(delay, now, deadline_at, counted=False, reason="poll")
+    return retry_step(
+        classification,
+        delays=policy.backoff,
+        limit=policy.attempts,
+        attempts=attempts,
+        now=now,
+        deadline_at=deadline_at,
+        previous_delay=previous_delay,
+        retry_after=retry_after,
+        retry_after_max=policy.retry_after_max_s,
+        rng=rng,
+    )
+
+
+class DelayPolicy(Protocol):
+    """How long to wait before a retry: :class:`~retrysafe.core.Backoff` (the outbox) or a
+    webhook :class:`~retrysafe.webhooks.Schedule` (SPEC §6)."""
+
+    def delay(self, attempt: int, /, *, previous: float, rng: random.Random) -> float:
+        """Seconds before retry number ``attempt`` (0-based); ``previous``: the last wait."""
+        ...
+
+
+def retry_step(
+    classification: Classification,
+    *,
+    delays: DelayPolicy,
+    limit: int,
+    attempts: int,
+    now: float,
+    deadline_at: float | None,
+    previous_delay: float,
+    retry_after: float | None,
+    retry_after_max: float,
+    rng: random.Random,
+) -> Step:
+    """The job's next state after an attempt that is not a 409 poll (SPEC §5 table): the one
+    rule for succeed / reject / retry-with-backoff / exhausted, whatever the delay policy.
+
+    Args:
+        classification: the attempt's classification (its action is not ``POLL``).
+        delays: the delay policy (the outbox's backoff, a webhook schedule).
+        limit: counted attempts in all, the first included.
+        attempts: counted attempts before this one.
+        now: Unix seconds when the attempt ended.
+        deadline_at: the job's deadline (Unix seconds) or None: a retry due at or after it
+            ends the job UNKNOWN instead.
+        previous_delay: the previous wait (decorrelated jitter), 0 if none.
+        retry_after: the parsed ``Retry-After`` in seconds, or None; it raises the wait
+            (capped at ``retry_after_max``) where the classification honours it.
+        rng: the random source for jitter.
+
+    Returns:
+        The :class:`Step`; exhausted attempts or deadline give UNKNOWN, never a silent failure.
+    """
     action = classification.action
     if action is Action.SUCCEED:
         return Step(JobState.SUCCEEDED, now, 0.0, True, "succeeded")
     if action is Action.REJECT:
         return Step(JobState.REJECTED, now, 0.0, True, "rejected")
-    capped = None if retry_after is None else min(retry_after, policy.retry_after_max_s)
-    if action is Action.POLL:
-        # 409 request-in-progress: the operation runs elsewhere. Poll on its own schedule,
-        # never counted as a failure, same key.
-        if polls + 1 >= policy.polls:
-            return Step(JobState.UNKNOWN, now, 0.0, False, "still in progress after polls")
-        delay = capped if capped is not None else policy.poll_interval_s
-        return _schedule(delay, now, deadline_at, counted=False, reason="poll")
-    counted_attempts = attempts + 1
-    if counted_attempts >= policy.attempts:
+    if attempts + 1 >= limit:
         return Step(JobState.UNKNOWN, now, 0.0, True, "attempts exhausted")
-    delay = policy.backoff.delay(attempts, previous=previous_delay or 0.0, rng=rng)
-    if classification.honour_retry_after and capped is not None:
-        delay = max(delay, capped)
+    delay = delays.delay(attempts, previous=previous_delay or 0.0, rng=rng)
+    if classification.honour_retry_after and retry_after is not None:
+        delay = max(delay, min(retry_after, retry_after_max))
     return _schedule(delay, now, deadline_at, counted=True, reason="retry")
 
 

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe.client._policy import Step
+from retrysafe.client._policy import Step, retry_step
 from retrysafe.core import Action, Classification
 from retrysafe.stores._base import JobState
 
@@ -80,8 +80,9 @@ class Schedule:
                     option="schedule",
                 )
 
-    def delay(self, retry: int, rng: random.Random) -> float:
-        """Seconds to wait before retry number ``retry`` (0-based)."""
+    def delay(self, retry: int, /, rng: random.Random, *, previous: float = 0.0) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based); ``previous`` is unused
+        (a :class:`~retrysafe.client._policy.DelayPolicy`)."""
         if self.delays is not None:
             base = self.delays[min(retry, len(self.delays) - 1)] if self.delays else 0.0
         else:
@@ -164,8 +165,13 @@ def decide(
     endpoint_enabled: bool,
     default: Step,
     rng: random.Random,
+    deadline_at: float | None = None,
 ) -> Step:
     """The delivery's next step after one attempt (SPEC §5 classification + §6 schedule).
+
+    The one retry rule (:func:`retrysafe.client._policy.retry_step`) with the endpoint's
+    schedule as its delay policy, plus one §6 rule: a delivery to an endpoint disabled
+    meanwhile is parked (CANCELLED, replayable) instead of retried.
 
     Args:
         classification: the attempt's classification.
@@ -177,26 +183,29 @@ def decide(
         endpoint_enabled: False when the endpoint was disabled meanwhile.
         default: the outbox's own step (kept for 409 polls).
         rng: jitter source.
+        deadline_at: the delivery job's deadline (Unix seconds) or None: a retry due at or
+            after it ends the delivery UNKNOWN (the DLQ).
 
     Returns:
         SUCCEEDED (2xx), REJECTED (other 4xx: never retried), PENDING with the schedule's
-        wait (5xx, 408, 429, transport errors), UNKNOWN when the schedule is exhausted (the
-        DLQ), or CANCELLED when the endpoint is disabled (kept, replayable).
+        wait (5xx, 408, 429, transport errors), UNKNOWN when the schedule or the deadline is
+        exhausted (the DLQ), or CANCELLED when the endpoint is disabled (kept, replayable).
     """
-    action = classification.action
-    if action is Action.SUCCEED:
-        return Step(JobState.SUCCEEDED, now, 0.0, True, "succeeded")
-    if action is Action.REJECT:
-        return Step(JobState.REJECTED, now, 0.0, True, "rejected")
-    if action is Action.POLL:
+    if classification.action is Action.POLL:
         step = default
-    elif attempts + 1 >= schedule.attempts:
-        return Step(JobState.UNKNOWN, now, 0.0, True, "attempts exhausted")
     else:
-        delay = schedule.delay(attempts, rng)
-        if classification.honour_retry_after and retry_after is not None:
-            delay = max(delay, min(retry_after, retry_after_max))
-        step = Step(JobState.PENDING, now + delay, delay, True, "retry")
+        step = retry_step(
+            classification,
+            delays=schedule,
+            limit=schedule.attempts,
+            attempts=attempts,
+            now=now,
+            deadline_at=deadline_at,
+            previous_delay=0.0,
+            retry_after=retry_after,
+            retry_after_max=retry_after_max,
+            rng=rng,
+        )
     if step.state is JobState.PENDING and not endpoint_enabled:
         return Step(JobState.CANCELLED, now, 0.0, step.counted, "endpoint disabled")
     return step

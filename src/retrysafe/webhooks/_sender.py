@@ -699,6 +699,7 @@ class Webhooks:
             endpoint_enabled=endpoint is not None and endpoint.enabled,
             default=step,
             rng=self._rng,
+            deadline_at=job.deadline_at,
         )
 
     def _on_attempt(self, job: Job, attempt: Attempt, step: Step) -> None:
