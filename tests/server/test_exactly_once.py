@@ -282,3 +282,80 @@ def test_answer_that_cannot_be_recorded_is_503_then_replayed(
         assert h.effects.counts["slow"] == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("framework", ["starlette", "fastapi", "flask"])
+def test_streamed_answer_to_a_client_that_stays_is_whole_and_replayed(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A streamed answer (Starlette's StreamingResponse, Flask's generator) reaches a client
+    that reads it all, whole; it is stored once, replayed whole, and no lease is lost."""
+    h = serve(clock=time.time, lease=0.6)
+    caplog.set_level(logging.INFO, logger="retrysafe.server")
+    first = _post(h, "/stream", "whole-1", timeout=10)
+    assert (first.status_code, first.content) == (201, stream_body(1))
+    time.sleep(0.5)  # past a heartbeat: a renewal of the finished key would say lease-lost
+    again = _post(h, "/stream", "whole-1", timeout=10)
+    assert is_replay(again) and again.content == stream_body(1)
+    decisions = [getattr(r, "decision", "") for r in caplog.records]
+    assert "stored" in decisions and "lease-lost" not in decisions
+    assert h.effects.counts["stream"] == 1
+
+
+def test_file_response_behind_the_middleware_is_whole(tmp_path: Path) -> None:
+    """Starlette's FileResponse passes through whole (201 and its bytes), and replays."""
+    from starlette.applications import Starlette
+    from starlette.responses import FileResponse
+    from starlette.routing import Route
+
+    from retrysafe._serving import ServerThread
+    from retrysafe.server import IdempotencyMiddleware
+
+    report = tmp_path / "report.csv"
+    report.write_bytes(b"id,total\n" + b"".join(b"%d,%d\n" % (i, i * 7) for i in range(5000)))
+
+    async def export(request: object) -> FileResponse:
+        return FileResponse(report, status_code=201, media_type="text/csv")
+
+    store = SQLiteStore(tmp_path / "keys.db")
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/export", export, methods=["POST"])]), store, lease=1
+    )
+    with ServerThread(app) as server:
+        headers = {"Idempotency-Key": "file-1"}
+        first = httpx.post(server.url + "/export", headers=headers, timeout=10)
+        again = httpx.post(server.url + "/export", headers=headers, timeout=10)
+    assert (first.status_code, first.content) == (201, report.read_bytes())
+    assert is_replay(again) and again.content == report.read_bytes()
+    store.close()
+
+
+@BOTH
+def test_store_down_longer_than_the_lease_never_lets_a_retry_take_over(
+    serve: Serve, full_disk: Path
+) -> None:
+    """The disk stays full for three leases: retries meanwhile and right after it frees get
+    503 from the process still holding the unrecorded answer, never a take-over; then the
+    replay; one effect."""
+    store = SQLiteStore(full_disk / "keys.db")
+    try:
+        h = serve(store=store, clock=time.time, lease=0.6)
+        result: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: result.append(_post(h, "/slow", "d2", 15)))
+        sender.start()
+        assert h.effects.entered.wait(5)
+        filler = _fill(full_disk)
+        h.effects.gate.set()
+        sender.join(15)
+        assert_problem(result[0], 503, "store-unavailable")
+        time.sleep(1.8)  # three leases, no renewal can land
+        assert_problem(_post(h, "/slow", "d2", timeout=5), 503, "store-unavailable")
+        filler.unlink()
+        answers = [_post(h, "/slow", "d2", timeout=5) for _ in range(3)]  # at once
+        _wait(lambda: _completed(h))
+        answers.append(_post(h, "/slow", "d2", timeout=5))
+        assert all(r.status_code in (201, 503) for r in answers)
+        assert is_replay(answers[-1]) and answers[-1].json() == {"n": 1}
+        assert h.effects.counts["slow"] == 1
+    finally:
+        store.close()

@@ -534,3 +534,23 @@ def test_cli_gateway_bad_lease_timing_and_methods_exit_2(args: list[str]) -> Non
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(("retrysafe: error:", "Usage:")), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_unknown_outcome_stays_claimed_past_the_lease(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """An upstream that outlives the total deadline (outcome unknown) keeps its key claimed
+    and renewed, not just for one lease: retries long after the 1 s lease still get 409 and
+    the upstream runs once."""
+    store = SQLiteStore(tmp_path / "unknown.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=0.5), store=store, lease=1)
+    headers = {"Idempotency-Key": "unknown-1"}
+    with ServerThread(app) as gw:
+        assert httpx.post(gw.url + "/ai", json={}, headers=headers).status_code == 504
+        statuses = []
+        for _ in range(10):  # 3 s: three leases
+            time.sleep(0.3)
+            statuses.append(httpx.post(gw.url + "/ai", json={}, headers=headers).status_code)
+    assert statuses == [409] * 10
+    assert effects["ai"] == 1
+    store.close()

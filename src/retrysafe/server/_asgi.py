@@ -238,7 +238,7 @@ class _Responder(Claimant):
       ``receive`` never reports the disconnect before the response ends.
     """
 
-    __slots__ = ("_ended", "beat", "gone", "held", "length", "sent", "wrapped")
+    __slots__ = ("_ended", "answered", "beat", "gone", "held", "length", "sent", "wrapped")
 
     def __init__(
         self,
@@ -255,6 +255,7 @@ class _Responder(Claimant):
         self.held: list[Message] = []  # messages waiting for the record
         self.length = -1  # the declared Content-Length, or -1
         self._ended: asyncio.Event | None = None
+        self.answered = False  # the end of the answer reached the server (or was replaced)
         self.beat = AsyncHeartbeat(
             self._renew,
             engine.timing,
@@ -271,9 +272,11 @@ class _Responder(Claimant):
         return await adrive(self.engine.renew(self.req), self.store)
 
     async def wait_end(self) -> Message:
-        """The app's ``receive`` once its body was read: ``http.disconnect``, but only after
-        the response ended, so a departed client never makes the app stop half-way."""
-        if not self.finalized:
+        """The app's ``receive`` once its body was read: ``http.disconnect``, but only once
+        the end of the response has been handed to the server (or replaced), as a real
+        server would say it — so a departed client never makes the app stop half-way, and the
+        app (Starlette's disconnect listener) never cancels its own answer mid-record."""
+        if not self.answered:
             if self._ended is None:
                 self._ended = asyncio.Event()
             await self._ended.wait()
@@ -330,32 +333,42 @@ class _Responder(Claimant):
             )
 
     # -------------------------------------------------------------- the end
-    def _ended_now(self) -> None:
-        self.finalized = True
+    def _answered_now(self) -> None:
+        self.answered = True
         if self._ended is not None:
             self._ended.set()
 
     async def _finalize(self) -> None:
-        self._ended_now()
-        self.beat.bounded = False  # the handler is done; only its record may still be pending
+        self.finalized = True
+        beat = self.beat
+        beat.bounded = False  # the handler is done; only its record may still be pending
         state = self.state
         unknown = outcome_unknown(state)
-        if "effect" in state:
-            verdict = await self._end_effect(unknown, None)
-        else:
-            verdict = await adrive(
-                self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
-            )
-        if verdict == UNRECORDED and self.req.pending is not None:
-            task = asyncio.get_running_loop().create_task(self._record_later())
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
-        else:
-            self.beat.stop()
-        if verdict == FORWARD:
-            await self._forward(None)
-        else:
-            await self._replace(verdict)
+        verdict: Verdict = FORWARD
+        try:
+            if "effect" in state:
+                verdict = await self._end_effect(unknown, None)
+                unknown = False  # rolled back: nothing is left to keep claimed
+            else:
+                verdict = await adrive(
+                    self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
+                )
+        finally:
+            if verdict == UNRECORDED and self.req.pending is not None:
+                task = asyncio.get_running_loop().create_task(self._record_later())
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+            elif unknown:
+                beat.bounded = True  # outcome unknown: claimed, renewed up to max_run_time
+            else:
+                beat.stop()
+        try:
+            if verdict == FORWARD:
+                await self._forward(None)
+            else:
+                await self._replace(verdict)
+        finally:
+            self._answered_now()
 
     async def _record_later(self) -> None:
         try:
@@ -397,19 +410,24 @@ class _Responder(Claimant):
 
     async def abort(self, exc: BaseException | None) -> None:
         """The app raised (``exc``) or returned without ending its response: release the key,
-        or keep it as outcome-unknown when the response had started (SPEC §4)."""
+        or keep it claimed as outcome-unknown when the response had started (SPEC §4)."""
         if self.finalized:
             return
-        self._ended_now()
-        self.beat.stop()
+        self.finalized = True
+        self._answered_now()
         self.held = []  # the end of an unfinished answer never leaves
-        if "effect" in self.state:
-            await self._end_effect(outcome_unknown(self.state), exc)
-            return
-        conversation = self.engine.abandon(
-            self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
-        )
-        await adrive(conversation, self.store)
+        kept = False
+        try:
+            if "effect" in self.state:
+                await self._end_effect(outcome_unknown(self.state), exc)
+                return
+            conversation = self.engine.abandon(
+                self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
+            )
+            kept = await adrive(conversation, self.store)
+        finally:
+            if not kept:  # outcome unknown: claimed, renewed up to max_run_time
+                self.beat.stop()
 
 
 class _BodyReceive:

@@ -264,6 +264,7 @@ class Engine:
         "lease",
         "max_body_size",
         "max_replay_size",
+        "pending_keys",
         "protected_methods",
         "retention",
         "scope",
@@ -279,6 +280,10 @@ class Engine:
         self.scope = config.scope
         self.timing = config.lease_timing
         self.lease = self.timing.lease
+        # Keys whose answer this process holds but could not record yet (record_later): a
+        # retry reaching this process is told to wait, never allowed to take the key over,
+        # however long the store was down.
+        self.pending_keys: set[str] = set()
         self.retention = config.retention_seconds
         self.wait = config.in_progress_wait_seconds
         self.max_body_size = config.max_body_size
@@ -431,8 +436,12 @@ class Engine:
         """Claim the key or answer for it (SPEC §3 rows with a valid key).
 
         Yields store operations; the driver sends back each result. Returns None when the
-        handler must run (``req.token`` then holds the fencing token), else the answer.
+        handler must run (``req.token`` then holds the fencing token), else the answer. A key
+        whose answer this process is still recording in the background answers 503
+        ``store-unavailable`` without asking the store.
         """
+        if req.key_hash in self.pending_keys:
+            return self._store_unavailable
         outcome = yield from claim_key(
             req.key_hash,
             req.fingerprint,
@@ -548,6 +557,7 @@ class Engine:
                 self._log_store_failed(req, capture.status, op, exc)
                 return FORWARD
             req.pending = op
+            self.pending_keys.add(req.key_hash)
             self.log_decision(
                 "unrecorded",
                 req.method,
@@ -579,14 +589,16 @@ class Engine:
             return
         finally:
             req.pending = None
+            self.pending_keys.discard(req.key_hash)
+        status = op[1][2].status if op[0] == "complete" else 0
         if ok:
             self.log_decision(
-                "stored-late", req.method, req.path, 0, req.started, req.key_hash,
+                "stored-late", req.method, req.path, status, req.started, req.key_hash,
                 level=logging.WARNING, claim=req.claim,
                 detail="the answer was recorded after the store recovered; retries replay it",
             )
         else:
-            self.log_finish(req, op, False, 0)
+            self.log_finish(req, op, False, status)
 
     def abandon(
         self,
@@ -596,7 +608,7 @@ class Engine:
         unknown: bool,
         error: BaseException | str | None,
         undone: bool = False,
-    ) -> Generator[Op, Any, None]:
+    ) -> Generator[Op, Any, bool]:
         """The handler raised (``error``) or stopped without a complete response, and log.
 
         The key is released so the next attempt runs again only when the unfinished response
@@ -604,22 +616,26 @@ class Engine:
         408 or 429), or when ``undone`` (transactional mode rolled the effect back). A
         response that had started otherwise, or one the app marked unknown, keeps the key
         claimed as outcome-unknown (the effect may have happened).
+
+        Returns:
+            True when the key stays claimed as outcome-unknown: the driver keeps renewing its
+            lease (up to ``max_run_time`` from the claim) instead of letting it run out.
         """
         if unknown or not (
             undone
             or releases_unfinished(capture.status, store_server_errors=self.store_server_errors)
         ):
             self.log_unknown(req, capture.status, error=_describe(error))
-            return
+            return True
         op = self.release(req)
         try:
             ok = yield from self.settle(req, op, wait=RECORD_WAIT)
         except StoreError as exc:
             self._log_store_failed(req, capture.status, op, exc)
-            return
+            return False
         if not ok:
             self.log_finish(req, op, False, capture.status)
-            return
+            return False
         self.log_decision(
             "released",
             req.method,
@@ -631,6 +647,7 @@ class Engine:
             claim=req.claim,
             error=_describe(error),
         )
+        return False
 
     def end_effect(
         self,
@@ -783,7 +800,8 @@ class Engine:
             req.key_hash,
             level=logging.WARNING,
             claim=req.claim,
-            detail="the effect may have happened; the key stays claimed until its lease ends",
+            detail="the effect may have happened; the key stays claimed (renewed up to "
+            "max_run_time from its claim), then its lease runs out",
             **fields,
         )
 

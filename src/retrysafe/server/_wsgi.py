@@ -270,20 +270,27 @@ class _Run(Claimant):
         end leaves; when the record cannot land, keep recording it in a background thread."""
         self.finalized = True
         self.capture.complete = True
-        self.beat.bounded = False
+        beat = self.beat
+        beat.bounded = False
         unknown = outcome_unknown(self.state)
-        if "effect" in self.state:
-            verdict = self._end_effect(unknown, None)
-        else:
-            verdict = drive(
-                self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
-            )
-        if verdict == UNRECORDED and self.req.pending is not None:
-            threading.Thread(
-                target=self._record_later, name="retrysafe-record", daemon=True
-            ).start()
-        else:
-            self.beat.stop()
+        verdict: Verdict = FORWARD
+        try:
+            if "effect" in self.state:
+                verdict = self._end_effect(unknown, None)
+                unknown = False  # rolled back: nothing is left to keep claimed
+            else:
+                verdict = drive(
+                    self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
+                )
+        finally:
+            if verdict == UNRECORDED and self.req.pending is not None:
+                threading.Thread(
+                    target=self._record_later, name="retrysafe-record", daemon=True
+                ).start()
+            elif unknown:
+                beat.bounded = True  # outcome unknown: claimed, renewed up to max_run_time
+            else:
+                beat.stop()
         return verdict
 
     def _record_later(self) -> None:
@@ -293,19 +300,23 @@ class _Run(Claimant):
             self.beat.stop()
 
     def abort(self, exc: BaseException | None) -> None:
-        """The handler raised (``exc``): release the key, or keep it as outcome-unknown when
-        the response had started (SPEC §4)."""
+        """The handler raised (``exc``): release the key, or keep it claimed as
+        outcome-unknown when the response had started (SPEC §4)."""
         if self.finalized:
             return
         self.finalized = True
-        self.beat.stop()
-        if "effect" in self.state:
-            self._end_effect(outcome_unknown(self.state), exc)
-            return
-        conversation = self.engine.abandon(
-            self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
-        )
-        drive(conversation, self.store)
+        kept = False
+        try:
+            if "effect" in self.state:
+                self._end_effect(outcome_unknown(self.state), exc)
+                return
+            conversation = self.engine.abandon(
+                self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
+            )
+            kept = drive(conversation, self.store)
+        finally:
+            if not kept:  # outcome unknown: claimed, renewed up to max_run_time
+                self.beat.stop()
 
 
 class _Response:
