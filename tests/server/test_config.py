@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from datetime import timedelta
@@ -119,3 +120,28 @@ async def _asgi_app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no 
 
 def _wsgi_app(environ: Any, start_response: Any) -> list[bytes]:  # pragma: no cover
     return []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [math.nan, math.inf, 1e30, True, 2.5, 1e-9, "1", None, -1, 3601, timedelta(seconds=1.5)],
+)
+def test_store_retry_after_must_be_whole_seconds_in_range(value: object) -> None:
+    """Retry-After is sent as whole seconds: NaN, infinity, fractions, bools, strings and
+    values outside 0-3600 are refused, never sent as a broken header."""
+    with pytest.raises(ConfigurationError) as info:
+        IdempotencyConfig(store_retry_after=value)  # type: ignore[arg-type]
+    assert info.value.option == "store_retry_after"
+
+
+def test_store_retry_after_takes_a_whole_second_timedelta() -> None:
+    """A whole-second timedelta becomes its seconds."""
+    assert IdempotencyConfig(store_retry_after=timedelta(seconds=3)).store_retry_after == 3
+
+
+@pytest.mark.parametrize("value", [1e30, 366 * 86400.0])
+def test_retention_longer_than_a_year_is_refused(value: float) -> None:
+    """An absurd retention (Redis cannot even express 1e30 s) is a ConfigurationError."""
+    with pytest.raises(ConfigurationError) as info:
+        IdempotencyConfig(retention=value)
+    assert info.value.option == "retention"

@@ -359,3 +359,26 @@ def test_store_down_longer_than_the_lease_never_lets_a_retry_take_over(
         assert h.effects.counts["slow"] == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("framework", ["flask"])
+def test_chunked_body_cut_off_runs_nothing(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chunked request body that breaks off (werkzeug: "Invalid chunk header") is a client
+    that left: no handler run, no key held, no 500 traceback."""
+    h = serve(clock=time.time)
+    caplog.set_level(logging.INFO, logger="retrysafe.server")
+    host, port = h.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /posts HTTP/1.1\r\nHost: t\r\nIdempotency-Key: c1\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\n{\"a\":\r\nzz"
+        )
+        sock.shutdown(socket.SHUT_WR)
+        reply = sock.recv(4096)
+    _wait(lambda: any(getattr(r, "decision", "") == "disconnect" for r in caplog.records))
+    assert b" 500 " not in reply.split(b"\r\n", 1)[0]
+    assert records(h.store) == []
+    assert h.effects.counts["posts"] == 0

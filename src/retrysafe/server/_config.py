@@ -36,6 +36,11 @@ KeyRequired = Callable[[str, str], bool]
 ScopeFunction = Callable[[Mapping[str, str]], str]
 
 _MIB = 1024 * 1024
+#: Longest accepted retention, in seconds (one year): stores turn it into absolute expiry times
+#: and TTLs, and a key remembered longer than that is a typo (Stripe keeps keys 24 h).
+MAX_RETENTION = 365 * 86_400.0
+#: Largest accepted ``store_retry_after``, in whole seconds (one hour).
+MAX_STORE_RETRY_AFTER = 3600
 
 
 def _seconds(value: float | timedelta, option: str, *, allow_zero: bool = False) -> float:
@@ -83,7 +88,8 @@ class IdempotencyConfig:
             process then no longer holds its key forever; the lease runs out and a retry may
             take over. Measured on ``clock``. Raise it for handlers that legitimately run
             longer (long AI calls).
-        retention: seconds a completed key is remembered (default 24 h, as Stripe).
+        retention: seconds a completed key is remembered (default 24 h, as Stripe; at most a
+            year).
         max_body_size: largest request body read for fingerprinting (default 1 MiB); larger
             bodies get 413 ``body-too-large`` and nothing is claimed.
         max_replay_size: largest response body stored for replay (default 1 MiB); a larger
@@ -99,7 +105,8 @@ class IdempotencyConfig:
             every 20 ms at first, backing off to 250 ms.
         fail_open: when the store fails, run the handler unprotected instead of answering 503
             ``store-unavailable`` (default False: fail closed, SPEC §3).
-        store_retry_after: whole seconds advertised in ``Retry-After`` on 503 (default 1).
+        store_retry_after: whole seconds advertised in ``Retry-After`` on 503 (default 1;
+            0–3600, an ``int`` or a whole-second ``timedelta``).
         clock: returns Unix time in seconds (default :func:`time.time`); inject one in tests.
 
     Raises:
@@ -128,7 +135,7 @@ class IdempotencyConfig:
     key_reused_status: int = 422
     in_progress_wait: float | timedelta = 0.0
     fail_open: bool = False
-    store_retry_after: int = 1
+    store_retry_after: int | timedelta = 1
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -162,6 +169,12 @@ class IdempotencyConfig:
         )
         lease = timing.lease
         retention = _seconds(self.retention, "retention")
+        if retention > MAX_RETENTION:
+            raise ConfigurationError(
+                f"retention must be at most {MAX_RETENTION:g} seconds (a year), got "
+                f"{self.retention!r}",
+                option="retention",
+            )
         object.__setattr__(self, "lease", lease)
         object.__setattr__(self, "heartbeat", timing.heartbeat)
         object.__setattr__(self, "max_run_time", timing.max_run_time)
@@ -177,10 +190,22 @@ class IdempotencyConfig:
             raise ConfigurationError(
                 "key_reused_status must be a 4xx or 5xx status", option="key_reused_status"
             )
-        if self.store_retry_after < 0:
+        retry_after: object = self.store_retry_after
+        if isinstance(retry_after, timedelta):
+            total = retry_after.total_seconds()
+            retry_after = int(total) if total == int(total) else total
+        if (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, int)
+            or not 0 <= retry_after <= MAX_STORE_RETRY_AFTER
+        ):
             raise ConfigurationError(
-                "store_retry_after must be >= 0 seconds", option="store_retry_after"
+                "store_retry_after must be whole seconds from 0 to "
+                f"{MAX_STORE_RETRY_AFTER} (it is sent as Retry-After), got "
+                f"{self.store_retry_after!r}",
+                option="store_retry_after",
             )
+        object.__setattr__(self, "store_retry_after", retry_after)
         if not (callable(self.key_required) or isinstance(self.key_required, bool)):
             raise ConfigurationError(
                 "key_required must be a bool or fn(method, path) -> bool", option="key_required"
@@ -199,6 +224,11 @@ class IdempotencyConfig:
     def lease_seconds(self) -> float:
         """``lease`` as float seconds."""
         return _seconds(self.lease, "lease")
+
+    @property
+    def store_retry_after_seconds(self) -> int:
+        """``store_retry_after`` as whole seconds."""
+        return int(self.store_retry_after)  # type: ignore[arg-type]
 
     @property
     def lease_timing(self) -> LeaseTiming:

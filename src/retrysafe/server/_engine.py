@@ -310,7 +310,7 @@ class Engine:
                 503,
                 "The idempotency store is unavailable, so this request cannot be protected "
                 "against duplicates. Nothing was run; retry later with the same key.",
-                retry_after=config.store_retry_after,
+                retry_after=config.store_retry_after_seconds,
             ),
             "store-unavailable",
         )

@@ -453,7 +453,10 @@ def _read_body(environ: Environ, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:
-        chunk = stream.read(_READ_CHUNK)
+        try:
+            chunk = stream.read(_READ_CHUNK)
+        except OSError as exc:  # a chunked body cut off (werkzeug: "Invalid chunk header")
+            raise _ClientGone(f"reading the chunked body failed: {exc}") from exc
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)

@@ -38,6 +38,7 @@ from retrysafe.core import (
     StoredResponse,
     lease_timing,
 )
+from retrysafe.server._config import MAX_RETENTION
 from retrysafe.server._engine import (
     RECORD_WAIT,
     Claimed,
@@ -125,9 +126,19 @@ class WebhookVerifier:
         self._keys = [parse_secret(s) for s in secrets]
         if not self._keys:
             raise ConfigurationError("at least one secret is needed", option="secret")
-        for name, value in (("tolerance", tolerance), ("retention", retention)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigurationError(f"{name} must be > 0 seconds", option=name)
+        for name, value, upper in (
+            ("tolerance", tolerance, 86_400.0),
+            ("retention", retention, MAX_RETENTION),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value <= upper
+            ):
+                raise ConfigurationError(
+                    f"{name} must be > 0 and at most {upper:g} seconds, got {value!r}",
+                    option=name,
+                )
         self.timing: LeaseTiming = lease_timing(
             lease, heartbeat=heartbeat, max_run_time=max_run_time
         )
