@@ -241,3 +241,15 @@ def test_seeded_hostile_json_bodies_never_raise() -> None:
         for _ in range(rng.randrange(1, 4)):
             body[rng.randrange(len(body))] = rng.randrange(256)
         assert len(fingerprint("POST", "/p", "", bytes(body), JSON)) == 64
+
+
+def test_numbers_a_float_cannot_hold_are_compared_as_bytes() -> None:
+    """1e400 and 2e400 (both Infinity as floats), or two literals rounding to one double,
+    are different requests; numbers a float holds exactly are still canonicalised."""
+    def fp(body: bytes) -> str:
+        return fingerprint("POST", "/p", "", body, JSON)
+
+    assert fp(b'{"a": 1e400}') != fp(b'{"a": 2e400}')
+    assert fp(b'{"a": 0.30000000000000004}') != fp(b'{"a": 0.3000000000000000444}')
+    assert fp(b'{"a": 1.50, "b": 2}') == fp(b'{"b": 2, "a": 1.5}')
+    assert canonical_body(b'{"a": 1e400}', JSON) == b'{"a": 1e400}'

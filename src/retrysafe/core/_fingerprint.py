@@ -25,8 +25,10 @@ upper-cased method, never with a lower-case letter, so the two forms never coinc
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import json
+import math
 from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -55,7 +57,26 @@ def _no_duplicate_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-_STRICT_JSON = json.JSONDecoder(object_pairs_hook=_no_duplicate_members)
+class _InexactNumberError(ValueError):
+    """A JSON number that a float cannot hold exactly (a ValueError: it falls back to bytes)."""
+
+
+def _exact_float(text: str) -> float:
+    # Called only for numbers with a fraction or an exponent. A float that does not hold the
+    # literal exactly would merge different requests ("1e400" and "2e400" both become
+    # Infinity; "0.30000000000000004" and "0.3000000000000000444" one double), so such a
+    # body is compared as bytes instead. Exactness: the float's shortest repr reads back as
+    # the same decimal value as the literal.
+    value = float(text)
+    if not math.isfinite(value) or (
+        repr(value) != text and decimal.Decimal(repr(value)) != decimal.Decimal(text)
+    ):
+        raise _InexactNumberError(text)
+    return value
+
+
+# Integers stay exact in Python whatever their size, so only floats need the check.
+_STRICT_JSON = json.JSONDecoder(object_pairs_hook=_no_duplicate_members, parse_float=_exact_float)
 
 
 def _media_type(content_type: str | None) -> str:
@@ -82,9 +103,10 @@ def canonical_body(body: bytes, content_type: str | None) -> bytes:
 
     Returns:
         For a JSON content type whose body parses as JSON without a duplicate member name at
-        any depth: the compact, key-sorted UTF-8 JSON encoding. Otherwise the body unchanged
-        (binary bodies, malformed JSON, duplicate members and nesting too deep to parse are
-        compared as bytes; they are never an error here).
+        any depth and whose numbers a float holds exactly: the compact, key-sorted UTF-8 JSON
+        encoding. Otherwise the body unchanged (binary bodies, malformed JSON, duplicate
+        members, numbers a float would round — ``1e400``, ``0.3000000000000000444`` — and
+        nesting too deep to parse are compared as bytes; they are never an error here).
     """
     if body and is_json_content_type(content_type):
         return _canonical_json(body)
