@@ -167,13 +167,16 @@ def test_retrysafe_warning_is_one_line(sqlite_path: Path) -> None:
         (("--lease", "1e9"), "--lease"),
         (("--lease", "5", "--heartbeat", "5"), "--heartbeat"),
         (("--heartbeat", "20"), "--heartbeat"),
+        (("--timeout", "nan"), "--timeout"),
+        (("--timeout", "inf"), "--timeout"),
+        (("--timeout", "0"), "--timeout"),
     ],
 )
 def test_bad_lease_timing_flags_exit_2_and_create_no_store(
     sqlite_path: Path, args: tuple[str, ...], option: str
 ) -> None:
-    """worker --lease/--heartbeat/--max-run-time zero, negative, NaN, inf, huge, or a
-    heartbeat not shorter than the lease: exit 2 naming the flag, no store file created."""
+    """worker --lease/--heartbeat/--max-run-time/--timeout zero, negative, NaN, inf, huge, or
+    a heartbeat not shorter than the lease: exit 2 naming the flag, no store file created."""
     code, _, err = _run("worker", "--store", f"sqlite:///{sqlite_path}", "--until-idle", *args)
     assert code == 2 and option in err, err
     assert not sqlite_path.exists()

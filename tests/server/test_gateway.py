@@ -534,6 +534,7 @@ def test_cli_gateway_bad_lease_timing_and_methods_exit_2(args: list[str]) -> Non
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(("retrysafe: error:", "Usage:")), out.stderr
     assert "Traceback" not in out.stderr
+    assert f"{args[0]}:" in out.stderr  # names the flag the user typed
 
 
 def test_unknown_outcome_stays_claimed_past_the_lease(

@@ -181,10 +181,15 @@ def _attempts_table(attempts: list[Attempt]) -> None:
 
 
 def _policy(attempts: int, timeout: float, wait_initial: float, wait_max: float) -> RetryPolicy:
-    with _errors():
+    """The retry policy from the command's flags; a bad value is bad input (exit 2, nothing
+    changed), named by its flag."""
+    try:
         return RetryPolicy(
             attempts=attempts, timeout=timeout, wait_initial=wait_initial, wait_max=wait_max
         )
+    except ConfigurationError as exc:
+        option = (exc.option or "timeout").replace("_", "-")
+        fail(f"--{option}: {exc}", code=2)
 
 
 # ---------------------------------------------------------------------- worker

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from retrysafe._exceptions import RetrysafeError
+from retrysafe._exceptions import ConfigurationError, RetrysafeError
 from retrysafe.cli._common import check_port_free, fail, parse_listen, store_option
 
 __all__ = ["gateway"]
@@ -160,6 +160,9 @@ def gateway(
     host, port = parse_listen(listen)
     configure_json_logging(getattr(logging, log_level.upper()))
     configure_json_logging(logging.WARNING, logger="uvicorn")
+    # Warnings (a dangerous but valid option) become JSON lines too: stderr stays parseable.
+    logging.captureWarnings(True)
+    configure_json_logging(logging.WARNING, logger="py.warnings")
     protected = [m.strip().upper() for m in methods.split(",") if m.strip()]
     if store.strip().lower().startswith("memory:") and not allow_memory_store:
         fail(
@@ -187,6 +190,12 @@ def gateway(
         )
         key_store = open_store(store)
         app = IdempotencyMiddleware(proxy, store=key_store, config=config)
+    except ConfigurationError as exc:
+        # Name the flag the user typed, not the Python field behind it.
+        option = {"protected_methods": "methods", "replay_headers": "replay-header"}.get(
+            exc.option or "", (exc.option or "").replace("_", "-")
+        )
+        fail(f"--{option}: {exc}" if option else str(exc), 2)
     except RetrysafeError as exc:
         fail(str(exc), 2)
     check_port_free(host, port)
