@@ -2,26 +2,33 @@
 
 PostgreSQL (``RETRYSAFE_TEST_POSTGRES``, default ``postgresql://postgres@127.0.0.1:5432/test``)
 gets a fresh schema per test; Redis (``RETRYSAFE_TEST_REDIS``, default
-``redis://127.0.0.1:6379/0``) a fresh key prefix per test; both are removed afterwards. When a
-service is unreachable the tests using it are skipped with the reason — except under
-``CI=true``, where they fail: CI must never go green without the real stores.
+``redis://127.0.0.1:6379/0``) a fresh key prefix per test; both are removed afterwards. A Redis
+Cluster of three masters is started by the tests themselves (``redis-server`` processes on free
+loopback ports, once per session and xdist worker: ``_redis_cluster.py``) and gets a fresh key
+prefix per test too. When a service is unreachable (or the cluster cannot be started) the tests
+using it are skipped with the reason — except under ``CI=true``, where they fail: CI must never
+go green without the real stores.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from retrysafe.stores import KeyStore, MemoryStore, SQLiteStore
 
+if TYPE_CHECKING:
+    from ._redis_cluster import LocalCluster
+
 PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")
-KEY_STORES = ["sqlite", "memory", "postgres", "redis"]
+KEY_STORES = ["sqlite", "memory", "postgres", "redis", "redis-cluster"]
 
 
 def _unreachable(service: str, url: str, exc: BaseException) -> None:
@@ -58,6 +65,24 @@ def redis_url() -> str:
     return REDIS_URL
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three Redis Cluster masters on free loopback ports, for this session (one cluster per
+    xdist worker); stopped at the end. Skip or, under CI, fail when they cannot start."""
+    import redis
+
+    from ._redis_cluster import ClusterStartError, LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+    except (ClusterStartError, OSError, subprocess.SubprocessError, redis.RedisError) as exc:
+        cluster.stop()
+        _unreachable("a local Redis Cluster", "127.0.0.1 (three redis-server processes)", exc)
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
 def pg_schema(pg_url: str) -> Iterator[str]:
     """A fresh, unique PostgreSQL schema name; the schema is dropped after the test."""
@@ -83,6 +108,23 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     client.close()
 
 
+@pytest.fixture
+def redis_cluster_prefix(redis_cluster: LocalCluster) -> Iterator[str]:
+    """A fresh, unique key prefix on the test cluster; its keys are deleted on every master
+    afterwards (one key per command: a cluster refuses multi-key commands across slots)."""
+    prefix = f"rs-test:{uuid.uuid4().hex[:16]}:"
+    yield prefix
+    for node in redis_cluster.nodes:
+        client = node.client()
+        try:
+            pipe = client.pipeline(transaction=False)
+            for key in client.scan_iter(match=prefix + "*", count=1000):
+                pipe.unlink(key)
+            pipe.execute()
+        finally:
+            client.close()
+
+
 def open_test_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path, **kw: Any) -> Any:
     """Open a store of ``kind`` on a private namespace (caller's clock for the SQL/Redis ones,
     so the contract tests can drive time with ``now``)."""
@@ -102,6 +144,13 @@ def open_test_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path, *
         prefix = request.getfixturevalue("redis_prefix")
         kw.setdefault("clock", "caller")
         return RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, **kw)
+    if kind == "redis-cluster":
+        from retrysafe.stores import RedisStore
+
+        cluster = request.getfixturevalue("redis_cluster")
+        prefix = request.getfixturevalue("redis_cluster_prefix")
+        kw.setdefault("clock", "caller")
+        return RedisStore(cluster.url, prefix=prefix, **kw)
     raise AssertionError(kind)
 
 

@@ -1,5 +1,6 @@
-"""IdempotencyMiddleware on the PostgreSQL and Redis stores (SPEC §3): the real server clock,
-the stores' own async faces, a Starlette app over httpx's ASGI transport."""
+"""IdempotencyMiddleware on the PostgreSQL and Redis stores, one Redis server or a Redis Cluster
+(SPEC §3): the real server clock, the stores' own async faces, a Starlette app over httpx's ASGI
+transport."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class App:
         self.asgi = Starlette(routes=[Route("/orders", create, methods=["POST"])])
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=["postgres", "redis", "redis-cluster"])
 async def served(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[App, httpx.AsyncClient]]:

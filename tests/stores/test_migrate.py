@@ -107,6 +107,22 @@ def test_migrate_on_redis_says_there_is_nothing_to_migrate(redis_url: str) -> No
     assert "nothing to migrate" in report["message"]
 
 
+def test_migrate_on_a_redis_cluster_says_there_is_nothing_to_migrate(redis_cluster: Any) -> None:
+    """``--store redis+cluster://…`` opens the cluster (every node of the URL shown, no
+    password) and, like Redis, has nothing to migrate."""
+    code, out, err = _migrate("--store", redis_cluster.url, "--json")
+    assert code == 0, err
+    report: dict[str, Any] = json.loads(out)
+    assert report["action"] == "not-applicable" and report["store"] == redis_cluster.url
+
+
+def test_migrate_on_a_malformed_cluster_url_fails() -> None:
+    """A cluster URL naming database 1 fails before connecting, without the password."""
+    code, _, err = _migrate("--store", "redis+cluster://:s3cret@127.0.0.1:7000/1")
+    assert code == 1
+    assert "only database 0" in err and "s3cret" not in err
+
+
 def test_migrate_on_unreachable_redis_fails() -> None:
     """A Redis that cannot be reached is an error even though there is nothing to migrate."""
     code, _, err = _migrate("--store", "redis://127.0.0.1:1/0", "--json")

@@ -6,6 +6,7 @@ SIGKILLed.
 PostgreSQL outages are real: ``pg_terminate_backend`` on the store's own server-side
 connections, recognised by a unique ``application_name`` set in the store URL, so no other
 session is touched. Redis outages are ``CLIENT PAUSE``, always followed by ``CLIENT UNPAUSE``.
+A Redis Cluster outage is a master of the local test cluster SIGKILLed and restarted.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ from starlette.routing import Route
 
 from retrysafe import JobState, Outbox, RetryPolicy, Worker
 from retrysafe._serving import ServerThread
+from retrysafe.core import key_hash
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import MemoryStore
+
+from ._redis_cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 10.0  # seconds a test may keep retrying after an outage before it fails
@@ -264,6 +268,72 @@ async def test_paused_redis_answers_503_with_retry_after_and_the_key_works_after
     assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
     assert again.content == first[-1].content
     assert orders.effects == {"w": 1, "p": 1}
+
+
+@pytest.mark.anyio
+async def test_cluster_master_killed_mid_run_fails_closed_then_heals_after_restart(
+    redis_cluster: LocalCluster, redis_cluster_prefix: str
+) -> None:
+    """A Redis Cluster master SIGKILLed mid-run: while it is down, requests whose keys live on
+    its slots get 503 store-unavailable (never a 500, never a second effect) and the other
+    masters keep serving; restarted on its port with its nodes.conf, it rejoins and every key
+    works again without manual action — a key completed before the crash still replays."""
+    from retrysafe.stores import RedisStore
+
+    victim = redis_cluster.nodes[1]
+    keys: dict[str, str] = {}
+    while len(keys) < 4:  # two keys on the victim's slots, two elsewhere
+        key = str(uuid.uuid4())
+        record = f"{redis_cluster_prefix}k:{{{key_hash('', key)}}}"
+        here = "v" if redis_cluster.owner(record) is victim else "o"
+        for name in (f"done-{here}", f"new-{here}"):
+            if name not in keys:
+                keys[name] = key
+                break
+    store = RedisStore(redis_cluster.url, prefix=redis_cluster_prefix, socket_timeout=0.5)
+    orders = Orders()
+    middleware = IdempotencyMiddleware(orders.app(), store=store)
+    transport = httpx.ASGITransport(app=middleware)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
+            async def post(name: str) -> httpx.Response:
+                headers = {"Idempotency-Key": keys[name]}
+                return await client.post("/orders", json={"ref": name}, headers=headers)
+
+            before = {name: await post(name) for name in ("done-v", "done-o")}
+            assert all(r.status_code == 201 for r in before.values())
+            victim.kill()
+            try:
+                elsewhere = await post("new-o")
+                down = [await post("done-v"), await post("new-v")]
+            finally:
+                victim.start()  # same port, same nodes.conf and AOF
+            # The restarted master answers CLUSTERDOWN until the cluster agrees it is back
+            # (about 2 s): redis-py retries, so this one is served late or answered 503.
+            rejoining = await post("new-v")
+            redis_cluster.wait_ok()
+            healed = {name: await post(name) for name in ("new-v", "done-v", "done-o")}
+            after = {name: await post(name) for name in keys}
+    finally:
+        aclose = getattr(middleware.store, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        store.close()
+        if victim.proc is None or victim.proc.poll() is not None:
+            victim.start()
+        redis_cluster.wait_ok()
+    assert all(_is_store_unavailable(r) for r in down), [(r.status_code, r.text) for r in down]
+    assert elsewhere.status_code == 201, elsewhere.text
+    assert rejoining.status_code == 201 or _is_store_unavailable(rejoining), rejoining.text
+    first_run = rejoining if rejoining.status_code == 201 else healed["new-v"]
+    assert first_run.status_code == 201 and "idempotent-replayed" not in first_run.headers
+    assert healed["done-v"].headers["idempotent-replayed"] == "true"
+    assert healed["done-v"].content == before["done-v"].content
+    assert healed["done-o"].headers["idempotent-replayed"] == "true"
+    for r in after.values():
+        assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true", r.text
+    assert orders.effects == {name: 1 for name in keys}
 
 
 # ------------------------------------------------------------------- four worker processes

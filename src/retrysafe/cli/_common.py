@@ -23,8 +23,8 @@ def store_option(fn: Any) -> Any:
         show_default=True,
         metavar="URL",
         help=(
-            "Store URL: sqlite:///path.db, postgresql://user@host/db or "
-            "redis://host:6379/0 (see docs/stores.md)."
+            "Store URL: sqlite:///path.db, postgresql://user@host/db, "
+            "redis://host:6379/0 or redis+cluster://host:7000,host:7001 (see docs/stores.md)."
         ),
     )(fn)
 

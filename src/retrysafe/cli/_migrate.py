@@ -132,7 +132,7 @@ def migrate(store: str, schema: str, as_json: bool) -> None:
             report = _sqlite(store)
         elif scheme in ("postgresql", "postgres"):
             report = _postgres(store, schema)
-        elif scheme in ("redis", "rediss", "memory"):
+        elif scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster", "memory"):
             # Nothing to create, but connect once so a wrong host or password is an error.
             from retrysafe.stores import open_store
             from retrysafe.stores._url_check import redact_url

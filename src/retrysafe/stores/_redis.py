@@ -1,4 +1,5 @@
-"""The Redis key store: a low-latency key store for the middleware (SPEC §9).
+"""The Redis key store: a low-latency key store for the middleware (SPEC §9), on one Redis
+server (``redis://``) or a Redis Cluster (``redis+cluster://``).
 
 Layout (``prefix`` defaults to ``"retrysafe:"``; the raw idempotency key is never stored, only
 its SHA-256 ``key_hash``):
@@ -10,10 +11,15 @@ its SHA-256 ``key_hash``):
 * ``{prefix}t:{<key_hash>}`` — the key hash's fencing-token counter (``INCR``). It outlives the
   record by ``token_ttl`` seconds (default 7 days), so a key claimed again after its record
   expired still gets a larger token than any owner that might still be running. The braces are
-  a hash tag: both keys sit in one cluster slot, so the scripts may touch both.
+  a hash tag: a cluster hashes only ``<key_hash>``, so both keys of one key hash sit in one
+  slot and every script touches keys of a single slot (a prefix with braces is refused on a
+  cluster for that reason). The layout is the same on one server and on a cluster.
 
 Every primitive is one Lua script (registered once, run with ``EVALSHA``), so claims and the
-fenced complete/release/take-over/extend are atomic on the server.
+fenced complete/release/take-over/extend are atomic on the server. On a cluster the scripts run
+through redis-py's cluster clients (``redis.cluster.RedisCluster`` and its asyncio twin), which
+route each call by its keys' slot and follow ``MOVED`` / ``ASK`` redirections; everything else
+(scripts, key layout, arguments, decoding, error translation) is written once for both kinds.
 
 Clock: by default (``clock="server"``) the scripts read Redis's ``TIME`` and ignore every
 ``now`` argument; ``clock="caller"`` honours ``now`` (the contract tests drive time by hand).
@@ -37,7 +43,16 @@ from typing import Any, Literal, TypeVar, cast
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis.commands.core import AsyncScript, Script
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from retrysafe._exceptions import (
     ConfigurationError,
@@ -46,11 +61,31 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._url_check import CLUSTER_SCHEMES, parse_cluster_url
 
 __all__ = ["RedisStore"]
 
 _T = TypeVar("_T")
 Clock = Literal["server", "caller"]
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+# What redis-py raises when a node or the cluster cannot serve a call *now*: a node down or
+# failing over (connection refused / timeout, CLUSTERDOWN, MASTERDOWN, LOADING), a slot being
+# migrated (TRYAGAIN, or MOVED / ASK redirections that outlived the client's 16 hops: "TTL
+# exhausted"), a slot map the client cannot complete. All of them heal by themselves.
+_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterError,
+    TryAgainError,
+    AskError,  # and MovedError, its subclass
+    SlotNotCoveredError,
+)
+# RedisClusterException is no RedisError and carries every client-side cluster failure in one
+# class: these are the ones about reaching the cluster (the rest, such as keys of two slots in
+# one command, are bugs and stay plain StoreErrors).
+_UNREACHABLE_CLUSTER = ("cannot be connected", "not covered", "could not agree")
 
 # Shared prologue: ``now`` from ARGV[1] (empty: the server's TIME), formatted floats.
 _NOW = """
@@ -220,12 +255,19 @@ class RedisStore:
     """Redis-backed :class:`~retrysafe.stores.KeyStore` (and its async face).
 
     Concurrency contract: see :class:`~retrysafe.stores.KeyStore`; every primitive is one Lua
-    script, atomic on the Redis server. Fencing tokens of a key hash grow even across expiry
-    (the counter key outlives the record by ``token_ttl``).
+    script, atomic on the Redis server (on a cluster: on the master of the key's slot). Fencing
+    tokens of a key hash grow even across expiry (the counter key outlives the record by
+    ``token_ttl``).
 
     Args:
-        url: ``redis://[:password@]host:port/db`` or ``rediss://`` (TLS).
-        prefix: prepended to every key this store writes (default ``"retrysafe:"``).
+        url: ``redis://[:password@]host:port/db`` or ``rediss://`` (TLS) for one server;
+            ``redis+cluster://[:password@]host:port[,host:port…]`` or ``rediss+cluster://``
+            for a Redis Cluster (any reachable node is enough to discover the others; see
+            :func:`~retrysafe.stores._url_check.parse_cluster_url`). A cluster client reads
+            the slot map when it is created, so an unreachable cluster raises
+            :class:`~retrysafe.StoreUnavailableError` even with ``check=False``.
+        prefix: prepended to every key this store writes (default ``"retrysafe:"``); on a
+            cluster it must not contain ``{`` or ``}`` (they would change the hash tag).
         clock: ``"server"`` (default): leases and retention use Redis's ``TIME`` and every
             ``now`` argument is ignored; ``"caller"``: the ``now`` arguments are used (tests).
         token_ttl: seconds the fencing-token counter outlives its record (default 7 days).
@@ -234,13 +276,16 @@ class RedisStore:
         check: at startup PING the server and check its eviction policy (default True).
 
     Raises:
-        ConfigurationError: a malformed URL or bad option.
-        StoreUnavailableError: the server cannot be reached or refuses the login (the message
-            names host and port, never the password).
+        ConfigurationError: a malformed URL (for a cluster also: no host, a bad port, a
+            database other than 0) or bad option.
+        StoreUnavailableError: the server (a cluster: every startup node) cannot be reached
+            or refuses the login (the message names host and port, never the password).
+        StoreError: a ``redis+cluster://`` URL names a server without cluster support.
 
     Warns:
-        RetrysafeWarning: ``maxmemory-policy`` lets Redis evict our keys (see
-            :meth:`check_eviction`).
+        RetrysafeWarning: ``maxmemory-policy`` lets Redis (any cluster master) evict our keys
+            (see :meth:`check_eviction`); a ``redis://`` URL names a cluster node (keys of
+            other nodes' slots would fail: use ``redis+cluster://``).
     """
 
     dialect = "redis"
@@ -267,19 +312,47 @@ class RedisStore:
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": socket_timeout,
         }
-        try:
-            self._r: redis.Redis = redis.Redis.from_url(url, **self._options)
-        except ValueError as exc:
-            raise ConfigurationError(f"malformed Redis URL: {exc}", option="store") from exc
-        kw = self._r.connection_pool.connection_kwargs
-        self._password: str | None = kw.get("password")
-        self.where = f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+        self._closed = False
+        #: Whether this store talks to a Redis Cluster (``redis+cluster://``).
+        self.cluster = url.partition("://")[0].lower() in CLUSTER_SCHEMES
+        self._r: SyncClient
+        self._nodes: tuple[tuple[str, int], ...] = ()  # a cluster's startup nodes
+        if self.cluster:
+            if "{" in prefix or "}" in prefix:
+                raise ConfigurationError(
+                    f"prefix {prefix!r} contains a brace: on a Redis Cluster the braces "
+                    "around the key hash are the hash tag that keeps a record and its "
+                    "fencing-token counter in one slot",
+                    option="prefix",
+                )
+            parsed = parse_cluster_url(url)
+            self._password: str | None = parsed.password
+            self.where = parsed.where
+            login: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
+            if parsed.tls:
+                login["ssl"] = True
+            self._options.update(login)
+            self._nodes = parsed.nodes
+            node: Any = redis.cluster.ClusterNode  # untyped in redis-py
+            nodes = [node(h, p) for h, p in parsed.nodes]
+            self._r = self._call(
+                redis.cluster.RedisCluster, startup_nodes=nodes, **self._options
+            )
+        else:
+            try:
+                self._r = redis.Redis.from_url(url, **self._options)
+            except ValueError as exc:
+                raise ConfigurationError(f"malformed Redis URL: {exc}", option="store") from exc
+            kw = self._r.connection_pool.connection_kwargs
+            self._password = kw.get("password")
+            self.where = f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
         self._scripts: dict[str, Script] = {
             name: self._r.register_script(src) for name, src in _SCRIPTS.items()
         }
-        self._closed = False
         if check:
             self._call(self._r.ping)
+            if not self.cluster:
+                self._warn_if_cluster_node()
             self.check_eviction()
 
     def __repr__(self) -> str:
@@ -299,50 +372,111 @@ class RedisStore:
         return repr(float(now)) if self.clock == "caller" else ""
 
     def _translate(self, exc: Exception) -> StoreError:
+        """The one place where redis-py's errors (one server or a cluster, sync or async)
+        become retrysafe's: :class:`~retrysafe.StoreUnavailableError` for anything that heals
+        by itself (the middleware answers 503 ``store-unavailable``), else
+        :class:`~retrysafe.StoreError`. The password never appears in the message."""
         msg = str(exc)
         if self._password:
             msg = msg.replace(self._password, "***")
-        if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.BusyLoadingError):
-            kind = "refused the login" if isinstance(exc, redis.AuthenticationError) else ""
-            return StoreUnavailableError(
-                f"Redis store at {self.where} unavailable{': ' + kind if kind else ''}: {msg}",
+        what = f"Redis {'Cluster ' if self.cluster else ''}store at {self.where}"
+        if isinstance(exc, AskError) and not self.cluster:  # MovedError is an AskError
+            return StoreError(
+                f"{what} failed: {msg} (the server is a Redis Cluster node: use "
+                "redis+cluster://host:port)",
                 store=self.url,
             )
+        if isinstance(exc, _UNAVAILABLE):
+            kind = "refused the login" if isinstance(exc, redis.AuthenticationError) else ""
+            return StoreUnavailableError(
+                f"{what} unavailable{': ' + kind if kind else ''}: {msg}", store=self.url
+            )
+        if isinstance(exc, RedisClusterException) and "cluster mode is not enabled" in (
+            msg.lower()
+        ):
+            return StoreError(
+                f"{what} is not a Redis Cluster (cluster support is disabled on the node): "
+                "use redis://host:port/db for one server",
+                store=self.url,
+            )
+        if isinstance(exc, RedisClusterException) and any(
+            text in msg for text in _UNREACHABLE_CLUSTER
+        ):
+            return StoreUnavailableError(f"{what} unavailable: {msg}", store=self.url)
         if isinstance(exc, redis.ResponseError) and (
             "NOAUTH" in msg or "WRONGPASS" in msg or "READONLY" in msg or "OOM" in msg
         ):
-            return StoreUnavailableError(
-                f"Redis store at {self.where} unavailable: {msg}", store=self.url
-            )
-        return StoreError(f"Redis store at {self.where} failed: {msg}", store=self.url)
+            return StoreUnavailableError(f"{what} unavailable: {msg}", store=self.url)
+        return StoreError(f"{what} failed: {msg}", store=self.url)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self._closed:
             raise StoreError(f"{self!r} is closed", store=self.url)
         try:
             return fn(*args, **kwargs)
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             raise self._translate(exc) from exc
 
     def _run(self, name: str, key_hash: str, args: Sequence[Any], *, one_key: bool) -> Any:
         keys = self._keys(key_hash)[:1] if one_key else self._keys(key_hash)
         return self._call(self._scripts[name], keys=keys, args=list(args))
 
+    def _masters(self) -> list[tuple[str, redis.Redis]]:
+        """``(host:port, client)`` of every master: the server itself, or each cluster
+        master's own connection (a cluster ``SCAN`` or ``CONFIG`` must visit every master)."""
+        r = self._r
+        if isinstance(r, redis.cluster.RedisCluster):
+            return [
+                (f"{node.host}:{node.port}", self._call(r.get_redis_connection, node))
+                for node in self._call(r.get_primaries)
+            ]
+        return [(self.where, r)]
+
+    def _async_client(self) -> AsyncClient:
+        """A new ``redis.asyncio`` client for the same server or cluster."""
+        if self.cluster:
+            nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in self._nodes]
+            return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **self._options)
+        return redis.asyncio.Redis.from_url(self._url, **self._options)
+
+    def _warn_if_cluster_node(self) -> None:
+        try:
+            info = self._r.info("cluster")
+        except redis.ResponseError:
+            return  # INFO renamed/disabled: cannot check
+        except redis.RedisError as exc:
+            raise self._translate(exc) from exc
+        if info.get("cluster_enabled") in (1, "1"):
+            warnings.warn(
+                f"Redis at {self.where} is a Redis Cluster node: keys whose slots live on "
+                "other nodes will fail (MOVED). Use redis+cluster://host:port[,host:port…].",
+                RetrysafeWarning,
+                stacklevel=3,
+            )
+
     def check_eviction(self) -> str | None:
         """Warn (:class:`~retrysafe.RetrysafeWarning`) when ``maxmemory-policy`` may evict
-        our keys; return the policy, or None when ``CONFIG`` is disabled (not an error).
+        our keys — on a cluster, checked on every master, and the warning names it; return
+        the policy (on a cluster: the first unsafe one, else ``"noeviction"``), or None when
+        ``CONFIG`` is disabled (not an error).
 
         Every record carries a TTL, so ``volatile-*`` policies can evict it just like
         ``allkeys-*``: an evicted record is a forgotten key, and its repeat runs the handler
         again (a duplicate). Only ``noeviction`` is safe.
         """
-        try:
-            got = self._r.config_get("maxmemory-policy")
-        except redis.ResponseError:
-            return None  # CONFIG renamed/disabled (managed Redis): cannot check
-        except redis.RedisError as exc:
-            raise self._translate(exc) from exc
-        return _warn_policy(got, self.where)
+        found: list[str] = []
+        for where, client in self._masters():
+            try:
+                got = client.config_get("maxmemory-policy")
+            except redis.ResponseError:
+                continue  # CONFIG renamed/disabled (managed Redis): cannot check
+            except redis.RedisError as exc:
+                raise self._translate(exc) from exc
+            policy = _warn_policy(got, where)
+            if policy is not None:
+                found.append(policy)
+        unsafe = [p for p in found if p not in _SAFE_POLICIES]
+        return next(iter(unsafe or found), None)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -425,22 +559,26 @@ class RedisStore:
     def purge_keys(self, *, now: float, batch: int = 1000) -> int:
         """Delete records whose ``exp`` passed. Redis's native TTL already drops expired
         records by itself; this sweep (``SCAN`` in batches of ``batch``, one script per key,
-        pipelined) catches records whose ``exp`` passed before their TTL fired."""
+        pipelined; on a cluster on every master in turn) catches records whose ``exp`` passed
+        before their TTL fired. A slot migrating during the sweep makes it raise
+        :class:`~retrysafe.StoreUnavailableError`; run it again later."""
         if batch < 1:
             raise ConfigurationError("batch must be >= 1", option="batch")
         total = 0
         match = f"{_glob_escape(self.prefix)}k:*"
-        cursor: int = 0
         arg = self._now(now)
-        while True:
-            cursor, keys = self._call(self._r.scan, cursor, match=match, count=batch)
-            if keys:
-                pipe = self._r.pipeline(transaction=False)
-                for key in keys:
-                    self._scripts["purge"](keys=[key], args=[arg], client=pipe)
-                total += sum(int(x) for x in self._call(pipe.execute))
-            if cursor == 0:
-                return total
+        for _, client in self._masters():  # a cluster: every master holds its own slots
+            cursor: int = 0
+            while True:
+                cursor, keys = self._call(client.scan, cursor, match=match, count=batch)
+                if keys:
+                    pipe = client.pipeline(transaction=False)
+                    for key in keys:
+                        self._scripts["purge"](keys=[key], args=[arg], client=pipe)
+                    total += sum(int(x) for x in self._call(pipe.execute))
+                if cursor == 0:
+                    break
+        return total
 
 
 def _glob_escape(text: str) -> str:
@@ -467,34 +605,42 @@ def _warn_policy(got: Any, where: str) -> str | None:
 
 class AsyncRedisKeys:
     """The async face of :class:`RedisStore` (:class:`~retrysafe.stores.AsyncKeyStore`): the
-    same scripts on a ``redis.asyncio`` client, created in the event loop that first uses it
-    (a new one for another loop). Close it with :meth:`aclose`."""
+    same scripts on a ``redis.asyncio`` client (a cluster's: ``redis.asyncio.cluster``),
+    created in the event loop that first uses it (a new one for another loop). Close it with
+    :meth:`aclose`."""
 
     def __init__(self, store: RedisStore) -> None:
         self._s = store
-        self._client: redis.asyncio.Redis | None = None
+        self._client: AsyncClient | None = None
         self._scripts: dict[str, AsyncScript] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _get(self) -> dict[str, AsyncScript]:
+    async def _ready(self) -> tuple[AsyncClient, dict[str, AsyncScript]]:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            client = redis.asyncio.Redis.from_url(self._s._url, **self._s._options)
+            client = self._s._async_client()
             self._client, self._loop = client, loop
             self._scripts = {n: client.register_script(src) for n, src in _SCRIPTS.items()}
-        return self._scripts
+        client = self._client
+        if isinstance(client, redis.asyncio.cluster.RedisCluster):
+            # An asyncio cluster client must be initialised before its first commands
+            # (redis-py #3032): commands issued at once on a new client race its lazy
+            # start-up (redis-py 8.1: AttributeError in send_packed_command, which would
+            # escape as a 500). A no-op once done; after a node failure redis-py marks the
+            # client for it again, and this re-reads the slot map under redis-py's own lock.
+            await self._await(client.initialize())
+        return client, self._scripts
 
     async def _await(self, aw: Awaitable[_T]) -> _T:
         try:
             return await aw
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             raise self._s._translate(exc) from exc
 
     async def _run(self, name: str, key_hash: str, args: Sequence[Any], *, one_key: bool) -> Any:
         keys = self._s._keys(key_hash)
-        return await self._await(
-            self._get()[name](keys=keys[:1] if one_key else keys, args=list(args))
-        )
+        _, scripts = await self._ready()
+        return await self._await(scripts[name](keys=keys[:1] if one_key else keys, args=list(args)))
 
     async def aclose(self) -> None:
         """Close this face's client. Idempotent."""
@@ -540,7 +686,6 @@ class AsyncRedisKeys:
         return bool(await self._run("extend", key_hash, args, one_key=True) == 1)
 
     async def get(self, key_hash: str) -> KeyRecord | None:
-        self._get()
-        assert self._client is not None
-        fields = await self._await(self._client.hgetall(self._s._keys(key_hash)[0]))
+        client, _ = await self._ready()
+        fields = await self._await(client.hgetall(self._s._keys(key_hash)[0]))
         return _from_fields(key_hash, _decoded(fields))

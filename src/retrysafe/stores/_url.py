@@ -1,4 +1,5 @@
-"""Store URLs: ``sqlite:///path.db``, ``memory://``, ``postgresql://…`` and ``redis://…``.
+"""Store URLs: ``sqlite:///path.db``, ``memory://``, ``postgresql://…``, ``redis://…`` and
+``redis+cluster://…``.
 
 The PostgreSQL and Redis stores are imported only when such a URL is opened, so importing
 ``retrysafe`` never imports psycopg or redis.
@@ -13,7 +14,7 @@ from retrysafe._exceptions import ConfigurationError
 from retrysafe.stores._base import AsyncKeyStore, KeyStore
 from retrysafe.stores._memory import MemoryStore
 from retrysafe.stores._sqlite import SQLiteStore, sqlite_path_from_url
-from retrysafe.stores._url_check import redact_url
+from retrysafe.stores._url_check import CLUSTER_SCHEMES, redact_url
 
 __all__ = ["as_async_key_store", "open_store", "redact_url"]
 
@@ -25,7 +26,9 @@ def open_store(url: str, **options: Any) -> Any:
         url: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``,
             ``postgresql://user:password@host:5432/db`` (or ``postgres://``; needs
             ``retrysafe[postgres]``), ``redis://[:password@]host:6379/0`` or ``rediss://``
-            (needs ``retrysafe[redis]``), or ``memory://`` (tests only: unsafe, SPEC §9).
+            (needs ``retrysafe[redis]``), ``redis+cluster://[:password@]host:7000[,host:7001…]``
+            or ``rediss+cluster://`` (a Redis Cluster; any reachable node is enough), or
+            ``memory://`` (tests only: unsafe, SPEC §9).
         options: passed to the store's constructor (e.g. ``busy_timeout``, ``schema``,
             ``prefix``).
 
@@ -50,7 +53,7 @@ def open_store(url: str, **options: Any) -> Any:
         except ImportError as exc:
             raise _missing("postgres", exc) from exc
         return PostgresStore(url, **options)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", *CLUSTER_SCHEMES):
         try:
             from retrysafe.stores._redis import RedisStore
         except ImportError as exc:
@@ -59,7 +62,7 @@ def open_store(url: str, **options: Any) -> Any:
     shown = url.split("://", 1)[0] + "://…" if "@" in url else url
     raise ConfigurationError(
         f"unsupported store scheme {scheme!r} in {shown!r}; supported: sqlite, postgresql, "
-        "redis, memory",
+        "redis, redis+cluster, memory",
         option="store",
     )
 

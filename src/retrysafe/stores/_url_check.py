@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from retrysafe._exceptions import ConfigurationError
 
-__all__ = ["check_postgres_url", "redact_url"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "ClusterURL",
+    "check_postgres_url",
+    "parse_cluster_url",
+    "redact_url",
+]
+
+#: Store URL schemes of a Redis Cluster (``rediss+cluster``: TLS to every node).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 
 def redact_url(url: str) -> str:
@@ -37,3 +47,80 @@ def check_postgres_url(url: str) -> None:
         "postgresql://user@host:5432/dbname",
         option="store",
     )
+
+
+@dataclass(frozen=True)
+class ClusterURL:
+    """A parsed ``redis+cluster://`` URL: the startup nodes and the login (no secrets shown
+    by :attr:`where`)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    tls: bool
+
+    @property
+    def where(self) -> str:
+        """``host:port,host:port`` — the startup nodes, for messages and ``store.url``."""
+        return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.nodes)
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """Parse ``redis+cluster://[[user]:password@]host[:port][,host[:port]…][/0]``.
+
+    The hosts are *startup nodes*: any one reachable master or replica is enough, the client
+    discovers the rest (``CLUSTER SLOTS``). The port defaults to 6379; IPv6 hosts are written
+    in brackets (``[::1]:7000``). ``rediss+cluster://`` speaks TLS to every node.
+
+    Raises:
+        ConfigurationError: another scheme, no host, a port that is not 1-65535, a database
+            other than 0 (a cluster has only database 0), or query options (pass options
+            to :class:`~retrysafe.stores.RedisStore` instead). The message never shows the
+            password.
+    """
+    try:
+        shown = redact_url(url)
+    except ValueError:  # brackets urlsplit cannot read: show no userinfo at all
+        shown = url.partition("://")[0] + "://…"
+
+    def bad(why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"malformed Redis Cluster URL {shown!r}: {why}; expected "
+            "redis+cluster://[:password@]host:port[,host:port…]",
+            option="store",
+        )
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise bad(f"the scheme must be one of {', '.join(CLUSTER_SCHEMES)}")
+    rest, _, fragment = rest.partition("#")
+    rest, _, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    if query or fragment:
+        raise bad("query options and fragments are not supported")
+    if slash and path not in ("", "0"):
+        raise bad(f"database {path!r}: a Redis Cluster has only database 0")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    nodes: list[tuple[str, int]] = []
+    for item in hostlist.split(","):
+        if item.startswith("["):
+            host, close, tail = item[1:].partition("]")
+            if not close or (tail and not tail.startswith(":")):
+                raise bad(f"bad IPv6 node {item!r}")
+            port_text = tail[1:] if tail else ""
+        else:
+            host, colon, port_text = item.partition(":")
+            if colon and not port_text:
+                raise bad(f"node {item!r} has an empty port")
+        if not host:
+            raise bad("a node without a host")
+        if port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536):
+            raise bad(f"node {item!r}: the port must be 1-65535")
+        nodes.append((unquote(host), int(port_text) if port_text else 6379))
+    return ClusterURL(tuple(nodes), username, password, scheme.lower() == "rediss+cluster")
+
