@@ -256,15 +256,7 @@ class _Responder(Claimant):
         self.length = -1  # the declared Content-Length, or -1
         self._ended: asyncio.Event | None = None
         self.answered = False  # the end of the answer reached the server (or was replaced)
-        self.beat = AsyncHeartbeat(
-            self._renew,
-            engine.timing,
-            clock=engine.clock,
-            started=req.claimed_at,
-            on_lost=self.lease_lost,
-            on_expired=self.run_time_exceeded,
-            on_error=self.renewal_failed,
-        ).start()
+        self.beat: AsyncHeartbeat = self.heartbeat(AsyncHeartbeat, self._renew)
 
     async def _renew(self) -> bool:
         if self.write_locked():

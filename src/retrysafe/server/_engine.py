@@ -227,6 +227,20 @@ class Claimant:
             )
         return self._opener()
 
+    def heartbeat(self, kind: Any, renew: Any) -> Any:
+        """Start ``kind`` (:class:`~retrysafe._heartbeat.AsyncHeartbeat` or ``Heartbeat``)
+        renewing this claim with ``renew``, its callbacks logging through the engine."""
+        engine = self.engine
+        return kind(
+            renew,
+            engine.timing,
+            clock=engine.clock,
+            started=self.req.claimed_at,
+            on_lost=self.lease_lost,
+            on_expired=self.run_time_exceeded,
+            on_error=self.renewal_failed,
+        ).start()
+
     def write_locked(self) -> bool:
         """SQLite transactional mode: the handler's open write transaction holds the
         database's write lock, so no one can take the key over and a renewal would only wait
@@ -486,13 +500,10 @@ class Engine:
         run twice, which only a process stalled for longer than the lease can cause.
         """
         req.lost = True
-        self.log_decision(
+        self.log_request(
             "lease-lost",
-            req.method,
-            req.path,
+            req,
             0,
-            req.started,
-            req.key_hash,
             level=logging.ERROR,
             claim=req.claim,
             fencing_token=req.token,
@@ -502,13 +513,10 @@ class Engine:
 
     def run_time_exceeded(self, req: RequestState) -> None:
         """The handler ran past ``max_run_time``: renewal stops and the lease runs out."""
-        self.log_decision(
+        self.log_request(
             "max-run-time",
-            req.method,
-            req.path,
+            req,
             0,
-            req.started,
-            req.key_hash,
             level=logging.WARNING,
             claim=req.claim,
             detail=f"the handler has run for {self.timing.max_run_time:g} s (max_run_time): "
@@ -517,13 +525,10 @@ class Engine:
 
     def renewal_failed(self, req: RequestState, exc: BaseException) -> None:
         """A renewal raised (store hiccup); the next heartbeat tries again."""
-        self.log_decision(
+        self.log_request(
             "renewal-failed",
-            req.method,
-            req.path,
+            req,
             0,
-            req.started,
-            req.key_hash,
             level=logging.WARNING,
             error=repr(exc),
         )
@@ -558,13 +563,10 @@ class Engine:
                 return FORWARD
             req.pending = op
             self.pending_keys.add(req.key_hash)
-            self.log_decision(
+            self.log_request(
                 "unrecorded",
-                req.method,
-                req.path,
+                req,
                 capture.status,
-                req.started,
-                req.key_hash,
                 level=logging.ERROR,
                 error=repr(exc),
                 detail="the answer could not be recorded: the client gets 503 "
@@ -592,8 +594,8 @@ class Engine:
             self.pending_keys.discard(req.key_hash)
         status = op[1][2].status if op[0] == "complete" else 0
         if ok:
-            self.log_decision(
-                "stored-late", req.method, req.path, status, req.started, req.key_hash,
+            self.log_request(
+                "stored-late", req, status,
                 level=logging.WARNING, claim=req.claim,
                 detail="the answer was recorded after the store recovered; retries replay it",
             )
@@ -636,13 +638,10 @@ class Engine:
         if not ok:
             self.log_finish(req, op, False, capture.status)
             return False
-        self.log_decision(
+        self.log_request(
             "released",
-            req.method,
-            req.path,
+            req,
             capture.status,
-            req.started,
-            req.key_hash,
             level=logging.WARNING,
             claim=req.claim,
             error=_describe(error),
@@ -704,13 +703,10 @@ class Engine:
     def _log_store_failed(
         self, req: RequestState, status: int, op: Op, exc: StoreError
     ) -> None:
-        self.log_decision(
+        self.log_request(
             "store-failed",
-            req.method,
-            req.path,
+            req,
             status,
-            req.started,
-            req.key_hash,
             level=logging.ERROR,
             error=repr(exc),
             operation=op[0],
@@ -784,6 +780,20 @@ class Engine:
         extra.update(fields)
         log.log(level, "decision=%s", decision, extra=extra)
 
+    def log_request(
+        self,
+        decision: str,
+        req: RequestState,
+        status: int,
+        *,
+        level: int = logging.INFO,
+        **fields: Any,
+    ) -> None:
+        """:meth:`log_decision` for a claimed request (its method, path, start and key)."""
+        self.log_decision(
+            decision, req.method, req.path, status, req.started, req.key_hash, level=level, **fields
+        )
+
     def log_unknown(
         self, req: RequestState, status: int, *, error: BaseException | str | None = None
     ) -> None:
@@ -791,13 +801,10 @@ class Engine:
         fields: dict[str, Any] = {}
         if error is not None:
             fields["error"] = _describe(error)
-        self.log_decision(
+        self.log_request(
             "outcome-unknown",
-            req.method,
-            req.path,
+            req,
             status,
-            req.started,
-            req.key_hash,
             level=logging.WARNING,
             claim=req.claim,
             detail="the effect may have happened; the key stays claimed (renewed up to "
@@ -808,13 +815,10 @@ class Engine:
     def log_finish(self, req: RequestState, op: Op, ok: bool, status: int) -> None:
         """The line for a request whose handler ran: stored, released or fenced off."""
         if not ok:
-            self.log_decision(
+            self.log_request(
                 "fenced",
-                req.method,
-                req.path,
+                req,
                 status,
-                req.started,
-                req.key_hash,
                 level=logging.WARNING,
                 claim=req.claim,
                 fencing_token=req.token,

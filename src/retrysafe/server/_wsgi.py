@@ -209,15 +209,7 @@ class _Run(Claimant):
         self.head: tuple[str, list[tuple[str, str]], ExcInfo | None] | None = None
         self.started_out = False  # the server's start_response was called
         self.length = -1  # the declared Content-Length, or -1
-        self.beat = Heartbeat(
-            self._renew,
-            engine.timing,
-            clock=engine.clock,
-            started=req.claimed_at,
-            on_lost=self.lease_lost,
-            on_expired=self.run_time_exceeded,
-            on_error=self.renewal_failed,
-        ).start()
+        self.beat: Heartbeat = self.heartbeat(Heartbeat, self._renew)
 
     def start_out(self) -> None:
         """Hand the held status and headers to the server (before the first body bytes)."""
