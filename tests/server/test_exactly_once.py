@@ -254,6 +254,19 @@ def _fill(directory: Path) -> Path:
     return filler
 
 
+def _answer_while_the_disk_fills(h: Harness, disk: Path, key: str) -> tuple[httpx.Response, Path]:
+    """Send ``/slow`` under ``key``, fill ``disk`` while the handler runs, then let it answer:
+    the answer its client got, and the filler file (unlink it to free the disk)."""
+    result: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: result.append(_post(h, "/slow", key, 15)))
+    sender.start()
+    assert h.effects.entered.wait(5)
+    filler = _fill(disk)
+    h.effects.gate.set()
+    sender.join(15)
+    return result[0], filler
+
+
 @BOTH
 def test_answer_that_cannot_be_recorded_is_503_then_replayed(
     serve: Serve, full_disk: Path
@@ -264,14 +277,8 @@ def test_answer_that_cannot_be_recorded_is_503_then_replayed(
     store = SQLiteStore(full_disk / "keys.db")
     try:
         h = serve(store=store, clock=time.time)
-        result: list[httpx.Response] = []
-        sender = threading.Thread(target=lambda: result.append(_post(h, "/slow", "d1", 15)))
-        sender.start()
-        assert h.effects.entered.wait(5)
-        filler = _fill(full_disk)
-        h.effects.gate.set()
-        sender.join(15)
-        assert_problem(result[0], 503, "store-unavailable")
+        answer, filler = _answer_while_the_disk_fills(h, full_disk, "d1")
+        assert_problem(answer, 503, "store-unavailable")
         assert h.effects.counts["slow"] == 1
         assert not _completed(h)
         filler.unlink()
@@ -340,14 +347,8 @@ def test_store_down_longer_than_the_lease_never_lets_a_retry_take_over(
     store = SQLiteStore(full_disk / "keys.db")
     try:
         h = serve(store=store, clock=time.time, lease=0.6)
-        result: list[httpx.Response] = []
-        sender = threading.Thread(target=lambda: result.append(_post(h, "/slow", "d2", 15)))
-        sender.start()
-        assert h.effects.entered.wait(5)
-        filler = _fill(full_disk)
-        h.effects.gate.set()
-        sender.join(15)
-        assert_problem(result[0], 503, "store-unavailable")
+        answer, filler = _answer_while_the_disk_fills(h, full_disk, "d2")
+        assert_problem(answer, 503, "store-unavailable")
         time.sleep(1.8)  # three leases, no renewal can land
         assert_problem(_post(h, "/slow", "d2", timeout=5), 503, "store-unavailable")
         filler.unlink()

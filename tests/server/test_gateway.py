@@ -285,35 +285,15 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_cli_gateway_logs_one_json_line_per_decision(
-    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+    cli_gateway: Any, effects: Counter[str]
 ) -> None:
     """`retrysafe gateway` protects the upstream and logs each decision as a JSON line."""
-    port = free_port()
-    proc = subprocess.Popen(
-        _cli(
-            "gateway",
-            "--upstream",
-            upstream.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--store",
-            f"sqlite:///{tmp_path}/cli.db",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        _wait_port(port, proc)
-        url = f"http://127.0.0.1:{port}/posts"
-        for _ in range(2):
-            r = httpx.post(url, json={"title": "cli"}, headers={"Idempotency-Key": "cli-1"})
-            assert r.status_code == 201
-        assert httpx.post(url, content=b"{}", headers={"Idempotency-Key": ""}).status_code == 400
-    finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=10)
+    url = cli_gateway() + "/posts"
+    for _ in range(2):
+        r = httpx.post(url, json={"title": "cli"}, headers={"Idempotency-Key": "cli-1"})
+        assert r.status_code == 201
+    assert httpx.post(url, content=b"{}", headers={"Idempotency-Key": ""}).status_code == 400
+    err = cli_gateway.stderr()
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     decisions = [line["decision"] for line in lines if "decision" in line]
     assert len(decisions) == 3, err
