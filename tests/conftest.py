@@ -1,13 +1,85 @@
-"""Shared fixtures. Tests use real SQLite files, real sockets and seeded randomness."""
+"""Shared fixtures. Tests use real SQLite files, real sockets and seeded randomness, and the
+machine's real PostgreSQL and Redis: one fixture each, here, for every test folder."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from retrysafe.stores import SQLiteStore
+
+PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def unreachable(service: str, url: str, exc: BaseException) -> None:
+    """A service the tests need is down: skip, except under ``CI=true`` where it fails."""
+    reason = f"{service} at {url} is unreachable ({type(exc).__name__}: {exc})"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason}; under CI=true these tests must run, not skip")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def service_unreachable() -> Callable[[str, str, BaseException], None]:
+    """:func:`unreachable`, for fixtures in other folders that start services of their own."""
+    return unreachable
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """The test PostgreSQL URL, once checked reachable (skip or, under CI, fail)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        unreachable("PostgreSQL", PG_URL, exc)
+    return PG_URL
+
+
+@pytest.fixture
+def pg_schema(pg_url: str) -> Iterator[str]:
+    """A fresh, unique PostgreSQL schema name; the schema is dropped after the test."""
+    import psycopg
+
+    name = f"rs_test_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE".encode())
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The test Redis URL, once checked reachable (skip or, under CI, fail)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+        client.ping()
+        client.close()
+    except redis.RedisError as exc:
+        unreachable("Redis", REDIS_URL, exc)
+    return REDIS_URL
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh, unique Redis key prefix; every key under it is deleted after the test."""
+    import redis
+
+    prefix = f"rs-test:{uuid.uuid4().hex[:16]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=prefix + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ unreachable its tests are skipped with the reason — except under ``CI=true``, 
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +26,6 @@ from retrysafe.chaos import ChaosProxy, EffectLedger, FaultRates
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import AgentStore, SQLiteStore, open_store
 
-PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 AGENT_STORES = ["sqlite", "postgres"]
 
 
@@ -130,22 +127,6 @@ class StoreSpec:
         return open_store(self.url, **({} if self.schema is None else {"schema": self.schema}))
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> str:
-    """The test PostgreSQL URL, once checked reachable (skip or, under CI, fail)."""
-    import psycopg
-
-    try:
-        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        reason = f"PostgreSQL at {PG_URL} is unreachable ({type(exc).__name__}: {exc})"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason}; under CI=true the agent store tests must run, not skip")
-        pytest.skip(reason)
-    return PG_URL
-
-
 @pytest.fixture(params=AGENT_STORES)
 def agent_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreSpec]:
     """Each store that can hold agent runs, on a private namespace (a fresh SQLite file, or a
@@ -153,13 +134,8 @@ def agent_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
     if request.param == "sqlite":
         yield StoreSpec(f"sqlite:///{tmp_path / 'agent.db'}")
         return
-    import psycopg
-
     url: str = request.getfixturevalue("pg_url")
-    schema = f"rs_test_{uuid.uuid4().hex[:16]}"
-    yield StoreSpec(url, schema)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    yield StoreSpec(url, request.getfixturevalue("pg_schema"))
 
 
 @pytest.fixture

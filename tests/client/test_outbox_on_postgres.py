@@ -5,7 +5,6 @@ is down the tests skip, except under ``CI=true`` where they fail."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,30 +19,15 @@ from retrysafe.cli import cli
 
 from .conftest import FAST, Script, Step
 
-PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-
 
 @pytest.fixture
-def pg_store() -> Iterator[Any]:
+def pg_store(pg_url: str, pg_schema: str) -> Iterator[Any]:
     """A PostgresStore (server clock) on a fresh schema, dropped afterwards."""
-    import psycopg
-
     from retrysafe.stores import PostgresStore
 
-    try:
-        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        reason = f"PostgreSQL at {PG_URL} is unreachable ({exc})"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason}; under CI=true the store tests must run, not skip")
-        pytest.skip(reason)
-    schema = f"rs_test_{uuid.uuid4().hex[:16]}"
-    store = PostgresStore(PG_URL, schema=schema)
+    store = PostgresStore(pg_url, schema=pg_schema)
     yield store
     store.close()
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def test_outbox_and_worker_on_postgres_deliver_every_job(
@@ -65,7 +49,7 @@ def test_outbox_and_worker_on_postgres_deliver_every_job(
 
 
 def test_two_workers_on_one_postgres_outbox_never_send_a_job_twice_at_once(
-    pg_store: Any, script: Script, base_url: str
+    pg_store: Any, pg_url: str, script: Script, base_url: str
 ) -> None:
     """Two workers (own pools) on one PostgreSQL outbox: each job sent once, never in parallel."""
     from retrysafe.stores import PostgresStore
@@ -73,7 +57,7 @@ def test_two_workers_on_one_postgres_outbox_never_send_a_job_twice_at_once(
     script.plan("/pg-pair", Step(200, sleep=0.02))
     outbox = Outbox(pg_store, policy=FAST)
     jobs = [outbox.submit(base_url + "/pg-pair", json={"i": i}) for i in range(60)]
-    stores = [PostgresStore(PG_URL, schema=pg_store.schema) for _ in range(2)]
+    stores = [PostgresStore(pg_url, schema=pg_store.schema) for _ in range(2)]
     workers = [Worker(s, policy=FAST, concurrency=8, poll_interval=0.01) for s in stores]
     threads = [threading.Thread(target=w.run_until_idle) for w in workers]
     for t in threads:
@@ -104,15 +88,15 @@ def test_reconcile_on_postgres_resends_unknown_jobs_with_the_same_key(
 
 
 @pytest.fixture
-def pg_database_url(pg_store: Any) -> Iterator[str]:
+def pg_database_url(pg_url: str) -> Iterator[str]:
     """The URL of a fresh, empty database (the CLI uses the default schema), dropped after."""
     import psycopg
 
     name = f"rs_test_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield urlsplit(PG_URL)._replace(path="/" + name).geturl()
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}".encode())
+    yield urlsplit(pg_url)._replace(path="/" + name).geturl()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 

@@ -12,10 +12,9 @@ go green without the real stores.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,47 +25,14 @@ from retrysafe.stores import KeyStore, MemoryStore, SQLiteStore
 if TYPE_CHECKING:
     from ._redis_cluster import LocalCluster
 
-PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 KEY_STORES = ["sqlite", "memory", "postgres", "redis", "redis-cluster"]
 
 
-def _unreachable(service: str, url: str, exc: BaseException) -> None:
-    reason = f"{service} at {url} is unreachable ({type(exc).__name__}: {exc})"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason}; under CI=true the store tests must run, not skip")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
-def pg_url() -> str:
-    """The test PostgreSQL URL, once checked reachable (skip or, under CI, fail)."""
-    import psycopg
-
-    try:
-        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        _unreachable("PostgreSQL", PG_URL, exc)
-    return PG_URL
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> str:
-    """The test Redis URL, once checked reachable (skip or, under CI, fail)."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
-        client.ping()
-        client.close()
-    except redis.RedisError as exc:
-        _unreachable("Redis", REDIS_URL, exc)
-    return REDIS_URL
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def redis_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+    service_unreachable: Callable[[str, str, BaseException], None],
+) -> Iterator[LocalCluster]:
     """Three Redis Cluster masters on free loopback ports, for this session (one cluster per
     xdist worker); stopped at the end. Skip or, under CI, fail when they cannot start."""
     import redis
@@ -78,34 +44,10 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         cluster.start()
     except (ClusterStartError, OSError, subprocess.SubprocessError, redis.RedisError) as exc:
         cluster.stop()
-        _unreachable("a local Redis Cluster", "127.0.0.1 (three redis-server processes)", exc)
+        where = "127.0.0.1 (three redis-server processes)"
+        service_unreachable("a local Redis Cluster", where, exc)
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture
-def pg_schema(pg_url: str) -> Iterator[str]:
-    """A fresh, unique PostgreSQL schema name; the schema is dropped after the test."""
-    import psycopg
-
-    name = f"rs_test_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
-
-
-@pytest.fixture
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    """A fresh, unique Redis key prefix; every key under it is deleted after the test."""
-    import redis
-
-    prefix = f"rs-test:{uuid.uuid4().hex[:16]}:"
-    yield prefix
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=prefix + "*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 @pytest.fixture
