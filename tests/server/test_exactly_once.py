@@ -383,3 +383,35 @@ def test_chunked_body_cut_off_runs_nothing(
     assert b" 500 " not in reply.split(b"\r\n", 1)[0]
     assert records(h.store) == []
     assert h.effects.counts["posts"] == 0
+
+
+@BOTH
+def test_renewal_that_finds_the_key_taken_over_says_so_and_writes_nothing(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live handler whose key was taken over meanwhile (its process stalled past the lease):
+    the next renewal logs lease-lost at ERROR, its late answer is neither written nor shown
+    (its client gets 409), and the new owner's record stays untouched (SPEC §3)."""
+    h = serve(clock=time.time, lease=0.6)
+    caplog.set_level(logging.INFO, logger="retrysafe.server")
+    result: list[httpx.Response] = []
+    stale = threading.Thread(target=lambda: result.append(_post(h, "/slow", "t1", 15)))
+    stale.start()
+    try:
+        assert h.effects.entered.wait(5)
+        [record] = records(h.store)
+        # What a stalled process sees: someone took its key over once its lease ran out.
+        new = h.store.take_over(
+            record.key_hash, record.fencing_token, now=time.time() + 5, lease=60
+        )
+        assert new is not None
+        _wait(lambda: any(getattr(r, "decision", "") == "lease-lost" for r in caplog.records))
+    finally:
+        h.effects.gate.set()
+        stale.join(15)
+    assert_problem(result[0], 409, "request-in-progress")
+    lost = [r for r in caplog.records if getattr(r, "decision", "") == "lease-lost"]
+    assert lost[0].levelno == logging.ERROR
+    [after] = records(h.store)
+    assert (after.state, after.fencing_token) == (KeyState.RUNNING, new.fencing_token)
+    assert "stored" not in [getattr(r, "decision", "") for r in caplog.records]

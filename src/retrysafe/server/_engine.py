@@ -534,12 +534,6 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ after the handler
-    def settle(
-        self, req: RequestState, op: Op, *, wait: float | None
-    ) -> Generator[Op, Any, bool]:
-        """:func:`settle` for this request's completing or releasing ``op``."""
-        return (yield from settle(op, wait=wait))
-
     def conclude(
         self, req: RequestState, capture: Capture, *, unknown: bool
     ) -> Generator[Op, Any, Verdict]:
@@ -553,8 +547,11 @@ class Engine:
             self.log_unknown(req, capture.status)
             return FORWARD
         op = self.finish(req, capture)
+        if req.lost:  # a renewal found the key taken over: the late result is not written
+            self.log_finish(req, op, False, capture.status)
+            return FENCED if op[0] == "complete" else FORWARD
         try:
-            ok = yield from self.settle(req, op, wait=RECORD_WAIT)
+            ok = yield from settle(op, wait=RECORD_WAIT)
         except StoreError as exc:
             if op[0] != "complete":
                 # A 5xx/408/429 says "not done": forward it; the unreleased key's lease runs
@@ -585,7 +582,7 @@ class Engine:
         if op is None:
             return
         try:
-            ok = yield from self.settle(req, op, wait=None)
+            ok = yield from settle(op, wait=None)
         except StoreError as exc:
             self._log_store_failed(req, 0, op, exc)
             return
@@ -630,8 +627,11 @@ class Engine:
             self.log_unknown(req, capture.status, error=_describe(error))
             return True
         op = self.release(req)
+        if req.lost:  # taken over: the new owner's record is not ours to release
+            self.log_finish(req, op, False, capture.status)
+            return False
         try:
-            ok = yield from self.settle(req, op, wait=RECORD_WAIT)
+            ok = yield from settle(op, wait=RECORD_WAIT)
         except StoreError as exc:
             self._log_store_failed(req, capture.status, op, exc)
             return False
