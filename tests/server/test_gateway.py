@@ -284,6 +284,11 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "retrysafe", *args]
 
 
+def _gateway_refusing(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `retrysafe gateway ARGS` expecting it to refuse to start; its result."""
+    return subprocess.run(_cli("gateway", *args), capture_output=True, text=True, timeout=30)
+
+
 def test_cli_gateway_logs_one_json_line_per_decision(
     cli_gateway: Any, effects: Counter[str]
 ) -> None:
@@ -338,7 +343,7 @@ def test_cli_gateway_port_in_use_is_a_clear_error(upstream: ServerThread, tmp_pa
 )
 def test_cli_gateway_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
     """Bad upstream, listen address, store path or lease: a clear message, non-zero exit."""
-    out = subprocess.run(_cli("gateway", *args), capture_output=True, text=True, timeout=30)
+    out = _gateway_refusing(*args)
     assert out.returncode != 0
     assert message in out.stderr
     assert "Traceback" not in out.stderr
@@ -479,12 +484,7 @@ def test_cli_gateway_logs_json_only_when_the_upstream_body_breaks(
 def test_cli_gateway_refuses_a_memory_store_unless_told(store: str) -> None:
     """`--store memory://` would forget every key on restart: refused (exit 2) unless
     `--allow-memory-store` says this is a test."""
-    out = subprocess.run(
-        _cli("gateway", "--upstream", "http://127.0.0.1:1", "--store", store),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = _gateway_refusing("--upstream", "http://127.0.0.1:1", "--store", store)
     assert out.returncode == 2
     assert "--allow-memory-store" in out.stderr
     assert "Traceback" not in out.stderr
@@ -505,12 +505,7 @@ def test_cli_gateway_refuses_a_memory_store_unless_told(store: str) -> None:
 )
 def test_cli_gateway_bad_lease_timing_and_methods_exit_2(args: list[str]) -> None:
     """A lease, heartbeat, run time, timeout or method list that cannot work: exit 2, one line."""
-    out = subprocess.run(
-        _cli("gateway", "--upstream", "http://127.0.0.1:1", *args),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = _gateway_refusing("--upstream", "http://127.0.0.1:1", *args)
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(("retrysafe: error:", "Usage:")), out.stderr
     assert "Traceback" not in out.stderr
