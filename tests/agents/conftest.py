@@ -22,9 +22,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from retrysafe._serving import ServerThread
+from retrysafe.agents import AgentStore
 from retrysafe.chaos import ChaosProxy, EffectLedger, FaultRates
 from retrysafe.server import IdempotencyMiddleware
-from retrysafe.stores import AgentStore, SQLiteStore, open_store
+from retrysafe.stores import SQLiteStore, open_store
 
 AGENT_STORES = ["sqlite", "postgres"]
 

@@ -7,8 +7,7 @@ import dataclasses
 
 import pytest
 
-from retrysafe.agents import AgentCall, AgentCallState
-from retrysafe.stores import AgentStore
+from retrysafe.agents import AgentCall, AgentCallState, AgentStore
 
 T0 = 1_000_000.0
 KEY = "agent-contract-key"

@@ -12,13 +12,13 @@ from retrysafe import ConfigurationError
 from retrysafe.agents import (
     AgentCallState,
     AgentRun,
+    AgentStore,
     BudgetExceededError,
     OutcomeUnknownError,
     resume_run,
     start_run,
     tool,
 )
-from retrysafe.stores import AgentStore
 
 
 def test_step_budget_stops_a_looping_agent(agent_store: AgentStore) -> None:

@@ -10,13 +10,13 @@ import pytest
 from retrysafe import ConfigurationError
 from retrysafe.agents import (
     AgentCallState,
+    AgentStore,
     CallIdReusedError,
     arguments_hash,
     call_id,
     start_run,
     tool,
 )
-from retrysafe.stores import AgentStore
 
 
 def _tools(effects: list[str]) -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ import pytest
 
 from retrysafe.agents import (
     AgentCallState,
+    AgentStore,
     OutcomeUnknownError,
     instrument,
     resume_run,
@@ -16,7 +17,6 @@ from retrysafe.agents import (
     tool,
 )
 from retrysafe.chaos import ChaosProxy
-from retrysafe.stores import AgentStore
 
 from .conftest import Tickets
 

@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from retrysafe.agents import AgentCallState, instrument, resume_run, start_run, tool
+from retrysafe.agents import AgentCallState, AgentStore, instrument, resume_run, start_run, tool
 from retrysafe.chaos import ChaosProxy
-from retrysafe.stores import AgentStore
 
 from .conftest import Tickets
 

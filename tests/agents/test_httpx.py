@@ -7,13 +7,13 @@ import asyncio
 import httpx
 
 from retrysafe.agents import (
+    AgentStore,
     AsyncIdempotencyKeyTransport,
     IdempotencyKeyTransport,
     instrument,
     start_run,
     tool,
 )
-from retrysafe.stores import AgentStore
 
 
 def _echo(request: httpx.Request) -> httpx.Response:

@@ -17,8 +17,14 @@ from typing import Any
 import pytest
 
 from retrysafe import ConfigurationError, RetrysafeWarning
-from retrysafe.agents import AgentCallState, AgentError, current_call_key, start_run, tool
-from retrysafe.stores import AgentStore
+from retrysafe.agents import (
+    AgentCallState,
+    AgentError,
+    AgentStore,
+    current_call_key,
+    start_run,
+    tool,
+)
 
 
 def _wait_for(cond: Any, timeout: float = 5.0) -> None:

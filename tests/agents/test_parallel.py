@@ -11,8 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from retrysafe.agents import AgentCallState, current_call_key, instrument, start_run, tool
-from retrysafe.stores import AgentStore
+from retrysafe.agents import (
+    AgentCallState,
+    AgentStore,
+    current_call_key,
+    instrument,
+    start_run,
+    tool,
+)
 
 from .conftest import Tickets
 

@@ -11,6 +11,7 @@ from retrysafe import ConfigurationError, MemoryStore, PayloadError
 from retrysafe.agents import (
     AgentCallState,
     AgentError,
+    AgentStore,
     NoActiveRunError,
     RunNotFoundError,
     ToolCallFailedError,
@@ -21,7 +22,6 @@ from retrysafe.agents import (
     start_run,
     tool,
 )
-from retrysafe.stores import AgentStore
 
 
 def test_write_tool_outside_a_run_is_refused() -> None:

@@ -143,8 +143,6 @@ def outbox(sqlite_path: Path) -> Iterator[Outbox]:
         yield ob
 
 
-
-
 @dataclass(frozen=True)
 class OutboxDatabase:
     """One fresh outbox database: ``open()`` gives a new store on it (own connections or

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from retrysafe import JobError, JobState, Outbox, SQLiteStore
-from retrysafe.stores import Attempt, OutboxStore
+from retrysafe.client import Attempt, OutboxStore
 
 NOW = 1_700_000_000.0
 

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from retrysafe.client import RetryBudget, RetryPolicy, next_step, reconcile_step
+from retrysafe.client import JobState, RetryBudget, RetryPolicy, next_step, reconcile_step
 from retrysafe.client._policy import deadline_passed
 from retrysafe.core import (
     Jitter,
@@ -19,7 +19,6 @@ from retrysafe.core import (
     full_jitter,
     parse_retry_after,
 )
-from retrysafe.stores import JobState
 
 N = 20_000
 BASE, CAP = 1.0, 30.0

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from retrysafe import JobState
-from retrysafe.stores import AsyncOutboxStore, Attempt, NewJob, OutboxStore
+from retrysafe.client import AsyncOutboxStore, Attempt, NewJob, OutboxStore
 
 from .conftest import open_test_store
 

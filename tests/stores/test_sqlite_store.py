@@ -125,7 +125,7 @@ def _traced(store: SQLiteStore) -> tuple[AsyncKeyStore, list[str]]:
     """The async face, and the list of statements its inline connection runs."""
     seen: list[str] = []
     keys = store.asyncio_key_store()
-    keys._inline_conn().set_trace_callback(seen.append)
+    keys.connector._inline_conn().set_trace_callback(seen.append)
     return keys, seen
 
 
@@ -188,7 +188,7 @@ async def test_an_operation_raising_a_python_error_fails_alone(tmp_path: Path) -
     first, second = store.get("1" * 64), store.get("2" * 64)
     assert first is not None and first.state is KeyState.RUNNING
     assert second is not None and second.response == good
-    assert not keys._inline_conn().in_transaction
+    assert not keys.connector._inline_conn().in_transaction
     store.close()
 
 
@@ -219,7 +219,7 @@ async def test_batch_waits_in_a_thread_while_another_process_writes(tmp_path: Pa
     results = await claims
     ticker.cancel()
     assert all(claimed for claimed, _ in results)
-    assert not keys._inline_conn().in_transaction
+    assert not keys.connector._inline_conn().in_transaction
     holder.close()
     store.close()
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from retrysafe import JobState, Outbox, RetryPolicy, reconcile
 from retrysafe.cli import cli
-from retrysafe.stores import Job
+from retrysafe.client import Job
 from retrysafe.webhooks import Webhooks
 
 from .conftest import Receiver, add, run

@@ -23,6 +23,7 @@ from retrysafe.agents._httpx import (
     instrument,
 )
 from retrysafe.agents._keys import arguments_hash, bind_arguments, call_key, signature_hash
+from retrysafe.agents._models import AgentCall, AgentCallState, AgentRunRecord, AgentStore
 from retrysafe.agents._run import (
     AgentRun,
     call_id,
@@ -32,7 +33,6 @@ from retrysafe.agents._run import (
     start_run,
 )
 from retrysafe.agents._tools import ToolSpec, is_retryable, tool
-from retrysafe.stores._base import AgentCall, AgentCallState, AgentRunRecord
 
 __all__ = [
     "AgentCall",
@@ -40,6 +40,7 @@ __all__ = [
     "AgentError",
     "AgentRun",
     "AgentRunRecord",
+    "AgentStore",
     "AsyncIdempotencyKeyTransport",
     "BudgetExceededError",
     "CallIdReusedError",

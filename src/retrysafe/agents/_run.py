@@ -19,7 +19,7 @@ from typing import Any
 
 from retrysafe._exceptions import AgentError, ConfigurationError, RunNotFoundError
 from retrysafe.agents._keys import check_id
-from retrysafe.stores._base import AgentCall, AgentRunRecord, AgentStore
+from retrysafe.agents._models import AgentCall, AgentRunRecord, AgentStore
 
 __all__ = [
     "AgentRun",

@@ -47,9 +47,9 @@ from retrysafe.agents._keys import (
     canonical_json,
     signature_hash,
 )
+from retrysafe.agents._models import AgentCall, AgentCallState
 from retrysafe.agents._run import AgentRun, _call_id_var, _key_var, _run_var, _step_var
 from retrysafe.core import Action, Backoff, LeaseTiming, classify_response, lease_timing
-from retrysafe.stores._base import AgentCall, AgentCallState
 
 __all__ = ["ToolSpec", "is_retryable", "tool"]
 

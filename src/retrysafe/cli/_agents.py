@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 from retrysafe._exceptions import RetrysafeError
+from retrysafe.agents._models import AgentCall, AgentRunRecord
 from retrysafe.cli._common import fail, store_option
-from retrysafe.stores._base import AgentCall, AgentRunRecord
 
 __all__ = ["agents"]
 

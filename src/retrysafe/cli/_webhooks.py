@@ -24,7 +24,7 @@ from retrysafe.cli._client import (
     _when,
 )
 from retrysafe.cli._common import fail, store_option
-from retrysafe.stores._base import WebhookDelivery, WebhookEndpoint
+from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
 
 __all__ = ["webhooks"]
 

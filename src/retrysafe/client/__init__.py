@@ -11,21 +11,24 @@ Typical use::
 """
 
 from retrysafe.client._budget import BudgetState, RetryBudget
+from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._outbox import DEAD_LETTER_STATES, AsyncOutbox, Outbox
 from retrysafe.client._policy import RetryPolicy, Step, next_step, reconcile_step
 from retrysafe.client._sender import IDEMPOTENCY_KEY_HEADER, SendResult, make_client, send_attempt
 from retrysafe.client._worker import ReconcileReport, Worker, WorkerStats, areconcile, reconcile
-from retrysafe.stores._base import Attempt, Job, JobState
 
 __all__ = [
     "DEAD_LETTER_STATES",
     "IDEMPOTENCY_KEY_HEADER",
     "AsyncOutbox",
+    "AsyncOutboxStore",
     "Attempt",
     "BudgetState",
     "Job",
     "JobState",
+    "NewJob",
     "Outbox",
+    "OutboxStore",
     "ReconcileReport",
     "RetryBudget",
     "RetryPolicy",

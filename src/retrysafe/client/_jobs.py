@@ -17,8 +17,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from retrysafe._exceptions import ConfigurationError, InvalidKeyError, PayloadError
+from retrysafe.client._models import Attempt, Job, JobState, NewJob
 from retrysafe.core import parse_key
-from retrysafe.stores._base import Attempt, Job, JobState, NewJob
 
 __all__ = [
     "DEFAULT_QUEUE",

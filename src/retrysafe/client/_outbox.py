@@ -22,9 +22,9 @@ from retrysafe.client._jobs import (
     check_queue,
     notify_submitted,
 )
+from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 from retrysafe.client._policy import RetryPolicy, count, seconds
 from retrysafe.client._worker import ReconcileReport, Worker, areconcile, open_outbox_store
-from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 
 __all__ = ["DEAD_LETTER_STATES", "AsyncOutbox", "Outbox"]
 

@@ -16,8 +16,8 @@ from datetime import timedelta
 from typing import Protocol
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
+from retrysafe.client._models import JobState
 from retrysafe.core import Action, Backoff, Classification, Jitter
-from retrysafe.stores._base import JobState
 
 __all__ = [
     "DelayPolicy",

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from retrysafe.client._models import Job
 from retrysafe.core import (
     PROBLEM_CONTENT_TYPE,
     Classification,
@@ -27,7 +28,6 @@ from retrysafe.core import (
     classify_transport_error,
     parse_retry_after,
 )
-from retrysafe.stores._base import Job
 
 if TYPE_CHECKING:
     import httpx

@@ -27,6 +27,7 @@ from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUna
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
+from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
@@ -45,7 +46,6 @@ from retrysafe.core import (
     equal_jitter,
     lease_timing,
 )
-from retrysafe.stores._base import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
 
 if TYPE_CHECKING:
     import httpx

@@ -22,6 +22,7 @@ from retrysafe.core._classify import (
     classify_transport_error,
 )
 from retrysafe.core._decision import (
+    RACE_LIMIT,
     Claim,
     Decision,
     InProgress,
@@ -37,6 +38,7 @@ from retrysafe.core._decision import (
     Unkeyed,
     check_key,
     decide,
+    key_retention,
     releases_unfinished,
     should_store,
 )
@@ -60,6 +62,7 @@ __all__ = [
     "MIN_HEARTBEAT",
     "PROBLEM_CONTENT_TYPE",
     "PROBLEM_TYPE_PREFIX",
+    "RACE_LIMIT",
     "Action",
     "AttemptOutcome",
     "Backoff",
@@ -96,6 +99,7 @@ __all__ = [
     "full_jitter",
     "is_json_content_type",
     "key_hash",
+    "key_retention",
     "lease_timing",
     "parse_key",
     "parse_retry_after",

@@ -16,6 +16,7 @@ from retrysafe.core._keys import parse_key
 from retrysafe.core._records import KeyRecord, KeyState, StoredResponse
 
 __all__ = [
+    "RACE_LIMIT",
     "Claim",
     "Decision",
     "InProgress",
@@ -31,6 +32,7 @@ __all__ = [
     "Unkeyed",
     "check_key",
     "decide",
+    "key_retention",
     "releases_unfinished",
     "should_store",
 ]
@@ -67,6 +69,21 @@ class Keyed:
 
 
 KeyCheck = NotProtected | MissingKey | InvalidKey | Unkeyed | Keyed
+
+
+#: How many races in a row a claimant loses (another claimant claimed, released, purged or took
+#: over the record between two of its statements) before it gives up. One limit for every store
+#: and every claimant: a race needs another writer to win each time, so 8 in a row means a
+#: retry storm or a bug, and waiting longer would not help.
+RACE_LIMIT = 8
+
+
+def key_retention(retention: float, lease: float) -> float:
+    """Seconds a claimed record must live: at least its lease, so a key is never forgotten
+    while its first attempt may still run (SPEC §3 "retention"). Stores keep what they are
+    given; every claimant passes this.
+    """
+    return max(retention, lease)
 
 
 def check_key(

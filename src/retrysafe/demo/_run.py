@@ -31,11 +31,12 @@ from retrysafe._serving import ServerThread
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, EffectLedger, FaultRates, Report
 from retrysafe.chaos import build_report as _build_report
 from retrysafe.client import Outbox, RetryPolicy, Worker
+from retrysafe.client._models import JobState
 from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
 from retrysafe.demo._service import PublishingService
 from retrysafe.server import IdempotencyMiddleware
-from retrysafe.stores import JobState, SQLiteStore
+from retrysafe.stores import SQLiteStore
 
 __all__ = ["DemoOptions", "DemoResult", "Progress", "run_demo"]
 

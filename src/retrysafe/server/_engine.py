@@ -25,6 +25,7 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe.core import (
+    RACE_LIMIT,
     InProgress,
     InvalidKey,
     KeyCheck,
@@ -37,6 +38,7 @@ from retrysafe.core import (
     TakeOver,
     check_key,
     decide,
+    key_retention,
     releases_unfinished,
     should_store,
 )
@@ -86,7 +88,6 @@ UNRECORDED: Verdict = "unrecorded"
 
 _POLL_INITIAL = 0.02  # seconds: first wait while polling a running key (in_progress_wait)
 _POLL_MAX = 0.25  # seconds: longest single wait while polling
-_MAX_RACES = 8  # claim/take-over races lost in a row before answering 409
 _SETTLE_INITIAL = 0.05  # seconds: first wait before retrying a failed complete/release
 _SETTLE_MAX = 0.5  # seconds: longest wait between those retries
 #: Seconds a client waits for a failing record before it gets 503 (SPEC §3 record before answer).
@@ -890,15 +891,18 @@ def claim_key(
         key_hash: the store's id of the key (SHA-256 hex of scope and key).
         fingerprint: what makes the work "the same" (SHA-256 hex).
         clock: Unix seconds (the caller's injected clock).
-        lease, retention: seconds, passed to the store.
+        lease, retention: seconds; the store keeps the record
+            :func:`~retrysafe.core.key_retention` seconds (at least the lease).
         wait: seconds a running key is polled for (20 ms backing off to 250 ms, monotonic
             time) before ending with :class:`~retrysafe.core.InProgress`; 0 ends at once.
 
     Returns:
-        :class:`Claimed`, or the decision that answers instead. After 8 lost races in a row
-        (others claiming and releasing the key meanwhile) it ends with ``InProgress`` (1 s).
+        :class:`Claimed`, or the decision that answers instead. After
+        :data:`~retrysafe.core.RACE_LIMIT` lost races in a row (others claiming and releasing
+        the key meanwhile) it ends with ``InProgress`` (1 s).
     """
     args = (key_hash, fingerprint)
+    retention = key_retention(retention, lease)
     now = clock()
     claimed, record = yield ("claim", args, {"now": now, "lease": lease, "retention": retention})
     if claimed:
@@ -923,7 +927,7 @@ def claim_key(
                     continue
             return decision
         races += 1
-        if races > _MAX_RACES:
+        if races > RACE_LIMIT:
             return InProgress(1.0, 1)
         if isinstance(decision, TakeOver):
             token = decision.fencing_token

@@ -1,5 +1,5 @@
-"""Stores: the seams (:class:`KeyStore`, :class:`OutboxStore` and their async faces) and
-their implementations.
+"""Stores: the idempotency-key seam (:class:`KeyStore` and its async face), its
+implementations, and the SQL connectors every feature store runs on.
 
 ``SQLiteStore`` is the embedded default; ``PostgresStore`` and ``RedisStore`` serve many
 replicas (imported lazily: their drivers load only when they are used); ``MemoryStore`` is for
@@ -9,24 +9,7 @@ unit tests only (unsafe: a restart forgets every key). Open any of them from a U
 
 from typing import TYPE_CHECKING, Any
 
-from retrysafe.stores._base import (
-    AgentCall,
-    AgentCallState,
-    AgentRunRecord,
-    AgentStore,
-    AsyncKeyStore,
-    AsyncOutboxStore,
-    Attempt,
-    Job,
-    JobState,
-    KeyStore,
-    NewJob,
-    OutboxStore,
-    WebhookDelivery,
-    WebhookEndpoint,
-    WebhookEvent,
-    WebhookStore,
-)
+from retrysafe.stores._base import AsyncKeyStore, KeyStore
 from retrysafe.stores._memory import MemoryStore
 from retrysafe.stores._sqlite import SCHEMA_VERSION, SQLiteStore
 from retrysafe.stores._url import as_async_key_store, open_store
@@ -48,28 +31,15 @@ def __getattr__(name: str) -> Any:
         return RedisStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "SCHEMA_VERSION",
-    "AgentCall",
-    "AgentCallState",
-    "AgentRunRecord",
-    "AgentStore",
     "AsyncKeyStore",
-    "AsyncOutboxStore",
-    "Attempt",
-    "Job",
-    "JobState",
     "KeyStore",
     "MemoryStore",
-    "NewJob",
-    "OutboxStore",
     "PostgresStore",
     "RedisStore",
     "SQLiteStore",
-    "WebhookDelivery",
-    "WebhookEndpoint",
-    "WebhookEvent",
-    "WebhookStore",
     "as_async_key_store",
     "open_store",
 ]

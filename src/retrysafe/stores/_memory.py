@@ -48,7 +48,7 @@ class MemoryStore:
                 state=KeyState.RUNNING,
                 fencing_token=last + 1,
                 lease_expires_at=now + lease,
-                expires_at=now + max(retention, lease),
+                expires_at=now + retention,
             )
             self._keys[key_hash] = record
             return True, record

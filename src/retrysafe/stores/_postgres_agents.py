@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from retrysafe.stores._base import AgentCall, AgentCallState, AgentRunRecord
+from retrysafe.agents._models import AgentCall, AgentCallState, AgentRunRecord
 from retrysafe.stores._sql import queries
 from retrysafe.stores._sqlite_agents import _row_to_call, _row_to_run
 

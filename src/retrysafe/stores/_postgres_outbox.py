@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe.stores._base import Attempt, Job, JobState, NewJob
+from retrysafe.client._models import Attempt, Job, JobState, NewJob
 from retrysafe.stores._sql import queries
 
 # Rows come back in SQLite's column order, so one pair of converters serves both stores.

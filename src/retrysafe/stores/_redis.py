@@ -499,8 +499,14 @@ class RedisStore:
     def _claim_args(
         self, fingerprint: str, now: float, lease: float, retention: float
     ) -> list[Any]:
-        keep = max(retention, lease)
-        return [self._now(now), fingerprint, lease, keep, _ms(keep), _ms(keep + self.token_ttl)]
+        return [
+            self._now(now),
+            fingerprint,
+            lease,
+            retention,
+            _ms(retention),
+            _ms(retention + self.token_ttl),
+        ]
 
     def _complete_args(
         self, token: int, response: StoredResponse, now: float, retention: float

@@ -1,16 +1,17 @@
 """The embedded default store: one SQLite file in WAL mode (SPEC §9).
 
-Safe for many threads and many processes on one host: every claim is a single
-``INSERT … ON CONFLICT … RETURNING`` statement and every fenced write a single ``UPDATE``
-guarded by the fencing token (``release`` too: it leaves a tombstone, see
-:class:`~retrysafe.stores.KeyStore`), so SQLite's write lock makes each of them atomic.
-Each thread gets its own connection. All SQL lives in ``sql/sqlite.sql``.
+:class:`SQLiteConnector` runs named statements (see :mod:`retrysafe.stores._connector`): each
+thread gets its own connection in autocommit mode, so every statement is its own transaction,
+atomic under SQLite's write lock; an atomic operation or a block of several statements runs in
+``BEGIN IMMEDIATE`` … ``COMMIT`` (a savepoint inside an open transaction). Safe for many threads
+and many processes on one host. :class:`SQLiteStore` is the key store on it; the outbox, webhooks
+and agents open their own stores on ``store.connector``. The schema of every feature is
+``sql/schema.sqlite.sql``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sqlite3
 import threading
@@ -27,19 +28,24 @@ from retrysafe._exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from retrysafe.core import KeyRecord, KeyState, StoredResponse
-from retrysafe.stores._sql import queries
-from retrysafe.stores._sqlite_agents import SQLiteAgentsMixin
-from retrysafe.stores._sqlite_outbox import SQLiteOutboxMixin
-from retrysafe.stores._sqlite_webhooks import SQLiteWebhooksMixin
+from retrysafe.stores._connector import Clock, Exec, Op, drive
+from retrysafe.stores._connector import _load as load_sql
+from retrysafe.stores._keys import KeyEffect, SQLKeyStore
 
-__all__ = ["SCHEMA_VERSION", "SQLiteEffect", "SQLiteStore"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "AsyncSQLiteConnector",
+    "SQLiteConnector",
+    "SQLiteStore",
+    "SQLiteTransaction",
+    "sqlite_path_from_url",
+]
 
 #: The schema version this release writes and understands.
 SCHEMA_VERSION = 1
 
 _T = TypeVar("_T")
-_Q = queries("sqlite")
+_SCHEMA = load_sql("retrysafe.stores", "sql/schema.sqlite.sql")
 
 # Messages of sqlite3.OperationalError that mean "cannot serve now" rather than "a bug".
 _UNAVAILABLE = (
@@ -68,89 +74,115 @@ def _translate(exc: sqlite3.Error, store: str) -> StoreError:
     return StoreError(f"SQLite store {store} failed: {msg}", store=store)
 
 
-_RUNNING = KeyState.RUNNING
-_STATES = {state.value: state for state in KeyState}
+@contextmanager
+def _errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise _translate(exc, url) from exc
 
 
-def _row_to_record(row: tuple[Any, ...]) -> KeyRecord:
-    (key_hash, fp, state, token, lease_exp, exp, status, headers, body, replayable) = row
-    response = None
-    if state == KeyState.COMPLETED.value and status is not None:
-        pairs = tuple((str(k), str(v)) for k, v in json.loads(headers or "[]"))
-        response = StoredResponse(int(status), pairs, bytes(body or b""), bool(replayable))
-    return KeyRecord(
-        key_hash=key_hash,
-        fingerprint=fp,
-        state=_STATES[state],
-        fencing_token=int(token),
-        lease_expires_at=float(lease_exp),
-        expires_at=float(exp),
-        response=response,
-    )
+def _is_busy(exc: sqlite3.Error) -> bool:
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    low = str(exc).lower()
+    return "locked" in low or "busy" in low
 
 
-class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin, SQLiteAgentsMixin):
-    """SQLite-backed :class:`~retrysafe.stores.KeyStore` (and the outbox's store).
+# ---------------------------------------------------------------------- running operations
+def _execute(conn: sqlite3.Connection, request: Exec) -> Any:
+    parts = request.statement.parts["sqlite"]
+    if len(parts) == 1:
+        return _fetch(conn.execute(parts[0], request.params), request.fetch)
+    with _atomic(conn):
+        result = _fetch(conn.execute(parts[0], request.params), request.fetch)
+        for part in parts[1:]:
+            conn.execute(part, request.params)
+    return result
 
-    Args:
-        path: the database file. Its directory must exist; the file is created with the schema
-            on first use. ``":memory:"`` gives a private per-connection database (tests only).
-        busy_timeout: seconds a write waits for another process's write lock before failing
-            with :class:`~retrysafe.StoreUnavailableError` (default 5 s).
-        create: create the schema if missing (default True); with False a missing schema raises
-            :class:`~retrysafe.SchemaError`.
-        readonly: open the existing file read-only (``mode=ro``): never creates or writes it,
-            and works on a file or directory the process may not write (a read-only
-            directory without a WAL file is read as immutable). Writes raise
-            :class:`~retrysafe.StoreUnavailableError` ("readonly").
 
-    Raises:
-        ConfigurationError: the directory does not exist, ``busy_timeout`` < 0, or
-            ``readonly`` and the file does not exist.
-        SchemaError: the file holds a schema from a newer retrysafe.
-        StoreUnavailableError: the file cannot be opened (permissions, locked).
+def _fetch(cur: sqlite3.Cursor, fetch: str) -> Any:
+    if fetch == "one":
+        return cur.fetchone()
+    if fetch == "all":
+        return cur.fetchall()
+    return cur.rowcount
+
+
+@contextmanager
+def _atomic(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, or a savepoint inside an open transaction."""
+    nested = conn.in_transaction
+    conn.execute("SAVEPOINT retrysafe_op" if nested else "BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            with suppress(sqlite3.Error):
+                if nested:
+                    conn.execute("ROLLBACK TO retrysafe_op")
+                    conn.execute("RELEASE retrysafe_op")
+                else:
+                    conn.execute("ROLLBACK")
+        raise
+    conn.execute("RELEASE retrysafe_op" if nested else "COMMIT")
+
+
+def _drive(conn: sqlite3.Connection, op: Op[_T], atomic: bool) -> _T:
+    def execute(request: Exec) -> Any:
+        return _execute(conn, request)
+
+    if not atomic:
+        return drive(op, execute)
+    with _atomic(conn):
+        return drive(op, execute)
+
+
+class _Conn:
+    """Holder so a WeakSet can track per-thread connections for close()."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def close(self) -> None:
+        with suppress(sqlite3.Error):
+            self.conn.close()
+
+
+class SQLiteConnector:
+    """Named SQL on one SQLite file (:class:`~retrysafe.stores._connector.Connector`).
+
+    Args: see :class:`SQLiteStore`.
     """
 
     dialect = "sqlite"
+    clock: Clock = "caller"
 
     def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        busy_timeout: float = 5.0,
-        create: bool = True,
-        readonly: bool = False,
+        self, path: str, *, busy_timeout: float, readonly: bool, create: bool = True
     ) -> None:
-        if busy_timeout < 0:
-            raise ConfigurationError("busy_timeout must be >= 0 seconds", option="busy_timeout")
-        self.path = str(path)
-        if self.path != ":memory:":
-            parent = Path(self.path).expanduser().resolve().parent
-            if not parent.is_dir():
-                raise ConfigurationError(
-                    f"cannot open SQLite store {self.path!r}: directory {str(parent)!r} "
-                    "does not exist",
-                    option="store",
-                )
-            if readonly and not Path(self.path).expanduser().exists():
-                raise ConfigurationError(f"no SQLite store at {self.path!r}", option="store")
+        self.path = path
         self.busy_timeout = busy_timeout
         self.readonly = readonly
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: weakref.WeakSet[_Conn] = weakref.WeakSet()
+        self._open: dict[int, SQLiteTransaction] = {}
         self._closed = False
         self._ensure_schema(create and not readonly)
 
     def __repr__(self) -> str:
-        return f"SQLiteStore({self.path!r})"
+        return f"SQLiteConnector({self.path!r})"
 
     @property
     def url(self) -> str:
         return f"sqlite:///{self.path}"
 
     # ------------------------------------------------------------------ connections
-    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+    def connect(self, busy_timeout: float) -> sqlite3.Connection:
+        """A new connection (autocommit, WAL, foreign keys), usable from any thread."""
         try:
             if self.readonly:
                 return self._connect_readonly(busy_timeout)
@@ -189,52 +221,98 @@ class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin, SQLiteAgentsMixin):
             conn = connect(uri + "&immutable=1")
         return conn
 
-    def _conn(self) -> sqlite3.Connection:
+    def track(self, holder: _Conn) -> None:
+        with self._lock:
+            self._connections.add(holder)
+
+    def thread_connection(self) -> sqlite3.Connection:
+        """This thread's connection (opened on first use).
+
+        Raises:
+            StoreError: the connector is closed.
+        """
         if self._closed:
-            raise StoreError(f"{self!r} is closed", store=self.url)
+            raise StoreError(f"SQLite store {self.url} is closed", store=self.url)
         holder: _Conn | None = getattr(self._local, "conn", None)
         if holder is None:
-            holder = _Conn(self._connect(self.busy_timeout))
+            holder = _Conn(self.connect(self.busy_timeout))
             self._local.conn = holder
-            with self._lock:
-                self._connections.add(holder)
+            self.track(holder)
         return holder.conn
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.url) from exc
+    # ------------------------------------------------------------------ Connector
+    def run(self, op: Op[_T], *, atomic: bool = False, connection: Any = None) -> _T:
+        if connection is not None:
+            tx = self.transaction_of(connection)
+            with tx.lock, _errors(self.url):
+                return _drive(tx.connection, op, atomic)
+        with _errors(self.url):
+            return _drive(self.thread_connection(), op, atomic)
 
-    def run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``fn(connection)`` on this thread's connection, translating driver errors."""
-        with self._errors():
-            return fn(self._conn())
+    def with_connection(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``fn(connection)`` on this thread's connection, driver errors translated."""
+        with _errors(self.url):
+            return fn(self.thread_connection())
+
+    def begin(self) -> SQLiteTransaction:
+        """Open a transaction on a dedicated connection (``BEGIN IMMEDIATE``: it holds the
+        database's write lock until it ends, so other writers wait up to ``busy_timeout``).
+
+        Raises:
+            StoreUnavailableError: the write lock stayed taken for ``busy_timeout``.
+            StoreError: the store is closed or the connection failed.
+        """
+        if self._closed:
+            raise StoreError(f"SQLite store {self.url} is closed", store=self.url)
+        conn = self.connect(self.busy_timeout)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _translate(exc, self.url) from exc
+        tx = SQLiteTransaction(self, conn)
+        with self._lock:
+            self._open[id(conn)] = tx
+        return tx
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` on this thread's connection (rollback on error).
-
-        Applications use it to commit their own rows and a retrysafe write together
-        (transactional outbox, SPEC §4 transactional mode).
-        """
-        conn = self._conn()
-        with self._errors():
-            conn.execute("BEGIN IMMEDIATE")
+        tx = self.begin()
         try:
-            yield conn
+            yield tx.connection
         except BaseException:
-            with self._errors():
-                conn.execute("ROLLBACK")
+            tx.rollback()
             raise
-        with self._errors():
-            conn.execute("COMMIT")
+        tx.commit()
 
+    def transaction_of(self, connection: Any) -> SQLiteTransaction:
+        """The open transaction whose driver connection ``connection`` is.
+
+        Raises:
+            ConfigurationError: it is not one of this store's open transactions (another
+                store's, one already ended, or not a connection at all).
+        """
+        tx = self._open.get(id(connection))
+        if tx is None or tx.connection is not connection:
+            raise ConfigurationError(
+                f"connection= must be the connection of an open transaction of {self.url} "
+                f"(from store.transaction()); got {type(connection).__name__}, which is not",
+                option="connection",
+            )
+        return tx
+
+    def _ended(self, tx: SQLiteTransaction) -> None:
+        with self._lock:
+            self._open.pop(id(tx.connection), None)
+
+    def async_connector(self) -> AsyncSQLiteConnector:
+        return AsyncSQLiteConnector(self)
+
+    # ------------------------------------------------------------------ schema
     def _ensure_schema(self, create: bool) -> None:
         def check(conn: sqlite3.Connection) -> None:
             try:
-                row = conn.execute(_Q["get_schema_version"]).fetchone()
+                row = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
             except sqlite3.OperationalError as exc:
                 if "no such table" not in str(exc):
                     raise
@@ -255,151 +333,71 @@ class SQLiteStore(SQLiteOutboxMixin, SQLiteWebhooksMixin, SQLiteAgentsMixin):
                     "(run `retrysafe migrate --store URL`)",
                     store=self.url,
                 )
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for stmt in _split(_Q["schema"]):
+            # Every statement is IF NOT EXISTS and BEGIN IMMEDIATE serialises concurrent
+            # migrations: the second one waits for the first, then changes nothing.
+            with _atomic(conn):
+                for stmt in _split(_SCHEMA["schema"]):
                     conn.execute(stmt)
-                conn.execute(_Q["set_schema_version"], {"version": str(SCHEMA_VERSION)})
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
-        self.run(check)
+        self.with_connection(check)
 
     def close(self) -> None:
-        """Close every connection this store opened. Idempotent."""
+        """Close every connection this connector opened. Idempotent."""
         with self._lock:
             self._closed = True
             for holder in list(self._connections):
                 holder.close()
             self._connections.clear()
 
-    def __enter__(self) -> SQLiteStore:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ KeyStore
-    def claim(
-        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
-    ) -> tuple[bool, KeyRecord]:
-        return self.run(lambda c: _claim(c, key_hash, fingerprint, now, lease, retention))
-
-    def take_over(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> KeyRecord | None:
-        return self.run(lambda c: _take_over(c, key_hash, fencing_token, now, lease))
-
-    def complete(
-        self,
-        key_hash: str,
-        fencing_token: int,
-        response: StoredResponse,
-        *,
-        now: float,
-        retention: float,
-    ) -> bool:
-        return self.run(lambda c: _complete(c, key_hash, fencing_token, response, now, retention))
-
-    def release(self, key_hash: str, fencing_token: int) -> bool:
-        return self.run(lambda c: _release(c, key_hash, fencing_token))
-
-    def extend_lease(self, key_hash: str, fencing_token: int, *, now: float, lease: float) -> bool:
-        return self.run(lambda c: _extend(c, key_hash, fencing_token, now, lease))
-
-    def get(self, key_hash: str) -> KeyRecord | None:
-        return self.run(lambda c: _get(c, key_hash))
-
-    def purge_keys(self, *, now: float, batch: int = 1000) -> int:
-        total = 0
-        while True:
-            n = self.run(
-                lambda c: c.execute(_Q["purge_keys"], {"now": now, "batch": batch}).rowcount
-            )
-            total += n
-            if n < batch:
-                return total
-
-    def asyncio_key_store(self) -> _AsyncSQLiteKeys:
-        """The :class:`~retrysafe.stores.AsyncKeyStore` face used by the ASGI middleware."""
-        return _AsyncSQLiteKeys(self)
-
-    def begin_effect(self) -> SQLiteEffect:
-        """Open a transaction for a handler's own writes (SPEC §4 transactional mode).
-
-        A dedicated connection (usable from any thread, access serialised) runs
-        ``BEGIN IMMEDIATE``: it holds the database's write lock until :meth:`SQLiteEffect.commit`
-        or :meth:`SQLiteEffect.rollback`, so other writers wait up to ``busy_timeout``.
-
-        Raises:
-            StoreUnavailableError: the write lock stayed taken for ``busy_timeout``.
-            StoreError: the store is closed or the connection failed.
-        """
-        if self._closed:
-            raise StoreError(f"{self!r} is closed", store=self.url)
-        conn = self._connect(self.busy_timeout)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            conn.close()
-            raise _translate(exc, self.url) from exc
-        return SQLiteEffect(conn, self.url)
-
-
-class SQLiteEffect:
-    """One open transaction holding a handler's effect and, at the end, the key's completion.
+class SQLiteTransaction:
+    """One open transaction on a dedicated connection (usable from any thread, access
+    serialised).
 
     Attributes:
-        connection: the ``sqlite3`` connection (``isolation_level=None``, inside
-            ``BEGIN IMMEDIATE``) the handler writes with. Never commit it yourself.
+        connection: the ``sqlite3`` connection (``isolation_level=None``, inside ``BEGIN
+            IMMEDIATE``) the application writes with. Never commit it yourself.
     """
 
-    __slots__ = ("_done", "_lock", "_url", "connection")
+    __slots__ = ("_connector", "_done", "connection", "lock")
+
+    clock: Clock = "caller"
 
     #: The open transaction holds the database's write lock: no other writer (a take-over
-    #: included) can touch the key until it ends, so the middleware need not renew the lease.
+    #: included) can touch a key until it ends, so the middleware need not renew the lease.
     holds_write_lock = True
 
-    def __init__(self, conn: sqlite3.Connection, url: str) -> None:
+    def __init__(self, connector: SQLiteConnector, conn: sqlite3.Connection) -> None:
+        self._connector = connector
         self.connection = conn
-        self._url = url
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._done = False
 
-    def complete_in(
-        self,
-        key_hash: str,
-        fencing_token: int,
-        response: StoredResponse,
-        *,
-        now: float,
-        retention: float,
-    ) -> bool:
-        """Complete the key inside this transaction, fenced by the token (not yet committed).
-
-        Returns:
-            Whether the key was still ours (False: the lease was taken over).
-        """
-        with self._lock, _errors_for(self._url):
-            return _complete(self.connection, key_hash, fencing_token, response, now, retention)
+    def run(self, op: Op[_T]) -> _T:
+        """Drive ``op`` inside this transaction (not yet committed)."""
+        with self.lock, _errors(self._connector.url):
+            return _drive(self.connection, op, False)
 
     def commit(self) -> None:
-        """COMMIT the effect (and the completion) and close the connection."""
-        with self._lock:
+        """COMMIT and close the connection.
+
+        Raises:
+            StoreUnavailableError / StoreError: the COMMIT failed (nothing was written).
+        """
+        with self.lock:
             if self._done:
                 return
             self._done = True
             try:
-                with _errors_for(self._url):
+                with _errors(self._connector.url):
                     self.connection.execute("COMMIT")
             finally:
                 self._close()
 
     def rollback(self) -> None:
-        """ROLLBACK the effect and close the connection. Idempotent; never raises."""
-        with self._lock:
+        """ROLLBACK and close the connection. Idempotent; never raises."""
+        with self.lock:
             if self._done:
                 return
             self._done = True
@@ -409,125 +407,27 @@ class SQLiteEffect:
             self._close()
 
     def _close(self) -> None:
+        self._connector._ended(self)
         with suppress(sqlite3.Error):
             self.connection.close()
-
-
-@contextmanager
-def _errors_for(url: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise _translate(exc, url) from exc
-
-
-class _Conn:
-    """Holder so a WeakSet can track per-thread connections for close()."""
-
-    __slots__ = ("__weakref__", "conn")
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def close(self) -> None:
-        with suppress(sqlite3.Error):
-            self.conn.close()
 
 
 def _split(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
-# ---------------------------------------------------------------------- statements
-# The key statements take numbered parameters, in the order sql/sqlite.sql lists above each.
-def _claim(
-    c: sqlite3.Connection,
-    key_hash: str,
-    fingerprint: str,
-    now: float,
-    lease: float,
-    retention: float,
-) -> tuple[bool, KeyRecord]:
-    lease_expires_at = now + lease
-    expires_at = now + max(retention, lease)
-    params = (key_hash, fingerprint, lease_expires_at, expires_at, now)
-    while True:
-        row = c.execute(_Q["claim_key"], params).fetchone()
-        if row is not None:
-            # The row as claimed: exactly the values just written, and the new token.
-            record = KeyRecord(
-                key_hash, fingerprint, _RUNNING, int(row[0]), lease_expires_at, expires_at
-            )
-            return True, record
-        existing = c.execute(_Q["get_key"], (key_hash,)).fetchone()
-        if existing is not None:
-            return False, _row_to_record(existing)
-        # Purged between the two statements: claim again.
+# ---------------------------------------------------------------------- the async face
+_Fn = Callable[[sqlite3.Connection], Any]
+# One queued operation: the function that drives it on a connection, the future its caller
+# awaits, and whether it may be skipped once that caller has gone.
+_Queued = tuple[_Fn, "asyncio.Future[Any]", bool]
 
 
-def _take_over(
-    c: sqlite3.Connection, key_hash: str, token: int, now: float, lease: float
-) -> KeyRecord | None:
-    row = c.execute(_Q["take_over_key"], (key_hash, token, now + lease, now)).fetchone()
-    return None if row is None else _row_to_record(row)
-
-
-def _complete(
-    c: sqlite3.Connection,
-    key_hash: str,
-    token: int,
-    response: StoredResponse,
-    now: float,
-    retention: float,
-) -> bool:
-    cur = c.execute(
-        _Q["complete_key"],
-        (
-            key_hash,
-            token,
-            response.status,
-            json.dumps([list(p) for p in response.headers]),
-            response.body,
-            1 if response.replayable else 0,
-            now + retention,
-        ),
-    )
-    return cur.rowcount == 1
-
-
-def _release(c: sqlite3.Connection, key_hash: str, token: int) -> bool:
-    return c.execute(_Q["release_key"], (key_hash, token)).rowcount == 1
-
-
-def _extend(c: sqlite3.Connection, key_hash: str, token: int, now: float, lease: float) -> bool:
-    return c.execute(_Q["extend_key_lease"], (key_hash, token, now + lease)).rowcount == 1
-
-
-def _get(c: sqlite3.Connection, key_hash: str) -> KeyRecord | None:
-    row = c.execute(_Q["get_key"], (key_hash,)).fetchone()
-    return None if row is None else _row_to_record(row)
-
-
-_Op = Callable[[sqlite3.Connection], Any]
-# One queued operation: the statement function, the future its caller awaits, and whether it
-# may be skipped once that caller has gone (claims, take-overs and reads: nobody would use
-# the result; skipping a claim avoids leaving a key running for nobody). Writes that finish
-# or give up a claim always run.
-_Queued = tuple[_Op, "asyncio.Future[Any]", bool]
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    low = str(exc).lower()
-    return "locked" in low or "busy" in low
-
-
-def _run_batch(conn: sqlite3.Connection, fns: list[_Op]) -> list[tuple[bool, Any]]:
+def _run_batch(conn: sqlite3.Connection, fns: list[_Fn]) -> list[tuple[bool, Any]]:
     """Run ``fns`` in order in one ``BEGIN IMMEDIATE`` … ``COMMIT`` (group commit).
 
-    Returns one ``(ok, result or sqlite3.Error)`` per function. A statement error fails only
-    its own operation: each operation writes with at most one statement, and SQLite undoes a
+    Returns one ``(ok, result or error)`` per function. An error fails only its own operation:
+    an operation writes with one statement or atomically (a savepoint), and SQLite undoes a
     failed statement while keeping the transaction. Nothing is returned before ``COMMIT``.
 
     Raises:
@@ -545,6 +445,8 @@ def _run_batch(conn: sqlite3.Connection, fns: list[_Op]) -> list[tuple[bool, Any
                 if not conn.in_transaction:
                     raise  # SQLite rolled the transaction back: earlier results are void
                 outcomes.append((False, exc))
+            except StoreError as exc:  # an operation's own refusal (e.g. a claim that raced)
+                outcomes.append((False, exc))
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -554,8 +456,8 @@ def _run_batch(conn: sqlite3.Connection, fns: list[_Op]) -> list[tuple[bool, Any
     return outcomes
 
 
-class _AsyncSQLiteKeys:
-    """Async face of :class:`SQLiteStore` for the event loop, with group commit.
+class AsyncSQLiteConnector:
+    """The async face of :class:`SQLiteConnector`, with group commit.
 
     Operations issued during one event-loop iteration are queued and run together, on the loop
     thread, in one ``BEGIN IMMEDIATE`` … ``COMMIT`` on a connection that never waits for a lock
@@ -565,24 +467,41 @@ class _AsyncSQLiteKeys:
     claim is never reported before it is durable. When another process holds the write lock
     the batch runs in a worker thread with the store's normal ``busy_timeout``, so the loop
     never blocks on it; when the batch cannot run as one transaction at all, its operations
-    run one by one as separate statements. One event loop at a time uses an instance.
+    run one by one. One event loop at a time uses an instance.
     """
 
-    def __init__(self, store: SQLiteStore) -> None:
-        self._store = store
+    dialect = "sqlite"
+    clock: Clock = "caller"
+
+    def __init__(self, connector: SQLiteConnector) -> None:
+        self._sync = connector
         self._inline: _Conn | None = None
         self._queue: list[_Queued] = []
         self._queue_loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def url(self) -> str:
+        return self._sync.url
+
     def _inline_conn(self) -> sqlite3.Connection:
         if self._inline is None:
-            self._inline = _Conn(self._store._connect(0.0))
-            with self._store._lock:
-                self._store._connections.add(self._inline)
+            self._inline = _Conn(self._sync.connect(0.0))
+            self._sync.track(self._inline)
         return self._inline.conn
 
-    def _submit(self, fn: _Op, skippable: bool) -> asyncio.Future[Any]:
+    async def run(
+        self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
+    ) -> _T:
+        result: _T = await self._submit(lambda conn: _drive(conn, op(), atomic), skippable)
+        return result
+
+    async def aclose(self) -> None:
+        holder, self._inline = self._inline, None
+        if holder is not None:
+            holder.close()
+
+    def _submit(self, fn: _Fn, skippable: bool) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         if loop is not self._queue_loop:
             # A loop that stopped before flushing left its queue behind: nobody awaits it.
@@ -599,7 +518,7 @@ class _AsyncSQLiteKeys:
         batch = [q for q in queue if not (q[2] and q[1].cancelled())]
         if not batch:
             return
-        url = self._store.url
+        url = self.url
         try:
             conn = self._inline_conn()
         except StoreError as exc:
@@ -616,7 +535,7 @@ class _AsyncSQLiteKeys:
                     self._spawn(self._one_by_one(batch, in_thread=True))
                 else:
                     _deliver(fut, False, exc, url)
-            except Exception as exc:  # a bug in the operation: its caller sees it
+            except Exception as exc:  # the operation's own error: its caller sees it
                 _deliver(fut, False, exc, url)
             else:
                 _deliver(fut, True, result, url)
@@ -643,7 +562,8 @@ class _AsyncSQLiteKeys:
     async def _batch_in_thread(self, batch: list[_Queued]) -> None:
         fns = [q[0] for q in batch]
         try:
-            outcomes = await asyncio.to_thread(self._store.run, lambda c: _run_batch(c, fns))
+            run = self._sync.with_connection
+            outcomes = await asyncio.to_thread(run, lambda c: _run_batch(c, fns))
         except StoreUnavailableError as exc:
             # The write lock stayed taken for the whole busy_timeout: every operation would
             # wait as long again, so all of them fail now (callers answer 503).
@@ -654,13 +574,12 @@ class _AsyncSQLiteKeys:
         except Exception:
             await self._one_by_one(batch, in_thread=True)
             return
-        url = self._store.url
         for (_, fut, _), (ok, value) in zip(batch, outcomes, strict=True):
-            _deliver(fut, ok, value, url)
+            _deliver(fut, ok, value, self.url)
 
     async def _one_by_one(self, batch: list[_Queued], *, in_thread: bool) -> None:
-        """Each operation as its own statement: inline first, in a thread when locked."""
-        url = self._store.url
+        """Each operation on its own: inline first, in a thread when locked."""
+        url = self.url
         for fn, fut, skippable in batch:
             if skippable and fut.cancelled():
                 continue
@@ -678,57 +597,11 @@ class _AsyncSQLiteKeys:
                     _deliver(fut, True, result, url)
                     continue
             try:
-                result = await asyncio.to_thread(self._store.run, fn)
+                result = await asyncio.to_thread(self._sync.with_connection, fn)
             except Exception as exc:
                 _deliver(fut, False, exc, url)
             else:
                 _deliver(fut, True, result, url)
-
-    async def claim(
-        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
-    ) -> tuple[bool, KeyRecord]:
-        result: tuple[bool, KeyRecord] = await self._submit(
-            lambda c: _claim(c, key_hash, fingerprint, now, lease, retention), True
-        )
-        return result
-
-    async def take_over(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> KeyRecord | None:
-        result: KeyRecord | None = await self._submit(
-            lambda c: _take_over(c, key_hash, fencing_token, now, lease), True
-        )
-        return result
-
-    async def complete(
-        self,
-        key_hash: str,
-        fencing_token: int,
-        response: StoredResponse,
-        *,
-        now: float,
-        retention: float,
-    ) -> bool:
-        result: bool = await self._submit(
-            lambda c: _complete(c, key_hash, fencing_token, response, now, retention), False
-        )
-        return result
-
-    async def release(self, key_hash: str, fencing_token: int) -> bool:
-        result: bool = await self._submit(lambda c: _release(c, key_hash, fencing_token), False)
-        return result
-
-    async def extend_lease(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> bool:
-        result: bool = await self._submit(
-            lambda c: _extend(c, key_hash, fencing_token, now, lease), False
-        )
-        return result
-
-    async def get(self, key_hash: str) -> KeyRecord | None:
-        result: KeyRecord | None = await self._submit(lambda c: _get(c, key_hash), True)
-        return result
 
 
 def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any, url: str) -> None:
@@ -743,6 +616,89 @@ def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any, url: str) -> None:
         fut.set_exception(err)
     else:
         fut.set_exception(value)
+
+
+# ---------------------------------------------------------------------- the key store
+class SQLiteStore(SQLKeyStore):
+    """The SQLite store: :class:`~retrysafe.stores.KeyStore` on one file, and the
+    :attr:`connector` the outbox, webhooks and agents keep their tables on.
+
+    Args:
+        path: the database file. Its directory must exist; the file is created with the schema
+            on first use. ``":memory:"`` gives a private per-connection database (tests only).
+        busy_timeout: seconds a write waits for another process's write lock before failing
+            with :class:`~retrysafe.StoreUnavailableError` (default 5 s).
+        create: create the schema if missing (default True); with False a missing schema raises
+            :class:`~retrysafe.SchemaError`.
+        readonly: open the existing file read-only (``mode=ro``): never creates or writes it,
+            and works on a file or directory the process may not write (a read-only
+            directory without a WAL file is read as immutable). Writes raise
+            :class:`~retrysafe.StoreUnavailableError` ("readonly").
+
+    Raises:
+        ConfigurationError: the directory does not exist, ``busy_timeout`` < 0, or
+            ``readonly`` and the file does not exist.
+        SchemaError: the file holds a schema from a newer retrysafe.
+        StoreUnavailableError: the file cannot be opened (permissions, locked).
+    """
+
+    dialect = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        create: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
+            0 <= busy_timeout < float("inf")
+        ):
+            raise ConfigurationError("busy_timeout must be >= 0 seconds", option="busy_timeout")
+        self.path = str(path)
+        if self.path != ":memory:":
+            parent = Path(self.path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise ConfigurationError(
+                    f"cannot open SQLite store {self.path!r}: directory {str(parent)!r} "
+                    "does not exist",
+                    option="store",
+                )
+            if readonly and not Path(self.path).expanduser().exists():
+                raise ConfigurationError(f"no SQLite store at {self.path!r}", option="store")
+        self.busy_timeout = busy_timeout
+        self.readonly = readonly
+        self.connector = SQLiteConnector(
+            self.path, busy_timeout=busy_timeout, readonly=readonly, create=create
+        )
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r})"
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn(connection)`` on this thread's connection, translating driver errors."""
+        return self.connector.with_connection(fn)
+
+    def transaction(self) -> Any:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` on a dedicated connection (rollback on error);
+        yields the ``sqlite3`` connection.
+
+        Applications use it to commit their own rows and a retrysafe write together
+        (transactional outbox: ``outbox.submit(..., connection=conn)``).
+        """
+        return self.connector.transaction()
+
+    def begin_effect(self) -> KeyEffect:
+        """Open a transaction for a handler's own writes (SPEC §4 transactional mode): see
+        :meth:`SQLiteConnector.begin`."""
+        return KeyEffect(self.connector.begin())
 
 
 def sqlite_path_from_url(url: str, params: Mapping[str, str] | None = None) -> str:

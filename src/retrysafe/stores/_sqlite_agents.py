@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from retrysafe.stores._base import AgentCall, AgentCallState, AgentRunRecord
+from retrysafe.agents._models import AgentCall, AgentCallState, AgentRunRecord
 from retrysafe.stores._sql import queries
 
 __all__ = ["SQLiteAgentsMixin"]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from retrysafe.stores._base import Attempt, Job, JobState, NewJob
+from retrysafe.client._models import Attempt, Job, JobState, NewJob
 from retrysafe.stores._sql import queries
 
 if TYPE_CHECKING:

@@ -14,15 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from retrysafe.stores._base import (
-    JobState,
-    NewJob,
-    WebhookDelivery,
-    WebhookEndpoint,
-    WebhookEvent,
-)
+from retrysafe.client._models import JobState, NewJob
 from retrysafe.stores._sql import queries
 from retrysafe.stores._sqlite_outbox import _insert_job, _states
+from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint, WebhookEvent
 
 __all__ = ["SQLiteWebhooksMixin"]
 

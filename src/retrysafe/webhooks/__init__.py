@@ -23,10 +23,11 @@ from retrysafe._exceptions import (
     WebhookIdReusedError,
     WebhookVerificationError,
 )
-from retrysafe.stores._base import WebhookDelivery as Delivery
-from retrysafe.stores._base import WebhookEndpoint as Endpoint
-from retrysafe.stores._base import WebhookEvent as Event
 from retrysafe.webhooks._endpoints import ROTATION_OVERLAP
+from retrysafe.webhooks._models import WebhookDelivery as Delivery
+from retrysafe.webhooks._models import WebhookEndpoint as Endpoint
+from retrysafe.webhooks._models import WebhookEvent as Event
+from retrysafe.webhooks._models import WebhookStore
 from retrysafe.webhooks._policy import (
     DEFAULT,
     SCHEDULES,
@@ -71,6 +72,7 @@ __all__ = [
     "WebhookIdReusedError",
     "WebhookMiddleware",
     "WebhookPolicy",
+    "WebhookStore",
     "WebhookVerificationError",
     "WebhookVerifier",
     "Webhooks",

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from retrysafe._exceptions import ConfigurationError
 from retrysafe.client._jobs import _check_url
-from retrysafe.stores._base import WebhookEndpoint
+from retrysafe.webhooks._models import WebhookEndpoint
 from retrysafe.webhooks._signing import parse_secret
 
 __all__ = [

@@ -20,9 +20,9 @@ import random
 from dataclasses import dataclass
 
 from retrysafe._exceptions import ConfigurationError
+from retrysafe.client._models import JobState
 from retrysafe.client._policy import Step, retry_step
 from retrysafe.core import Action, Classification
-from retrysafe.stores._base import JobState
 
 __all__ = [
     "DEFAULT",

@@ -30,22 +30,12 @@ from retrysafe._exceptions import (
     WebhookError,
 )
 from retrysafe.client._jobs import _encode_json, build_job, notify_submitted
+from retrysafe.client._models import Attempt, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._outbox import Outbox
 from retrysafe.client._policy import RetryPolicy, Step, count, seconds
 from retrysafe.client._sender import SendResult
 from retrysafe.client._worker import Worker
 from retrysafe.core import AttemptOutcome
-from retrysafe.stores._base import (
-    Attempt,
-    Job,
-    JobState,
-    NewJob,
-    OutboxStore,
-    WebhookDelivery,
-    WebhookEndpoint,
-    WebhookEvent,
-    WebhookStore,
-)
 from retrysafe.webhooks._endpoints import (
     ROTATION_OVERLAP,
     active_secrets,
@@ -59,6 +49,7 @@ from retrysafe.webhooks._endpoints import (
     new_event_id,
     rotated,
 )
+from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint, WebhookEvent, WebhookStore
 from retrysafe.webhooks._policy import (
     WebhookPolicy,
     decide,

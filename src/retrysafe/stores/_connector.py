@@ -1,0 +1,282 @@
+"""Connectors: run named SQL statements for one dialect, and nothing about keys, jobs or webhooks.
+
+A feature store (idempotency keys here, the outbox in :mod:`retrysafe.client`, webhooks in
+:mod:`retrysafe.webhooks`, agent runs in :mod:`retrysafe.agents`) is written once for both
+dialects as *operations*: generators that yield :class:`Exec` requests (a named
+:class:`Statement`, its parameters, and what to fetch) and receive each result, like the server
+engine's generator of store operations. A connector drives an operation on one connection:
+
+- :class:`Connector` (sync): ``run(op)`` on this thread's connection (SQLite) or one pool
+  connection (PostgreSQL), or on the connection of an open ``transaction()``;
+- :class:`AsyncConnector`: ``await run(op)`` without blocking the event loop.
+
+``atomic=True`` runs the whole operation in one transaction (a savepoint inside an open one).
+A statement's SQL lives in ``<package>/sql/<feature>.<dialect>.sql`` as ``-- name: <name>``
+blocks; both dialects' files hold the same names with the same parameter names. A block of
+several ``;``-separated statements runs them in order in one transaction and returns the first
+one's result (SQLite has no writable CTE, so a PostgreSQL one-statement write can be two there).
+
+Driver errors are translated in one place per dialect: "cannot serve now" →
+:class:`~retrysafe.StoreUnavailableError`, a missing table → :class:`~retrysafe.SchemaError`,
+anything else → :class:`~retrysafe.StoreError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from contextlib import AbstractContextManager
+from functools import cache
+from importlib import resources
+from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar
+
+__all__ = [
+    "AsyncConnector",
+    "Clock",
+    "Connector",
+    "Exec",
+    "Op",
+    "Statement",
+    "Statements",
+    "all_rows",
+    "async_op",
+    "count",
+    "drive",
+    "one",
+    "sync_op",
+]
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+#: ``"caller"``: every ``now`` argument is the time (SQLite; tests on PostgreSQL);
+#: ``"server"``: PostgreSQL measures time on the database server's clock and ``now`` is NULL.
+Clock = Literal["server", "caller"]
+Fetch = Literal["one", "all", "count"]
+
+DIALECTS = ("sqlite", "postgres")
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+class Statement:
+    """One named statement, in every dialect: ``parts[dialect]`` is a tuple of SQL texts (``str``
+    for SQLite, ``bytes`` for psycopg), one per ``;``-separated statement of the block."""
+
+    __slots__ = ("name", "parts")
+
+    def __init__(self, name: str, parts: dict[str, tuple[Any, ...]]) -> None:
+        self.name = name
+        self.parts = parts
+
+    def __repr__(self) -> str:
+        return f"Statement({self.name!r})"
+
+
+class Statements:
+    """The named statements of one feature: ``<package>/sql/<feature>.<dialect>.sql``.
+
+    Raises:
+        RuntimeError: (at import) the dialects' files name different statements — a packaging
+            bug, never a user error.
+    """
+
+    def __init__(self, package: str, feature: str) -> None:
+        self.feature = feature
+        texts = {d: _load(package, f"sql/{feature}.{d}.sql") for d in DIALECTS}
+        names = set(texts["sqlite"])
+        if names != set(texts["postgres"]):
+            odd = sorted(names ^ set(texts["postgres"]))
+            raise RuntimeError(f"{feature}: statements {odd} exist in one dialect only")
+        self._by_name = {
+            name: Statement(
+                f"{feature}.{name}",
+                {
+                    "sqlite": tuple(_split(texts["sqlite"][name])),
+                    "postgres": tuple(p.encode() for p in _split(texts["postgres"][name])),
+                },
+            )
+            for name in names
+        }
+
+    def __getitem__(self, name: str) -> Statement:
+        return self._by_name[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+
+@cache
+def _load(package: str, path: str) -> dict[str, str]:
+    text = resources.files(package).joinpath(path).read_text("utf-8")
+    parts = _NAME.split(text)
+    out: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        out[name] = "\n".join(lines).strip()
+    return out
+
+
+def _split(block: str) -> list[str]:
+    return [s.strip() for s in block.split(";") if s.strip()]
+
+
+class Exec(NamedTuple):
+    """One request of an operation: run ``statement`` with ``params``; the connector sends back
+    the first row (``"one"``: a tuple or None), every row (``"all"``: a list of tuples) or the
+    number of rows changed (``"count"``)."""
+
+    statement: Statement
+    params: Mapping[str, Any]
+    fetch: Fetch
+
+
+#: An operation: yields :class:`Exec` requests, receives each result, returns its value.
+Op = Generator[Exec, Any, _T]
+
+
+def one(statement: Statement, params: Mapping[str, Any]) -> Exec:
+    return Exec(statement, params, "one")
+
+
+def all_rows(statement: Statement, params: Mapping[str, Any]) -> Exec:
+    return Exec(statement, params, "all")
+
+
+def count(statement: Statement, params: Mapping[str, Any]) -> Exec:
+    return Exec(statement, params, "count")
+
+
+def drive(op: Op[_T], execute: Callable[[Exec], Any]) -> _T:
+    """Run ``op`` to its end, answering each request with ``execute(request)``. An exception
+    from ``execute`` is thrown into the operation (it may handle it) and, if not handled,
+    propagates."""
+    try:
+        request = next(op)
+        while True:
+            try:
+                result = execute(request)
+            except Exception as exc:
+                request = op.throw(exc)
+            else:
+                request = op.send(result)
+    except StopIteration as stop:
+        value: _T = stop.value
+        return value
+
+
+class Connector(Protocol):
+    """The sync face of one database (see the module docstring).
+
+    Attributes:
+        dialect: ``"sqlite"`` or ``"postgres"``: which statement texts it runs.
+        clock: ``"caller"`` or ``"server"`` (see :data:`Clock`).
+        url: the store's URL, without a password (for messages).
+    """
+
+    dialect: str
+    clock: Clock
+
+    @property
+    def url(self) -> str: ...
+
+    def run(self, op: Op[_T], *, atomic: bool = False, connection: Any = None) -> _T:
+        """Drive ``op`` on one connection; ``connection``: the driver connection of one of this
+        connector's open :meth:`transaction` blocks (the op joins that transaction).
+
+        Raises:
+            ConfigurationError: ``connection`` is not an open transaction of this connector.
+            StoreUnavailableError / SchemaError / StoreError: translated driver errors.
+        """
+        ...
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A transaction on one connection: yields the driver connection (``sqlite3`` or
+        ``psycopg``) for the application's own writes; commits at the end of the block, rolls
+        back if it raises. Pass that connection as ``connection=`` to join it."""
+        ...
+
+    def async_connector(self) -> AsyncConnector:
+        """A new async face of the same database (its own connection or pool)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class AsyncConnector(Protocol):
+    """The async face: the same operations, never blocking the event loop.
+
+    ``skippable=True``: the operation may be dropped, unrun, once its caller was cancelled
+    (claims and reads: nobody would use the result). Writes that finish or give up a claim are
+    never skippable.
+    """
+
+    dialect: str
+    clock: Clock
+
+    @property
+    def url(self) -> str: ...
+
+    async def run(
+        self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
+    ) -> _T:
+        """Drive the operation ``op()`` creates. ``op`` may be called again when a run failed
+        without effect (SQLite: the inline attempt found the database locked and the operation
+        restarts in a worker thread), so it must only create the generator."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HasConnector(Protocol):
+    @property
+    def connector(self) -> Connector: ...
+
+
+class _HasAsyncConnector(Protocol):
+    @property
+    def connector(self) -> AsyncConnector: ...
+
+
+def sync_op(
+    fn: Callable[Concatenate[Clock, _P], Op[_T]], *, atomic: bool = False
+) -> Callable[Concatenate[_HasConnector, _P], _T]:
+    """A sync store method from an operation function ``fn(clock, *args, **kwargs)``."""
+
+    def method(self: _HasConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        c = self.connector
+        return c.run(fn(c.clock, *args, **kwargs), atomic=atomic)
+
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def async_op(
+    fn: Callable[Concatenate[Clock, _P], Op[_T]],
+    *,
+    atomic: bool = False,
+    skippable: bool = False,
+) -> Callable[Concatenate[_HasAsyncConnector, _P], Coroutine[Any, Any, _T]]:
+    """An async store method from the same operation function (see :func:`sync_op`)."""
+
+    async def method(self: _HasAsyncConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        c = self.connector
+        return await c.run(
+            lambda: fn(c.clock, *args, **kwargs), atomic=atomic, skippable=skippable
+        )
+
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def caller_now(clock: Clock, now: float) -> float | None:
+    """The ``now`` parameter of a statement: the caller's time, or NULL (the server's clock)."""
+    return now if clock == "caller" else None
+
+
+def caller_time(clock: Clock, at: float, now: float) -> dict[str, float | None]:
+    """A time the caller computed on its own clock, as the ``<x>_at`` / ``<x>_in`` pair: the
+    absolute time (NULL on the server's clock) and its offset from the caller's now, which a
+    server-clock statement adds to the server's now (so hosts whose clocks drift agree)."""
+    return {"at": at if clock == "caller" else None, "in": at - now}

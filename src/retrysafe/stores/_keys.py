@@ -1,0 +1,248 @@
+"""The idempotency-key store on SQL, written once for SQLite and PostgreSQL (SPEC §3, §9).
+
+Every primitive is one statement: a claim is ``INSERT … ON CONFLICT (key_hash) DO UPDATE … WHERE
+expires_at <= now OR state = 'released' RETURNING``, every fenced write an ``UPDATE`` guarded by
+the fencing token (``release`` too: it leaves a tombstone, see
+:class:`~retrysafe.stores.KeyStore`), so the database's write lock (SQLite) or row locks
+(PostgreSQL) make each of them atomic across threads, processes and hosts. The statements live in
+``sql/keys.<dialect>.sql``; :class:`SQLKeyStore` and :class:`AsyncSQLKeyStore` are the same
+operations on a sync and an async :mod:`connector <retrysafe.stores._connector>`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe.core import RACE_LIMIT, KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._connector import (
+    AsyncConnector,
+    Clock,
+    Connector,
+    Op,
+    Statements,
+    async_op,
+    caller_now,
+    count,
+    one,
+    sync_op,
+)
+
+__all__ = ["AsyncSQLKeyStore", "KeyEffect", "SQLKeyStore"]
+
+_SQL = Statements("retrysafe.stores", "keys")
+_CLAIM, _GET, _TAKE_OVER = _SQL["claim_key"], _SQL["get_key"], _SQL["take_over_key"]
+_COMPLETE, _RELEASE, _EXTEND = _SQL["complete_key"], _SQL["release_key"], _SQL["extend_key_lease"]
+_PURGE = _SQL["purge_keys"]
+_STATES = {state.value: state for state in KeyState}
+
+
+def _record(row: tuple[Any, ...]) -> KeyRecord:
+    (key_hash, fp, state, token, lease_exp, exp, status, headers, body, replayable) = row
+    response = None
+    if state == KeyState.COMPLETED.value and status is not None:
+        pairs = tuple((str(k), str(v)) for k, v in json.loads(headers or "[]"))
+        response = StoredResponse(int(status), pairs, bytes(body or b""), bool(replayable))
+    return KeyRecord(
+        key_hash=key_hash,
+        fingerprint=fp,
+        state=_STATES[state],
+        fencing_token=int(token),
+        lease_expires_at=float(lease_exp),
+        expires_at=float(exp),
+        response=response,
+    )
+
+
+# ---------------------------------------------------------------------- operations
+def claim(
+    clock: Clock, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+) -> Op[tuple[bool, KeyRecord]]:
+    params = {
+        "key_hash": key_hash,
+        "fingerprint": fingerprint,
+        "now": caller_now(clock, now),
+        "lease": lease,
+        "retention": retention,
+    }
+    for _ in range(RACE_LIMIT):
+        row = yield one(_CLAIM, params)
+        if row is not None:
+            token, lease_expires_at, expires_at = row
+            record = KeyRecord(
+                key_hash,
+                fingerprint,
+                KeyState.RUNNING,
+                int(token),
+                float(lease_expires_at),
+                float(expires_at),
+            )
+            return True, record
+        row = yield one(_GET, params)
+        if row is not None:
+            return False, _record(row)
+        # Released or purged between the two statements: claim again.
+    raise StoreError(f"claim of {key_hash} kept racing; giving up")
+
+
+def take_over(
+    clock: Clock, key_hash: str, fencing_token: int, *, now: float, lease: float
+) -> Op[KeyRecord | None]:
+    params = _token(clock, key_hash, fencing_token, now, lease=lease)
+    row = yield one(_TAKE_OVER, params)
+    return None if row is None else _record(row)
+
+
+def complete(
+    clock: Clock,
+    key_hash: str,
+    fencing_token: int,
+    response: StoredResponse,
+    *,
+    now: float,
+    retention: float,
+) -> Op[bool]:
+    params = {
+        "key_hash": key_hash,
+        "token": fencing_token,
+        "status": response.status,
+        "headers": json.dumps([list(p) for p in response.headers]),
+        "body": response.body,
+        "replayable": response.replayable,
+        "now": caller_now(clock, now),
+        "retention": retention,
+    }
+    return (yield count(_COMPLETE, params)) == 1
+
+
+def release(clock: Clock, key_hash: str, fencing_token: int) -> Op[bool]:
+    return (yield count(_RELEASE, {"key_hash": key_hash, "token": fencing_token})) == 1
+
+
+def extend_lease(
+    clock: Clock, key_hash: str, fencing_token: int, *, now: float, lease: float
+) -> Op[bool]:
+    return (yield count(_EXTEND, _token(clock, key_hash, fencing_token, now, lease=lease))) == 1
+
+
+def get(clock: Clock, key_hash: str) -> Op[KeyRecord | None]:
+    row = yield one(_GET, {"key_hash": key_hash})
+    return None if row is None else _record(row)
+
+
+def purge_keys(clock: Clock, *, now: float, batch: int = 1000) -> Op[int]:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigurationError("batch must be an integer >= 1", option="batch")
+    params = {"now": caller_now(clock, now), "batch": batch}
+    total = 0
+    while True:
+        deleted: int = yield count(_PURGE, params)
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def _token(
+    clock: Clock, key_hash: str, token: int, now: float, *, lease: float
+) -> Mapping[str, Any]:
+    return {"key_hash": key_hash, "token": token, "now": caller_now(clock, now), "lease": lease}
+
+
+# ---------------------------------------------------------------------- faces
+class SQLKeyStore:
+    """:class:`~retrysafe.stores.KeyStore` on a SQL :class:`~retrysafe.stores._connector.Connector`
+    (the base of :class:`~retrysafe.stores.SQLiteStore` and
+    :class:`~retrysafe.stores.PostgresStore`).
+
+    Concurrency contract: see :class:`~retrysafe.stores.KeyStore`.
+    """
+
+    connector: Connector
+
+    claim = sync_op(claim)
+    take_over = sync_op(take_over)
+    complete = sync_op(complete)
+    release = sync_op(release)
+    extend_lease = sync_op(extend_lease)
+    get = sync_op(get)
+    purge_keys = sync_op(purge_keys)
+
+    @property
+    def url(self) -> str:
+        return self.connector.url
+
+    def close(self) -> None:
+        """Close every connection. Idempotent."""
+        self.connector.close()
+
+    def asyncio_key_store(self) -> AsyncSQLKeyStore:
+        """A new :class:`~retrysafe.stores.AsyncKeyStore` face (its own connection or pool,
+        bound to the event loop that first uses it; close it with ``aclose()``)."""
+        return AsyncSQLKeyStore(self.connector.async_connector())
+
+
+class AsyncSQLKeyStore:
+    """The async face of :class:`SQLKeyStore`: the same operations on an
+    :class:`~retrysafe.stores._connector.AsyncConnector`."""
+
+    def __init__(self, connector: AsyncConnector) -> None:
+        self.connector = connector
+
+    claim = async_op(claim, skippable=True)
+    take_over = async_op(take_over, skippable=True)
+    complete = async_op(complete)
+    release = async_op(release)
+    extend_lease = async_op(extend_lease)
+    get = async_op(get, skippable=True)
+
+    async def aclose(self) -> None:
+        """Close this face's connection or pool. Idempotent."""
+        await self.connector.aclose()
+
+
+class KeyEffect:
+    """One open transaction holding a handler's effect and, at the end, the key's completion
+    (SPEC §4 transactional mode), on either SQL dialect.
+
+    Attributes:
+        connection: the driver connection the handler writes with. Never commit it yourself.
+        holds_write_lock: whether the open transaction keeps every other writer out (SQLite),
+            so the middleware need not renew the lease.
+    """
+
+    __slots__ = ("_tx", "connection", "holds_write_lock")
+
+    def __init__(self, tx: Any) -> None:
+        self._tx = tx
+        self.connection = tx.connection
+        self.holds_write_lock: bool = tx.holds_write_lock
+
+    def complete_in(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        """Complete the key inside this transaction, fenced by the token (not yet committed).
+
+        Returns:
+            Whether the key was still ours (False: the lease was taken over).
+        """
+        op = complete(
+            self._tx.clock, key_hash, fencing_token, response, now=now, retention=retention
+        )
+        result: bool = self._tx.run(op)
+        return result
+
+    def commit(self) -> None:
+        """COMMIT the effect (and the completion)."""
+        self._tx.commit()
+
+    def rollback(self) -> None:
+        """ROLLBACK the effect. Idempotent; never raises."""
+        self._tx.rollback()

@@ -1,0 +1,153 @@
+-- The SQLite schema of every feature (keys, outbox, webhooks, agents): one versioned layout,
+-- created and upgraded by retrysafe.stores._sqlite (`retrysafe migrate`). Each feature's
+-- statements live beside its store (<package>/sql/<feature>.sqlite.sql).
+-- Times are Unix seconds (REAL). Keys are stored only as SHA-256 hashes of (scope, key).
+
+-- name: schema
+
+CREATE TABLE IF NOT EXISTS retrysafe_meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+-- A rowid table with a unique index on key_hash, not a WITHOUT ROWID table keyed by it: key
+-- hashes are random, so keying the rows by them makes every claim and every completion
+-- rewrite a random page of wide rows, while rowids grow, so new rows (and their completions)
+-- share the last few pages and only the narrow key_hash index takes a random page per claim.
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key_hash         TEXT NOT NULL UNIQUE,
+    fingerprint      TEXT NOT NULL,
+    -- 'released': a tombstone left by release_key. It keeps fencing_token so the next claim
+    -- continues the key's token sequence; every key statement treats it as absent.
+    state            TEXT NOT NULL CHECK (state IN ('running', 'completed', 'released')),
+    fencing_token    INTEGER NOT NULL,
+    lease_expires_at REAL NOT NULL,
+    expires_at       REAL NOT NULL,
+    status           INTEGER,
+    headers          TEXT,
+    body             BLOB,
+    replayable       INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at);
+CREATE TABLE IF NOT EXISTS outbox_jobs (
+    id               TEXT PRIMARY KEY,
+    idempotency_key  TEXT NOT NULL UNIQUE,
+    queue            TEXT NOT NULL DEFAULT 'default',
+    state            TEXT NOT NULL CHECK (state IN
+                         ('pending', 'in_flight', 'succeeded', 'rejected', 'unknown', 'cancelled')),
+    method           TEXT NOT NULL,
+    url              TEXT NOT NULL,
+    destination      TEXT NOT NULL,
+    headers          TEXT NOT NULL,
+    body             BLOB NOT NULL,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    due_at           REAL NOT NULL,
+    deadline_at      REAL,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    sends            INTEGER NOT NULL DEFAULT 0,
+    polls            INTEGER NOT NULL DEFAULT 0,
+    last_delay       REAL NOT NULL DEFAULT 0,
+    lease_token      TEXT,
+    lease_expires_at REAL,
+    finished_at      REAL,
+    last_status      INTEGER,
+    last_outcome     TEXT,
+    last_error       TEXT
+);
+-- A job belongs to one queue ('default' for the outbox, 'webhooks' for webhook deliveries):
+-- a worker claims, lists, counts and purges only its own queue, so every index a worker
+-- walks starts with it.
+CREATE INDEX IF NOT EXISTS outbox_jobs_due ON outbox_jobs (queue, state, due_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_lease ON outbox_jobs (queue, state, lease_expires_at);
+CREATE INDEX IF NOT EXISTS outbox_jobs_created ON outbox_jobs (queue, created_at);
+CREATE TABLE IF NOT EXISTS outbox_attempts (
+    job_id          TEXT NOT NULL REFERENCES outbox_jobs (id) ON DELETE CASCADE,
+    number          INTEGER NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    started_at      REAL NOT NULL,
+    duration        REAL NOT NULL,
+    outcome         TEXT NOT NULL,
+    status          INTEGER,
+    error_type      TEXT,
+    replayed        INTEGER NOT NULL DEFAULT 0,
+    counted         INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (job_id, number)
+) WITHOUT ROWID;
+-- Webhooks (SPEC §6). An endpoint's secrets are a JSON array of [secret, expires_at|null],
+-- the current secret first; event_types a JSON array ([] = every type). A delivery is one
+-- outbox job (its id) of one event to one endpoint; deleting the job deletes the delivery.
+CREATE TABLE IF NOT EXISTS webhook_endpoints (
+    id               TEXT PRIMARY KEY,
+    url              TEXT NOT NULL,
+    secrets          TEXT NOT NULL,
+    event_types      TEXT NOT NULL,
+    description      TEXT NOT NULL DEFAULT '',
+    schedule         TEXT NOT NULL,
+    rate_limit       REAL,
+    enabled          INTEGER NOT NULL DEFAULT 1,
+    disabled_reason  TEXT,
+    failure_count    INTEGER NOT NULL DEFAULT 0,
+    first_failure_at REAL,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_events (
+    id          TEXT PRIMARY KEY,
+    event_type  TEXT NOT NULL,
+    payload     BLOB NOT NULL,
+    created_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    job_id      TEXT PRIMARY KEY REFERENCES outbox_jobs (id) ON DELETE CASCADE,
+    event_id    TEXT NOT NULL REFERENCES webhook_events (id) ON DELETE CASCADE,
+    endpoint_id TEXT NOT NULL REFERENCES webhook_endpoints (id) ON DELETE CASCADE,
+    created_at  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS webhook_deliveries_endpoint
+    ON webhook_deliveries (endpoint_id, created_at);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_event ON webhook_deliveries (event_id);
+-- Agent tool calls (SPEC §7). One row per agent run and one per logical tool call (the audit
+-- log); a call's idempotency key is derived from the run and the call, so it is the primary key.
+-- States: running, succeeded, failed (definitive), unknown (outcome unknown), refused (budget).
+CREATE TABLE IF NOT EXISTS agent_runs (
+    id           TEXT PRIMARY KEY,
+    state        TEXT NOT NULL CHECK (state IN ('active', 'stopped')),
+    max_steps    INTEGER,
+    max_attempts INTEGER,
+    reason       TEXT,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agent_calls (
+    idempotency_key  TEXT PRIMARY KEY,
+    run_id           TEXT NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
+    step             INTEGER NOT NULL,
+    tool             TEXT NOT NULL,
+    kind             TEXT NOT NULL CHECK (kind IN ('read', 'write')),
+    signature        TEXT NOT NULL,
+    arguments_hash   TEXT NOT NULL,
+    arguments        TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN
+                         ('running', 'succeeded', 'failed', 'unknown', 'refused')),
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    fencing_token    INTEGER NOT NULL DEFAULT 1,
+    owner            TEXT NOT NULL,
+    lease_expires_at REAL NOT NULL,
+    result           TEXT,
+    result_summary   TEXT,
+    error            TEXT,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    finished_at      REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agent_calls_run ON agent_calls (run_id, created_at);
+CREATE INDEX IF NOT EXISTS agent_calls_tool ON agent_calls (run_id, tool, signature);
+
+-- name: get_schema_version
+
+SELECT value FROM retrysafe_meta WHERE name = 'schema_version';
+
+-- name: set_schema_version
+
+INSERT INTO retrysafe_meta (name, value) VALUES ('schema_version', :version)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value;
