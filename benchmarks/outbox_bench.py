@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from retrysafe import JobState, Outbox, RetryPolicy
+from retrysafe import JobState, Outbox, RetryPolicy, SQLiteStore
 from retrysafe._serving import free_port
 
 _SERVER = """
@@ -108,9 +108,9 @@ async def _bare(url: str, jobs: int, concurrency: int) -> float:
 def _outbox(url: str, jobs: int, concurrency: int, db: Path) -> tuple[float, float]:
     """(b): submit N jobs, then deliver them; returns (submit seconds, deliver seconds)."""
     policy = RetryPolicy(timeout=10.0, wait_initial=0.05, wait_max=1.0)
-    with Outbox(f"sqlite:///{db}", policy=policy) as outbox:
+    with SQLiteStore(db) as store, Outbox(store, policy=policy) as outbox:
         start = time.perf_counter()
-        with outbox.store.transaction() as conn:  # type: ignore[attr-defined]
+        with store.transaction() as conn:
             for i in range(jobs):
                 outbox.submit(url, json={"n": i}, connection=conn)
         submitted = time.perf_counter()
@@ -153,8 +153,7 @@ def _outbox_pg(
     policy = RetryPolicy(timeout=10.0, wait_initial=0.05, wait_max=1.0)
     shares = _split(concurrency, workers)
     with _fresh_database(pg_url) as db_url:
-        store = PostgresStore(db_url)
-        with Outbox(store, policy=policy) as outbox:
+        with PostgresStore(db_url) as store, Outbox(store, policy=policy) as outbox:
             start = time.perf_counter()
             with store.transaction() as conn:
                 for i in range(jobs):

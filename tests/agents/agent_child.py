@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from retrysafe.agents import AgentRun, instrument, resume_run, start_run, tool
+from retrysafe.agents import AgentRun, agent_store, instrument, resume_run, start_run, tool
 from retrysafe.stores import open_store
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     elif phase == "resume":
         run = resume_run(store, run_id, retry_unknown=True)
     else:
-        record = store.get_agent_run(run_id)
+        record = agent_store(store).get_agent_run(run_id)
         assert record is not None
         run = AgentRun(store, record)
     with run, run.step(1):

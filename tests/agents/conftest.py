@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from retrysafe._serving import ServerThread
 from retrysafe.agents import AgentStore
+from retrysafe.agents import agent_store as agent_store_of
 from retrysafe.chaos import ChaosProxy, EffectLedger, FaultRates
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import SQLiteStore, open_store
@@ -141,6 +142,7 @@ def agent_store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
 
 @pytest.fixture
 def agent_store(agent_store_spec: StoreSpec) -> Iterator[AgentStore]:
+    """The agent store of the test's store (closed with it)."""
     store = agent_store_spec.open()
-    yield store
+    yield agent_store_of(store)
     store.close()

@@ -31,7 +31,7 @@ def _running(store: AgentStore, *, lease_expires_at: float = T0 + 30) -> AgentCa
         created_at=T0,
         updated_at=T0,
     )
-    outcome, row = store.claim_agent_call(call, max_steps=None, now=T0)
+    outcome, row = store.claim_agent_call(call, now=T0)
     assert outcome == "claimed"
     return row
 

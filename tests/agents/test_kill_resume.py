@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from retrysafe.agents import AgentCallState
+from retrysafe.agents import AgentCallState, agent_store
 
 from .conftest import StoreSpec, Tickets
 
@@ -70,14 +70,14 @@ def test_killed_mid_call_then_resumed(
     _kill_mid_call([*args, "start", *schema], slow_tickets)
     if mode == "guarded":
         with spec.open() as store:
-            (call,) = store.list_agent_calls("run-kill")
+            (call,) = agent_store(store).list_agent_calls("run-kill")
             assert call.state is AgentCallState.RUNNING  # recorded before the attempt
     result = _run([*args, "resume", *schema])
     assert result["title"] == "kill me"
     assert slow_tickets.created("kill me") == expected
     if mode == "guarded":
         with spec.open() as store:
-            (call,) = store.list_agent_calls("run-kill")
+            (call,) = agent_store(store).list_agent_calls("run-kill")
         assert call.state is AgentCallState.SUCCEEDED
         assert set(slow_tickets.keys) == {call.key}
         assert result["id"] == "T-1"
@@ -95,12 +95,12 @@ def test_killed_mid_call_is_taken_over_once_its_short_lease_ends(
     env = {**os.environ, "AGENT_CHILD_LEASE": "2"}
     killed_at = _kill_mid_call([*args, "start", *schema], slow_tickets, env)
     with spec.open() as store:
-        (killed,) = store.list_agent_calls("run-join")
+        (killed,) = agent_store(store).list_agent_calls("run-join")
     assert killed.state is AgentCallState.RUNNING
     assert killed.lease_expires_at > killed_at  # renewed up to the kill: a duplicate must wait
     result = _run([*args, "join", *schema], env)
     with spec.open() as store:
-        (call,) = store.list_agent_calls("run-join")
+        (call,) = agent_store(store).list_agent_calls("run-join")
     assert (call.state, call.fencing_token) == (AgentCallState.SUCCEEDED, 2)
     assert call.finished_at is not None
     assert killed.lease_expires_at <= call.finished_at < killed.lease_expires_at + 5

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from starlette.applications import Starlette
@@ -17,8 +19,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from retrysafe import Outbox, RetryPolicy
+from retrysafe import Outbox, RetryPolicy, SQLiteStore
 from retrysafe._serving import ServerThread
+from retrysafe.client import OutboxStore, outbox_store
 
 # Policies with tiny waits so tests never sleep through real backoff.
 FAST = RetryPolicy(attempts=4, wait_initial=0.01, wait_max=0.05, timeout=2.0, poll_interval=0.01)
@@ -143,6 +146,12 @@ def outbox(sqlite_path: Path) -> Iterator[Outbox]:
         yield ob
 
 
+@pytest.fixture
+def sqlite_outbox(sqlite_store: SQLiteStore) -> OutboxStore:
+    """The outbox store of the ``sqlite_store`` fixture (its jobs and attempts)."""
+    return outbox_store(sqlite_store)
+
+
 @dataclass(frozen=True)
 class OutboxDatabase:
     """One fresh outbox database: ``open()`` gives a new store on it (own connections or
@@ -177,3 +186,37 @@ def outbox_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     yield OutboxDatabase(
         lambda: open_outbox_database("postgres", url, schema), ("postgres", url, schema)
     )
+
+
+@pytest.fixture
+def sql_store(outbox_database: OutboxDatabase) -> Iterator[Any]:
+    """A :class:`~retrysafe.SQLiteStore` or a :class:`~retrysafe.stores.PostgresStore` (server
+    clock) on a fresh outbox database: a test taking it runs once per SQL store (through the
+    parametrized ``outbox_database``, whose ``open()`` gives more stores on the same data)."""
+    store = outbox_database.open()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def pg_database_url(pg_url: str) -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database (its default schema, as the CLI uses),
+    dropped after the test."""
+    import psycopg
+
+    name = f"rs_test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}".encode())
+    yield urlsplit(pg_url)._replace(path="/" + name).geturl()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_store_url(request: pytest.FixtureRequest, sqlite_path: Path) -> str:
+    """The URL of a fresh SQLite file or PostgreSQL database (for the CLI): a test taking it
+    runs once per SQL store."""
+    if request.param == "sqlite":
+        return f"sqlite:///{sqlite_path}"
+    url: str = request.getfixturevalue("pg_database_url")
+    return url

@@ -25,20 +25,21 @@ def _run(*args: str) -> tuple[int, str, str]:
 
 
 def test_submit_worker_show_and_list_round_trip(
-    sqlite_path: Path, script: Script, base_url: str
+    sql_store_url: str, script: Script, base_url: str
 ) -> None:
-    """submit → worker --until-idle → show/list report the job SUCCEEDED with its attempt."""
-    store = f"sqlite:///{sqlite_path}"
+    """submit → worker --until-idle → show/list report the job SUCCEEDED with its attempt,
+    sent with its key (``--store sqlite:///…`` and ``--store postgresql://…``)."""
+    store = sql_store_url
     script.plan("/cli", Step(201))
-    code, out, _ = _run(
+    code, out, err = _run(
         "jobs", "submit", base_url + "/cli", "-d", '{"a": 1}', "--store", store, "--json"
     )
-    assert code == 0
+    assert code == 0, err
     job = json.loads(out)
-    code, out, _ = _run(
+    code, out, err = _run(
         "worker", "--store", store, "--until-idle", "--wait-initial", "0.01", "--json"
     )
-    assert code == 0 and json.loads(out.splitlines()[-1])["succeeded"] == 1
+    assert code == 0 and json.loads(out.splitlines()[-1])["succeeded"] == 1, err
     code, out, _ = _run("jobs", "show", job["id"][:10], "--store", store, "--json")
     shown = json.loads(out)
     assert shown["state"] == "succeeded" and shown["attempt_log"][0]["status"] == 201
@@ -46,6 +47,7 @@ def test_submit_worker_show_and_list_round_trip(
     assert json.loads(out)["counts"]["succeeded"] == 1
     code, out, _ = _run("jobs", "list", "--store", store)
     assert code == 0 and job["id"][:12] in out
+    assert [s.key for s in script.requests("/cli")] == [job["key"]]
 
 
 def test_dlq_list_replay_and_purge(sqlite_path: Path, script: Script, base_url: str) -> None:

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from retrysafe import JobState, Outbox, RetryPolicy, RetrysafeWarning, Worker
 from retrysafe._serving import ServerThread
-from retrysafe.client import _worker
+from retrysafe.client import OutboxStore, _worker, outbox_store
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import SQLiteStore
 
@@ -59,9 +59,9 @@ def test_attempt_slower_than_the_lease_is_sent_once_while_two_workers_poll(
             t.join(15)
         assert not any(t.is_alive() for t in threads)
         assert [s.key for s in script.requests(path)] == [job.key]
-        final = stores[0].get_job(job.id)
+        final = outbox_store(stores[0]).get_job(job.id)
         assert final is not None and final.state is JobState.SUCCEEDED
-        assert [a.status for a in stores[0].list_attempts(job.id)] == [201]
+        assert [a.status for a in outbox_store(stores[0]).list_attempts(job.id)] == [201]
         assert [(w.stats.succeeded, w.stats.lease_lost) for w in workers].count((1, 0)) == 1
     finally:
         for s in stores:
@@ -122,7 +122,11 @@ def test_sigkilled_worker_job_is_taken_over_one_short_lease_later_with_one_effec
 
 
 def test_worker_whose_lease_was_taken_over_logs_it_and_records_nothing(
-    sqlite_store: SQLiteStore, script: Script, base_url: str, caplog: pytest.LogCaptureFixture
+    sqlite_store: SQLiteStore,
+    sqlite_outbox: OutboxStore,
+    script: Script,
+    base_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A renewal refused mid-attempt (another claimant took the job): one ERROR naming the job
     and its key, no attempt recorded, counted in lease_lost; the new owner's lease stays."""
@@ -134,7 +138,7 @@ def test_worker_whose_lease_was_taken_over_logs_it_and_records_nothing(
     thread.start()
     try:
         assert script.started.wait(10)
-        [taken] = sqlite_store.claim_jobs(
+        [taken] = sqlite_outbox.claim_jobs(
             queue="default", token="other", now=time.time() + 60, lease=600, limit=1
         )
         assert taken.id == job.id
@@ -151,21 +155,27 @@ def test_worker_whose_lease_was_taken_over_logs_it_and_records_nothing(
         if r.levelno >= logging.ERROR and job.id in r.getMessage()
     ]
     assert len(errors) == 1 and job.key in errors[0] and "lease lost" in errors[0]
-    after = sqlite_store.get_job(job.id)
+    after = sqlite_outbox.get_job(job.id)
     assert after is not None and (after.state, after.lease_token) == (JobState.IN_FLIGHT, "other")
-    assert sqlite_store.list_attempts(job.id) == []
+    assert sqlite_outbox.list_attempts(job.id) == []
 
 
 def test_attempt_past_max_run_time_stops_renewing_and_is_taken_over(
-    sqlite_store: SQLiteStore, script: Script, base_url: str
+    sqlite_store: SQLiteStore, sqlite_outbox: OutboxStore, script: Script, base_url: str
 ) -> None:
     """A worker wedged past max_run_time stops renewing: another worker re-sends the job with
     the same key once the lease ends, and only one outcome is recorded."""
     path = script.plan("/wedged", Step(201, sleep=2.0), Step(201))
     job = Outbox(sqlite_store, policy=LONG_TIMEOUT).submit(base_url + path, json={})
     with pytest.warns(RetrysafeWarning, match="max_run_time"):
+        # One slot, held by the wedged attempt: it cannot claim the job again itself.
         wedged = Worker(
-            sqlite_store, policy=LONG_TIMEOUT, lease=0.6, heartbeat=0.2, max_run_time=0.3
+            sqlite_store,
+            policy=LONG_TIMEOUT,
+            concurrency=1,
+            lease=0.6,
+            heartbeat=0.2,
+            max_run_time=0.3,
         )
     other = Worker(sqlite_store, policy=LONG_TIMEOUT, lease=5.0, poll_interval=0.02)
     first = threading.Thread(target=wedged.run_until_idle)
@@ -177,11 +187,15 @@ def test_attempt_past_max_run_time_stops_renewing_and_is_taken_over(
     second.join(20)
     assert [s.key for s in script.requests(path)] == [job.key, job.key]
     assert (wedged.stats.lease_lost, other.stats.succeeded) == (1, 1)
-    assert [a.status for a in sqlite_store.list_attempts(job.id)] == [201]
+    assert [a.status for a in sqlite_outbox.list_attempts(job.id)] == [201]
 
 
 def test_reconcile_renews_its_jobs_while_a_worker_polls(
-    sqlite_store: SQLiteStore, script: Script, base_url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_store: SQLiteStore,
+    sqlite_outbox: OutboxStore,
+    script: Script,
+    base_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """reconcile re-sending an UNKNOWN job slower than its lease (1.5 s against 0.6 s) while a
     worker polls the store: one request, the job ends SUCCEEDED."""
@@ -189,7 +203,7 @@ def test_reconcile_renews_its_jobs_while_a_worker_polls(
     path = script.plan("/reconcile-slow", Step(201, sleep=1.5))
     outbox = Outbox(sqlite_store, policy=LONG_TIMEOUT)
     job = outbox.submit(base_url + path, json={})
-    sqlite_store.transition_job(
+    sqlite_outbox.transition_job(
         job.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=time.time()
     )
     worker = Worker(sqlite_store, policy=LONG_TIMEOUT, lease=5.0, poll_interval=0.02)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from retrysafe import JobError, JobState, Outbox, SQLiteStore
-from retrysafe.client import Attempt, OutboxStore
+from retrysafe.client import Attempt, OutboxStore, outbox_store
 
 NOW = 1_700_000_000.0
 
@@ -31,15 +31,17 @@ def _attempt(job_id: str, key: str) -> Attempt:
 
 
 def test_sqlite_store_is_an_outbox_store(sqlite_store: SQLiteStore) -> None:
-    """SQLiteStore implements the OutboxStore protocol."""
-    assert isinstance(sqlite_store, OutboxStore)
+    """SQLiteStore's outbox implements the OutboxStore protocol."""
+    assert isinstance(outbox_store(sqlite_store), OutboxStore)
 
 
-def test_submit_stores_job_and_key_in_one_write(sqlite_store: SQLiteStore) -> None:
+def test_submit_stores_job_and_key_in_one_write(
+    sqlite_store: SQLiteStore, sqlite_outbox: OutboxStore
+) -> None:
     """submit returns a PENDING job whose UUIDv4 key is already stored with it."""
     outbox = Outbox(sqlite_store)
     job = outbox.submit("http://example.test/x", json={"a": 1})
-    stored = sqlite_store.get_job(job.id)
+    stored = sqlite_outbox.get_job(job.id)
     assert stored is not None and stored.key == job.key and stored.state is JobState.PENDING
     assert len(job.key) == 36 and job.key[14] == "4"
     assert stored.body == b'{"a":1}'
@@ -67,7 +69,7 @@ def test_claims_from_many_threads_never_lease_a_job_twice(sqlite_path: object) -
         s = SQLiteStore(str(sqlite_path))
         mine: list[str] = []
         while True:
-            jobs = s.claim_jobs(
+            jobs = outbox_store(s).claim_jobs(
                 queue="default", token=f"t{n}", now=time.time() + 1000, lease=60, limit=7
             )
             if not jobs:
@@ -87,30 +89,36 @@ def test_claims_from_many_threads_never_lease_a_job_twice(sqlite_path: object) -
     store.close()
 
 
-def test_expired_lease_makes_an_in_flight_job_claimable_again(sqlite_store: SQLiteStore) -> None:
+def test_expired_lease_makes_an_in_flight_job_claimable_again(
+    sqlite_store: SQLiteStore, sqlite_outbox: OutboxStore
+) -> None:
     """A job IN_FLIGHT under an expired lease (owner crashed) is claimed again, same key."""
     job = Outbox(sqlite_store).submit("http://example.test/x", json={})
-    [first] = sqlite_store.claim_jobs(
+    [first] = sqlite_outbox.claim_jobs(
         queue="default", token="a", now=job.created_at + 1, lease=10, limit=5
     )
     assert (
-        sqlite_store.claim_jobs(
+        sqlite_outbox.claim_jobs(
             queue="default", token="b", now=job.created_at + 5, lease=10, limit=5
         )
         == []
     )
-    [again] = sqlite_store.claim_jobs(
+    [again] = sqlite_outbox.claim_jobs(
         queue="default", token="b", now=job.created_at + 12, lease=10, limit=5
     )
     assert again.id == first.id and again.key == job.key and again.lease_token == "b"
 
 
-def test_writes_are_fenced_by_the_lease_token(sqlite_store: SQLiteStore) -> None:
+def test_writes_are_fenced_by_the_lease_token(
+    sqlite_store: SQLiteStore, sqlite_outbox: OutboxStore
+) -> None:
     """After a take-over the old owner can neither finish nor release the job."""
     job = Outbox(sqlite_store).submit("http://example.test/x", json={})
-    sqlite_store.claim_jobs(queue="default", token="old", now=job.created_at + 1, lease=1, limit=1)
-    sqlite_store.claim_jobs(queue="default", token="new", now=job.created_at + 3, lease=10, limit=1)
-    stale = sqlite_store.finish_attempt(
+    sqlite_outbox.claim_jobs(queue="default", token="old", now=job.created_at + 1, lease=1, limit=1)
+    sqlite_outbox.claim_jobs(
+        queue="default", token="new", now=job.created_at + 3, lease=10, limit=1
+    )
+    stale = sqlite_outbox.finish_attempt(
         job.id,
         "old",
         _attempt(job.id, job.key),
@@ -121,11 +129,11 @@ def test_writes_are_fenced_by_the_lease_token(sqlite_store: SQLiteStore) -> None
         now=NOW,
     )
     assert stale is None
-    assert not sqlite_store.release_job(
+    assert not sqlite_outbox.release_job(
         job.id, "old", state=JobState.PENDING, due_at=NOW, error=None, now=NOW
     )
-    assert sqlite_store.list_attempts(job.id) == []
-    done = sqlite_store.finish_attempt(
+    assert sqlite_outbox.list_attempts(job.id) == []
+    done = sqlite_outbox.finish_attempt(
         job.id,
         "new",
         _attempt(job.id, job.key),
@@ -136,17 +144,19 @@ def test_writes_are_fenced_by_the_lease_token(sqlite_store: SQLiteStore) -> None
         now=NOW,
     )
     assert done is not None and done.number == 1
-    assert sqlite_store.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert sqlite_outbox.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
-def test_transactional_outbox_commits_job_with_the_business_row(sqlite_store: SQLiteStore) -> None:
+def test_transactional_outbox_commits_job_with_the_business_row(
+    sqlite_store: SQLiteStore, sqlite_outbox: OutboxStore
+) -> None:
     """submit(connection=…) inside store.transaction(): the job commits with the app's row."""
     sqlite_store.run(lambda c: c.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
     outbox = Outbox(sqlite_store)
     with sqlite_store.transaction() as conn:
         conn.execute("INSERT INTO orders (id) VALUES (1)")
         job = outbox.submit("http://example.test/charge", json={"order": 1}, connection=conn)
-    assert sqlite_store.get_job(job.id) is not None
+    assert sqlite_outbox.get_job(job.id) is not None
     assert sqlite_store.run(lambda c: c.execute("SELECT COUNT(*) FROM orders").fetchone()[0]) == 1
 
 

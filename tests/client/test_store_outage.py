@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from retrysafe import JobState, Outbox, RetryPolicy, SchemaError, SQLiteStore, Worker, reconcile
+from retrysafe.client import OutboxStore, outbox_store
 
 from .conftest import FAST, Script, Step
 
@@ -40,12 +41,19 @@ def store(sqlite_path: Path) -> Iterator[SQLiteStore]:
     s.close()
 
 
+@pytest.fixture
+def jobs(store: SQLiteStore) -> OutboxStore:
+    """The outbox of ``store``, to read jobs and attempts with."""
+    return outbox_store(store)
+
+
 def _outage_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "store unavailable" in r.getMessage()]
 
 
 def test_worker_records_an_attempt_that_ended_while_the_store_was_locked(
     store: SQLiteStore,
+    jobs: OutboxStore,
     sqlite_path: Path,
     script: Script,
     base_url: str,
@@ -63,15 +71,15 @@ def test_worker_records_an_attempt_that_ended_while_the_store_was_locked(
         pass
     thread.join(20)
     assert not thread.is_alive()
-    assert store.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
-    assert [a.status for a in store.list_attempts(job.id)] == [201]
+    assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert [a.status for a in jobs.list_attempts(job.id)] == [201]
     assert len(script.requests("/slow")) == 1
     assert worker.stats.store_outages == 1
     assert len(_outage_warnings(caplog)) == 1  # once per outage, not once per try
 
 
 def test_worker_keeps_serving_after_the_store_comes_back(
-    store: SQLiteStore, sqlite_path: Path, script: Script, base_url: str
+    store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
 ) -> None:
     """An idle worker waits out a lock, then delivers jobs submitted after it."""
     worker = Worker(store, policy=FAST, poll_interval=0.01)
@@ -90,11 +98,11 @@ def test_worker_keeps_serving_after_the_store_comes_back(
         thread.join(20)
     assert not thread.is_alive()
     assert worker.stats.store_outages == 1
-    assert store.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
 def test_outcome_not_recorded_before_the_lease_expired_is_re_sent_with_the_same_key(
-    store: SQLiteStore, sqlite_path: Path, script: Script, base_url: str
+    store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
 ) -> None:
     """Locked past the lease: the worker gives up recording, then re-sends with the same key."""
     policy = RetryPolicy(attempts=4, wait_initial=0.01, wait_max=0.05, timeout=0.4)
@@ -110,8 +118,8 @@ def test_outcome_not_recorded_before_the_lease_expired_is_re_sent_with_the_same_
     assert not thread.is_alive()
     assert worker.stats.lease_lost == 1
     assert [s.key for s in script.requests("/lease")] == [job.key, job.key]
-    assert store.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
-    assert len(store.list_attempts(job.id)) == 1  # the unrecorded send left no attempt row
+    assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert len(jobs.list_attempts(job.id)) == 1  # the unrecorded send left no attempt row
 
 
 def test_missing_schema_stops_the_worker(store: SQLiteStore, sqlite_path: Path) -> None:
@@ -125,15 +133,15 @@ def test_missing_schema_stops_the_worker(store: SQLiteStore, sqlite_path: Path) 
 
 
 def test_reconcile_waits_out_a_locked_store(
-    store: SQLiteStore, sqlite_path: Path, script: Script, base_url: str
+    store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
 ) -> None:
     """reconcile on a store locked past its busy timeout claims once the lock is gone."""
     once = RetryPolicy(attempts=1, wait_initial=0.01, wait_max=0.05, timeout=2.0)
     script.plan("/rec", Step(503), Step(201))
     job = Outbox(store, policy=once).submit(base_url + "/rec", json={})
     Worker(store, policy=once, poll_interval=0.01).run_until_idle()
-    assert store.get_job(job.id).state is JobState.UNKNOWN  # type: ignore[union-attr]
+    assert jobs.get_job(job.id).state is JobState.UNKNOWN  # type: ignore[union-attr]
     with _locked(sqlite_path, 0.5):
         report = reconcile(store, policy=once)
     assert report.succeeded == 1
-    assert store.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]

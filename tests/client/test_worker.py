@@ -1,25 +1,52 @@
-"""The worker's safety properties: leases, cancellation, shutdown, budget, Retry-After."""
+"""The worker's safety properties: leases, cancellation, shutdown, budget, Retry-After, and
+reconcile — each on both SQL stores (SQLite, and PostgreSQL on its server clock)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
-from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
 
-from retrysafe import JobState, Outbox, RetryBudget, RetryPolicy, SQLiteStore, Worker
+import pytest
 
-from .conftest import FAST, Script, Step
+from retrysafe import AsyncOutbox, JobState, Outbox, RetryBudget, RetryPolicy, Worker
+from retrysafe.client import outbox_store
+
+from .conftest import FAST, OutboxDatabase, Script, Step
 
 
-def test_two_workers_on_one_sqlite_file_never_send_a_job_twice_at_once(
-    sqlite_path: Path, script: Script, base_url: str
+@pytest.fixture
+def outbox(sql_store: Any) -> Iterator[Outbox]:
+    """An outbox on each SQL store in turn (this module's tests run on both)."""
+    with Outbox(sql_store, policy=FAST) as ob:
+        yield ob
+
+
+def test_outbox_and_worker_deliver_every_job(outbox: Outbox, script: Script, base_url: str) -> None:
+    """Jobs submitted to the outbox are delivered with their keys and end SUCCEEDED, a retried
+    job keeping its key."""
+    script.plan("/flaky", Step(503), Step(200))
+    script.plan("/ok", Step(200))
+    flaky = outbox.submit(base_url + "/flaky", json={"order": 1})
+    oks = [outbox.submit(base_url + "/ok", json={"i": i}) for i in range(5)]
+    stats = outbox.worker(poll_interval=0.01).run_until_idle()
+    assert stats.succeeded == 6
+    for job in [flaky, *oks]:
+        assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert [s.key for s in script.requests("/flaky")] == [flaky.key, flaky.key]
+    assert [a.status for a in outbox.attempts(flaky.id)] == [503, 200]
+
+
+def test_two_workers_on_one_store_never_send_a_job_twice_at_once(
+    outbox: Outbox, outbox_database: OutboxDatabase, script: Script, base_url: str
 ) -> None:
-    """Two workers (own connections) on one file: at most one in-flight request per key."""
-    with Outbox(f"sqlite:///{sqlite_path}", policy=FAST) as outbox:
-        script.plan("/pair", Step(200, sleep=0.02))
-        jobs = [outbox.submit(base_url + "/pair", json={"i": i}) for i in range(60)]
-    stores = [SQLiteStore(sqlite_path), SQLiteStore(sqlite_path)]
+    """Two workers (own connections or pools) on one store: each job sent once, never in
+    parallel (at most one in-flight request per key)."""
+    script.plan("/pair", Step(200, sleep=0.02))
+    jobs = [outbox.submit(base_url + "/pair", json={"i": i}) for i in range(60)]
+    stores = [outbox_database.open(), outbox_database.open()]
     workers = [Worker(s, policy=FAST, concurrency=8, poll_interval=0.01) for s in stores]
     threads = [threading.Thread(target=w.run_until_idle) for w in workers]
     for t in threads:
@@ -185,3 +212,38 @@ def test_every_attempt_is_recorded_and_logged(
     assert first.key == second.key == job.key and first.duration >= 0 and first.started_at > 0
     records = [r for r in caplog.records if hasattr(r, "retrysafe")]  # type: ignore[attr-defined]
     assert [r.retrysafe["number"] for r in records] == [1, 2]
+
+
+def test_reconcile_resends_an_unknown_job_once_with_the_same_key(
+    outbox: Outbox, sql_store: Any, script: Script, base_url: str
+) -> None:
+    """An UNKNOWN job is re-sent by reconcile once, with its key, and ends SUCCEEDED."""
+    script.plan("/unknown", Step(200))
+    job = outbox.submit(base_url + "/unknown", json={})
+    outbox_store(sql_store).transition_job(
+        job.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=0.0
+    )
+    report = outbox.reconcile()
+    assert report.succeeded == 1
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert [s.key for s in script.requests("/unknown")] == [job.key]
+
+
+def test_async_outbox_submits_on_the_async_face_and_the_worker_delivers(
+    sql_store: Any, script: Script, base_url: str
+) -> None:
+    """AsyncOutbox.submit (the store's async face) records the job once per key; a worker
+    started from it delivers it with that key."""
+    script.plan("/async", Step(201))
+
+    async def main() -> tuple[str, str, str, JobState]:
+        async with AsyncOutbox(sql_store, policy=FAST) as outbox:
+            job = await outbox.submit(base_url + "/async", json={"a": 1}, key="async-1")
+            again = await outbox.submit(base_url + "/async", json={"a": 1}, key="async-1")
+            await outbox.worker(poll_interval=0.01).serve(until_idle=True)
+            final = await outbox.get(job.id)
+            return job.id, again.id, job.key, final.state
+
+    job_id, again_id, key, state = asyncio.run(main())
+    assert again_id == job_id and state is JobState.SUCCEEDED
+    assert [s.key for s in script.requests("/async")] == [key]

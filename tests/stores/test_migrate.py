@@ -89,14 +89,19 @@ def test_migrate_adds_the_outbox_tables_to_an_older_postgres_schema(
     args = _pg_args(request)
     assert _migrate(*args)[0] == 0
     with psycopg.connect(args[1], autocommit=True) as conn:
-        conn.execute(f"DROP TABLE {args[3]}.outbox_attempts, {args[3]}.outbox_jobs")
+        conn.execute(
+            f"DROP TABLE {args[3]}.webhook_deliveries, {args[3]}.outbox_attempts, "
+            f"{args[3]}.outbox_jobs"
+        )
     with pytest.raises(SchemaError, match="retrysafe migrate"):
         PostgresStore(args[1], schema=args[3], create=False)
     code, out, err = _migrate(*args, "--json")
     assert code == 0, err
     assert json.loads(out)["action"] == "upgraded"
+    from retrysafe.client._store import outbox_store
+
     with PostgresStore(args[1], schema=args[3], create=False) as store:
-        assert store.count_jobs(queue="default")
+        assert outbox_store(store).count_jobs(queue="default")
 
 
 def test_migrate_on_redis_says_there_is_nothing_to_migrate(redis_url: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from retrysafe import JobState
-from retrysafe.client import AsyncOutboxStore, Attempt, NewJob, OutboxStore
+from retrysafe.client import AsyncOutboxStore, Attempt, NewJob, OutboxStore, outbox_store
 
 from .conftest import open_test_store
 
@@ -22,11 +22,11 @@ OUTBOX_STORES = ["sqlite", "postgres"]
 T0 = 1_700_000_000.0
 
 
-@pytest.fixture(params=OUTBOX_STORES)
-def outbox_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+@pytest.fixture(name="outbox_store", params=OUTBOX_STORES)
+def _outbox_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """An empty outbox store on the caller's clock (the tests drive time with ``now``)."""
     store = open_test_store(request.param, request, tmp_path)
-    yield store
+    yield outbox_store(store)
     store.close()
 
 
@@ -199,6 +199,7 @@ async def test_async_face_renews_and_refuses_like_the_store(outbox_store: Any) -
     outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=10, limit=1)
     assert await face.extend_job_lease(job.id, "t", now=T0 + 5, lease=10)
     assert not await face.extend_job_lease(job.id, "u", now=T0 + 5, lease=10)
+    await face.aclose()
     got = outbox_store.get_job(job.id)
     assert got is not None and got.lease_expires_at == T0 + 15
 
@@ -357,15 +358,16 @@ def test_four_threads_claiming_one_queue_never_get_the_same_job(outbox_store: An
 
 def _claim_in_process(spec: tuple[str, str, str | None], out: Any) -> None:
     kind, where, schema = spec
-    store: Any
+    opened: Any
     if kind == "sqlite":
         from retrysafe.stores import SQLiteStore
 
-        store = SQLiteStore(where)
+        opened = SQLiteStore(where)
     else:
         from retrysafe.stores import PostgresStore
 
-        store = PostgresStore(where, schema=schema or "public", clock="caller")
+        opened = PostgresStore(where, schema=schema or "public", clock="caller")
+    store = outbox_store(opened)
     mine: list[str] = []
     while jobs := store.claim_jobs(
         queue="default", token=uuid.uuid4().hex, now=T0 + 1, lease=600, limit=5
@@ -383,7 +385,7 @@ def test_two_processes_claiming_one_queue_never_get_the_same_job(
     if request.node.callspec.params["outbox_store"] == "sqlite":
         spec: tuple[str, str, str | None] = ("sqlite", str(tmp_path / "keys.db"), None)
     else:
-        spec = ("postgres", request.getfixturevalue("pg_url"), outbox_store.schema)
+        spec = ("postgres", request.getfixturevalue("pg_url"), outbox_store.connector.schema)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_claim_in_process, args=(spec, out)) for _ in range(2)]
@@ -401,7 +403,8 @@ def test_postgres_server_clock_ignores_the_callers_now(pg_url: str, pg_schema: s
     caller clock far in the future claims nothing early, and due offsets are kept."""
     from retrysafe.stores import PostgresStore
 
-    with PostgresStore(pg_url, schema=pg_schema) as store:
+    with PostgresStore(pg_url, schema=pg_schema) as pg:
+        store = outbox_store(pg)
         job = store.insert_job(_job(), now=0.0)[1]
         assert abs(job.created_at - time.time()) < 60
         [claimed] = store.claim_jobs(queue="default", token="t", now=0.0, lease=30, limit=1)
@@ -422,7 +425,8 @@ def test_postgres_server_clock_renews_leases_from_the_servers_now(
     caller's (a worker whose clock lags a day still renews for the full lease)."""
     from retrysafe.stores import PostgresStore
 
-    with PostgresStore(pg_url, schema=pg_schema) as store:
+    with PostgresStore(pg_url, schema=pg_schema) as pg:
+        store = outbox_store(pg)
         job = store.insert_job(_job(), now=0.0)[1]
         store.claim_jobs(queue="default", token="t", now=0.0, lease=5, limit=1)
         before = time.time()
@@ -438,15 +442,16 @@ def test_postgres_transactional_outbox_commits_or_rolls_back_with_the_business_r
     """insert_job(connection=…) inside store.transaction() commits and rolls back with it."""
     from retrysafe.stores import PostgresStore
 
-    with PostgresStore(pg_url, schema=pg_schema, clock="caller") as store:
-        with store.transaction() as conn:
+    with PostgresStore(pg_url, schema=pg_schema, clock="caller") as pg:
+        store = outbox_store(pg)
+        with pg.transaction() as conn:
             conn.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
             conn.execute("INSERT INTO orders (id) VALUES (1)")
             kept = store.insert_job(_job(1), now=T0, connection=conn)[1]
         lost = _job(2)
 
         def business_transaction() -> None:
-            with store.transaction() as conn:
+            with pg.transaction() as conn:
                 conn.execute("INSERT INTO orders (id) VALUES (2)")
                 store.insert_job(lost, now=T0, connection=conn)
                 raise RuntimeError("business rule failed")
@@ -454,6 +459,6 @@ def test_postgres_transactional_outbox_commits_or_rolls_back_with_the_business_r
         with pytest.raises(RuntimeError):
             business_transaction()
         assert store.get_job(kept.id) is not None and store.get_job(lost.id) is None
-        with store.transaction() as conn:
+        with pg.transaction() as conn:
             row = conn.execute("SELECT count(*) FROM orders").fetchone()
         assert row is not None and row[0] == 1

@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing as mp
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from retrysafe import (
 )
 from retrysafe.core import KeyState, StoredResponse
 from retrysafe.stores import AsyncKeyStore, SQLiteStore, open_store
+from retrysafe.stores._sqlite import AsyncSQLiteConnector
 
 H = "b" * 64
 
@@ -125,7 +127,7 @@ def _traced(store: SQLiteStore) -> tuple[AsyncKeyStore, list[str]]:
     """The async face, and the list of statements its inline connection runs."""
     seen: list[str] = []
     keys = store.asyncio_key_store()
-    keys.connector._inline_conn().set_trace_callback(seen.append)
+    _inline(keys).set_trace_callback(seen.append)
     return keys, seen
 
 
@@ -184,11 +186,11 @@ async def test_an_operation_raising_a_python_error_fails_alone(tmp_path: Path) -
         return_exceptions=True,
     )
     assert isinstance(results[0], TypeError)
-    assert results[1] is True and results[2][0]  # type: ignore[index]
+    assert results[1] is True and results[2][0]
     first, second = store.get("1" * 64), store.get("2" * 64)
     assert first is not None and first.state is KeyState.RUNNING
     assert second is not None and second.response == good
-    assert not keys.connector._inline_conn().in_transaction
+    assert not _inline(keys).in_transaction
     store.close()
 
 
@@ -219,7 +221,7 @@ async def test_batch_waits_in_a_thread_while_another_process_writes(tmp_path: Pa
     results = await claims
     ticker.cancel()
     assert all(claimed for claimed, _ in results)
-    assert not keys.connector._inline_conn().in_transaction
+    assert not _inline(keys).in_transaction
     holder.close()
     store.close()
 
@@ -266,3 +268,10 @@ async def test_a_cancelled_claim_is_not_run_but_a_cancelled_completion_is(
     completed = store.get("1" * 64)
     assert completed is not None and completed.response == resp
     store.close()
+
+
+def _inline(keys: Any) -> sqlite3.Connection:
+    """The async face's loop-thread connection (the group-commit batches run on it)."""
+    connector = keys.connector
+    assert isinstance(connector, AsyncSQLiteConnector)
+    return connector._inline_conn()

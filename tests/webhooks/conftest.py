@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from standardwebhooks.webhooks import Webhook
@@ -21,7 +22,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from retrysafe._serving import ServerThread
+from retrysafe.stores import open_store
 from retrysafe.webhooks import SVIX, Schedule, WebhookPolicy, Webhooks
+
+#: The stores webhooks run on (SPEC §9): every store test runs on each.
+WEBHOOK_STORES = ("sqlite", "postgresql")
 
 #: Tiny waits so tests never sleep through a real schedule: 4 attempts, ~10–40 ms apart.
 FAST_SCHEDULE = Schedule(name="default", attempts=4, base=0.01, cap=0.05, jitter=0.001)
@@ -97,13 +102,40 @@ def base_url(_server: tuple[ServerThread, list[Receiver]]) -> str:
 
 
 @pytest.fixture
-def store_url(tmp_path: Path) -> str:
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite file's URL (for what only SQLite has: files, read-only opening)."""
     return f"sqlite:///{tmp_path / 'hooks.db'}"
 
 
 @pytest.fixture
+def pg_store_url(pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The PostgreSQL URL, opened (by Webhooks, Outbox, reconcile, the CLI: every opening in
+    this test) in a fresh schema, dropped after the test, on the caller's clock, so tests that
+    move their clock move the store's too. A URL cannot name a schema."""
+
+    def open_in_schema(url: str, **options: Any) -> Any:
+        if url == pg_url:
+            options.setdefault("schema", pg_schema)
+            options.setdefault("clock", "caller")
+        return open_store(url, **options)
+
+    monkeypatch.setattr("retrysafe.stores.open_store", open_in_schema)
+    return pg_url
+
+
+@pytest.fixture(params=WEBHOOK_STORES)
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Each store that keeps webhooks, on a private namespace: a fresh SQLite file or a
+    fresh PostgreSQL schema (see ``pg_store_url``)."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_store_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture
 def hooks(store_url: str) -> Iterator[Webhooks]:
-    """Webhooks on a fresh SQLite file; loopback allowed (the receiver is local)."""
+    """Webhooks on a fresh store (each of WEBHOOK_STORES); loopback allowed (the receiver is
+    local)."""
     with Webhooks(store_url, allow_private=True, policy=FAST) as wh:
         yield wh
 

@@ -100,10 +100,11 @@ def test_bad_input_is_one_clear_error(store_url: str, args: tuple[str, ...], mes
 
 
 def test_a_payload_file_that_is_not_utf8_is_one_clear_error(
-    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """send @file with bytes that are not UTF-8: one line naming the file and the byte,
     exit 1, and no store written."""
+    store_url = sqlite_url  # a file that must not appear
     (tmp_path / "bad.bin").write_bytes(b"\xff\xfe")
     monkeypatch.chdir(tmp_path)
     code, _, err = _run("send", "invoice.paid", "@bad.bin", "--store", store_url)
@@ -112,8 +113,9 @@ def test_a_payload_file_that_is_not_utf8_is_one_clear_error(
     assert not Path(store_url.removeprefix("sqlite:///")).exists()
 
 
-def test_a_stdin_payload_that_is_not_utf8_is_one_clear_error(store_url: str) -> None:
+def test_a_stdin_payload_that_is_not_utf8_is_one_clear_error(sqlite_url: str) -> None:
     """send - with bytes that are not UTF-8 says so, not "payload is not JSON"."""
+    store_url = sqlite_url  # refused before any store is opened
     result = CliRunner().invoke(
         cli, ["webhooks", "send", "invoice.paid", "-", "--store", store_url], input=b"\xff\xfe"
     )
@@ -133,8 +135,9 @@ def test_reading_commands_never_create_a_store(tmp_path: Path, args: tuple[str, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_rate_limit_and_no_rate_limit_together_are_a_usage_error(store_url: str) -> None:
+def test_rate_limit_and_no_rate_limit_together_are_a_usage_error(sqlite_url: str) -> None:
     """update --rate-limit N --no-rate-limit is refused as contradictory (exit 2)."""
+    store_url = sqlite_url  # refused before any store is opened
     code, _, err = _run(
         "endpoints", "update", "ep_x", "--rate-limit", "5", "--no-rate-limit", "--store", store_url
     )
@@ -168,3 +171,53 @@ def test_the_worker_warns_on_stderr_about_endpoints_it_will_refuse(store_url: st
     assert code == 0
     (line,) = err.splitlines()
     assert line.startswith("retrysafe: warning: endpoint ep_") and "--allow-private" in line
+
+
+def test_update_rotates_and_moves_an_endpoint(store_url: str, base_url: str) -> None:
+    """endpoints update: --rotate prints both secrets, --url and --no-rate-limit change it."""
+    s = ("--store", store_url)
+    code, out, err = _run(
+        "endpoints", "add", base_url + "/u", "--rate-limit", "5", "--allow-private", "--json", *s
+    )
+    assert code == 0, err
+    ep = json.loads(out)
+    code, out, err = _run("endpoints", "update", ep["id"][:8], "--rotate", "--json", *s)
+    assert code == 0, err
+    rotated = json.loads(out)["secrets"]
+    assert len(rotated) == 2 and rotated[1]["secret"] == ep["secrets"][0]["secret"]
+    code, out, err = _run(
+        "endpoints", "update", ep["id"], "--url", base_url + "/v", "--no-rate-limit",
+        "--allow-private", "--json", *s,
+    )  # fmt: skip
+    assert code == 0, err
+    moved = json.loads(out)
+    assert moved["url"] == base_url + "/v" and moved["rate_limit"] is None
+
+
+def test_an_endpoint_of_another_store_is_not_found(
+    sqlite_url: str, pg_store_url: str, base_url: str
+) -> None:
+    """An endpoint added on SQLite and looked up on PostgreSQL: exit 1 and one "no endpoint"
+    line naming the PostgreSQL store, for every command that takes an endpoint id."""
+    code, out, err = _run(
+        "endpoints", "add", base_url + "/x", "--allow-private", "--json", "--store", sqlite_url
+    )
+    assert code == 0, err
+    ep = json.loads(out)["id"]
+    from retrysafe import stores
+
+    stores.open_store(pg_store_url).close()  # a PostgreSQL store with retrysafe's tables
+    for args in (
+        ("endpoints", "show", ep),
+        ("endpoints", "update", ep, "--description", "d"),
+        ("endpoints", "disable", ep),
+        ("endpoints", "enable", ep),
+        ("endpoints", "delete", ep, "--yes"),
+        ("dlq", "list", "--endpoint", ep),
+        ("dlq", "replay", "--endpoint", ep),
+        ("dlq", "purge", "--endpoint", ep, "--yes"),
+    ):
+        code, _, err = _run(*args, "--store", pg_store_url)
+        assert code == 1, args
+        assert err.startswith("retrysafe: error: no endpoint") and "postgresql://" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from retrysafe import JobState, PayloadError, WebhookError
-from retrysafe.stores import SQLiteStore
-from retrysafe.webhooks import Webhooks
+from retrysafe import JobState, PayloadError, WebhookError, stores
+from retrysafe.client import outbox_store
+from retrysafe.webhooks import Webhooks, webhook_store
 
 from .conftest import Receiver, add, run
 
@@ -123,10 +123,10 @@ def test_unserialisable_payload_records_nothing(
     with pytest.raises(PayloadError):
         hooks.send("a.b", float("nan"), event_id="evt_bad")
     assert hooks.deliveries() == []
-    store = SQLiteStore(store_url.removeprefix("sqlite:///"))
+    store = stores.open_store(store_url)  # looked up now: on PostgreSQL, the test's schema
     try:
-        assert store.get_event("evt_bad") is None
-        assert sum(store.count_jobs(queue="webhooks").values()) == 0
+        assert webhook_store(store).get_event("evt_bad") is None
+        assert sum(outbox_store(store).count_jobs(queue="webhooks").values()) == 0
     finally:
         store.close()
 

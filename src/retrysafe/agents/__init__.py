@@ -4,7 +4,9 @@ Declare tools ``read`` or ``write`` with :func:`tool`; run the agent loop inside
 :func:`start_run` / :func:`resume_run`. Every write call gets an idempotency key derived from
 the run and the logical call, recorded before the first attempt; a repeated call (a retried
 step, a resumed run, the model emitting it twice) returns the stored result, and a call whose
-outcome is unknown is reported with its key instead of running again. See ``docs/agents.md``.
+outcome is unknown is reported with its key instead of running again. Runs and calls (the
+audit log) live in a SQLite or PostgreSQL store: :func:`agent_store` gives a store's
+:class:`AgentStore`. See ``docs/agents.md``.
 """
 
 from retrysafe._exceptions import (
@@ -32,6 +34,7 @@ from retrysafe.agents._run import (
     resume_run,
     start_run,
 )
+from retrysafe.agents._store import agent_store
 from retrysafe.agents._tools import ToolSpec, is_retryable, tool
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "ToolCallFailedError",
     "ToolSignatureError",
     "ToolSpec",
+    "agent_store",
     "arguments_hash",
     "bind_arguments",
     "call_id",

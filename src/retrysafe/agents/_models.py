@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -16,7 +17,13 @@ __all__ = [
     "AgentCallState",
     "AgentRunRecord",
     "AgentStore",
+    "StepBudget",
 ]
+
+#: A run's step budget as a claim applies it: the number of logical calls the run recorded in,
+#: the reason to refuse the next one out (None: it may run). See
+#: :func:`retrysafe.agents._budget.steps_refusal`.
+StepBudget = Callable[[int], str | None]
 
 
 class AgentCallState(str, enum.Enum):
@@ -109,7 +116,16 @@ class AgentCall:
 
 @runtime_checkable
 class AgentStore(Protocol):
-    """Agent runs and their calls (SPEC §7). Every method is one atomic store operation."""
+    """Agent runs and their calls (SPEC §7). Every method is one atomic store operation.
+
+    Concurrency contract: a claim is one transaction serialised with every other claim of its
+    run (two claimants of one call never both win); every later write to a call
+    (``take_over_agent_call``, ``start_agent_attempt``, ``extend_agent_call_lease``,
+    ``finish_agent_call``) is a compare-and-swap on its fencing token and changes nothing for
+    a claimant whose call was taken over. Times are the agent layer's (Unix seconds), stored
+    as given: the agent layer compares leases on its own clock. Stores hold no policy: the
+    step budget comes in with the claim.
+    """
 
     def create_agent_run(
         self, run_id: str, *, max_steps: int | None, max_attempts: int | None, now: float
@@ -126,14 +142,25 @@ class AgentStore(Protocol):
     def stop_agent_run(self, run_id: str, *, reason: str, now: float) -> None: ...
 
     def claim_agent_call(
-        self, call: AgentCall, *, max_steps: int | None, now: float
+        self, call: AgentCall, *, now: float, budget: StepBudget | None = None
     ) -> tuple[str, AgentCall]:
-        """Insert ``call`` if its key is absent, in one transaction.
+        """Insert ``call`` if its key is absent, in one transaction that no other claim of the
+        run interleaves with: of concurrent claimants of one key exactly one gets
+        ``"claimed"``, and ``budget`` sees a count no concurrent claim changes.
 
-        Returns ``("existing", row)`` when the key is recorded already; ``("conflict", row)``
-        when the run recorded this tool under another signature (``row`` is such a call);
-        ``("refused", row)`` when the run already has ``max_steps`` logical calls: the refusal
-        is recorded as a ``REFUSED`` row and the run is stopped; else ``("claimed", call)``.
+        Args:
+            call: the RUNNING call to record (its key, run, tool, signature, arguments, owner,
+                lease end); ``now``: the agent layer's time, stored as given.
+            budget: the run's step budget: called with the number of logical calls the run
+                recorded (refusals excluded), it returns why the call is refused, or None.
+                None: no budget (nothing is counted).
+
+        Returns:
+            ``("existing", row)`` when the key is recorded already; ``("conflict", row)`` when
+            the run recorded this tool under another signature (``row`` is such a call);
+            ``("refused", row)`` when ``budget`` refused: the call is recorded as a
+            ``REFUSED`` row with the reason as its error, and the run is stopped with that
+            reason; else ``("claimed", row)``, the recorded call (fencing token 1).
         """
         ...
 

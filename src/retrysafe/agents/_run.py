@@ -17,9 +17,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import Any
 
-from retrysafe._exceptions import AgentError, ConfigurationError, RunNotFoundError
+from retrysafe._exceptions import AgentError, RunNotFoundError
+from retrysafe.agents._budget import check_budget
 from retrysafe.agents._keys import check_id
 from retrysafe.agents._models import AgentCall, AgentRunRecord, AgentStore
+from retrysafe.agents._store import agent_store
 
 __all__ = [
     "AgentRun",
@@ -76,23 +78,13 @@ def call_id(value: str) -> Iterator[None]:
         _call_id_var.reset(token)
 
 
-def _check_budget(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigurationError(f"{name} must be a positive integer or None", option=name)
-
-
-def _agent_store(store: Any) -> AgentStore:
+def _open(store: Any) -> AgentStore:
+    """The agent store of a store, or of the store a URL names."""
     if isinstance(store, str):
         from retrysafe.stores import open_store
 
         store = open_store(store)
-    if not isinstance(store, AgentStore):
-        raise ConfigurationError(
-            f"{store!r} cannot hold agent runs; use a SQLiteStore (sqlite:///path.db) "
-            "or a PostgresStore (postgresql://…)",
-            option="store",
-        )
-    return store
+    return agent_store(store)
 
 
 class AgentRun:
@@ -102,7 +94,8 @@ class AgentRun:
     calls in this run. Create one with :func:`start_run` or :func:`resume_run`.
 
     Attributes:
-        id: the run id. ``store``: where calls are recorded.
+        id: the run id. ``store``: where calls are recorded (the
+            :func:`~retrysafe.agents.agent_store` of the store it was given).
         max_steps: logical calls allowed in the run (None: unlimited).
         max_attempts: attempts allowed per logical call over every process (None: unlimited).
         retry_unknown: re-send calls whose outcome is unknown, with their same key.
@@ -111,13 +104,13 @@ class AgentRun:
 
     def __init__(
         self,
-        store: AgentStore,
+        store: object,
         record: AgentRunRecord,
         *,
         retry_unknown: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
+        self.store: AgentStore = agent_store(store)
         self.id = record.id
         self.max_steps = record.max_steps
         self.max_attempts = record.max_attempts
@@ -201,9 +194,9 @@ def start_run(
         ConfigurationError: ``run_id`` is not 1–255 visible ASCII characters, a budget is not
             a positive integer, or the store cannot hold runs.
     """
-    _check_budget("max_steps", max_steps)
-    _check_budget("max_attempts", max_attempts)
-    s = _agent_store(store)
+    check_budget("max_steps", max_steps)
+    check_budget("max_attempts", max_attempts)
+    s = _open(store)
     rid = check_id(run_id, "run_id") if run_id is not None else f"run_{uuid.uuid4().hex}"
     created, record = s.create_agent_run(
         rid, max_steps=max_steps, max_attempts=max_attempts, now=time.time()
@@ -233,7 +226,7 @@ def resume_run(store: Any, run_id: str, *, retry_unknown: bool = False) -> Agent
     Raises:
         RunNotFoundError: no run with that id in the store.
     """
-    s = _agent_store(store)
+    s = _open(store)
     record = s.get_agent_run(run_id)
     if record is None:
         raise RunNotFoundError(

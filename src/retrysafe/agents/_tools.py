@@ -18,6 +18,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import random
 import threading
 import time
@@ -40,6 +41,7 @@ from retrysafe._exceptions import (
     ToolSignatureError,
 )
 from retrysafe._heartbeat import AsyncHeartbeat, Heartbeat
+from retrysafe.agents._budget import attempts_refusal, step_budget
 from retrysafe.agents._keys import (
     arguments_hash,
     bind_arguments,
@@ -49,7 +51,19 @@ from retrysafe.agents._keys import (
 )
 from retrysafe.agents._models import AgentCall, AgentCallState
 from retrysafe.agents._run import AgentRun, _call_id_var, _key_var, _run_var, _step_var
-from retrysafe.core import Action, Backoff, LeaseTiming, classify_response, lease_timing
+from retrysafe.core import (
+    Action,
+    Backoff,
+    InProgress,
+    KeyRecord,
+    KeyReused,
+    KeyState,
+    LeaseTiming,
+    TakeOver,
+    classify_response,
+    lease_timing,
+)
+from retrysafe.core import decide as key_decision
 
 __all__ = ["ToolSpec", "is_retryable", "tool"]
 
@@ -277,11 +291,14 @@ class _Flow:
             updated_at=now,
         )
 
-    # Each returns ("run", None) to execute, ("return", value), or raises; ("wait", None)
-    # means poll the call again.
+    # What to do with the call the claim found: ("run", None) execute under the token held,
+    # ("return", value) answer with the recorded result, ("take_over", (token, allow_unknown))
+    # take the call over from that token (then execute, or poll again if another claimant
+    # took it first), ("wait", None) poll the call again; or raise. No I/O: the sync and the
+    # async driver do the store calls.
     def decide(self, outcome: str, row: AgentCall) -> tuple[str, Any]:
-        run, spec = self.run, self.spec
-        assert run is not None
+        run, spec, call = self.run, self.spec, self.call
+        assert run is not None and call is not None
         if outcome == "conflict":
             raise ToolSignatureError(
                 f"tool {spec.name!r} changed its parameters since run {run.id!r} recorded it "
@@ -295,10 +312,19 @@ class _Flow:
         if outcome == "claimed":
             self.token = row.fencing_token
             return "run", None
-        self._check_same_call(row)
+        # The rows of SPEC §3 that agent calls share with keys: same key for another call,
+        # running under a live lease, running under an expired one.
+        decision = key_decision(_as_key_record(row), _fingerprint(call), run.clock())
+        if isinstance(decision, KeyReused):
+            raise self._reused(row)
+        if isinstance(decision, InProgress):
+            return "wait", None  # a parallel duplicate runs it: wait for its outcome
+        if isinstance(decision, TakeOver):
+            return "take_over", (decision.fencing_token, False)
+        # Finished: the agent's own states.
         if row.state is AgentCallState.REFUSED:
             raise self._budget_error(row.error or "step budget exhausted", "steps", row)
-        if spec.kind == "read" and row.state is not AgentCallState.RUNNING:
+        if spec.kind == "read":
             self.token = 0  # a repeated read runs again, without touching its audit row
             return "run", None
         if row.state is AgentCallState.SUCCEEDED:
@@ -320,33 +346,25 @@ class _Flow:
                 tool=spec.name,
                 error=row.error or "",
             )
-        now = run.clock()
-        if row.state is AgentCallState.UNKNOWN:
-            if run.retry_unknown and spec.kind == "write":
-                return self._take_over(row, now, allow_unknown=True)
-            raise self._unknown(row)
-        # RUNNING elsewhere (a parallel duplicate): wait for it, or take over a dead one.
-        if row.lease_expires_at <= now:
-            return self._take_over(row, now, allow_unknown=False)
-        return "wait", None
+        if run.retry_unknown:  # UNKNOWN: re-send it with its key only when asked to
+            return "take_over", (row.fencing_token, True)
+        raise self._unknown(row)
 
-    def _check_same_call(self, row: AgentCall) -> None:
-        """A recorded call under this key must be this tool with these arguments.
+    def _reused(self, row: AgentCall) -> CallIdReusedError:
+        """A recorded call under this key that is another tool or other arguments.
 
         Derived keys contain both, so only an explicit call id reused for another tool or
         other arguments lands here; it is refused like the middleware's 422 for a reused key.
         """
         run, call = self.run, self.call
         assert run is not None and call is not None
-        if row.tool == call.tool and row.arguments_hash == call.arguments_hash:
-            return
         name = self.call_id if self.call_id is not None else row.key
         what = (
             f"for tool {row.tool!r}, not {call.tool!r}"
             if row.tool != call.tool
             else f"for {call.tool!r} with other arguments"
         )
-        raise CallIdReusedError(
+        return CallIdReusedError(
             f"call id {name!r} of run {run.id!r} was already used {what} "
             f"(arguments hash {row.arguments_hash} recorded, {call.arguments_hash} now); "
             "nothing ran. Give each logical call its own call id",
@@ -359,21 +377,24 @@ class _Flow:
             arguments_hash=call.arguments_hash,
         )
 
-    def _take_over(self, row: AgentCall, now: float, *, allow_unknown: bool) -> tuple[str, Any]:
-        run = self.run
-        assert run is not None
+    def take_over(self, fencing_token: int, allow_unknown: bool) -> bool:
+        """Take the call over from ``fencing_token`` (a store call). False: another claimant
+        took it first (poll it again)."""
+        run, call = self.run, self.call
+        assert run is not None and call is not None
+        now = run.clock()
         token = run.store.take_over_agent_call(
-            row.key,
-            row.fencing_token,
+            call.key,
+            fencing_token,
             owner=run.owner,
             lease_expires_at=now + self.spec.lease,
             now=now,
             allow_unknown=allow_unknown,
         )
         if token is None:
-            return "wait", None  # someone else took it: look again
+            return False
         self.token = token
-        return "run", None
+        return True
 
     def _unknown(self, row: AgentCall) -> OutcomeUnknownError:
         assert self.run is not None
@@ -401,10 +422,10 @@ class _Flow:
         )
 
     def claim(self) -> tuple[str, AgentCall]:
-        assert self.run is not None and self.call is not None
-        return self.run.store.claim_agent_call(
-            self.call, max_steps=self.run.max_steps, now=self.run.clock()
-        )
+        run = self.run
+        assert run is not None and self.call is not None
+        budget = step_budget(run.max_steps)
+        return run.store.claim_agent_call(self.call, now=run.clock(), budget=budget)
 
     def get(self) -> AgentCall:
         assert self.run is not None and self.call is not None
@@ -418,14 +439,14 @@ class _Flow:
         run, call = self.run, self.call
         if run is None or call is None or not self.token:
             return
-        now = run.clock()
         if run.max_attempts is not None:
             row = self.get()
-            if row.attempts >= run.max_attempts:
-                reason = f"attempt budget exhausted: {row.attempts} of {run.max_attempts}"
+            reason = attempts_refusal(row.attempts, run.max_attempts)
+            if reason is not None:
                 state = AgentCallState.UNKNOWN if row.attempts else AgentCallState.FAILED
                 self.finish(state, error=reason)
                 raise self._budget_error(reason, "attempts", row)
+        now = run.clock()
         n = run.store.start_agent_attempt(
             call.key, self.token, lease_expires_at=now + self.spec.lease, now=now
         )
@@ -610,6 +631,28 @@ class _Flow:
         return exc
 
 
+def _fingerprint(call: AgentCall) -> str:
+    """What makes two calls under one key the same call: the tool and the arguments."""
+    return f"{call.arguments_hash}:{call.tool}"
+
+
+def _as_key_record(row: AgentCall) -> KeyRecord:
+    """A recorded call as SPEC §3's decision table sees a key (:func:`retrysafe.core.decide`):
+    its fingerprint is the tool and the arguments; RUNNING is a running key under the call's
+    lease and token; every other state is a completed key with nothing to replay over HTTP,
+    which the agent decides on by its own states. It never expires: the audit log keeps it.
+    """
+    running = row.state is AgentCallState.RUNNING
+    return KeyRecord(
+        key_hash=row.key,
+        fingerprint=_fingerprint(row),
+        state=KeyState.RUNNING if running else KeyState.COMPLETED,
+        fencing_token=row.fencing_token,
+        lease_expires_at=row.lease_expires_at,
+        expires_at=math.inf,
+    )
+
+
 def _describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 500 else text[:499] + "…"
@@ -623,7 +666,7 @@ def _call(spec: ToolSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw: dic
             action, value = flow.decide(outcome, row)
             if action == "return":
                 return value
-            if action == "run":
+            if action == "run" or (action == "take_over" and flow.take_over(*value)):
                 break
             time.sleep(_POLL)
             outcome, row = "existing", flow.get()
@@ -666,7 +709,9 @@ async def _acall(
             action, value = flow.decide(outcome, row)
             if action == "return":
                 return value
-            if action == "run":
+            if action == "run" or (
+                action == "take_over" and await asyncio.to_thread(flow.take_over, *value)
+            ):
                 break
             await asyncio.sleep(_POLL)
             outcome, row = "existing", await asyncio.to_thread(flow.get)

@@ -417,12 +417,7 @@ class ChaosProxy:
     def __enter__(self) -> ChaosProxy:
         return self.start_in_thread()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- per connection -----------------------------------------------------------------------

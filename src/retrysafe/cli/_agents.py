@@ -15,16 +15,17 @@ from typing import Any
 
 import click
 
-from retrysafe._exceptions import RetrysafeError
-from retrysafe.agents._models import AgentCall, AgentRunRecord
+from retrysafe._exceptions import ConfigurationError, RetrysafeError
+from retrysafe.agents._models import AgentCall, AgentRunRecord, AgentStore
+from retrysafe.agents._store import agent_store
 from retrysafe.cli._common import fail, store_option
 
 __all__ = ["agents"]
 
 
 @contextmanager
-def _store(url: str) -> Iterator[Any]:
-    """Open the store read-only: listing never creates or changes it."""
+def _store(url: str) -> Iterator[AgentStore]:
+    """Open the store's agent store read-only: listing never creates or changes it."""
     from retrysafe.stores import open_store
     from retrysafe.stores._url_check import redact_url
 
@@ -41,12 +42,14 @@ def _store(url: str) -> Iterator[Any]:
     except RetrysafeError as exc:
         fail(str(exc))
     try:
-        if not hasattr(store, "list_agent_runs"):
+        try:
+            agents = agent_store(store)
+        except ConfigurationError:
             fail(
                 f"the store {redact_url(url)} cannot hold agent runs "
                 "(use sqlite:///path.db or postgresql://…)"
             )
-        yield store
+        yield agents
     except RetrysafeError as exc:
         fail(str(exc))
     finally:
@@ -98,7 +101,7 @@ def agents() -> None:
 def runs(store: str, limit: int, as_json: bool) -> None:
     """List agent runs, newest first, with their budgets and call counts."""
     with _store(store) as s:
-        records: list[AgentRunRecord] = s.list_agent_runs(limit=limit)
+        records = s.list_agent_runs(limit=limit)
     if as_json:
         _emit([_run_dict(r) for r in records])
         return
@@ -137,7 +140,7 @@ def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:
     with _store(store) as s:
         if s.get_agent_run(run_id) is None:
             fail(f"no agent run {run_id!r} in {store}")
-        rows: list[AgentCall] = s.list_agent_calls(run_id)
+        rows = s.list_agent_calls(run_id)
     if as_json:
         _emit([_call_dict(c) for c in rows])
         return

@@ -6,8 +6,10 @@ import json
 import random
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 import click
 
@@ -17,6 +19,7 @@ from retrysafe.cli._common import fail, parse_listen
 __all__ = ["chaos"]
 
 _RATE = click.FloatRange(0.0, 1.0)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _parse_latency_ms(value: str) -> tuple[float, float]:
@@ -34,6 +37,27 @@ def _parse_latency_ms(value: str) -> tuple[float, float]:
             f"{value!r}: need 0 <= MIN <= MAX milliseconds", param_hint="--latency-ms"
         )
     return low / 1000.0, high / 1000.0
+
+
+# One option per fault rate, in this order in --help: (flag, what it does).
+_RATE_OPTIONS = (
+    ("--lose-after-commit", "Close the connection after the upstream answered in full."),
+    ("--hold-after-commit", "Hold the upstream's answer --hold-seconds before sending it."),
+    ("--error-after-commit", "Replace the upstream's answer with 503."),
+    ("--reset-before-forward", "Reset the connection (TCP RST) without forwarding."),
+    ("--error-before-forward", "Answer 503 without forwarding."),
+    ("--latency", "Add latency before forwarding (independent of the faults above)."),
+)
+
+
+def _rate_options(fn: _F) -> _F:
+    """Add the fault-rate options (each a probability per request, default 0)."""
+    for flag, text in reversed(_RATE_OPTIONS):
+        option = click.option(
+            flag, type=_RATE, default=0.0, show_default=True, metavar="RATE", help=text
+        )
+        fn = option(fn)
+    return fn
 
 
 @click.group()
@@ -56,60 +80,13 @@ def chaos() -> None:
     default=None,
     help="Seed of the fault RNG (one draw per request); random if omitted, and printed.",
 )
-@click.option(
-    "--lose-after-commit",
-    type=_RATE,
-    default=0.0,
-    show_default=True,
-    metavar="RATE",
-    help="Close the connection after the upstream answered in full.",
-)
-@click.option(
-    "--hold-after-commit",
-    type=_RATE,
-    default=0.0,
-    show_default=True,
-    metavar="RATE",
-    help="Hold the upstream's answer --hold-seconds before sending it.",
-)
+@_rate_options
 @click.option(
     "--hold-seconds",
     type=click.FloatRange(min=0.0, min_open=True),
     default=30.0,
     show_default=True,
     help="How long a held answer waits (longer than your client's timeout).",
-)
-@click.option(
-    "--error-after-commit",
-    type=_RATE,
-    default=0.0,
-    show_default=True,
-    metavar="RATE",
-    help="Replace the upstream's answer with 503.",
-)
-@click.option(
-    "--reset-before-forward",
-    type=_RATE,
-    default=0.0,
-    show_default=True,
-    metavar="RATE",
-    help="Reset the connection (TCP RST) without forwarding.",
-)
-@click.option(
-    "--error-before-forward",
-    type=_RATE,
-    default=0.0,
-    show_default=True,
-    metavar="RATE",
-    help="Answer 503 without forwarding.",
-)
-@click.option(
-    "--latency",
-    type=_RATE,
-    default=0.0,
-    show_default=True,
-    metavar="RATE",
-    help="Add latency before forwarding (independent of the faults above).",
 )
 @click.option(
     "--latency-ms",

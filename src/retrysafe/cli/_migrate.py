@@ -67,7 +67,12 @@ def _sqlite(url: str) -> MigrateReport:
 def _postgres(url: str, schema: str) -> MigrateReport:
     import psycopg
 
-    from retrysafe.stores._postgres import _SCHEMA_NAME, SCHEMA_VERSION, PostgresStore
+    from retrysafe.stores._postgres import (
+        _SCHEMA_NAME,
+        SCHEMA_VERSION,
+        PostgresStore,
+        schema_state,
+    )
 
     if not _SCHEMA_NAME.match(schema):
         fail(f"--schema {schema!r} must be a plain identifier (letters, digits, _)")
@@ -77,14 +82,7 @@ def _postgres(url: str, schema: str) -> MigrateReport:
         with psycopg.connect(
             url, autocommit=True, connect_timeout=5, options=f"-c search_path={schema}"
         ) as conn:
-            exists = conn.execute("SELECT to_regclass('retrysafe_meta') IS NOT NULL").fetchone()
-            if exists is not None and exists[0]:
-                row = conn.execute(
-                    "SELECT value FROM retrysafe_meta WHERE name = 'schema_version'"
-                ).fetchone()
-                before = None if row is None else int(row[0])
-                outbox = conn.execute("SELECT to_regclass('outbox_jobs') IS NOT NULL").fetchone()
-                complete = outbox is not None and bool(outbox[0])
+            before, complete = schema_state(conn)
     except psycopg.Error:
         pass  # the store's constructor below reports it, password redacted
     # Creates or upgrades under an advisory lock; a newer version raises SchemaError naming
@@ -103,7 +101,7 @@ def _report(
     elif before < after:
         action, msg = "upgraded", f"upgraded the schema from version {before} to {after}"
     elif not complete:
-        action, msg = "upgraded", f"added the outbox tables to schema version {after}"
+        action, msg = "upgraded", f"added missing feature tables to schema version {after}"
     else:
         action, msg = "none", f"schema is at version {after}; nothing to do"
     return MigrateReport(store, dialect, action, before, after, f"{store}: {msg}")

@@ -55,18 +55,21 @@ def _hooks(store: str, allow_private: bool = False) -> Iterator[Any]:
 
 @contextmanager
 def _reader(store: str) -> Iterator[Any]:
-    """Webhooks for a command that only reads: a SQLite store is opened read-only and a
-    missing file is an error (a typo must not create an empty store)."""
+    """Webhooks for a command that only reads, never creating a store: a SQLite file is
+    opened read-only (a missing file is an error: a typo must not create an empty store), a
+    PostgreSQL database without retrysafe's tables is a SchemaError naming `retrysafe
+    migrate`; other URLs open as for writing."""
+    from retrysafe.stores import SQLiteStore, open_store
+    from retrysafe.webhooks import Webhooks
+
     path = _sqlite_path(store)
-    if path is None:
+    postgres = store.split(":", 1)[0].lower() in ("postgresql", "postgres")
+    if path is None and not postgres:
         with _hooks(store) as hooks:
             yield hooks
         return
-    from retrysafe.stores import SQLiteStore
-    from retrysafe.webhooks import Webhooks
-
     with _errors(store):
-        opened = SQLiteStore(path, readonly=True)
+        opened = SQLiteStore(path, readonly=True) if path else open_store(store, create=False)
         try:
             with Webhooks(opened) as hooks:
                 yield hooks
@@ -292,7 +295,7 @@ def endpoints_enable(store: str, endpoint_id: str, replay_missed: bool, as_json:
         e = hooks.enable_endpoint(endpoint_id)
         replayed = []
         if replay_missed:
-            from retrysafe.webhooks._sender import MISSED_STATES
+            from retrysafe.webhooks._dispatch import MISSED_STATES
 
             replayed = hooks.replay(endpoint_id=e.id, states=MISSED_STATES)
         if as_json:

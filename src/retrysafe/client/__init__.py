@@ -8,6 +8,10 @@ Typical use::
     outbox.worker(concurrency=8).run_until_idle()
     outbox.reconcile()            # UNKNOWN jobs: re-send with the same key
     print(outbox.get(job.id).state)
+
+The outbox keeps its jobs in a SQL store (``SQLiteStore``, ``PostgresStore``);
+``outbox_store(store)`` is that store's :class:`OutboxStore` (jobs and attempts, one
+primitive per method) for code that reads or changes jobs below the :class:`Outbox`.
 """
 
 from retrysafe.client._budget import BudgetState, RetryBudget
@@ -15,6 +19,7 @@ from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, N
 from retrysafe.client._outbox import DEAD_LETTER_STATES, AsyncOutbox, Outbox
 from retrysafe.client._policy import RetryPolicy, Step, next_step, reconcile_step
 from retrysafe.client._sender import IDEMPOTENCY_KEY_HEADER, SendResult, make_client, send_attempt
+from retrysafe.client._store import outbox_store
 from retrysafe.client._worker import ReconcileReport, Worker, WorkerStats, areconcile, reconcile
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "areconcile",
     "make_client",
     "next_step",
+    "outbox_store",
     "reconcile",
     "reconcile_step",
     "send_attempt",

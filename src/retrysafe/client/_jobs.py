@@ -29,6 +29,7 @@ __all__ = [
     "build_job",
     "check_queue",
     "destination_of",
+    "job_id_prefix",
     "notify_submitted",
     "on_submit",
 ]
@@ -57,6 +58,18 @@ def check_queue(queue: object) -> str:
             option="queue",
         )
     return queue
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def job_id_prefix(text: str) -> str | None:
+    """``text`` as the start of a job id (ids are 32 lower-case hex digits, from
+    :func:`build_job`): lower-cased; None when no job id can start with it (empty, or not
+    hex). The one check of a job id prefix, for every caller that resolves one (the outbox,
+    the CLI, webhook deliveries, whose ids are job ids)."""
+    prefix = text.lower()
+    return prefix if prefix and set(prefix) <= _HEX else None
 
 
 def destination_of(url: str) -> str:

@@ -217,7 +217,12 @@ class OutboxStore(Protocol):
 
     def insert_job(self, job: NewJob, *, now: float, connection: Any = None) -> tuple[bool, Job]:
         """Insert ``job`` as PENDING, due ``now``; ``(True, job)`` or ``(False, existing)``
-        when a job with the same key exists."""
+        when a job with the same key exists.
+
+        Raises:
+            ConfigurationError: ``connection`` is not the connection of an open
+                ``store.transaction()`` of this store.
+        """
         ...
 
     def claim_jobs(
@@ -291,7 +296,16 @@ class OutboxStore(Protocol):
         job is in another state."""
         ...
 
-    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job(self, job_id: str) -> Job | None:
+        """The job with id ``job_id``, whatever its queue, or None."""
+        ...
+
+    def job_ids_with_prefix(self, prefix: str, *, queue: str) -> list[str]:
+        """Up to two job ids of ``queue`` starting with ``prefix`` (compared literally, no
+        wildcards), in id order: none, the one, or two of an ambiguous prefix. An empty
+        prefix names no job. (Which text is a job id prefix is the caller's rule:
+        :func:`retrysafe.client._jobs.job_id_prefix`.)"""
+        ...
 
     def resolve_job_id(self, prefix: str, *, queue: str) -> str | None:
         """The one job id of ``queue`` starting with ``prefix``; None when none or several
@@ -314,13 +328,20 @@ class OutboxStore(Protocol):
         self, *, queue: str, states: Sequence[JobState], before: float, batch: int = 1000
     ) -> int:
         """Delete jobs of ``queue`` (and their attempts) in ``states`` last changed at or
-        before ``before``; return how many."""
+        before ``before``, ``batch`` (>= 1) at a time; return how many."""
+        ...
+
+    def asyncio_outbox_store(self) -> AsyncOutboxStore:
+        """A new async face on the same store, for an event loop (the worker, reconcile,
+        :class:`~retrysafe.AsyncOutbox`): its own connection or pool, closed with
+        ``aclose()``."""
         ...
 
 
 @runtime_checkable
 class AsyncOutboxStore(Protocol):
-    """The async face of :class:`OutboxStore` used by the worker's hot path."""
+    """The async face of :class:`OutboxStore` used by the worker's hot path: the same
+    operations and contract, awaitable, never blocking the event loop."""
 
     async def insert_job(self, job: NewJob, *, now: float) -> tuple[bool, Job]: ...
 
@@ -367,6 +388,12 @@ class AsyncOutboxStore(Protocol):
         self, job_id: str, token: str, *, now: float, lease: float
     ) -> bool: ...
 
+    async def get_job(self, job_id: str) -> Job | None: ...
+
     async def count_jobs(self, *, queue: str) -> dict[JobState, int]: ...
 
     async def next_due(self, *, queue: str) -> float | None: ...
+
+    async def aclose(self) -> None:
+        """Close this face's connection or pool. Idempotent."""
+        ...

@@ -20,11 +20,13 @@ from retrysafe.client._jobs import (
     DEFAULT_QUEUE,
     build_job,
     check_queue,
+    job_id_prefix,
     notify_submitted,
 )
-from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
+from retrysafe.client._models import Attempt, Job, JobState, NewJob
 from retrysafe.client._policy import RetryPolicy, count, seconds
-from retrysafe.client._worker import ReconcileReport, Worker, areconcile, open_outbox_store
+from retrysafe.client._store import StoreArg, open_outbox_store
+from retrysafe.client._worker import ReconcileReport, Worker, areconcile
 
 __all__ = ["DEAD_LETTER_STATES", "AsyncOutbox", "Outbox"]
 
@@ -37,8 +39,9 @@ class Outbox:
     """A durable outbox of side-effecting HTTP requests.
 
     Args:
-        store: an outbox store or its URL (default ``sqlite:///retrysafe.db``). The SQLite
-            file's directory must exist.
+        store: a :class:`~retrysafe.SQLiteStore`, a :class:`~retrysafe.stores.PostgresStore`,
+            another :class:`~retrysafe.client.OutboxStore`, or a URL (default
+            ``sqlite:///retrysafe.db``). The SQLite file's directory must exist.
         policy: the default :class:`RetryPolicy` (its ``deadline`` applies to jobs submitted
             without one; workers made by :meth:`worker` use it).
         clock: Unix-seconds clock.
@@ -54,7 +57,7 @@ class Outbox:
 
     def __init__(
         self,
-        store: str | OutboxStore = "sqlite:///retrysafe.db",
+        store: StoreArg = "sqlite:///retrysafe.db",
         *,
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
@@ -108,6 +111,21 @@ class Outbox:
             JobError: ``key`` is already used by a different request.
             StoreError: the store failed (nothing was recorded).
         """
+        new, now = self._new_job(url, json, content, method, headers, key, deadline)
+        created, job = self.store.insert_job(new, now=now, connection=connection)
+        return self._submitted(new, created, job)
+
+    def _new_job(
+        self,
+        url: str,
+        json: Any,
+        content: bytes | str | None,
+        method: str,
+        headers: Mapping[str, str] | None,
+        key: str | None,
+        deadline: float | timedelta | datetime | None,
+    ) -> tuple[NewJob, float]:
+        """The validated job of a submission and the time it is submitted at."""
         now = self._clock()
         new = build_job(
             url,
@@ -120,7 +138,15 @@ class Outbox:
             now=now,
             queue=self.queue,
         )
-        created, job = self.store.insert_job(new, now=now, connection=connection)
+        return new, now
+
+    def _submitted(self, new: NewJob, created: bool, job: Job) -> Job:
+        """The job a submission of ``new`` got (``created`` or found by its key); wakes this
+        process's workers.
+
+        Raises:
+            JobError: the key's job is a different request.
+        """
         if not created and (job.method, job.url, job.body) != (new.method, new.url, new.body):
             raise JobError(
                 f"idempotency key {new.key!r} is already used by job {job.id} for a different "
@@ -147,13 +173,10 @@ class Outbox:
                 f"job {job_id} is in the {job.queue!r} queue, not {self.queue!r}",
                 job_id=job_id,
             )
-        full = self.store.resolve_job_id(job_id.lower(), queue=self.queue)
-        if full is not None:
-            return full
-        candidates = getattr(self.store, "job_ids_with_prefix", None)
-        found: list[str] = (
-            [] if candidates is None else candidates(job_id.lower(), queue=self.queue)
-        )
+        prefix = job_id_prefix(job_id)
+        found = [] if prefix is None else self.store.job_ids_with_prefix(prefix, queue=self.queue)
+        if len(found) == 1:
+            return found[0]
         if len(found) > 1:
             raise JobNotFoundError(
                 f"job id prefix {job_id!r} is ambiguous: it matches {', '.join(found)} and "
@@ -305,12 +328,14 @@ class Outbox:
 
 class AsyncOutbox:
     """The async face of :class:`Outbox`: the same methods, awaitable; close with
-    :meth:`aclose`. ``submit`` runs on the event loop (an uncontended SQLite insert takes
-    microseconds) and moves to a thread only when another process holds the write lock."""
+    :meth:`aclose`. ``submit`` runs on the store's async face (SQLite: on the event loop, an
+    uncontended insert takes microseconds, in a thread only when another process holds the
+    write lock; PostgreSQL: an async pool); the other methods run :class:`Outbox`'s in a
+    thread."""
 
     def __init__(
         self,
-        store: str | OutboxStore = "sqlite:///retrysafe.db",
+        store: StoreArg = "sqlite:///retrysafe.db",
         *,
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
@@ -320,9 +345,7 @@ class AsyncOutbox:
         self.store = self._sync.store
         self.policy = self._sync.policy
         self.queue = self._sync.queue
-        self._clock = clock
-        factory = getattr(self.store, "asyncio_outbox_store", None)
-        self._astore: AsyncOutboxStore | None = factory() if factory is not None else None
+        self._astore = self.store.asyncio_outbox_store()
 
     def __repr__(self) -> str:
         return "Async" + repr(self._sync)
@@ -339,38 +362,9 @@ class AsyncOutbox:
         deadline: float | timedelta | datetime | None = None,
     ) -> Job:
         """See :meth:`Outbox.submit` (without ``connection``)."""
-        if self._astore is None:
-            return await asyncio.to_thread(
-                self._sync.submit,
-                url,
-                json=json,
-                content=content,
-                method=method,
-                headers=headers,
-                key=key,
-                deadline=deadline,
-            )
-        now = self._clock()
-        new = build_job(
-            url,
-            json=json,
-            content=content,
-            method=method,
-            headers=headers,
-            key=key,
-            deadline=self.policy.deadline_s if deadline is None else deadline,
-            now=now,
-            queue=self.queue,
-        )
+        new, now = self._sync._new_job(url, json, content, method, headers, key, deadline)
         created, job = await self._astore.insert_job(new, now=now)
-        if not created and (job.method, job.url, job.body) != (new.method, new.url, new.body):
-            raise JobError(
-                f"idempotency key {new.key!r} is already used by job {job.id} for a different "
-                "request",
-                job_id=job.id,
-            )
-        notify_submitted(self.store.url)
-        return job
+        return self._sync._submitted(new, created, job)
 
     async def get(self, job_id: str) -> Job:
         return await asyncio.to_thread(self._sync.get, job_id)
@@ -402,8 +396,10 @@ class AsyncOutbox:
         return await areconcile(self.store, **options)
 
     async def aclose(self) -> None:
-        """Close the store if this outbox opened it from a URL. Idempotent."""
-        self._sync.close()
+        """Close the async face, and the store if this outbox opened it from a URL.
+        Idempotent."""
+        await self._astore.aclose()
+        await asyncio.to_thread(self._sync.close)
 
     async def __aenter__(self) -> AsyncOutbox:
         return self

@@ -27,7 +27,7 @@ from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUna
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
-from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, OutboxStore
+from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
@@ -38,6 +38,7 @@ from retrysafe.client._policy import (
     seconds,
 )
 from retrysafe.client._sender import SendResult, make_client, send_attempt
+from retrysafe.client._store import StoreArg, open_outbox_store
 from retrysafe.core import (
     MAX_RUN_TIME,
     Action,
@@ -58,7 +59,6 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "areconcile",
-    "open_outbox_store",
     "reconcile",
 ]
 
@@ -85,45 +85,6 @@ STORE_WAIT_MAX = 5.0
 DEFAULT_LEASE = 10.0
 #: The shortest default ``max_run_time`` (seconds); the default is at least twice the timeout.
 DEFAULT_MAX_RUN_TIME = 3600.0
-
-
-def open_outbox_store(store: str | OutboxStore) -> tuple[OutboxStore, bool]:
-    """``(store, owned)``: open a URL (owned: close it when done) or take a store object.
-
-    ``sqlite:///path.db`` and ``postgresql://…`` have an outbox; ``redis://`` and
-    ``memory://`` are key stores only.
-
-    Raises:
-        ConfigurationError: the URL is malformed, names a missing directory, or a store
-            without an outbox (``memory://``).
-    """
-    if isinstance(store, str):
-        from retrysafe.stores import open_store
-        from retrysafe.stores._url_check import redact_url
-
-        opened = open_store(store)
-        if not isinstance(opened, OutboxStore):
-            with contextlib.suppress(Exception):
-                opened.close()
-            raise ConfigurationError(
-                f"store {redact_url(store)!r} has no outbox; use sqlite:///path.db or "
-                "postgresql://…",
-                option="store",
-            )
-        return opened, True
-    if not isinstance(store, OutboxStore):
-        raise ConfigurationError(
-            f"{store!r} is not an outbox store (needs the OutboxStore methods)", option="store"
-        )
-    return store, False
-
-
-def _async_face(store: OutboxStore) -> AsyncOutboxStore:
-    factory = getattr(store, "asyncio_outbox_store", None)
-    if factory is None:
-        raise ConfigurationError(f"{store!r} has no async outbox face", option="store")
-    face: AsyncOutboxStore = factory()
-    return face
 
 
 @dataclass
@@ -385,7 +346,8 @@ class Worker:
     the server's idempotency layer (SPEC §5).
 
     Args:
-        store: an outbox store or its URL (``sqlite:///path.db``).
+        store: a SQLite or PostgreSQL store, another outbox store, or a URL
+            (``sqlite:///path.db``).
         policy: retries, backoff and timeouts (default :class:`RetryPolicy`).
         concurrency: attempts in flight at once (default 8).
         lease: seconds a claimed job stays leased without renewal (default 10, whatever the
@@ -435,7 +397,7 @@ class Worker:
 
     def __init__(
         self,
-        store: str | OutboxStore,
+        store: StoreArg,
         *,
         policy: RetryPolicy | None = None,
         concurrency: int = 8,
@@ -466,7 +428,8 @@ class Worker:
         self.poll_interval = seconds(poll_interval, "poll_interval")
         self.grace = seconds(grace, "grace", allow_zero=True)
         self.store, self._owns_store = open_outbox_store(store)
-        self._astore = _async_face(self.store)
+        # The async face serve() runs on (closed when it returns; it reopens if run again).
+        self._astore = self.store.asyncio_outbox_store()
         self._budgets = None if budget is None else _Budgets(budget)
         self._transport = transport
         self._rng = rng or random.Random()
@@ -611,6 +574,8 @@ class Worker:
                     loop.remove_signal_handler(signal.SIGTERM)
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._astore.aclose())
             self._running = False
             self._loop = None
             self._wake = None
@@ -743,7 +708,7 @@ class Worker:
             await self._record(job, token, result, step, end, lease.until)
         except asyncio.CancelledError:
             # Cancellation is never retried nor counted: back to PENDING, same key, now.
-            self._release_now(job, token, "cancelled")
+            await self._release_now(job, token, "cancelled")
             raise
         except StoreUnavailableError as exc:
             # Still unavailable when the lease ran out: the lease expires, and the job is
@@ -760,7 +725,7 @@ class Worker:
             logger.exception("job=%s failed in the worker", job.id)
             with contextlib.suppress(Exception):
                 now = self._clock()
-                self.store.release_job(
+                await self._astore.release_job(
                     job.id,
                     token,
                     state=JobState.PENDING,
@@ -779,12 +744,15 @@ class Worker:
             when,
         )
 
-    def _release_now(self, job: Job, token: str, why: str) -> None:
+    async def _release_now(self, job: Job, token: str, why: str) -> None:
+        """Give a cancelled job back at once: PENDING, due now, same key. Shielded, so a
+        second cancellation does not stop the release half-way."""
         try:
             now = self._clock()
-            if self.store.release_job(
+            release = self._astore.release_job(
                 job.id, token, state=JobState.PENDING, due_at=now, error=None, now=now
-            ):
+            )
+            if await asyncio.shield(release):
                 self.stats.released += 1
                 logger.info("job=%s key=%s released (%s): pending, same key", job.id, job.key, why)
         except StoreUnavailableError as exc:  # the lease will expire; another claim re-sends
@@ -801,18 +769,7 @@ class Worker:
         end: float,
         until: Callable[[], float],
     ) -> None:
-        attempt = Attempt(
-            job_id=job.id,
-            key=job.key,
-            number=job.sends + 1,
-            started_at=result.started_at,
-            duration=result.duration,
-            outcome=result.classification.outcome.value,
-            status=result.status,
-            error_type=result.error_type,
-            replayed=result.replayed,
-            counted=step.counted,
-        )
+        attempt = _attempt_of(job, result, counted=step.counted)
         error = None if step.state is JobState.SUCCEEDED else result.detail
         recorded = await self._outage.call(
             lambda: self._astore.finish_attempt(
@@ -847,6 +804,23 @@ class Worker:
         _log_attempt(recorded, step)
         if self._on_attempt is not None:
             self._on_attempt(job, recorded, step)
+
+
+def _attempt_of(job: Job, result: SendResult, *, counted: bool) -> Attempt:
+    """The attempt record of ``result``, the job's next send (the store assigns the final
+    number when it records it)."""
+    return Attempt(
+        job_id=job.id,
+        key=job.key,
+        number=job.sends + 1,
+        started_at=result.started_at,
+        duration=result.duration,
+        outcome=result.classification.outcome.value,
+        status=result.status,
+        error_type=result.error_type,
+        replayed=result.replayed,
+        counted=counted,
+    )
 
 
 def _with_headers(job: Job, extra: Sequence[tuple[str, str]]) -> Job:
@@ -898,7 +872,7 @@ class ReconcileReport:
 
 
 async def areconcile(
-    store: str | OutboxStore,
+    store: StoreArg,
     *,
     policy: RetryPolicy | None = None,
     ids: Sequence[str] | None = None,
@@ -924,7 +898,7 @@ async def areconcile(
     that the job is left to expire and be re-sent with the same key).
 
     Args:
-        store: an outbox store or its URL.
+        store: an outbox store, a SQL store or its URL.
         policy: timeouts (default :class:`RetryPolicy`).
         ids: only these job ids (default: every UNKNOWN job, oldest first, up to ``limit``);
             ids of another queue's jobs are left alone.
@@ -946,7 +920,7 @@ async def areconcile(
     if isinstance(ids, str):
         raise ConfigurationError("ids must be a list of job ids, not a string", option="ids")
     outbox_store, owned = open_outbox_store(store)
-    astore = _async_face(outbox_store)
+    astore = outbox_store.asyncio_outbox_store()
     timing = lease_timing(DEFAULT_LEASE, max_run_time=_max_run_time(None, policy))
     outage = _StoreOutage(outbox_store.url, base=0.05, rng=random.Random(), clock=clock)
     try:
@@ -981,15 +955,11 @@ async def areconcile(
                         )
                     except asyncio.CancelledError:
                         now = clock()
+                        release = astore.release_job(
+                            job.id, token, state=JobState.UNKNOWN, due_at=now, error=None, now=now
+                        )
                         with contextlib.suppress(StoreUnavailableError):
-                            outbox_store.release_job(
-                                job.id,
-                                token,
-                                state=JobState.UNKNOWN,
-                                due_at=now,
-                                error=None,
-                                now=now,
-                            )
+                            await asyncio.shield(release)
                         raise
                 held.settle()
                 if held.is_lost():
@@ -1002,18 +972,8 @@ async def areconcile(
                     return
                 state = reconcile_step(result.classification)
                 end = clock()
-                attempt = Attempt(
-                    job_id=job.id,
-                    key=job.key,
-                    number=job.sends + 1,
-                    started_at=result.started_at,
-                    duration=result.duration,
-                    outcome=result.classification.outcome.value,
-                    status=result.status,
-                    error_type=result.error_type,
-                    replayed=result.replayed,
-                    counted=result.classification.action is not Action.POLL,
-                )
+                counted = result.classification.action is not Action.POLL
+                attempt = _attempt_of(job, result, counted=counted)
                 try:
                     recorded = await outage.call(
                         lambda: astore.finish_attempt(
@@ -1029,7 +989,7 @@ async def areconcile(
                         until=held.until,
                     )
                     final = await outage.call(
-                        lambda: asyncio.to_thread(outbox_store.get_job, job.id),
+                        lambda: astore.get_job(job.id),
                         until=max(held.expires_at, clock() + policy.timeout_s),
                     )
                 except StoreUnavailableError as exc:
@@ -1056,10 +1016,12 @@ async def areconcile(
             jobs=tuple(finals),
         )
     finally:
-        if owned:
-            outbox_store.close()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(astore.aclose())
+        if owned:  # closing a pool may wait for its threads: not on the event loop
+            await asyncio.to_thread(outbox_store.close)
 
 
-def reconcile(store: str | OutboxStore, **options: Any) -> ReconcileReport:
+def reconcile(store: StoreArg, **options: Any) -> ReconcileReport:
     """Blocking :func:`areconcile` (runs its own event loop)."""
     return asyncio.run(areconcile(store, **options))

@@ -16,6 +16,7 @@ from typing import Any
 
 from retrysafe._exceptions import ConfigurationError
 from retrysafe.server._outcome import SCOPE_KEY
+from retrysafe.stores._base import HasEffects
 
 __all__ = ["effect_opener", "transaction"]
 
@@ -24,9 +25,8 @@ _SUPPORTED = "SQLiteStore (sqlite:///…) and PostgresStore (postgresql://…)"
 
 def effect_opener(store: Any) -> Callable[[], Any]:
     """The store's ``begin_effect``, or a callable raising a clear error for stores without SQL."""
-    begin: Callable[[], Any] | None = getattr(store, "begin_effect", None)
-    if begin is not None:
-        return begin
+    if isinstance(store, HasEffects):
+        return store.begin_effect
 
     def unsupported() -> Any:
         raise ConfigurationError(

@@ -9,11 +9,20 @@ Times are Unix seconds (float). ``lease`` and ``retention`` are durations in sec
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from retrysafe.core import KeyRecord, StoredResponse
 
-__all__ = ["AsyncKeyStore", "KeyStore"]
+__all__ = [
+    "AsyncKeyStore",
+    "Effect",
+    "HasAsyncKeyStore",
+    "HasEffects",
+    "KeyStore",
+    "SyncKeysFace",
+]
 
 
 @runtime_checkable
@@ -125,3 +134,89 @@ class AsyncKeyStore(Protocol):
     ) -> bool: ...
 
     async def get(self, key_hash: str) -> KeyRecord | None: ...
+
+
+@runtime_checkable
+class HasAsyncKeyStore(Protocol):
+    """A key store that has its own async face (every store of this package): the ASGI
+    middleware and the webhook receiver use it instead of running sync calls in threads."""
+
+    def asyncio_key_store(self) -> AsyncKeyStore:
+        """A new :class:`AsyncKeyStore` face of the same store (its own connection or pool,
+        bound to the event loop that first uses it)."""
+        ...
+
+
+class Effect(Protocol):
+    """One open transaction holding a handler's effect and, at the end, the key's completion
+    (SPEC §4 transactional mode).
+
+    Attributes:
+        connection: the driver connection the handler writes with (never commit it yourself).
+        holds_write_lock: whether the open transaction keeps every other writer out (SQLite),
+            so the middleware need not renew the lease meanwhile.
+    """
+
+    connection: Any
+    holds_write_lock: bool
+
+    def complete_in(
+        self,
+        key_hash: str,
+        fencing_token: int,
+        response: StoredResponse,
+        *,
+        now: float,
+        retention: float,
+    ) -> bool:
+        """Complete the key inside the transaction, fenced (False: the lease was lost)."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+
+@runtime_checkable
+class HasEffects(Protocol):
+    """A key store that can hold a handler's own writes (the SQL stores)."""
+
+    def begin_effect(self) -> Effect:
+        """Open a transaction on a connection of its own.
+
+        Raises:
+            StoreUnavailableError: no connection or lock within the store's timeout.
+        """
+        ...
+
+
+class SyncKeysFace:
+    """An :class:`AsyncKeyStore` face of a sync :class:`KeyStore`: each call runs inline
+    (``in_thread=False``: a store whose calls never block, like ``MemoryStore``) or in a worker
+    thread (a third-party store without an async face of its own), so the event loop never
+    blocks on it."""
+
+    def __init__(self, store: KeyStore, *, in_thread: bool) -> None:
+        self._s = store
+        self._in_thread = in_thread
+
+    async def _call(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        return await asyncio.to_thread(fn, *a, **k) if self._in_thread else fn(*a, **k)
+
+    async def claim(self, *a: Any, **k: Any) -> Any:
+        return await self._call(self._s.claim, *a, **k)
+
+    async def take_over(self, *a: Any, **k: Any) -> Any:
+        return await self._call(self._s.take_over, *a, **k)
+
+    async def complete(self, *a: Any, **k: Any) -> Any:
+        return await self._call(self._s.complete, *a, **k)
+
+    async def release(self, *a: Any, **k: Any) -> Any:
+        return await self._call(self._s.release, *a, **k)
+
+    async def extend_lease(self, *a: Any, **k: Any) -> Any:
+        return await self._call(self._s.extend_lease, *a, **k)
+
+    async def get(self, *a: Any, **k: Any) -> Any:
+        return await self._call(self._s.get, *a, **k)

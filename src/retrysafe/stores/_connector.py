@@ -24,25 +24,42 @@ anything else → :class:`~retrysafe.StoreError`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine, Generator, Mapping
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from importlib import resources
-from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import (
+    Any,
+    Concatenate,
+    Literal,
+    NamedTuple,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
+
+from retrysafe._exceptions import ConfigurationError
 
 __all__ = [
     "AsyncConnector",
     "Clock",
     "Connector",
     "Exec",
+    "HasConnector",
     "Op",
     "Statement",
     "Statements",
+    "Transaction",
+    "Transactions",
+    "adrive",
     "all_rows",
     "async_op",
     "count",
     "drive",
     "one",
+    "split_statements",
     "sync_op",
 ]
 
@@ -91,8 +108,10 @@ class Statements:
             name: Statement(
                 f"{feature}.{name}",
                 {
-                    "sqlite": tuple(_split(texts["sqlite"][name])),
-                    "postgres": tuple(p.encode() for p in _split(texts["postgres"][name])),
+                    "sqlite": tuple(split_statements(texts["sqlite"][name])),
+                    "postgres": tuple(
+                        p.encode() for p in split_statements(texts["postgres"][name])
+                    ),
                 },
             )
             for name in names
@@ -116,8 +135,13 @@ def _load(package: str, path: str) -> dict[str, str]:
     return out
 
 
-def _split(block: str) -> list[str]:
-    return [s.strip() for s in block.split(";") if s.strip()]
+_END = re.compile(r";[ \t]*(?:\n|$)")
+
+
+def split_statements(block: str) -> list[str]:
+    """The statements of a block: each ends with ``;`` at the end of a line (so a ``;`` inside
+    a string literal or mid-line stays part of its statement)."""
+    return [part.strip() for part in _END.split(block) if part.strip()]
 
 
 class Exec(NamedTuple):
@@ -150,18 +174,122 @@ def drive(op: Op[_T], execute: Callable[[Exec], Any]) -> _T:
     """Run ``op`` to its end, answering each request with ``execute(request)``. An exception
     from ``execute`` is thrown into the operation (it may handle it) and, if not handled,
     propagates."""
+    done, value = _step(op, True, None)
+    while not done:
+        done, value = _step(op, *_attempt(execute, value))
+    result: _T = value
+    return result
+
+
+async def adrive(op: Op[_T], execute: Callable[[Exec], Awaitable[Any]]) -> _T:
+    """:func:`drive` with an async ``execute``."""
+    done, value = _step(op, True, None)
+    while not done:
+        done, value = _step(op, *(await _aattempt(execute, value)))
+    result: _T = value
+    return result
+
+
+def _step(op: Op[Any], ok: bool, value: Any) -> tuple[bool, Any]:
+    """Send ``value`` (or throw it, when not ``ok``) into ``op``: ``(False, next request)`` or
+    ``(True, the op's return value)``."""
     try:
-        request = next(op)
-        while True:
-            try:
-                result = execute(request)
-            except Exception as exc:
-                request = op.throw(exc)
-            else:
-                request = op.send(result)
+        return False, op.send(value) if ok else op.throw(value)
     except StopIteration as stop:
-        value: _T = stop.value
-        return value
+        return True, stop.value
+
+
+def _attempt(execute: Callable[[Exec], Any], request: Exec) -> tuple[bool, Any]:
+    try:
+        return True, execute(request)
+    except Exception as exc:
+        return False, exc
+
+
+async def _aattempt(execute: Callable[[Exec], Awaitable[Any]], request: Exec) -> tuple[bool, Any]:
+    try:
+        return True, await execute(request)
+    except Exception as exc:
+        return False, exc
+
+
+class Transaction(Protocol):
+    """One open transaction on one connection (from :meth:`Connector.begin`).
+
+    Attributes:
+        connection: the driver connection (``sqlite3`` or ``psycopg``) the application writes
+            with; never commit it yourself.
+        clock: the connector's clock.
+        holds_write_lock: whether the open transaction keeps every other writer out (SQLite).
+    """
+
+    connection: Any
+    clock: Clock
+    holds_write_lock: bool
+
+    def run(self, op: Op[_T]) -> _T:
+        """Drive ``op`` inside this transaction (not yet committed)."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None:
+        """Idempotent; never raises."""
+        ...
+
+
+class Transactions:
+    """The open transactions of one sync connector, by driver connection: how ``run(op,
+    connection=…)`` finds the transaction a connection belongs to, and refuses one that is not
+    (another store's, one that ended, or no connection at all). Subclasses implement
+    :meth:`begin`."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, Any] = {}
+        self._open_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def begin(self) -> Any:
+        raise NotImplementedError
+
+    def opened(self, tx: _T) -> _T:
+        with self._open_lock:
+            self._open[id(tx.connection)] = tx  # type: ignore[attr-defined]
+        return tx
+
+    def ended(self, tx: Any) -> None:
+        with self._open_lock:
+            self._open.pop(id(tx.connection), None)
+
+    def transaction_of(self, connection: Any) -> Any:
+        """The open transaction whose driver connection ``connection`` is.
+
+        Raises:
+            ConfigurationError: it is not one of this store's open transactions.
+        """
+        tx = self._open.get(id(connection))
+        if tx is None or tx.connection is not connection:
+            raise ConfigurationError(
+                f"connection= must be the connection of an open transaction of {self.url} "
+                f"(from store.transaction()); got {type(connection).__name__}, which is not",
+                option="connection",
+            )
+        return tx
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A transaction on a connection of its own (see :meth:`begin`): yields the driver
+        connection; commits when the block ends, rolls back if it raises."""
+        tx = self.begin()
+        try:
+            yield tx.connection
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
 
 
 class Connector(Protocol):
@@ -186,6 +314,16 @@ class Connector(Protocol):
         Raises:
             ConfigurationError: ``connection`` is not an open transaction of this connector.
             StoreUnavailableError / SchemaError / StoreError: translated driver errors.
+        """
+        ...
+
+    def begin(self) -> Transaction:
+        """Open a transaction on a connection of its own (end it with ``commit()`` or
+        ``rollback()``).
+
+        Raises:
+            StoreUnavailableError: no connection (or, SQLite, no write lock) in time.
+            StoreError: the connector is closed.
         """
         ...
 
@@ -227,7 +365,11 @@ class AsyncConnector(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _HasConnector(Protocol):
+@runtime_checkable
+class HasConnector(Protocol):
+    """A store built on a SQL connector (``SQLiteStore``, ``PostgresStore``): every feature
+    store (outbox, webhooks, agents) can be opened on its ``connector``."""
+
     @property
     def connector(self) -> Connector: ...
 
@@ -239,10 +381,10 @@ class _HasAsyncConnector(Protocol):
 
 def sync_op(
     fn: Callable[Concatenate[Clock, _P], Op[_T]], *, atomic: bool = False
-) -> Callable[Concatenate[_HasConnector, _P], _T]:
+) -> Callable[Concatenate[HasConnector, _P], _T]:
     """A sync store method from an operation function ``fn(clock, *args, **kwargs)``."""
 
-    def method(self: _HasConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    def method(self: HasConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         c = self.connector
         return c.run(fn(c.clock, *args, **kwargs), atomic=atomic)
 

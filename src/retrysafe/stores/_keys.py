@@ -114,17 +114,20 @@ def complete(
         "now": caller_now(clock, now),
         "retention": retention,
     }
-    return (yield count(_COMPLETE, params)) == 1
+    changed: int = yield count(_COMPLETE, params)
+    return changed == 1
 
 
 def release(clock: Clock, key_hash: str, fencing_token: int) -> Op[bool]:
-    return (yield count(_RELEASE, {"key_hash": key_hash, "token": fencing_token})) == 1
+    changed: int = yield count(_RELEASE, {"key_hash": key_hash, "token": fencing_token})
+    return changed == 1
 
 
 def extend_lease(
     clock: Clock, key_hash: str, fencing_token: int, *, now: float, lease: float
 ) -> Op[bool]:
-    return (yield count(_EXTEND, _token(clock, key_hash, fencing_token, now, lease=lease))) == 1
+    changed: int = yield count(_EXTEND, _token(clock, key_hash, fencing_token, now, lease=lease))
+    return changed == 1
 
 
 def get(clock: Clock, key_hash: str) -> Op[KeyRecord | None]:

@@ -11,6 +11,7 @@ import dataclasses
 import threading
 
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._base import AsyncKeyStore, SyncKeysFace
 
 __all__ = ["MemoryStore"]
 
@@ -124,44 +125,6 @@ class MemoryStore:
     def close(self) -> None:
         pass
 
-    def asyncio_key_store(self) -> _AsyncMemoryKeys:
-        return _AsyncMemoryKeys(self)
-
-
-class _AsyncMemoryKeys:
-    """Async face of :class:`MemoryStore`; each call is a dict operation, run inline."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        self._s = store
-
-    async def claim(
-        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
-    ) -> tuple[bool, KeyRecord]:
-        return self._s.claim(key_hash, fingerprint, now=now, lease=lease, retention=retention)
-
-    async def take_over(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> KeyRecord | None:
-        return self._s.take_over(key_hash, fencing_token, now=now, lease=lease)
-
-    async def complete(
-        self,
-        key_hash: str,
-        fencing_token: int,
-        response: StoredResponse,
-        *,
-        now: float,
-        retention: float,
-    ) -> bool:
-        return self._s.complete(key_hash, fencing_token, response, now=now, retention=retention)
-
-    async def release(self, key_hash: str, fencing_token: int) -> bool:
-        return self._s.release(key_hash, fencing_token)
-
-    async def extend_lease(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> bool:
-        return self._s.extend_lease(key_hash, fencing_token, now=now, lease=lease)
-
-    async def get(self, key_hash: str) -> KeyRecord | None:
-        return self._s.get(key_hash)
+    def asyncio_key_store(self) -> AsyncKeyStore:
+        """The async face: each call is a dict operation, run inline."""
+        return SyncKeysFace(self, in_thread=False)

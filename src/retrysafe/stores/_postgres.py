@@ -24,7 +24,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -32,17 +32,31 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from retrysafe._exceptions import ConfigurationError, SchemaError, StoreError, StoreUnavailableError
-from retrysafe.stores._connector import Clock, Exec, Op, drive
+from retrysafe.stores._connector import (
+    Clock,
+    Exec,
+    Op,
+    Transactions,
+    adrive,
+    drive,
+    split_statements,
+)
 from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
 from retrysafe.stores._url_check import check_postgres_url
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "SCHEMA_VERSION",
     "AsyncPostgresConnector",
+    "Clock",
     "PostgresConnector",
+    "PostgresOptions",
     "PostgresStore",
     "PostgresTransaction",
+    "schema_state",
 ]
 
 #: The schema version this release writes and understands.
@@ -95,34 +109,17 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], op: Op[_T], atomic: b
     async def execute(request: Exec) -> Any:
         parts = request.statement.parts["postgres"]
         if len(parts) == 1:
-            cur = await conn.execute(parts[0], request.params)
-            return await _afetch(cur, request.fetch)
+            return await _afetch(await conn.execute(parts[0], request.params), request.fetch)
         async with conn.transaction():
-            cur = await conn.execute(parts[0], request.params)
-            result = await _afetch(cur, request.fetch)
+            result = await _afetch(await conn.execute(parts[0], request.params), request.fetch)
             for part in parts[1:]:
                 await conn.execute(part, request.params)
         return result
 
-    async def run() -> _T:
-        # The async twin of connector.drive (a generator cannot await inside send()).
-        try:
-            request = next(op)
-            while True:
-                try:
-                    result = await execute(request)
-                except Exception as exc:
-                    request = op.throw(exc)
-                else:
-                    request = op.send(result)
-        except StopIteration as stop:
-            value: _T = stop.value
-            return value
-
     if not atomic:
-        return await run()
+        return await adrive(op, execute)
     async with conn.transaction():
-        return await run()
+        return await adrive(op, execute)
 
 
 async def _afetch(cur: psycopg.AsyncCursor[Any], fetch: str) -> Any:
@@ -133,7 +130,18 @@ async def _afetch(cur: psycopg.AsyncCursor[Any], fetch: str) -> Any:
     return cur.rowcount
 
 
-class PostgresConnector:
+class PostgresOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`PostgresStore` (see there)."""
+
+    schema: str
+    create: bool
+    clock: Clock
+    min_size: int
+    max_size: int
+    connect_timeout: float
+
+
+class PostgresConnector(Transactions):
     """Named SQL on one PostgreSQL database (:class:`~retrysafe.stores._connector.Connector`).
 
     Args: see :class:`PostgresStore`.
@@ -183,9 +191,8 @@ class PostgresConnector:
             "connect_timeout": max(2, round(connect_timeout)),
         }
         self.conninfo = make_conninfo(url)
-        self._open: dict[int, PostgresTransaction] = {}
-        self._lock = threading.Lock()
         self._closed = False
+        super().__init__()
         self._ensure_schema(create)
         self._pool = psycopg_pool.ConnectionPool(
             self.conninfo,
@@ -240,7 +247,7 @@ class PostgresConnector:
     # ------------------------------------------------------------------ Connector
     def run(self, op: Op[_T], *, atomic: bool = False, connection: Any = None) -> _T:
         if connection is not None:
-            tx = self.transaction_of(connection)
+            tx: PostgresTransaction = self.transaction_of(connection)
             return tx.run(op, atomic=atomic)
         with self.connection() as conn:
             return _drive_sync(conn, op, atomic)
@@ -261,39 +268,10 @@ class PostgresConnector:
         except psycopg.Error as exc:
             self._pool.putconn(conn)
             raise self.translate(exc) from exc
-        tx = PostgresTransaction(self, conn)
-        with self._lock:
-            self._open[id(conn)] = tx
-        return tx
-
-    @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
-        tx = self.begin()
-        try:
-            yield tx.connection
-        except BaseException:
-            tx.rollback()
-            raise
-        tx.commit()
-
-    def transaction_of(self, connection: Any) -> PostgresTransaction:
-        """The open transaction whose driver connection ``connection`` is.
-
-        Raises:
-            ConfigurationError: it is not one of this store's open transactions.
-        """
-        tx = self._open.get(id(connection))
-        if tx is None or tx.connection is not connection:
-            raise ConfigurationError(
-                f"connection= must be the connection of an open transaction of {self.url} "
-                f"(from store.transaction()); got {type(connection).__name__}, which is not",
-                option="connection",
-            )
-        return tx
+        return self.opened(PostgresTransaction(self, conn))
 
     def _give_back(self, tx: PostgresTransaction) -> None:
-        with self._lock:
-            self._open.pop(id(tx.connection), None)
+        self.ended(tx)
         conn = tx.connection
         with suppress(psycopg.Error):
             if not conn.closed:
@@ -324,38 +302,29 @@ class PostgresConnector:
                 store=self.url,
             )
         with conn.transaction():
+            # Concurrent migrations: the advisory lock makes the second wait, then find the
+            # schema complete and change nothing. It comes first: CREATE SCHEMA IF NOT EXISTS
+            # itself races (two creators collide on the catalog's unique index).
+            conn.execute(_SCHEMA["lock_schema"], {"schema": self.schema})
             stmt = sql.SQL(_SCHEMA["create_schema"].decode()).format(
                 schema=sql.Identifier(self.schema)
             )
             conn.execute(stmt)
-            # Concurrent migrations: the advisory lock makes the second wait, then find the
-            # schema complete and change nothing.
-            conn.execute(_SCHEMA["lock_schema"])
             version = self._version(conn)
             if version is None or not self._complete(conn):
                 # Every statement is IF NOT EXISTS: this creates the schema, or adds the tables
                 # of features a version-1 schema was written without.
                 for name in ("schema", *_FEATURE_TABLES):
-                    for stmt_text in _split(_SCHEMA[name]):
-                        conn.execute(stmt_text)
+                    for stmt_text in split_statements(_SCHEMA[name].decode()):
+                        conn.execute(stmt_text.encode())
                 conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
     def _complete(self, conn: psycopg.Connection[Any]) -> bool:
-        for probe in _FEATURE_PROBES:
-            row = conn.execute(_SCHEMA[probe]).fetchone()
-            if row is None or not row[0]:
-                return False
-        return True
+        return _complete(conn)
 
     def _version(self, conn: psycopg.Connection[Any]) -> int | None:
-        row = conn.execute(_SCHEMA["meta_exists"]).fetchone()
-        if row is None or not row[0]:
-            return None
-        got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
-        if got is None:
-            return None
-        version = int(got[0])
-        if version > SCHEMA_VERSION:
+        version = _version(conn)
+        if version is not None and version > SCHEMA_VERSION:
             raise SchemaError(
                 f"PostgreSQL store {self.where} (schema {self.schema!r}) has schema version "
                 f"{version}; this retrysafe understands up to {SCHEMA_VERSION}. Upgrade "
@@ -370,6 +339,29 @@ class PostgresConnector:
         if not self._closed:
             self._closed = True
             self._pool.close()
+
+
+def _complete(conn: psycopg.Connection[Any]) -> bool:
+    for probe in _FEATURE_PROBES:
+        row = conn.execute(_SCHEMA[probe]).fetchone()
+        if row is None or not row[0]:
+            return False
+    return True
+
+
+def _version(conn: psycopg.Connection[Any]) -> int | None:
+    row = conn.execute(_SCHEMA["meta_exists"]).fetchone()
+    if row is None or not row[0]:
+        return None
+    got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
+    return None if got is None else int(got[0])
+
+
+def schema_state(conn: psycopg.Connection[Any]) -> tuple[int | None, bool]:
+    """``(version or None, every feature's tables present)`` of the schema ``conn``'s
+    search_path names (``retrysafe migrate`` reports it before it migrates)."""
+    version = _version(conn)
+    return version, version is not None and _complete(conn)
 
 
 class PostgresTransaction:
@@ -422,10 +414,6 @@ class PostgresTransaction:
             with suppress(psycopg.Error):
                 self.connection.rollback()
             self._connector._give_back(self)
-
-
-def _split(script: bytes) -> list[bytes]:
-    return [s.strip() for s in script.split(b";") if s.strip()]
 
 
 class AsyncPostgresConnector:
@@ -525,30 +513,13 @@ class PostgresStore(SQLKeyStore):
     """
 
     dialect = "postgresql"
+    connector: PostgresConnector
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        schema: str = "public",
-        create: bool = True,
-        clock: Clock = "server",
-        min_size: int = 1,
-        max_size: int = 10,
-        connect_timeout: float = 5.0,
-    ) -> None:
-        self.connector = PostgresConnector(
-            url,
-            schema=schema,
-            create=create,
-            clock=clock,
-            min_size=min_size,
-            max_size=max_size,
-            connect_timeout=connect_timeout,
-        )
+    def __init__(self, url: str, **options: Unpack[PostgresOptions]) -> None:
+        self.connector = PostgresConnector(url, **options)
         self.where = self.connector.where
-        self.schema = schema
-        self.clock: Clock = clock
+        self.schema = self.connector.schema
+        self.clock: Clock = self.connector.clock
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r})"

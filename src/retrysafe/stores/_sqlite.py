@@ -28,7 +28,14 @@ from retrysafe._exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from retrysafe.stores._connector import Clock, Exec, Op, drive
+from retrysafe.stores._connector import (
+    Clock,
+    Exec,
+    Op,
+    Transactions,
+    drive,
+    split_statements,
+)
 from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
 
@@ -151,7 +158,7 @@ class _Conn:
             self.conn.close()
 
 
-class SQLiteConnector:
+class SQLiteConnector(Transactions):
     """Named SQL on one SQLite file (:class:`~retrysafe.stores._connector.Connector`).
 
     Args: see :class:`SQLiteStore`.
@@ -169,8 +176,8 @@ class SQLiteConnector:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: weakref.WeakSet[_Conn] = weakref.WeakSet()
-        self._open: dict[int, SQLiteTransaction] = {}
         self._closed = False
+        super().__init__()
         self._ensure_schema(create and not readonly)
 
     def __repr__(self) -> str:
@@ -270,40 +277,7 @@ class SQLiteConnector:
         except sqlite3.Error as exc:
             conn.close()
             raise _translate(exc, self.url) from exc
-        tx = SQLiteTransaction(self, conn)
-        with self._lock:
-            self._open[id(conn)] = tx
-        return tx
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        tx = self.begin()
-        try:
-            yield tx.connection
-        except BaseException:
-            tx.rollback()
-            raise
-        tx.commit()
-
-    def transaction_of(self, connection: Any) -> SQLiteTransaction:
-        """The open transaction whose driver connection ``connection`` is.
-
-        Raises:
-            ConfigurationError: it is not one of this store's open transactions (another
-                store's, one already ended, or not a connection at all).
-        """
-        tx = self._open.get(id(connection))
-        if tx is None or tx.connection is not connection:
-            raise ConfigurationError(
-                f"connection= must be the connection of an open transaction of {self.url} "
-                f"(from store.transaction()); got {type(connection).__name__}, which is not",
-                option="connection",
-            )
-        return tx
-
-    def _ended(self, tx: SQLiteTransaction) -> None:
-        with self._lock:
-            self._open.pop(id(tx.connection), None)
+        return self.opened(SQLiteTransaction(self, conn))
 
     def async_connector(self) -> AsyncSQLiteConnector:
         return AsyncSQLiteConnector(self)
@@ -336,7 +310,7 @@ class SQLiteConnector:
             # Every statement is IF NOT EXISTS and BEGIN IMMEDIATE serialises concurrent
             # migrations: the second one waits for the first, then changes nothing.
             with _atomic(conn):
-                for stmt in _split(_SCHEMA["schema"]):
+                for stmt in split_statements(_SCHEMA["schema"]):
                     conn.execute(stmt)
                 conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
@@ -407,13 +381,9 @@ class SQLiteTransaction:
             self._close()
 
     def _close(self) -> None:
-        self._connector._ended(self)
+        self._connector.ended(self)
         with suppress(sqlite3.Error):
             self.connection.close()
-
-
-def _split(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
 
 
 # ---------------------------------------------------------------------- the async face
@@ -643,6 +613,7 @@ class SQLiteStore(SQLKeyStore):
     """
 
     dialect = "sqlite"
+    connector: SQLiteConnector
 
     def __init__(
         self,

@@ -7,11 +7,10 @@ The PostgreSQL and Redis stores are imported only when such a URL is opened, so 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe.stores._base import AsyncKeyStore, KeyStore
+from retrysafe.stores._base import AsyncKeyStore, HasAsyncKeyStore, KeyStore, SyncKeysFace
 from retrysafe.stores._memory import MemoryStore
 from retrysafe.stores._sqlite import SQLiteStore, sqlite_path_from_url
 from retrysafe.stores._url_check import CLUSTER_SCHEMES, redact_url
@@ -75,38 +74,11 @@ def _missing(extra: str, exc: ImportError) -> ConfigurationError:
     )
 
 
-class _ThreadedKeys:
-    """Runs a sync :class:`KeyStore` in worker threads so the event loop never blocks."""
-
-    def __init__(self, store: KeyStore) -> None:
-        self._s = store
-
-    async def claim(self, *a: Any, **k: Any) -> Any:
-        return await asyncio.to_thread(self._s.claim, *a, **k)
-
-    async def take_over(self, *a: Any, **k: Any) -> Any:
-        return await asyncio.to_thread(self._s.take_over, *a, **k)
-
-    async def complete(self, *a: Any, **k: Any) -> Any:
-        return await asyncio.to_thread(self._s.complete, *a, **k)
-
-    async def release(self, *a: Any, **k: Any) -> Any:
-        return await asyncio.to_thread(self._s.release, *a, **k)
-
-    async def extend_lease(self, *a: Any, **k: Any) -> Any:
-        return await asyncio.to_thread(self._s.extend_lease, *a, **k)
-
-    async def get(self, *a: Any, **k: Any) -> Any:
-        return await asyncio.to_thread(self._s.get, *a, **k)
-
-
 def as_async_key_store(store: KeyStore | AsyncKeyStore) -> AsyncKeyStore:
     """The async face of a store: its own (``asyncio_key_store()``), or threads around it."""
-    factory = getattr(store, "asyncio_key_store", None)
-    if factory is not None:
-        result: AsyncKeyStore = factory()
-        return result
+    if isinstance(store, HasAsyncKeyStore):
+        return store.asyncio_key_store()
     if isinstance(store, KeyStore):
-        threaded: AsyncKeyStore = _ThreadedKeys(store)
+        threaded: AsyncKeyStore = SyncKeysFace(store, in_thread=True)
         return threaded
     return store

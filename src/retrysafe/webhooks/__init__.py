@@ -12,6 +12,10 @@ addresses). Exhausted deliveries wait in the dead-letter queue for replay::
     hooks.send("invoice.paid", {"id": "in_1"})
     hooks.worker().run_until_idle()
 
+Storage: endpoints, events and deliveries live beside the outbox, in SQLite or PostgreSQL;
+:func:`webhook_store` gives the :class:`WebhookStore` of a ``SQLiteStore`` or
+``PostgresStore``, and several webhook workers can share one PostgreSQL database.
+
 Receiving: :class:`WebhookVerifier` (direct, decorator) and :class:`WebhookMiddleware`
 (ASGI) verify signatures and handle each ``webhook-id`` once.
 """
@@ -24,10 +28,10 @@ from retrysafe._exceptions import (
     WebhookVerificationError,
 )
 from retrysafe.webhooks._endpoints import ROTATION_OVERLAP
+from retrysafe.webhooks._models import AsyncWebhookStore, WebhookStore
 from retrysafe.webhooks._models import WebhookDelivery as Delivery
 from retrysafe.webhooks._models import WebhookEndpoint as Endpoint
 from retrysafe.webhooks._models import WebhookEvent as Event
-from retrysafe.webhooks._models import WebhookStore
 from retrysafe.webhooks._policy import (
     DEFAULT,
     SCHEDULES,
@@ -51,6 +55,7 @@ from retrysafe.webhooks._signing import (
     verify,
 )
 from retrysafe.webhooks._ssrf import PinnedTransport, address_problem
+from retrysafe.webhooks._store import webhook_store
 
 __all__ = [
     "DEAD_LETTER_STATES",
@@ -60,6 +65,7 @@ __all__ = [
     "ROTATION_OVERLAP",
     "SCHEDULES",
     "SVIX",
+    "AsyncWebhookStore",
     "Delivery",
     "DestinationRefusedError",
     "Endpoint",
@@ -86,4 +92,5 @@ __all__ = [
     "sign",
     "signature_header",
     "verify",
+    "webhook_store",
 ]

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from retrysafe.client._models import JobState, NewJob
 
 __all__ = [
+    "AsyncWebhookStore",
     "WebhookDelivery",
     "WebhookEndpoint",
     "WebhookEvent",
@@ -154,7 +155,14 @@ class WebhookStore(Protocol):
     * ``delete_endpoint`` deletes the endpoint, its deliveries and their jobs (in-flight jobs
       included: the worker's fenced writes then change nothing) in one transaction.
     * ``record_endpoint_failure`` increments the failure run atomically.
+    * ``asyncio_webhook_store`` gives the async face the worker's per-attempt hooks use (never
+      the sync methods on the event loop).
     """
+
+    @property
+    def url(self) -> str:
+        """The store's URL, without a password (for messages)."""
+        ...
 
     def insert_endpoint(self, endpoint: WebhookEndpoint) -> WebhookEndpoint: ...
 
@@ -221,3 +229,30 @@ class WebhookStore(Protocol):
         event_type: str | None = None,
         batch: int = 1000,
     ) -> int: ...
+
+    def asyncio_webhook_store(self) -> AsyncWebhookStore:
+        """A new async face of the same tables (its own connection or pool); close it with
+        ``aclose()``."""
+        ...
+
+
+@runtime_checkable
+class AsyncWebhookStore(Protocol):
+    """The async face of :class:`WebhookStore`: what the webhook worker reads and writes per
+    attempt, without blocking the event loop. Same contract as the sync methods."""
+
+    async def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint | None: ...
+
+    async def delivery_context(self, job_id: str) -> tuple[str, WebhookEndpoint] | None: ...
+
+    async def set_endpoint_enabled(
+        self, endpoint_id: str, *, enabled: bool, reason: str | None, now: float
+    ) -> WebhookEndpoint | None: ...
+
+    async def record_endpoint_failure(
+        self, endpoint_id: str, *, now: float
+    ) -> tuple[int, float | None, bool] | None: ...
+
+    async def reset_endpoint_failures(self, endpoint_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...

@@ -10,7 +10,8 @@ CREATE SCHEMA IF NOT EXISTS {schema};
 -- name: lock_schema
 
 -- Serialises schema creation between processes starting at once (held until commit).
-SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.retrysafe_schema'));
+-- Keyed by the schema's name, not current_schema(): that is NULL while the schema is missing.
+SELECT pg_advisory_xact_lock(hashtext(%(schema)s || '.retrysafe_schema'));
 
 -- name: meta_exists
 

@@ -1,3 +1,16 @@
+-- The outbox (SPEC §5, §9) on PostgreSQL: the statements of retrysafe.client._store, with the
+-- names and parameters of outbox.sqlite.sql (psycopg placeholders, %(name)s).
+--
+-- Clock: %(now)s NULL (clock="server", the default) means the database server's clock, the
+-- statement's start time, so every host compares due times and leases against one clock. A
+-- time the caller computed on its own clock comes as the pair %(<x>_at)s / %(<x>_in)s: the
+-- absolute time (NULL on the server clock) and its offset from the caller's now, which is
+-- added to the server's now. deadline_at is stored as given (the worker that checks it uses
+-- its own clock). Lists of ids or states are JSON arrays of text, as on SQLite.
+--
+-- Many workers on many hosts share one database: claims lock their rows FOR UPDATE SKIP
+-- LOCKED, so concurrent claimants get disjoint batches and never wait on each other's rows.
+
 -- name: insert_job
 
 -- Idempotent on the key: a second insert with the same key inserts nothing and returns no row.
@@ -5,7 +18,8 @@ INSERT INTO outbox_jobs
     (id, idempotency_key, queue, state, method, url, destination, headers, body,
      created_at, updated_at, due_at, deadline_at)
 SELECT %(id)s::text, %(key)s::text, %(queue)s::text, 'pending', %(method)s::text,
-       %(url)s::text, %(destination)s::text, %(headers)s::text, %(body)s::bytea, t.now, t.now, t.now, %(deadline_at)s::float8
+       %(url)s::text, %(destination)s::text, %(headers)s::text, %(body)s::bytea,
+       t.now, t.now, t.now, %(deadline_at)s::float8
 FROM (SELECT coalesce(%(now)s::float8,
                       extract(epoch FROM statement_timestamp())::float8) AS now) AS t
 ON CONFLICT (idempotency_key) DO NOTHING
@@ -48,7 +62,8 @@ RETURNING id, idempotency_key, queue, state, method, url, destination, headers, 
 
 -- name: claim_unknown_jobs
 
--- Lease UNKNOWN jobs of %(queue)s for reconciliation (all, or the ids in %(ids)s).
+-- Lease UNKNOWN jobs of %(queue)s for reconciliation (all, or the ids in the JSON array
+-- %(ids)s).
 WITH t AS (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
 )
@@ -59,7 +74,8 @@ SET state = 'in_flight', lease_token = %(token)s,
 WHERE id IN (
     SELECT id FROM outbox_jobs
     WHERE queue = %(queue)s AND state = 'unknown'
-      AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+      AND (%(ids)s::jsonb IS NULL
+           OR id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb))))
     ORDER BY created_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -127,8 +143,9 @@ WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight';
 
 -- name: transition_job
 
--- Move a job from one of %(from_states)s to %(state)s (cancel, retry, replay). With
--- %(reset)s the attempt budget starts again (the attempt history and the key stay).
+-- Move a job from one of the JSON array %(from_states)s to %(state)s (cancel, retry,
+-- replay). With %(reset)s the attempt budget starts again (the attempt history and the key
+-- stay).
 WITH t AS (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
 )
@@ -139,7 +156,8 @@ SET state = %(state)s, due_at = (SELECT now FROM t), updated_at = (SELECT now FR
     polls = CASE WHEN %(reset)s THEN 0 ELSE polls END,
     last_delay = CASE WHEN %(reset)s THEN 0 ELSE last_delay END,
     deadline_at = CASE WHEN %(reset)s THEN %(deadline_at)s::float8 ELSE deadline_at END
-WHERE id = %(id)s AND state = ANY(%(from_states)s::text[])
+WHERE id = %(id)s
+  AND state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(from_states)s::jsonb)))
 RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
           created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
           lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
@@ -153,8 +171,11 @@ FROM outbox_jobs WHERE id = %(id)s;
 
 -- name: find_job_by_prefix
 
--- %(pattern)s is the caller-validated lower-case hex prefix followed by the LIKE wildcard.
-SELECT id FROM outbox_jobs WHERE queue = %(queue)s AND id LIKE %(pattern)s
+-- Up to two ids of %(queue)s that start with %(prefix)s, compared literally (no LIKE
+-- wildcards, so any text is safe here); an empty prefix names no job.
+SELECT id FROM outbox_jobs
+WHERE queue = %(queue)s AND length(%(prefix)s::text) > 0
+  AND substr(id, 1, length(%(prefix)s::text)) = %(prefix)s::text
 ORDER BY id LIMIT 2;
 
 -- name: get_job_by_key
@@ -170,7 +191,9 @@ SELECT id, idempotency_key, queue, state, method, url, destination, headers, bod
        created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
        lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
 FROM outbox_jobs
-WHERE queue = %(queue)s AND (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+WHERE queue = %(queue)s
+  AND (%(states)s::jsonb IS NULL
+       OR state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(states)s::jsonb))))
 ORDER BY created_at, id LIMIT %(limit)s;
 
 -- name: list_attempts
@@ -196,8 +219,8 @@ SELECT least(
 
 -- name: purge_jobs
 
--- One batch (attempts go with their job, ON DELETE CASCADE); rows another transaction holds
--- (a claim or a finish in progress) are skipped.
+-- One batch of at most %(batch)s jobs (attempts go with their job, ON DELETE CASCADE); rows
+-- another transaction holds (a claim or a finish in progress) are skipped.
 WITH t AS (
     SELECT coalesce(%(before_at)s::float8,
                     extract(epoch FROM statement_timestamp())::float8 + %(before_in)s::float8)
@@ -206,16 +229,9 @@ WITH t AS (
 DELETE FROM outbox_jobs
 WHERE id IN (
     SELECT id FROM outbox_jobs
-    WHERE queue = %(queue)s AND state = ANY(%(states)s::text[])
+    WHERE queue = %(queue)s
+      AND state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(states)s::jsonb)))
       AND updated_at <= (SELECT before FROM t)
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 );
-
--- ------------------------------------------------------------------ agent tool calls (SPEC §7)
--- The same tables and semantics as sqlite.sql: one row per agent run and one per logical tool
--- call (the audit log); a call's idempotency key is derived from the run and the call, so it
--- is the primary key. States: running, succeeded, failed (definitive), unknown (outcome
--- unknown), refused (budget).
--- Clock: the agent layer computes every time (now, lease_expires_at) on the caller's clock and
--- compares leases itself, so these statements store %(now)s as given in both clock modes.

@@ -1,3 +1,12 @@
+-- Webhooks (SPEC §6) on SQLite: the statements of retrysafe.webhooks._store, with the names and
+-- parameters of webhooks.postgres.sql (sqlite3 placeholders, :name).
+--
+-- Clock: SQLite's is always the caller's: :now is the caller's time, :before_at a cut-off the
+-- caller computed (:before_in, its offset from now, is for PostgreSQL's server clock only).
+-- :states and :job_ids are JSON arrays of text (NULL: no filter). :enabled is a boolean
+-- (stored 0/1). Deliveries are outbox jobs (queue 'webhooks'): the statements here that touch
+-- outbox_jobs only park, retarget, delete or purge a webhook's own jobs.
+
 -- name: insert_endpoint
 
 INSERT INTO webhook_endpoints
@@ -131,8 +140,11 @@ ORDER BY d.created_at, d.job_id LIMIT :limit;
 
 -- name: find_delivery_by_prefix
 
--- :prefix is validated as lower-case hex by the caller.
-SELECT job_id FROM webhook_deliveries WHERE job_id LIKE :prefix || '%' ORDER BY job_id LIMIT 2;
+-- Up to two delivery ids that start with :prefix, compared literally (no LIKE wildcards, so
+-- any text is safe here); an empty prefix names no delivery.
+SELECT job_id FROM webhook_deliveries
+WHERE length(:prefix) > 0 AND substr(job_id, 1, length(:prefix)) = :prefix
+ORDER BY job_id LIMIT 2;
 
 -- name: purge_deliveries
 
@@ -142,10 +154,9 @@ WHERE id IN (
     SELECT d.job_id FROM webhook_deliveries d
     JOIN outbox_jobs j ON j.id = d.job_id
     JOIN webhook_events v ON v.id = d.event_id
-    WHERE j.state IN (SELECT value FROM json_each(:states)) AND j.updated_at <= :before
+    WHERE j.state IN (SELECT value FROM json_each(:states)) AND j.updated_at <= :before_at
       AND (:endpoint_id IS NULL OR d.endpoint_id = :endpoint_id)
       AND (:event_type IS NULL OR v.event_type = :event_type)
     LIMIT :batch
 );
 
--- ---------------------------------------------------------------- agent tool calls (SPEC §7)

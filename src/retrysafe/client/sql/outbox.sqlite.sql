@@ -1,3 +1,15 @@
+-- The outbox (SPEC §5, §9) on SQLite: the statements of retrysafe.client._store, with the names
+-- and parameters of outbox.postgres.sql. Times are Unix seconds (REAL) on the caller's clock
+-- (:now is always given, and a caller-computed time is :<x>_at; the :<x>_in offsets are for
+-- PostgreSQL's server clock and unused here). Lists of ids or states are JSON arrays of text
+-- (:ids, :states, :from_states), read with json_each. Each statement is atomic under SQLite's
+-- write lock; a block of two statements runs in one BEGIN IMMEDIATE transaction.
+--
+-- Job columns, in the order retrysafe.client._store.job_from_row reads them:
+-- id, idempotency_key, queue, state, method, url, destination, headers, body, created_at,
+-- updated_at, due_at, deadline_at, attempts, sends, polls, last_delay, lease_token,
+-- lease_expires_at, finished_at, last_status, last_outcome, last_error
+
 -- name: insert_job
 
 -- Idempotent on the key: a second insert with the same key inserts nothing and returns no row.
@@ -16,7 +28,7 @@ RETURNING id, idempotency_key, queue, state, method, url, destination, headers, 
 -- One statement, atomic under SQLite's write lock: lease up to :limit jobs of :queue that are
 -- due, or IN_FLIGHT under a lease that expired (the owner crashed), to the caller's token.
 UPDATE outbox_jobs
-SET state = 'in_flight', lease_token = :token, lease_expires_at = :lease_expires_at,
+SET state = 'in_flight', lease_token = :token, lease_expires_at = :now + :lease,
     updated_at = :now
 -- Each branch walks its index in order and stops at :limit, so a backlog of 100,000 due
 -- jobs costs the same as 10 (sorting the whole backlog per claim took ~18 ms at 100k).
@@ -45,7 +57,7 @@ RETURNING id, idempotency_key, queue, state, method, url, destination, headers, 
 -- array :ids). "+created_at" keeps the planner on the (queue, state, …) index: walking the
 -- (queue, created_at) index instead would read every finished job to find a few UNKNOWN.
 UPDATE outbox_jobs
-SET state = 'in_flight', lease_token = :token, lease_expires_at = :lease_expires_at,
+SET state = 'in_flight', lease_token = :token, lease_expires_at = :now + :lease,
     updated_at = :now
 WHERE id IN (
     SELECT id FROM outbox_jobs
@@ -59,53 +71,60 @@ RETURNING id, idempotency_key, queue, state, method, url, destination, headers, 
 
 -- name: finish_attempt
 
--- Fenced by the lease token: a worker whose lease was taken over writes nothing.
-UPDATE outbox_jobs
-SET state = :state, due_at = :due_at, attempts = attempts + :counted, sends = sends + 1,
-    polls = polls + 1 - :counted,
-    last_delay = :last_delay, lease_token = NULL, lease_expires_at = NULL,
-    finished_at = :finished_at, last_status = :status, last_outcome = :outcome,
-    last_error = :error, updated_at = :now
-WHERE id = :id AND lease_token = :token AND state = 'in_flight'
-RETURNING sends;
-
--- name: insert_attempt
-
+-- Fenced by the lease token: a worker whose lease was taken over writes nothing. Two
+-- statements in one transaction (SQLite has no writable CTE; PostgreSQL's is one statement):
+-- the attempt's insert and the job's update are guarded by the same condition (the job is
+-- IN_FLIGHT under :token) and the write lock keeps the job unchanged between them, so both
+-- happen or neither does. The attempt's number is the job's new send count; the block
+-- returns it (no row: not the owner, nothing written).
 INSERT INTO outbox_attempts
     (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
      replayed, counted)
-VALUES (:job_id, :number, :key, :started_at, :duration, :outcome, :status, :error_type,
-        :replayed, :counted);
+SELECT id, sends + 1, :key, :started_at, :duration, :outcome, :status, :error_type,
+       :replayed, :counted
+FROM outbox_jobs WHERE id = :id AND lease_token = :token AND state = 'in_flight'
+RETURNING number;
+UPDATE outbox_jobs
+SET state = :state, due_at = :due_at,
+    attempts = attempts + (CASE WHEN :counted THEN 1 ELSE 0 END),
+    sends = sends + 1,
+    polls = polls + (CASE WHEN :counted THEN 0 ELSE 1 END),
+    last_delay = :last_delay, lease_token = NULL, lease_expires_at = NULL,
+    finished_at = CASE WHEN :terminal THEN :now END,
+    last_status = :status, last_outcome = :outcome, last_error = :error, updated_at = :now
+WHERE id = :id AND lease_token = :token AND state = 'in_flight';
 
 -- name: release_job
 
 -- Give a leased job back without counting an attempt (deferral, cancellation, shutdown).
--- :state is 'pending' (due at :due_at) or a terminal state chosen by the caller.
+-- :state is 'pending' (due at :due_at) or a state chosen by the caller (:terminal: it is
+-- terminal, so the job is finished now).
 UPDATE outbox_jobs
 SET state = :state, due_at = :due_at, lease_token = NULL, lease_expires_at = NULL,
-    finished_at = :finished_at, last_error = COALESCE(:error, last_error), updated_at = :now
+    finished_at = CASE WHEN :terminal THEN :now END,
+    last_error = coalesce(:error, last_error), updated_at = :now
 WHERE id = :id AND lease_token = :token AND state = 'in_flight';
 
 -- name: extend_job_lease
 
--- The live owner's heartbeat (SPEC §5 "Crash safety"): the lease ends at :lease_expires_at,
--- so an attempt slower than the lease is never claimed again while its worker lives. Fenced
--- like finish_attempt: once the job was taken over, finished, released or deleted, nothing
--- changes (rowcount 0). updated_at stays: a renewal is not a change of the job.
-UPDATE outbox_jobs SET lease_expires_at = :lease_expires_at
+-- The live owner's heartbeat (SPEC §5 "Crash safety"): the lease ends :lease seconds after
+-- :now, so an attempt slower than the lease is never claimed again while its worker lives.
+-- Fenced like finish_attempt: once the job was taken over, finished, released or deleted,
+-- nothing changes (rowcount 0). updated_at stays: a renewal is not a change of the job.
+UPDATE outbox_jobs SET lease_expires_at = :now + :lease
 WHERE id = :id AND lease_token = :token AND state = 'in_flight';
 
 -- name: transition_job
 
 -- Move a job from one of the JSON array :from_states to :state (cancel, retry, replay).
--- With :reset = 1 the attempt budget starts again (the attempt history and the key stay).
+-- With :reset the attempt budget starts again (the attempt history and the key stay).
 UPDATE outbox_jobs
 SET state = :state, due_at = :now, updated_at = :now,
     finished_at = CASE WHEN :state = 'pending' THEN NULL ELSE :now END,
-    attempts = CASE WHEN :reset = 1 THEN 0 ELSE attempts END,
-    polls = CASE WHEN :reset = 1 THEN 0 ELSE polls END,
-    last_delay = CASE WHEN :reset = 1 THEN 0 ELSE last_delay END,
-    deadline_at = CASE WHEN :reset = 1 THEN :deadline_at ELSE deadline_at END
+    attempts = CASE WHEN :reset THEN 0 ELSE attempts END,
+    polls = CASE WHEN :reset THEN 0 ELSE polls END,
+    last_delay = CASE WHEN :reset THEN 0 ELSE last_delay END,
+    deadline_at = CASE WHEN :reset THEN :deadline_at ELSE deadline_at END
 WHERE id = :id AND state IN (SELECT value FROM json_each(:from_states))
 RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
           created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
@@ -120,8 +139,10 @@ FROM outbox_jobs WHERE id = :id;
 
 -- name: find_job_by_prefix
 
--- :prefix is validated as lower-case hex by the caller.
-SELECT id FROM outbox_jobs WHERE queue = :queue AND id LIKE :prefix || '%'
+-- Up to two ids of :queue that start with :prefix, compared literally (no LIKE wildcards, so
+-- any text is safe here); an empty prefix names no job.
+SELECT id FROM outbox_jobs
+WHERE queue = :queue AND length(:prefix) > 0 AND substr(id, 1, length(:prefix)) = :prefix
 ORDER BY id LIMIT 2;
 
 -- name: get_job_by_key
@@ -149,12 +170,13 @@ FROM outbox_attempts WHERE job_id = :job_id ORDER BY number;
 
 -- name: count_jobs
 
-SELECT state, COUNT(*) FROM outbox_jobs WHERE queue = :queue GROUP BY state;
+SELECT state, count(*) FROM outbox_jobs WHERE queue = :queue GROUP BY state;
 
 -- name: next_due
 
--- The earliest time a job of :queue becomes claimable (due PENDING, or IN_FLIGHT lease expiry).
-SELECT MIN(t) FROM (
+-- The earliest time a job of :queue becomes claimable (due PENDING, or IN_FLIGHT lease
+-- expiry), and the clock it is measured on (NULL: the caller's, which SQLite always uses).
+SELECT MIN(t), NULL FROM (
     SELECT MIN(due_at) AS t FROM outbox_jobs WHERE queue = :queue AND state = 'pending'
     UNION ALL
     SELECT MIN(lease_expires_at) AS t FROM outbox_jobs
@@ -163,18 +185,11 @@ SELECT MIN(t) FROM (
 
 -- name: purge_jobs
 
+-- One batch of at most :batch jobs (attempts go with their job, ON DELETE CASCADE).
 DELETE FROM outbox_jobs
 WHERE id IN (
     SELECT id FROM outbox_jobs
     WHERE queue = :queue AND state IN (SELECT value FROM json_each(:states))
-      AND updated_at <= :before
+      AND updated_at <= :before_at
     LIMIT :batch
 );
-
-
--- ------------------------------------------------------------------ webhooks (SPEC §6)
--- Endpoint columns, in the order retrysafe.stores._sqlite_webhooks reads them:
--- id, url, secrets, event_types, description, schedule, rate_limit, enabled,
--- disabled_reason, failure_count, first_failure_at, created_at, updated_at
--- Delivery columns: job_id, event_id, event_type, endpoint_id, url, state, attempts, sends,
--- last_status, last_outcome, last_error, due_at, created_at, updated_at

@@ -1,0 +1,569 @@
+"""The outbox store on SQL, written once for SQLite and PostgreSQL (SPEC §5, §9).
+
+Claims are one statement each — ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING …`` over
+due jobs and IN_FLIGHT jobs whose lease expired — atomic under SQLite's write lock and, on
+PostgreSQL, locking their rows ``FOR UPDATE SKIP LOCKED``: two workers (threads, processes or
+hosts) never lease the same job at once, and PostgreSQL's concurrent claimants get disjoint
+batches without waiting on each other's rows. Each claim, list, count and purge is limited to
+one queue. Every later write is fenced by the lease token; ``finish_attempt`` records the
+attempt and moves the job in one transaction (one statement on PostgreSQL). The statements
+live in ``sql/outbox.<dialect>.sql``; the operations here only bind parameters and convert
+rows. :class:`SQLOutboxStore` and :class:`AsyncSQLOutboxStore` are the same operations on a
+sync and an async :mod:`connector <retrysafe.stores._connector>`; :func:`outbox_store` gives
+the outbox of a :class:`~retrysafe.stores.SQLiteStore` or
+:class:`~retrysafe.stores.PostgresStore`.
+
+Clock: a PostgreSQL store on ``clock="server"`` (its default) measures leases, due times and
+``updated_at`` on the database server's clock. A time the worker computed on its own clock (a
+due time ``due_at`` with its ``now``, a purge cut-off) is stored as the same offset from the
+server's now, so hosts whose clocks drift still agree on when a job is due or a lease expired;
+``next_due`` is returned on this host's clock. ``deadline_at`` is stored as given (the worker
+that checks it uses its own clock). SQLite, and PostgreSQL on ``clock="caller"`` (tests), use
+every ``now`` as given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe.client._models import Attempt, Job, JobState, NewJob, OutboxStore
+from retrysafe.client._policy import count as positive
+from retrysafe.core import RACE_LIMIT
+from retrysafe.stores._connector import (
+    AsyncConnector,
+    Clock,
+    Connector,
+    Op,
+    Statements,
+    all_rows,
+    async_op,
+    caller_now,
+    caller_time,
+    count,
+    one,
+    sync_op,
+)
+
+__all__ = [
+    "AsyncSQLOutboxStore",
+    "SQLOutboxStore",
+    "StoreArg",
+    "attempt_from_row",
+    "claim_jobs",
+    "claim_unknown_jobs",
+    "count_jobs",
+    "extend_job_lease",
+    "finish_attempt",
+    "get_job",
+    "insert_job",
+    "job_from_row",
+    "job_ids_with_prefix",
+    "list_attempts",
+    "list_jobs",
+    "next_due",
+    "open_outbox_store",
+    "outbox_store",
+    "purge_jobs",
+    "release_job",
+    "resolve_job_id",
+    "states_param",
+    "transition_job",
+]
+
+if TYPE_CHECKING:
+    from retrysafe.stores import PostgresStore, SQLiteStore
+
+#: What the outbox, the worker and reconcile take as their store: a URL (``sqlite:///x.db``,
+#: ``postgresql://…``), a SQL store, or any :class:`~retrysafe.client.OutboxStore`.
+StoreArg: TypeAlias = "str | OutboxStore | SQLiteStore | PostgresStore"
+
+_SQL = Statements("retrysafe.client", "outbox")
+
+
+# ---------------------------------------------------------------------- rows
+def job_from_row(row: Sequence[Any]) -> Job:
+    """A :class:`Job` from a row of the job columns (the order the statements return them)."""
+    (
+        id_,
+        key,
+        queue,
+        state,
+        method,
+        url,
+        destination,
+        headers,
+        body,
+        created_at,
+        updated_at,
+        due_at,
+        deadline_at,
+        attempts,
+        sends,
+        polls,
+        last_delay,
+        lease_token,
+        lease_expires_at,
+        finished_at,
+        last_status,
+        last_outcome,
+        last_error,
+    ) = row
+    return Job(
+        id=id_,
+        key=key,
+        queue=queue,
+        state=JobState(state),
+        method=method,
+        url=url,
+        destination=destination,
+        headers=tuple((str(k), str(v)) for k, v in json.loads(headers)),
+        body=bytes(body),
+        created_at=float(created_at),
+        updated_at=float(updated_at),
+        due_at=float(due_at),
+        deadline_at=_float(deadline_at),
+        attempts=int(attempts),
+        sends=int(sends),
+        polls=int(polls),
+        last_delay=float(last_delay),
+        lease_token=lease_token,
+        lease_expires_at=_float(lease_expires_at),
+        finished_at=_float(finished_at),
+        last_status=None if last_status is None else int(last_status),
+        last_outcome=last_outcome,
+        last_error=last_error,
+    )
+
+
+def attempt_from_row(row: Sequence[Any]) -> Attempt:
+    """An :class:`Attempt` from a row of ``list_attempts``."""
+    job_id, key, number, started, duration, outcome, status, error_type, replayed, counted = row
+    return Attempt(
+        job_id=job_id,
+        key=key,
+        number=int(number),
+        started_at=float(started),
+        duration=float(duration),
+        outcome=outcome,
+        status=None if status is None else int(status),
+        error_type=error_type,
+        replayed=bool(replayed),
+        counted=bool(counted),
+    )
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def states_param(states: Sequence[JobState] | None) -> str | None:
+    """States as the statements take them: a JSON array of their values (None: any state)."""
+    return None if states is None else json.dumps([JobState(s).value for s in states])
+
+
+# ---------------------------------------------------------------------- operations
+def insert_job(clock: Clock, job: NewJob, *, now: float) -> Op[tuple[bool, Job]]:
+    """Insert ``job`` as PENDING, due ``now``: ``(True, job)``, or ``(False, existing)`` when a
+    job with the same key exists (nothing is written)."""
+    params = {
+        "id": job.id,
+        "key": job.key,
+        "queue": job.queue,
+        "method": job.method,
+        "url": job.url,
+        "destination": job.destination,
+        "headers": json.dumps([list(p) for p in job.headers]),
+        "body": job.body,
+        "now": caller_now(clock, now),
+        "deadline_at": job.deadline_at,
+    }
+    for _ in range(RACE_LIMIT):
+        row = yield one(_SQL["insert_job"], params)
+        if row is not None:
+            return True, job_from_row(row)
+        row = yield one(_SQL["get_job_by_key"], params)
+        if row is not None:
+            return False, job_from_row(row)
+        # The job with that key was deleted between the two statements: insert again.
+    raise StoreError(f"insert of job {job.id} kept racing with deletes of its key; giving up")
+
+
+def claim_jobs(
+    clock: Clock, *, queue: str, token: str, now: float, lease: float, limit: int
+) -> Op[list[Job]]:
+    """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease`` (earliest due
+    first)."""
+    params = {
+        "queue": queue,
+        "token": token,
+        "now": caller_now(clock, now),
+        "lease": lease,
+        "limit": limit,
+    }
+    rows = yield all_rows(_SQL["claim_jobs"], params)
+    return sorted((job_from_row(r) for r in rows), key=lambda j: j.due_at)
+
+
+def claim_unknown_jobs(
+    clock: Clock,
+    *,
+    queue: str,
+    token: str,
+    now: float,
+    lease: float,
+    limit: int,
+    ids: Sequence[str] | None,
+) -> Op[list[Job]]:
+    """Lease UNKNOWN jobs of ``queue`` (all, oldest first, or those in ``ids``) for
+    reconciliation."""
+    params = {
+        "queue": queue,
+        "token": token,
+        "now": caller_now(clock, now),
+        "lease": lease,
+        "limit": limit,
+        "ids": None if ids is None else json.dumps(list(ids)),
+    }
+    rows = yield all_rows(_SQL["claim_unknown_jobs"], params)
+    return [job_from_row(r) for r in rows]
+
+
+def finish_attempt(
+    clock: Clock,
+    job_id: str,
+    token: str,
+    attempt: Attempt,
+    *,
+    state: JobState,
+    due_at: float,
+    last_delay: float,
+    error: str | None,
+    now: float,
+) -> Op[Attempt | None]:
+    """Record ``attempt`` (its ``number`` is assigned here: the job's new send count) and move
+    the job to ``state``, in one transaction; None when the token no longer owns the job
+    (nothing is written)."""
+    params = {
+        **_lease_end(clock, job_id, token, state, due_at, error, now),
+        "counted": attempt.counted,
+        "last_delay": last_delay,
+        "status": attempt.status,
+        "outcome": attempt.outcome,
+        "key": attempt.key,
+        "started_at": attempt.started_at,
+        "duration": attempt.duration,
+        "error_type": attempt.error_type,
+        "replayed": attempt.replayed,
+    }
+    row = yield one(_SQL["finish_attempt"], params)
+    return None if row is None else replace(attempt, job_id=job_id, number=int(row[0]))
+
+
+def release_job(
+    clock: Clock,
+    job_id: str,
+    token: str,
+    *,
+    state: JobState,
+    due_at: float,
+    error: str | None,
+    now: float,
+) -> Op[bool]:
+    """End a lease without recording an attempt; False when not the owner."""
+    params = _lease_end(clock, job_id, token, state, due_at, error, now)
+    released: int = yield count(_SQL["release_job"], params)
+    return released == 1
+
+
+def _lease_end(
+    clock: Clock,
+    job_id: str,
+    token: str,
+    state: JobState,
+    due_at: float,
+    error: str | None,
+    now: float,
+) -> dict[str, Any]:
+    """The parameters of a fenced write that ends the lease (finish or release): the job, the
+    token, its next state and due time, and the error to keep."""
+    due = caller_time(clock, due_at, now)
+    return {
+        "id": job_id,
+        "token": token,
+        "state": state.value,
+        "due_at": due["at"],
+        "due_in": due["in"],
+        "terminal": state.is_terminal,
+        "error": error,
+        "now": caller_now(clock, now),
+    }
+
+
+def extend_job_lease(
+    clock: Clock, job_id: str, token: str, *, now: float, lease: float
+) -> Op[bool]:
+    """Move the lease end to ``now + lease`` while the job is IN_FLIGHT under ``token``."""
+    params = {"id": job_id, "token": token, "now": caller_now(clock, now), "lease": lease}
+    renewed: int = yield count(_SQL["extend_job_lease"], params)
+    return renewed == 1
+
+
+def transition_job(
+    clock: Clock,
+    job_id: str,
+    *,
+    from_states: Sequence[JobState],
+    state: JobState,
+    now: float,
+    reset: bool = False,
+    deadline_at: float | None = None,
+) -> Op[Job | None]:
+    """Move a job in one of ``from_states`` to ``state`` (due now); None when it is in
+    another state."""
+    params = {
+        "id": job_id,
+        "from_states": states_param(from_states),
+        "state": state.value,
+        "now": caller_now(clock, now),
+        "reset": reset,
+        "deadline_at": deadline_at,
+    }
+    row = yield one(_SQL["transition_job"], params)
+    return None if row is None else job_from_row(row)
+
+
+def get_job(clock: Clock, job_id: str) -> Op[Job | None]:
+    """The job with id ``job_id``, whatever its queue, or None."""
+    row = yield one(_SQL["get_job"], {"id": job_id})
+    return None if row is None else job_from_row(row)
+
+
+def job_ids_with_prefix(clock: Clock, prefix: str, *, queue: str) -> Op[list[str]]:
+    """Up to two job ids of ``queue`` starting with ``prefix`` (compared literally), in id
+    order: none, the one, or two of an ambiguous prefix. An empty prefix names no job."""
+    rows = yield all_rows(_SQL["find_job_by_prefix"], {"prefix": prefix, "queue": queue})
+    return [str(row[0]) for row in rows]
+
+
+def resolve_job_id(clock: Clock, prefix: str, *, queue: str) -> Op[str | None]:
+    """The one job id of ``queue`` starting with ``prefix``; None when none or several
+    match."""
+    found = yield from job_ids_with_prefix(clock, prefix, queue=queue)
+    return found[0] if len(found) == 1 else None
+
+
+def list_jobs(
+    clock: Clock, *, queue: str, states: Sequence[JobState] | None, limit: int
+) -> Op[list[Job]]:
+    """Jobs of ``queue`` (only in ``states``, when given), oldest first, at most ``limit``."""
+    params = {"queue": queue, "states": states_param(states), "limit": limit}
+    rows = yield all_rows(_SQL["list_jobs"], params)
+    return [job_from_row(r) for r in rows]
+
+
+def list_attempts(clock: Clock, job_id: str) -> Op[list[Attempt]]:
+    """Every recorded attempt of the job, by number."""
+    rows = yield all_rows(_SQL["list_attempts"], {"job_id": job_id})
+    return [attempt_from_row(r) for r in rows]
+
+
+def count_jobs(clock: Clock, *, queue: str) -> Op[dict[JobState, int]]:
+    """How many jobs of ``queue`` are in each state (every state present, 0 included)."""
+    counts = dict.fromkeys(JobState, 0)
+    for state, n in (yield all_rows(_SQL["count_jobs"], {"queue": queue})):
+        counts[JobState(state)] = int(n)
+    return counts
+
+
+def next_due(clock: Clock, *, queue: str) -> Op[float | None]:
+    """The earliest time (this host's clock) a job of ``queue`` becomes claimable, or None."""
+    row = yield one(_SQL["next_due"], {"queue": queue})
+    if row is None or row[0] is None:
+        return None
+    if clock == "caller":
+        return float(row[0])
+    return time.time() + (float(row[0]) - float(row[1]))
+
+
+def purge_jobs(
+    clock: Clock,
+    *,
+    queue: str,
+    states: Sequence[JobState],
+    before: float,
+    batch: int = 1000,
+) -> Op[int]:
+    """Delete jobs of ``queue`` (and their attempts) in ``states`` last changed at or before
+    ``before`` (this host's clock), ``batch`` at a time; return how many.
+
+    Raises:
+        ConfigurationError: ``batch`` is not an integer >= 1.
+    """
+    batch = positive(batch, "batch")
+    cut = caller_time(clock, before, time.time())
+    params = {
+        "queue": queue,
+        "states": states_param(states),
+        "before_at": cut["at"],
+        "before_in": cut["in"],
+        "batch": batch,
+    }
+    total = 0
+    while True:
+        deleted: int = yield count(_SQL["purge_jobs"], params)
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+# ---------------------------------------------------------------------- faces
+class SQLOutboxStore:
+    """:class:`~retrysafe.client.OutboxStore` on a SQL
+    :class:`~retrysafe.stores._connector.Connector` (SQLite or PostgreSQL).
+
+    Concurrency contract: see :class:`~retrysafe.client.OutboxStore`. Claims are single
+    statements (PostgreSQL: ``FOR UPDATE SKIP LOCKED``); ``finish_attempt``, ``release_job``
+    and ``extend_job_lease`` change a job only while it is IN_FLIGHT under the caller's lease
+    token; purges delete in batches of ``batch``.
+
+    Args:
+        connector: the store's connector (``store.connector`` of a
+            :class:`~retrysafe.stores.SQLiteStore` or :class:`~retrysafe.stores.PostgresStore`).
+    """
+
+    def __init__(self, connector: Connector) -> None:
+        self.connector = connector
+
+    def __repr__(self) -> str:
+        return f"SQLOutboxStore({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return self.connector.url
+
+    def close(self) -> None:
+        """Close the connector's connections. Idempotent."""
+        self.connector.close()
+
+    def insert_job(self, job: NewJob, *, now: float, connection: Any = None) -> tuple[bool, Job]:
+        """Insert ``job`` as PENDING, due ``now``: ``(True, job)``, or ``(False, existing)``
+        when a job with the same key exists.
+
+        Args:
+            connection: the driver connection of an open ``store.transaction()`` of the same
+                store: the job commits or rolls back with it (the transactional outbox).
+
+        Raises:
+            ConfigurationError: ``connection`` is not an open transaction of this store.
+        """
+        c = self.connector
+        # ``insert_job`` here is the module's operation, not this method.
+        return c.run(insert_job(c.clock, job, now=now), connection=connection)
+
+    claim_jobs = sync_op(claim_jobs)
+    claim_unknown_jobs = sync_op(claim_unknown_jobs)
+    finish_attempt = sync_op(finish_attempt)
+    release_job = sync_op(release_job)
+    extend_job_lease = sync_op(extend_job_lease)
+    transition_job = sync_op(transition_job)
+    get_job = sync_op(get_job)
+    job_ids_with_prefix = sync_op(job_ids_with_prefix)
+    resolve_job_id = sync_op(resolve_job_id)
+    list_jobs = sync_op(list_jobs)
+    list_attempts = sync_op(list_attempts)
+    count_jobs = sync_op(count_jobs)
+    next_due = sync_op(next_due)
+    purge_jobs = sync_op(purge_jobs)
+
+    def asyncio_outbox_store(self) -> AsyncSQLOutboxStore:
+        """A new :class:`~retrysafe.client.AsyncOutboxStore` face (its own connection or pool,
+        bound to the event loop that uses it; close it with ``aclose()``, after which it
+        opens a new one if used again)."""
+        return AsyncSQLOutboxStore(self.connector.async_connector())
+
+
+class AsyncSQLOutboxStore:
+    """The async face of :class:`SQLOutboxStore` (the worker's hot path): the same operations
+    on an :class:`~retrysafe.stores._connector.AsyncConnector`, never blocking the event
+    loop."""
+
+    def __init__(self, connector: AsyncConnector) -> None:
+        self.connector = connector
+
+    insert_job = async_op(insert_job)
+    claim_jobs = async_op(claim_jobs, skippable=True)
+    claim_unknown_jobs = async_op(claim_unknown_jobs, skippable=True)
+    finish_attempt = async_op(finish_attempt)
+    release_job = async_op(release_job)
+    extend_job_lease = async_op(extend_job_lease)
+    get_job = async_op(get_job, skippable=True)
+    count_jobs = async_op(count_jobs, skippable=True)
+    next_due = async_op(next_due, skippable=True)
+
+    async def aclose(self) -> None:
+        """Close this face's connection or pool. Idempotent."""
+        await self.connector.aclose()
+
+
+# ---------------------------------------------------------------------- opening
+@runtime_checkable
+class _SQLStore(Protocol):
+    """A store that keeps its tables on a SQL connector (SQLiteStore, PostgresStore)."""
+
+    @property
+    def connector(self) -> Connector: ...
+
+
+def outbox_store(store: object) -> OutboxStore:
+    """The outbox of ``store``: a :class:`SQLOutboxStore` on the connector of a
+    :class:`~retrysafe.stores.SQLiteStore` or :class:`~retrysafe.stores.PostgresStore` (a
+    new, cheap object each call: it shares the store's connections), or ``store`` itself when
+    it already is an :class:`~retrysafe.client.OutboxStore`.
+
+    Raises:
+        ConfigurationError: ``store`` has no outbox (a key store such as ``MemoryStore`` or
+            ``RedisStore``, or anything else).
+    """
+    if isinstance(store, OutboxStore):
+        return store
+    if isinstance(store, _SQLStore):
+        return SQLOutboxStore(store.connector)
+    raise ConfigurationError(
+        f"{store!r} has no outbox: the outbox runs on SQLiteStore, PostgresStore or another "
+        "OutboxStore",
+        option="store",
+    )
+
+
+def open_outbox_store(store: StoreArg) -> tuple[OutboxStore, bool]:
+    """``(outbox store, owned)``: open a URL (owned: close it when done) or take a store
+    object (see :func:`outbox_store`).
+
+    ``sqlite:///path.db`` and ``postgresql://…`` have an outbox; ``redis://`` and
+    ``memory://`` are key stores only.
+
+    Raises:
+        ConfigurationError: the URL is malformed, names a missing directory, or a store
+            without an outbox (``memory://``); an object without an outbox.
+    """
+    if not isinstance(store, str):
+        return outbox_store(store), False
+    from retrysafe.stores import open_store
+    from retrysafe.stores._url_check import redact_url
+
+    opened = open_store(store)
+    try:
+        return outbox_store(opened), True
+    except ConfigurationError:
+        with contextlib.suppress(Exception):
+            opened.close()
+        raise ConfigurationError(
+            f"store {redact_url(store)!r} has no outbox; use sqlite:///path.db or postgresql://…",
+            option="store",
+        ) from None

@@ -1,0 +1,352 @@
+"""The webhook worker's side of one attempt (SPEC §6): rate-limit it, sign it, decide what
+follows it, log it and keep the endpoint's failure run.
+
+:class:`DeliveryAttempts` belongs to one worker: the policy, the clock, the async face of the
+webhook store and what outlives an attempt on purpose (each endpoint's rate-limit slots, the
+endpoints known to have no failure run). :class:`Delivery` is one attempt, like starlette's
+per-request responder: created when the attempt starts and dropped when it ends, whatever the
+outcome (sent, deferred by the rate limit, lease lost, cancelled), so nothing an attempt
+learned (its endpoint, its event) can leak into another one. Every store call here is awaited
+on the async face: nothing blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+from collections.abc import Callable, Coroutine, Sequence
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from retrysafe._exceptions import WebhookError
+from retrysafe.client._models import Attempt, Job
+from retrysafe.client._policy import Step
+from retrysafe.client._sender import SendResult
+from retrysafe.core import AttemptOutcome
+from retrysafe.webhooks._admin import log_disabled
+from retrysafe.webhooks._endpoints import active_secrets
+from retrysafe.webhooks._models import AsyncWebhookStore, WebhookEndpoint, WebhookStore
+from retrysafe.webhooks._policy import (
+    WebhookPolicy,
+    decide,
+    disables_endpoint,
+    rate_gate,
+    should_auto_disable,
+)
+from retrysafe.webhooks._signing import signature_header
+
+__all__ = ["Delivery", "DeliveryAttempts", "RateLimits", "sync_hooks"]
+
+_T = TypeVar("_T")
+
+logger = logging.getLogger("retrysafe.webhooks")
+
+#: Outcomes that say nothing about the endpoint's health (delivered, or still in progress).
+_NOT_FAILED = {AttemptOutcome.SUCCESS.value, AttemptOutcome.IN_PROGRESS.value}
+#: Seconds after its slot a deferred attempt's reservation is forgotten (another worker sent
+#: the delivery, or it was deleted): at worst that attempt reserves a new slot.
+STALE_SLOT = 60.0
+
+
+class RateLimits:
+    """Per-endpoint attempt spacing in one worker process (GCRA, :func:`rate_gate`).
+
+    A deferred attempt reserved a slot; when its delivery comes back at that slot it goes at
+    once instead of reserving another one. Reservations left unused for :data:`STALE_SLOT`
+    seconds after their slot are forgotten, so nothing grows without bound.
+    """
+
+    def __init__(self) -> None:
+        self._tat: dict[str, float] = {}
+        self._slots: dict[str, float] = {}
+        self._expiry: list[tuple[float, str]] = []
+
+    def held(self, job_id: str, now: float) -> bool:
+        """Whether ``job_id`` comes back to a slot it reserved (the slot is used up)."""
+        while self._expiry and self._expiry[0][0] < now - STALE_SLOT:
+            slot, stale = heapq.heappop(self._expiry)
+            if self._slots.get(stale) == slot:
+                del self._slots[stale]
+        return self._slots.pop(job_id, None) is not None
+
+    def reserve(self, endpoint_id: str, rate: float, job_id: str, now: float) -> float:
+        """Reserve the endpoint's next slot for ``job_id``: seconds to wait (0: go now)."""
+        wait, self._tat[endpoint_id] = rate_gate(self._tat.get(endpoint_id, 0.0), now, rate=rate)
+        if wait > 0:
+            self._slots[job_id] = now + wait
+            heapq.heappush(self._expiry, (now + wait, job_id))
+        return wait
+
+
+class DeliveryAttempts:
+    """What one webhook worker keeps across attempts, and the factory of each
+    :class:`Delivery`.
+
+    Args:
+        store: the webhook store (its async face is opened on first use, on the worker's
+            event loop, and closed by :meth:`aclose`).
+        policy: schedules and auto-disable rules.
+        clock: Unix-seconds clock.
+        rng: jitter source of the schedules.
+    """
+
+    def __init__(
+        self,
+        store: WebhookStore,
+        *,
+        policy: WebhookPolicy,
+        clock: Callable[[], float],
+        rng: random.Random,
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.rng = rng
+        self.limits = RateLimits()
+        #: Endpoints whose failure run this process knows to be empty (no reset needed).
+        self.clean: set[str] = set()
+        self._store = store
+        self._astore: AsyncWebhookStore | None = None
+
+    @property
+    def astore(self) -> AsyncWebhookStore:
+        if self._astore is None:
+            self._astore = self._store.asyncio_webhook_store()
+        return self._astore
+
+    def attempt(self, job: Job) -> Delivery:
+        """The :class:`Delivery` of one attempt of the leased ``job``."""
+        return Delivery(self, job)
+
+    async def aclose(self) -> None:
+        """Close the async face (a later attempt opens a new one). Idempotent."""
+        astore, self._astore = self._astore, None
+        if astore is not None:
+            await astore.aclose()
+
+
+class Delivery:
+    """One attempt of one delivery (see the module docstring).
+
+    A job of the webhook queue that is no delivery (submitted through ``Webhooks.outbox``) is
+    sent as the outbox would send it: unsigned, on the outbox's own schedule.
+    """
+
+    __slots__ = ("_attempts", "_context", "_read", "job")
+
+    def __init__(self, attempts: DeliveryAttempts, job: Job) -> None:
+        self._attempts = attempts
+        self.job = job
+        self._read = False
+        self._context: tuple[str, WebhookEndpoint] | None = None
+
+    async def context(self) -> tuple[str, WebhookEndpoint] | None:
+        """``(event id, endpoint)`` as read at this attempt's start, or None: not a delivery
+        (or deleted with its endpoint)."""
+        if not self._read:
+            self._context = await self._attempts.astore.delivery_context(self.job.id)
+            self._read = True
+        return self._context
+
+    async def gate(self, now: float) -> float:
+        """Seconds to defer this attempt by its endpoint's rate limit (0: go now); a deferred
+        attempt keeps its slot for when the delivery comes back."""
+        limits = self._attempts.limits
+        if limits.held(self.job.id, now):
+            return 0.0
+        context = await self.context()
+        rate = None if context is None else context[1].rate_limit
+        if context is None or rate is None:
+            return 0.0
+        return limits.reserve(context[1].id, rate, self.job.id, now)
+
+    async def headers(self) -> Sequence[tuple[str, str]]:
+        """This attempt's signature headers: the event's ``webhook-id``, a fresh
+        ``webhook-timestamp`` and ``webhook-signature`` (every active secret).
+
+        Raises:
+            WebhookError: the delivery was deleted with its endpoint after the claim (never
+                send it).
+        """
+        context = await self.context()
+        if context is None:
+            if any(name.lower() == "webhook-id" for name, _ in self.job.headers):
+                raise WebhookError(f"delivery {self.job.id} was deleted with its endpoint")
+            return []
+        event_id, endpoint = context
+        timestamp = int(self._attempts.clock())
+        secrets = active_secrets(endpoint, timestamp) or [endpoint.secrets[0][0]]
+        return [
+            ("webhook-id", event_id),
+            ("webhook-timestamp", str(timestamp)),
+            ("webhook-signature", signature_header(secrets, event_id, timestamp, self.job.body)),
+        ]
+
+    async def decide(self, job: Job, result: SendResult, step: Step) -> Step:
+        """The step after the attempt: the endpoint's schedule, read afresh (an endpoint
+        disabled meanwhile parks the delivery)."""
+        if self._context is None:
+            return step
+        a = self._attempts
+        endpoint = await a.astore.get_endpoint(self._context[1].id)
+        return decide(
+            result.classification,
+            schedule=a.policy.schedule(None if endpoint is None else endpoint.schedule),
+            attempts=job.attempts,
+            now=a.clock(),
+            retry_after=result.retry_after,
+            retry_after_max=a.policy.retry_after_max,
+            endpoint_enabled=endpoint is not None and endpoint.enabled,
+            default=step,
+            rng=a.rng,
+            deadline_at=job.deadline_at,
+        )
+
+    async def attempted(self, job: Job, attempt: Attempt, step: Step) -> None:
+        """After the recorded attempt: one structured log line, and the endpoint's failure run
+        (a success ends it; 410 Gone or a long enough run disables the endpoint)."""
+        if self._context is None:
+            return
+        event_id, endpoint_id = self._context[0], self._context[1].id
+        _log_attempt(event_id, endpoint_id, job.id, attempt, step)
+        a = self._attempts
+        if attempt.outcome == AttemptOutcome.SUCCESS.value:
+            if endpoint_id not in a.clean:
+                await a.astore.reset_endpoint_failures(endpoint_id)
+                a.clean.add(endpoint_id)
+            return
+        if attempt.outcome in _NOT_FAILED:
+            return
+        a.clean.discard(endpoint_id)
+        now = a.clock()
+        if disables_endpoint(attempt.status):
+            await self._disable(endpoint_id, f"410 Gone at attempt {attempt.number}", now)
+            return
+        run = await a.astore.record_endpoint_failure(endpoint_id, now=now)
+        if run is None:
+            return
+        failures, first_at, enabled = run
+        if enabled and should_auto_disable(
+            failures,
+            first_at,
+            now,
+            disable_after=a.policy.disable_after,
+            disable_window=a.policy.disable_window,
+        ):
+            await self._disable(endpoint_id, f"{failures} consecutive failed attempts", now)
+
+    async def _disable(self, endpoint_id: str, reason: str, now: float) -> None:
+        astore = self._attempts.astore
+        if await astore.set_endpoint_enabled(endpoint_id, enabled=False, reason=reason, now=now):
+            log_disabled(endpoint_id, reason)
+
+
+def _log_attempt(
+    event_id: str, endpoint_id: str, job_id: str, attempt: Attempt, step: Step
+) -> None:
+    data = {
+        "event_id": event_id,
+        "endpoint_id": endpoint_id,
+        "delivery_id": job_id,
+        "attempt": attempt.number,
+        "status": attempt.status,
+        "latency_ms": round(attempt.duration * 1000, 1),
+        "outcome": attempt.outcome,
+        "error_type": attempt.error_type,
+        "next_state": step.state.value,
+        "next_in": round(step.delay, 3),
+    }
+    logger.info(
+        "webhook attempt event=%s endpoint=%s delivery=%s attempt=%d status=%s "
+        "latency=%.1fms outcome=%s next=%s",
+        event_id,
+        endpoint_id,
+        job_id,
+        attempt.number,
+        attempt.status,
+        attempt.duration * 1000,
+        attempt.outcome,
+        step.state.value,
+        extra={"retrysafe": data},
+    )
+
+
+# ---------------------------------------------------------------------- interim driver
+# The Worker calls its hooks synchronously today. Until it awaits per-attempt hooks, these
+# sync hooks drive each attempt's Delivery: the attempt's object lives in a context variable
+# of the attempt's task (the Worker runs each claimed job in its own task) and dies with it,
+# and its store calls run on a face over the sync store whose coroutines never suspend.
+_current: ContextVar[Delivery | None] = ContextVar("retrysafe_webhook_delivery", default=None)
+
+
+class _SyncFace:
+    """:class:`AsyncWebhookStore` over the sync store (interim: blocks while it runs)."""
+
+    def __init__(self, store: WebhookStore) -> None:
+        self._s = store
+
+    async def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint | None:
+        return self._s.get_endpoint(endpoint_id)
+
+    async def delivery_context(self, job_id: str) -> tuple[str, WebhookEndpoint] | None:
+        return self._s.delivery_context(job_id)
+
+    async def set_endpoint_enabled(
+        self, endpoint_id: str, *, enabled: bool, reason: str | None, now: float
+    ) -> WebhookEndpoint | None:
+        return self._s.set_endpoint_enabled(endpoint_id, enabled=enabled, reason=reason, now=now)
+
+    async def record_endpoint_failure(
+        self, endpoint_id: str, *, now: float
+    ) -> tuple[int, float | None, bool] | None:
+        return self._s.record_endpoint_failure(endpoint_id, now=now)
+
+    async def reset_endpoint_failures(self, endpoint_id: str) -> None:
+        self._s.reset_endpoint_failures(endpoint_id)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _done(coro: Coroutine[Any, Any, _T]) -> _T:
+    """The value of a coroutine that never suspends (see :class:`_SyncFace`)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        value: _T = stop.value
+        return value
+    coro.close()
+    raise RuntimeError("a webhook hook suspended inside a sync Worker hook")
+
+
+def sync_hooks(attempts: DeliveryAttempts) -> dict[str, Any]:
+    """The Worker's ``gate``, ``headers_for_attempt``, ``decide`` and ``on_attempt`` hooks
+    over one :class:`Delivery` per attempt (interim, see above)."""
+    attempts._astore = _SyncFace(attempts._store)
+
+    def delivery(job: Job) -> Delivery:
+        current = _current.get()
+        if current is None or current.job.id != job.id:
+            current = attempts.attempt(job)
+            _current.set(current)
+        return current
+
+    def gate(job: Job, now: float) -> float:
+        _current.set(None)  # a new attempt starts here
+        return _done(delivery(job).gate(now))
+
+    def headers_for_attempt(job: Job) -> Sequence[tuple[str, str]]:
+        return _done(delivery(job).headers())
+
+    def decide_hook(job: Job, result: SendResult, step: Step) -> Step:
+        return _done(delivery(job).decide(job, result, step))
+
+    def on_attempt(job: Job, attempt: Attempt, step: Step) -> None:
+        _done(delivery(job).attempted(job, attempt, step))
+
+    return {
+        "gate": gate,
+        "headers_for_attempt": headers_for_attempt,
+        "decide": decide_hook,
+        "on_attempt": on_attempt,
+    }

@@ -1,0 +1,257 @@
+"""The connector seam (issue 12): named statements, operations, transactions, both dialects."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrysafe import ConfigurationError, StoreError
+from retrysafe.core import StoredResponse
+from retrysafe.stores import PostgresStore, SQLiteStore
+from retrysafe.stores import _keys as keys
+from retrysafe.stores._connector import Clock, Exec, Op, Statement, Statements, count, drive, one
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "sqlite":
+        store: Any = SQLiteStore(tmp_path / "c.db")
+    else:
+        store = PostgresStore(
+            request.getfixturevalue("pg_url"),
+            schema=request.getfixturevalue("pg_schema"),
+            clock="caller",
+        )
+    yield store
+    store.close()
+
+
+def _claimed(store: Any, key: str) -> int:
+    claimed, record = store.claim(key, "fp", now=1000.0, lease=30.0, retention=60.0)
+    assert claimed
+    return int(record.fencing_token)
+
+
+def _response() -> StoredResponse:
+    return StoredResponse(201, (("content-type", "text/plain"),), b"ok", True)
+
+
+def test_a_key_completed_inside_a_transaction_commits_with_it(sql_store: Any) -> None:
+    token = _claimed(sql_store, "k1")
+    with sql_store.transaction() as conn:
+        op = keys.complete(
+            sql_store.connector.clock, "k1", token, _response(), now=1001.0, retention=60.0
+        )
+        assert sql_store.connector.run(op, connection=conn) is True
+    record = sql_store.get("k1")
+    assert record is not None and record.response is not None
+    assert record.response.status == 201
+
+
+def test_a_transaction_that_raises_rolls_the_completion_back(sql_store: Any) -> None:
+    token = _claimed(sql_store, "k2")
+    op = keys.complete(
+        sql_store.connector.clock, "k2", token, _response(), now=1001.0, retention=60.0
+    )
+
+    def business_transaction() -> None:
+        with sql_store.transaction() as conn:
+            sql_store.connector.run(op, connection=conn)
+            raise RuntimeError("the application's own write failed")
+
+    with pytest.raises(RuntimeError):
+        business_transaction()
+    record = sql_store.get("k2")
+    assert record is not None and record.response is None
+
+
+def test_a_connection_from_another_store_is_refused(sql_store: Any, tmp_path: Path) -> None:
+    other = SQLiteStore(tmp_path / "other.db")
+    try:
+        with (
+            other.transaction() as foreign,
+            pytest.raises(ConfigurationError, match="open transaction of"),
+        ):
+            sql_store.connector.run(keys.get("caller", "k"), connection=foreign)
+    finally:
+        other.close()
+
+
+def test_a_connection_of_an_ended_transaction_is_refused(sql_store: Any) -> None:
+    with sql_store.transaction() as conn:
+        pass
+    with pytest.raises(ConfigurationError, match="open transaction of"):
+        sql_store.connector.run(keys.get("caller", "k"), connection=conn)
+    with pytest.raises(ConfigurationError, match="open transaction of"):
+        sql_store.connector.run(keys.get("caller", "k"), connection="not a connection")
+
+
+def _boom(clock: Clock, key: str) -> Op[None]:
+    """Claims a key, then fails: inside an atomic run the claim must not survive."""
+    yield from keys.claim(clock, key, "fp", now=1000.0, lease=30.0, retention=60.0)
+    raise StoreError("the operation gave up")
+
+
+def test_an_atomic_operation_that_fails_leaves_nothing_behind(sql_store: Any) -> None:
+    with pytest.raises(StoreError, match="gave up"):
+        sql_store.connector.run(_boom("caller", "k3"), atomic=True)
+    assert sql_store.get("k3") is None
+    # Without atomic=True the first statement stands (each statement is its own transaction).
+    with pytest.raises(StoreError, match="gave up"):
+        sql_store.connector.run(_boom("caller", "k4"))
+    assert sql_store.get("k4") is not None
+
+
+def test_the_async_face_runs_the_same_operations(sql_store: Any) -> None:
+    async def main() -> None:
+        face = sql_store.asyncio_key_store()
+        try:
+            claimed, record = await face.claim("a1", "fp", now=1000.0, lease=30.0, retention=60.0)
+            assert claimed
+            again, same = await face.claim("a1", "fp", now=1000.0, lease=30.0, retention=60.0)
+            assert not again and same.fencing_token == record.fencing_token
+            assert await face.complete(
+                "a1", record.fencing_token, _response(), now=1001.0, retention=60.0
+            )
+            stored = await face.get("a1")
+            assert stored is not None and stored.response is not None
+        finally:
+            await face.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_sqlite_async_face_restarts_an_operation_when_the_file_is_locked(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the write lock: the inline attempt fails without effect and the
+    operation starts again, from the beginning, in a thread (a generator runs only once)."""
+    store = SQLiteStore(tmp_path / "locked.db", busy_timeout=5.0)
+    blocker = sqlite3.connect(
+        tmp_path / "locked.db", isolation_level=None, check_same_thread=False
+    )
+    blocker.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: blocker.execute("COMMIT"))
+
+    async def main() -> tuple[bool, Any]:
+        face = store.asyncio_key_store()
+        release.start()
+        try:
+            result: tuple[bool, Any] = await face.claim(
+                "l1", "fp", now=1000.0, lease=30.0, retention=60.0
+            )
+            return result
+        finally:
+            await face.aclose()
+
+    try:
+        claimed, record = asyncio.run(main())
+        assert claimed and record.fencing_token == 1
+    finally:
+        release.join()
+        blocker.close()
+        store.close()
+
+
+def test_a_multi_statement_block_runs_in_one_transaction(tmp_path: Path) -> None:
+    """A block of several statements: all or nothing, and the first one's result."""
+    store = SQLiteStore(tmp_path / "m.db")
+    store.run(lambda c: c.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+    block = Statement(
+        "test.block",
+        {
+            "sqlite": (
+                "INSERT INTO t (x) VALUES (:x) RETURNING x",
+                "INSERT INTO t (x) VALUES (:x)",
+            ),
+            "postgres": (),
+        },
+    )
+
+    def op(clock: Clock) -> Op[Any]:
+        return (yield one(block, {"x": 1}))
+
+    with pytest.raises(StoreError):  # the second insert violates the primary key
+        store.connector.run(op("caller"))
+    assert store.run(lambda c: c.execute("SELECT count(*) FROM t").fetchone()[0]) == 0
+    store.close()
+
+
+def test_drive_throws_errors_into_the_operation() -> None:
+    seen: list[str] = []
+    stmt = Statement("test.x", {"sqlite": ("SELECT 1",), "postgres": (b"SELECT 1",)})
+
+    def op() -> Op[str]:
+        try:
+            yield count(stmt, {})
+        except ValueError as exc:
+            seen.append(str(exc))
+            return "handled"
+        return "not reached"
+
+    def execute(request: Exec) -> Any:
+        raise ValueError("driver said no")
+
+    assert drive(op(), execute) == "handled"
+    assert seen == ["driver said no"]
+
+
+def test_statement_files_must_name_the_same_statements(tmp_path: Path) -> None:
+    pkg = tmp_path / "fakepkg"
+    (pkg / "sql").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sql" / "f.sqlite.sql").write_text("-- name: a\nSELECT 1;\n-- name: b\nSELECT 2;\n")
+    (pkg / "sql" / "f.postgres.sql").write_text("-- name: a\nSELECT 1;\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match=r"\['b'\] exist in one dialect only"):
+            Statements("fakepkg", "f")
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_every_feature_names_the_same_statements_in_both_dialects() -> None:
+    for package, feature in (
+        ("retrysafe.stores", "keys"),
+        ("retrysafe.client", "outbox"),
+        ("retrysafe.webhooks", "webhooks"),
+        ("retrysafe.agents", "agents"),
+    ):
+        Statements(package, feature)  # raises when the files disagree
+
+
+def _migrate(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "migrate", "--json", "--store", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _both_succeed(*args: str) -> None:
+    procs = [_migrate(*args), _migrate(*args)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_two_concurrent_migrations_of_one_sqlite_file_both_succeed(tmp_path: Path) -> None:
+    _both_succeed(f"sqlite:///{tmp_path / 'race.db'}")
+    with SQLiteStore(tmp_path / "race.db", create=False) as store:
+        assert store.get("nothing") is None
+
+
+def test_two_concurrent_migrations_of_one_postgres_schema_both_succeed(
+    pg_url: str, pg_schema: str
+) -> None:
+    _both_succeed(pg_url, "--schema", pg_schema)
+    with PostgresStore(pg_url, schema=pg_schema, create=False) as store:
+        assert store.get("nothing") is None
