@@ -221,3 +221,20 @@ def test_an_endpoint_of_another_store_is_not_found(
         assert code == 1, args
         assert err.startswith("retrysafe: error: no endpoint") and "postgresql://" in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [("endpoints", "list"), ("dlq", "list")])
+def test_reading_commands_never_create_postgres_tables(
+    pg_store_url: str, pg_schema: str, args: tuple[str, ...]
+) -> None:
+    """A reading command on a PostgreSQL database without retrysafe's tables is one error
+    naming `retrysafe migrate`, and creates nothing."""
+    import psycopg
+
+    code, _, err = _run(*args, "--store", pg_store_url)
+    assert code == 1 and err.startswith("retrysafe: error:") and "retrysafe migrate" in err
+    with psycopg.connect(pg_store_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
+        ).fetchone()
+    assert row == (0,)

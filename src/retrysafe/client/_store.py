@@ -28,6 +28,7 @@ import contextlib
 import json
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
@@ -450,6 +451,11 @@ class SQLOutboxStore:
     def close(self) -> None:
         """Close the connector's connections. Idempotent."""
         self.connector.close()
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """The store's transaction (see :meth:`~retrysafe.stores.SQLiteStore.transaction`):
+        yields the driver connection to pass as ``connection=`` to ``outbox.submit``."""
+        return self.connector.transaction()
 
     def insert_job(self, job: NewJob, *, now: float, connection: Any = None) -> tuple[bool, Job]:
         """Insert ``job`` as PENDING, due ``now``: ``(True, job)``, or ``(False, existing)``

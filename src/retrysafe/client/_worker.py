@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUnavailableError
 from retrysafe._heartbeat import AsyncHeartbeat
@@ -52,9 +52,8 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
-    "DecideHook",
-    "GateHook",
-    "HeadersHook",
+    "AttemptHooks",
+    "AttemptHooksFactory",
     "ReconcileReport",
     "Worker",
     "WorkerStats",
@@ -65,17 +64,42 @@ __all__ = [
 logger = logging.getLogger("retrysafe.client")
 
 AttemptHook = Callable[[Job, Attempt, Step], None]
-#: Called before each attempt with the leased job; returns headers to send with this attempt
-#: only (they replace same-named stored headers), e.g. a fresh webhook signature.
-HeadersHook = Callable[[Job], Sequence[tuple[str, str]]]
-#: Called after each attempt with ``(job, result, step)``; returns the step to record instead
-#: of the :func:`next_step` default (another schedule, another stop rule).
-DecideHook = Callable[[Job, SendResult, Step], Step]
-#: Called before each attempt with ``(job, now)``; returns seconds to wait before the attempt
-#: may start (0: now). A positive wait defers the job like the retry budget does: PENDING,
-#: not an attempt, not counted (per-destination rate limits).
-GateHook = Callable[[Job, float], float]
 _T = TypeVar("_T")
+
+
+class AttemptHooks(Protocol):
+    """The hooks of one attempt, awaited on the worker's event loop (so they may use a
+    store's async face): created by :meth:`AttemptHooksFactory.attempt` when the attempt
+    starts and dropped when it ends, whatever the outcome, so one attempt's state never
+    outlives it (like a per-request responder)."""
+
+    async def gate(self, now: float) -> float:
+        """Seconds to wait before the attempt may start (0: now). A positive wait defers the
+        job like the retry budget does: PENDING, not an attempt, not counted (per-destination
+        rate limits)."""
+        ...
+
+    async def headers(self) -> Sequence[tuple[str, str]]:
+        """Headers to send with this attempt only (they replace same-named stored headers),
+        e.g. a fresh webhook signature. An exception releases the job."""
+        ...
+
+    async def decide(self, job: Job, result: SendResult, step: Step) -> Step:
+        """The step to record instead of the :func:`next_step` default (another schedule,
+        another stop rule)."""
+        ...
+
+    async def attempted(self, job: Job, attempt: Attempt, step: Step) -> None:
+        """After the attempt was recorded (before ``on_attempt``)."""
+        ...
+
+
+class AttemptHooksFactory(Protocol):
+    """Makes each attempt's :class:`AttemptHooks`; closed when :meth:`Worker.serve` ends."""
+
+    def attempt(self, job: Job) -> AttemptHooks: ...
+
+    async def aclose(self) -> None: ...
 
 #: The longest wait between two tries of a store that is unavailable (seconds).
 STORE_WAIT_MAX = 5.0
@@ -373,13 +397,9 @@ class Worker:
         rng: random source for jitter (seed it in tests).
         clock: Unix-seconds clock.
         on_attempt: called after every recorded attempt with ``(job, attempt, step)``.
-        headers_for_attempt: called before every attempt with the job; the headers it returns
-            are sent with that attempt only, replacing stored headers of the same name (the
-            webhook sender signs each attempt afresh this way). An exception releases the job.
-        decide: called after every attempt with ``(job, result, step)``; the step it returns
-            is recorded instead of :func:`next_step`'s (webhook schedules and stop rules).
-        gate: called before every attempt with ``(job, now)``; a positive result defers the
-            job by that many seconds without an attempt (webhook rate limits).
+        attempt_hooks: makes one :class:`AttemptHooks` per attempt (gate, per-attempt
+            headers, the step to record, after the record), awaited on the loop; the webhook
+            worker signs, schedules and rate-limits each attempt this way.
         queue: the queue whose jobs it claims (default ``"default"``, the outbox's; the
             webhook worker uses ``"webhooks"``). Jobs of other queues in the same store are
             never claimed, and ``until_idle`` only waits for this queue.
@@ -411,9 +431,7 @@ class Worker:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         on_attempt: AttemptHook | None = None,
-        headers_for_attempt: HeadersHook | None = None,
-        decide: DecideHook | None = None,
-        gate: GateHook | None = None,
+        attempt_hooks: AttemptHooksFactory | None = None,
         queue: str = DEFAULT_QUEUE,
     ) -> None:
         self.queue = check_queue(queue)
@@ -435,9 +453,7 @@ class Worker:
         self._rng = rng or random.Random()
         self._clock = clock
         self._on_attempt = on_attempt
-        self._headers_for_attempt = headers_for_attempt
-        self._decide = decide
-        self._gate = gate
+        self._attempt_hooks = attempt_hooks
         self.stats = WorkerStats()
         self._outage = _StoreOutage(
             self.store.url,
@@ -576,6 +592,9 @@ class Worker:
                 await asyncio.shield(client.aclose())
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._astore.aclose())
+            if self._attempt_hooks is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._attempt_hooks.aclose())
             self._running = False
             self._loop = None
             self._wake = None
@@ -640,6 +659,7 @@ class Worker:
 
     async def _attempt(self, client: httpx.AsyncClient, lease: _JobLease) -> None:
         job, token = lease.job, lease.token
+        hooks = None if self._attempt_hooks is None else self._attempt_hooks.attempt(job)
         try:
             now = self._clock()
             if deadline_passed(job.deadline_at, now):
@@ -667,16 +687,16 @@ class Worker:
                         "job=%s deferred by the retry budget of %s", job.id, job.destination
                     )
                     return
-            if self._gate is not None:
-                wait = self._gate(job, now)
+            if hooks is not None:
+                wait = await hooks.gate(now)
                 if wait > 0:
                     await self._give_back(
                         lease, state=JobState.PENDING, due_at=now + wait, error=None, now=now
                     )
                     self.stats.deferred += 1
                     return
-            if self._headers_for_attempt is not None:
-                job = _with_headers(job, self._headers_for_attempt(job))
+            if hooks is not None:
+                job = _with_headers(job, await hooks.headers())
             if lease.is_lost():  # taken over while the hooks ran: the new owner sends it
                 self._not_recorded(job, "before its attempt started")
                 return
@@ -701,11 +721,11 @@ class Worker:
                 retry_after=result.retry_after,
                 rng=self._rng,
             )
-            if self._decide is not None:
-                step = self._decide(job, result, step)
+            if hooks is not None:
+                step = await hooks.decide(job, result, step)
             if self._budgets is not None and step.state is JobState.SUCCEEDED:
                 self._budgets.credit(job.destination, end)
-            await self._record(job, token, result, step, end, lease.until)
+            await self._record(job, token, result, step, end, lease.until, hooks)
         except asyncio.CancelledError:
             # Cancellation is never retried nor counted: back to PENDING, same key, now.
             await self._release_now(job, token, "cancelled")
@@ -768,6 +788,7 @@ class Worker:
         step: Step,
         end: float,
         until: Callable[[], float],
+        hooks: AttemptHooks | None = None,
     ) -> None:
         attempt = _attempt_of(job, result, counted=step.counted)
         error = None if step.state is JobState.SUCCEEDED else result.detail
@@ -802,6 +823,8 @@ class Worker:
         else:
             s.retries_scheduled += 1
         _log_attempt(recorded, step)
+        if hooks is not None:
+            await hooks.attempted(job, recorded, step)
         if self._on_attempt is not None:
             self._on_attempt(job, recorded, step)
 

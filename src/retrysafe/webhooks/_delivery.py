@@ -1,13 +1,14 @@
 """The webhook worker's side of one attempt (SPEC §6): rate-limit it, sign it, decide what
 follows it, log it and keep the endpoint's failure run.
 
-:class:`DeliveryAttempts` belongs to one worker: the policy, the clock, the async face of the
+:class:`WebhookAttempts` belongs to one worker: the policy, the clock, the async face of the
 webhook store and what outlives an attempt on purpose (each endpoint's rate-limit slots, the
-endpoints known to have no failure run). :class:`Delivery` is one attempt, like starlette's
+endpoints known to have no failure run). :class:`DeliveryAttempt` is one attempt, like starlette's
 per-request responder: created when the attempt starts and dropped when it ends, whatever the
 outcome (sent, deferred by the rate limit, lease lost, cancelled), so nothing an attempt
-learned (its endpoint, its event) can leak into another one. Every store call here is awaited
-on the async face: nothing blocks the event loop.
+learned (its endpoint, its event) can leak into another one. :class:`WebhookAttempts` is the
+Worker's ``attempt_hooks`` (:class:`~retrysafe.client._worker.AttemptHooksFactory`): every store
+call here is awaited on the webhook store's async face, so nothing blocks the event loop.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 import random
-from collections.abc import Callable, Coroutine, Sequence
-from contextvars import ContextVar
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
 
 from retrysafe._exceptions import WebhookError
 from retrysafe.client._models import Attempt, Job
@@ -36,9 +35,7 @@ from retrysafe.webhooks._policy import (
 )
 from retrysafe.webhooks._signing import signature_header
 
-__all__ = ["Delivery", "DeliveryAttempts", "RateLimits", "sync_hooks"]
-
-_T = TypeVar("_T")
+__all__ = ["DeliveryAttempt", "RateLimits", "WebhookAttempts"]
 
 logger = logging.getLogger("retrysafe.webhooks")
 
@@ -79,9 +76,9 @@ class RateLimits:
         return wait
 
 
-class DeliveryAttempts:
+class WebhookAttempts:
     """What one webhook worker keeps across attempts, and the factory of each
-    :class:`Delivery`.
+    :class:`DeliveryAttempt`.
 
     Args:
         store: the webhook store (its async face is opened on first use, on the worker's
@@ -89,6 +86,7 @@ class DeliveryAttempts:
         policy: schedules and auto-disable rules.
         clock: Unix-seconds clock.
         rng: jitter source of the schedules.
+        face: the async face to use instead of the store's own.
     """
 
     def __init__(
@@ -98,6 +96,7 @@ class DeliveryAttempts:
         policy: WebhookPolicy,
         clock: Callable[[], float],
         rng: random.Random,
+        face: AsyncWebhookStore | None = None,
     ) -> None:
         self.policy = policy
         self.clock = clock
@@ -106,7 +105,7 @@ class DeliveryAttempts:
         #: Endpoints whose failure run this process knows to be empty (no reset needed).
         self.clean: set[str] = set()
         self._store = store
-        self._astore: AsyncWebhookStore | None = None
+        self._astore = face
 
     @property
     def astore(self) -> AsyncWebhookStore:
@@ -114,9 +113,9 @@ class DeliveryAttempts:
             self._astore = self._store.asyncio_webhook_store()
         return self._astore
 
-    def attempt(self, job: Job) -> Delivery:
-        """The :class:`Delivery` of one attempt of the leased ``job``."""
-        return Delivery(self, job)
+    def attempt(self, job: Job) -> DeliveryAttempt:
+        """The :class:`DeliveryAttempt` of one attempt of the leased ``job``."""
+        return DeliveryAttempt(self, job)
 
     async def aclose(self) -> None:
         """Close the async face (a later attempt opens a new one). Idempotent."""
@@ -125,7 +124,7 @@ class DeliveryAttempts:
             await astore.aclose()
 
 
-class Delivery:
+class DeliveryAttempt:
     """One attempt of one delivery (see the module docstring).
 
     A job of the webhook queue that is no delivery (submitted through ``Webhooks.outbox``) is
@@ -134,7 +133,7 @@ class Delivery:
 
     __slots__ = ("_attempts", "_context", "_read", "job")
 
-    def __init__(self, attempts: DeliveryAttempts, job: Job) -> None:
+    def __init__(self, attempts: WebhookAttempts, job: Job) -> None:
         self._attempts = attempts
         self.job = job
         self._read = False
@@ -158,7 +157,11 @@ class Delivery:
         rate = None if context is None else context[1].rate_limit
         if context is None or rate is None:
             return 0.0
-        return limits.reserve(context[1].id, rate, self.job.id, now)
+        # Reserve as of now, after the read: the attempt starts right after a 0, and a
+        # deferral is counted from the caller's ``now`` to the reserved slot.
+        at = max(now, self._attempts.clock())
+        wait = limits.reserve(context[1].id, rate, self.job.id, at)
+        return wait + (at - now) if wait > 0 else 0.0
 
     async def headers(self) -> Sequence[tuple[str, str]]:
         """This attempt's signature headers: the event's ``webhook-id``, a fresh
@@ -269,84 +272,3 @@ def _log_attempt(
         step.state.value,
         extra={"retrysafe": data},
     )
-
-
-# ---------------------------------------------------------------------- interim driver
-# The Worker calls its hooks synchronously today. Until it awaits per-attempt hooks, these
-# sync hooks drive each attempt's Delivery: the attempt's object lives in a context variable
-# of the attempt's task (the Worker runs each claimed job in its own task) and dies with it,
-# and its store calls run on a face over the sync store whose coroutines never suspend.
-_current: ContextVar[Delivery | None] = ContextVar("retrysafe_webhook_delivery", default=None)
-
-
-class _SyncFace:
-    """:class:`AsyncWebhookStore` over the sync store (interim: blocks while it runs)."""
-
-    def __init__(self, store: WebhookStore) -> None:
-        self._s = store
-
-    async def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint | None:
-        return self._s.get_endpoint(endpoint_id)
-
-    async def delivery_context(self, job_id: str) -> tuple[str, WebhookEndpoint] | None:
-        return self._s.delivery_context(job_id)
-
-    async def set_endpoint_enabled(
-        self, endpoint_id: str, *, enabled: bool, reason: str | None, now: float
-    ) -> WebhookEndpoint | None:
-        return self._s.set_endpoint_enabled(endpoint_id, enabled=enabled, reason=reason, now=now)
-
-    async def record_endpoint_failure(
-        self, endpoint_id: str, *, now: float
-    ) -> tuple[int, float | None, bool] | None:
-        return self._s.record_endpoint_failure(endpoint_id, now=now)
-
-    async def reset_endpoint_failures(self, endpoint_id: str) -> None:
-        self._s.reset_endpoint_failures(endpoint_id)
-
-    async def aclose(self) -> None:
-        return None
-
-
-def _done(coro: Coroutine[Any, Any, _T]) -> _T:
-    """The value of a coroutine that never suspends (see :class:`_SyncFace`)."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        value: _T = stop.value
-        return value
-    coro.close()
-    raise RuntimeError("a webhook hook suspended inside a sync Worker hook")
-
-
-def sync_hooks(attempts: DeliveryAttempts) -> dict[str, Any]:
-    """The Worker's ``gate``, ``headers_for_attempt``, ``decide`` and ``on_attempt`` hooks
-    over one :class:`Delivery` per attempt (interim, see above)."""
-    attempts._astore = _SyncFace(attempts._store)
-
-    def delivery(job: Job) -> Delivery:
-        current = _current.get()
-        if current is None or current.job.id != job.id:
-            current = attempts.attempt(job)
-            _current.set(current)
-        return current
-
-    def gate(job: Job, now: float) -> float:
-        _current.set(None)  # a new attempt starts here
-        return _done(delivery(job).gate(now))
-
-    def headers_for_attempt(job: Job) -> Sequence[tuple[str, str]]:
-        return _done(delivery(job).headers())
-
-    def decide_hook(job: Job, result: SendResult, step: Step) -> Step:
-        return _done(delivery(job).decide(job, result, step))
-
-    def on_attempt(job: Job, attempt: Attempt, step: Step) -> None:
-        _done(delivery(job).attempted(job, attempt, step))
-
-    return {
-        "gate": gate,
-        "headers_for_attempt": headers_for_attempt,
-        "decide": decide_hook,
-        "on_attempt": on_attempt,
-    }

@@ -4,7 +4,7 @@ them out as outbox jobs and builds the worker that delivers them (SPEC §6).
 It is a façade over three parts, each in its own module: endpoint administration
 (:class:`~retrysafe.webhooks._admin.EndpointAdmin`), sending and the dead-letter queue
 (:class:`~retrysafe.webhooks._dispatch.Dispatcher`), and the worker's per-attempt hooks
-(:class:`~retrysafe.webhooks._delivery.Delivery`, one object per attempt).
+(:class:`~retrysafe.webhooks._delivery.DeliveryAttempt`, one object per attempt).
 
 A delivery is one outbox job (key ``"{event id}:{endpoint id}"``) in the ``"webhooks"``
 queue: it inherits the outbox's durability, leases, fencing, attempt records and retry
@@ -26,13 +26,12 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe.client._models import Attempt, Job
 from retrysafe.client._outbox import Outbox
-from retrysafe.client._policy import RetryPolicy, Step, seconds
+from retrysafe.client._policy import RetryPolicy, seconds
 from retrysafe.client._store import StoreArg
 from retrysafe.client._worker import Worker
 from retrysafe.webhooks._admin import EndpointAdmin
-from retrysafe.webhooks._delivery import DeliveryAttempts, sync_hooks
+from retrysafe.webhooks._delivery import WebhookAttempts
 from retrysafe.webhooks._dispatch import DEAD_LETTER_STATES, MISSED_STATES, QUEUE, Dispatcher
 from retrysafe.webhooks._endpoints import ROTATION_OVERLAP
 from retrysafe.webhooks._models import WebhookEndpoint, WebhookStore
@@ -168,9 +167,9 @@ class Webhooks:
         to a plain worker.
 
         ``options`` are the Worker's (``concurrency``, ``poll_interval``, ``rng``, …); a
-        ``transport`` is wrapped by the SSRF guard. ``headers_for_attempt``, ``decide``,
-        ``gate`` and ``queue`` are this object's; an ``on_attempt`` is called after this
-        object's own.
+        ``transport`` is wrapped by the SSRF guard. ``attempt_hooks`` and ``queue`` are this
+        object's (one :class:`~retrysafe.webhooks._delivery.DeliveryAttempt` per attempt); an
+        ``on_attempt`` is called after each attempt's own.
 
         Without ``allow_private``, logs one warning per enabled endpoint on a private,
         loopback or link-local address (see :meth:`refused_endpoints`): its deliveries
@@ -189,25 +188,15 @@ class Webhooks:
             )
         options.setdefault("policy", self.outbox.policy)
         options.setdefault("clock", self._clock)
-        attempts = DeliveryAttempts(
+        inner = options.pop("transport", None)
+        options["transport"] = PinnedTransport(inner, allow_private=self.allow_private)
+        attempts = WebhookAttempts(
             self.store,
             policy=self.policy,
             clock=options["clock"],
             rng=options.get("rng") or random.Random(),
         )
-        inner = options.pop("transport", None)
-        options["transport"] = PinnedTransport(inner, allow_private=self.allow_private)
-        user_hook = options.pop("on_attempt", None)
-        hooks = sync_hooks(attempts)
-        own_hook = hooks["on_attempt"]
-
-        def on_attempt(job: Job, attempt: Attempt, step: Step) -> None:
-            own_hook(job, attempt, step)
-            if user_hook is not None:
-                user_hook(job, attempt, step)
-
-        hooks["on_attempt"] = on_attempt
-        return Worker(self.outbox.store, queue=QUEUE, **hooks, **options)
+        return Worker(self.outbox.store, queue=QUEUE, attempt_hooks=attempts, **options)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
