@@ -19,9 +19,9 @@ async :mod:`connector <retrysafe.stores._connector>`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._exceptions import StoreError
 from retrysafe.agents._models import (
     AgentCall,
     AgentCallState,
@@ -30,14 +30,15 @@ from retrysafe.agents._models import (
     StepBudget,
 )
 from retrysafe.stores._connector import (
-    AsyncConnector,
     Clock,
-    Connector,
+    OnAsyncConnector,
+    OnConnector,
     Op,
     Statements,
     all_rows,
     async_op,
     count,
+    feature_store,
     one,
     sync_op,
 )
@@ -250,19 +251,13 @@ def list_agent_calls(clock: Clock, run_id: str) -> Op[list[AgentCall]]:
 
 
 # ---------------------------------------------------------------------- faces
-class SQLAgentStore:
+class SQLAgentStore(OnConnector):
     """:class:`~retrysafe.agents.AgentStore` on a SQL
     :class:`~retrysafe.stores._connector.Connector` (SQLite or PostgreSQL).
 
     Concurrency contract: see :class:`~retrysafe.agents.AgentStore` and the module docstring.
     The store it was opened on owns the connector: close that store, not this one.
     """
-
-    def __init__(self, connector: Connector) -> None:
-        self.connector = connector
-
-    def __repr__(self) -> str:
-        return f"SQLAgentStore({self.url!r})"
 
     create_agent_run = sync_op(create_agent_run)
     get_agent_run = sync_op(get_agent_run)
@@ -277,26 +272,15 @@ class SQLAgentStore:
     get_agent_call = sync_op(get_agent_call)
     list_agent_calls = sync_op(list_agent_calls)
 
-    @property
-    def url(self) -> str:
-        """The store's URL, without a password."""
-        return self.connector.url
-
     def asyncio_agent_store(self) -> AsyncSQLAgentStore:
         """A new async face (its own connection or pool, bound to the event loop that first
         uses it; close it with ``aclose()``)."""
         return AsyncSQLAgentStore(self.connector.async_connector())
 
 
-class AsyncSQLAgentStore:
+class AsyncSQLAgentStore(OnAsyncConnector):
     """The async face of :class:`SQLAgentStore`: the same operations, awaited, on an
     :class:`~retrysafe.stores._connector.AsyncConnector` (never blocking the event loop)."""
-
-    def __init__(self, connector: AsyncConnector) -> None:
-        self.connector = connector
-
-    def __repr__(self) -> str:
-        return f"AsyncSQLAgentStore({self.connector.url!r})"
 
     create_agent_run = async_op(create_agent_run)
     get_agent_run = async_op(get_agent_run, skippable=True)
@@ -311,18 +295,6 @@ class AsyncSQLAgentStore:
     get_agent_call = async_op(get_agent_call, skippable=True)
     list_agent_calls = async_op(list_agent_calls, skippable=True)
 
-    async def aclose(self) -> None:
-        """Close this face's connection or pool. Idempotent."""
-        await self.connector.aclose()
-
-
-@runtime_checkable
-class _OnConnector(Protocol):
-    """A store whose SQL tables live behind a connector (SQLiteStore, PostgresStore)."""
-
-    @property
-    def connector(self) -> Connector: ...
-
 
 def agent_store(store: object) -> AgentStore:
     """The agent store of ``store``.
@@ -335,12 +307,11 @@ def agent_store(store: object) -> AgentStore:
     Raises:
         ConfigurationError: ``store`` cannot hold agent runs (memory, Redis).
     """
-    if isinstance(store, AgentStore):
-        return store
-    if isinstance(store, _OnConnector):
-        return SQLAgentStore(store.connector)
-    raise ConfigurationError(
-        f"{store!r} cannot hold agent runs; use a SQLiteStore (sqlite:///path.db) "
+    found: AgentStore = feature_store(
+        store,
+        AgentStore,
+        SQLAgentStore,
+        "cannot hold agent runs; use a SQLiteStore (sqlite:///path.db) "
         "or a PostgresStore (postgresql://…)",
-        option="store",
     )
+    return found

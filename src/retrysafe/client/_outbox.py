@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any
 
 from retrysafe._exceptions import JobError, JobNotFoundError
@@ -317,12 +316,7 @@ class Outbox:
     def __enter__(self) -> Outbox:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -404,10 +398,5 @@ class AsyncOutbox:
     async def __aenter__(self) -> AsyncOutbox:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

@@ -30,16 +30,16 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.client._models import Attempt, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count as positive
 from retrysafe.core import RACE_LIMIT
 from retrysafe.stores._connector import (
-    AsyncConnector,
     Clock,
-    Connector,
+    OnAsyncConnector,
+    OnConnector,
     Op,
     Statements,
     all_rows,
@@ -47,6 +47,7 @@ from retrysafe.stores._connector import (
     caller_now,
     caller_time,
     count,
+    feature_store,
     one,
     sync_op,
 )
@@ -424,7 +425,7 @@ def purge_jobs(
 
 
 # ---------------------------------------------------------------------- faces
-class SQLOutboxStore:
+class SQLOutboxStore(OnConnector):
     """:class:`~retrysafe.client.OutboxStore` on a SQL
     :class:`~retrysafe.stores._connector.Connector` (SQLite or PostgreSQL).
 
@@ -437,16 +438,6 @@ class SQLOutboxStore:
         connector: the store's connector (``store.connector`` of a
             :class:`~retrysafe.stores.SQLiteStore` or :class:`~retrysafe.stores.PostgresStore`).
     """
-
-    def __init__(self, connector: Connector) -> None:
-        self.connector = connector
-
-    def __repr__(self) -> str:
-        return f"SQLOutboxStore({self.url!r})"
-
-    @property
-    def url(self) -> str:
-        return self.connector.url
 
     def close(self) -> None:
         """Close the connector's connections. Idempotent."""
@@ -494,13 +485,10 @@ class SQLOutboxStore:
         return AsyncSQLOutboxStore(self.connector.async_connector())
 
 
-class AsyncSQLOutboxStore:
+class AsyncSQLOutboxStore(OnAsyncConnector):
     """The async face of :class:`SQLOutboxStore` (the worker's hot path): the same operations
     on an :class:`~retrysafe.stores._connector.AsyncConnector`, never blocking the event
     loop."""
-
-    def __init__(self, connector: AsyncConnector) -> None:
-        self.connector = connector
 
     insert_job = async_op(insert_job)
     claim_jobs = async_op(claim_jobs, skippable=True)
@@ -512,20 +500,8 @@ class AsyncSQLOutboxStore:
     count_jobs = async_op(count_jobs, skippable=True)
     next_due = async_op(next_due, skippable=True)
 
-    async def aclose(self) -> None:
-        """Close this face's connection or pool. Idempotent."""
-        await self.connector.aclose()
-
 
 # ---------------------------------------------------------------------- opening
-@runtime_checkable
-class _SQLStore(Protocol):
-    """A store that keeps its tables on a SQL connector (SQLiteStore, PostgresStore)."""
-
-    @property
-    def connector(self) -> Connector: ...
-
-
 def outbox_store(store: object) -> OutboxStore:
     """The outbox of ``store``: a :class:`SQLOutboxStore` on the connector of a
     :class:`~retrysafe.stores.SQLiteStore` or :class:`~retrysafe.stores.PostgresStore` (a
@@ -536,15 +512,13 @@ def outbox_store(store: object) -> OutboxStore:
         ConfigurationError: ``store`` has no outbox (a key store such as ``MemoryStore`` or
             ``RedisStore``, or anything else).
     """
-    if isinstance(store, OutboxStore):
-        return store
-    if isinstance(store, _SQLStore):
-        return SQLOutboxStore(store.connector)
-    raise ConfigurationError(
-        f"{store!r} has no outbox: the outbox runs on SQLiteStore, PostgresStore or another "
-        "OutboxStore",
-        option="store",
+    found: OutboxStore = feature_store(
+        store,
+        OutboxStore,
+        SQLOutboxStore,
+        "has no outbox: the outbox runs on SQLiteStore, PostgresStore or another OutboxStore",
     )
+    return found
 
 
 def open_outbox_store(store: StoreArg) -> tuple[OutboxStore, bool]:

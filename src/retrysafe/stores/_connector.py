@@ -48,6 +48,8 @@ __all__ = [
     "Connector",
     "Exec",
     "HasConnector",
+    "OnAsyncConnector",
+    "OnConnector",
     "Op",
     "Statement",
     "Statements",
@@ -58,6 +60,7 @@ __all__ = [
     "async_op",
     "count",
     "drive",
+    "feature_store",
     "one",
     "split_statements",
     "sync_op",
@@ -410,6 +413,54 @@ def async_op(
     method.__name__ = fn.__name__
     method.__doc__ = fn.__doc__
     return method
+
+
+class OnConnector:
+    """The base of a feature store on a sync :class:`Connector` (keys, outbox, webhooks,
+    agents): holds it and names it. It does not own it: the store it came from closes it."""
+
+    def __init__(self, connector: Connector) -> None:
+        self.connector = connector
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return self.connector.url
+
+
+class OnAsyncConnector:
+    """The base of a feature store's async face: holds its own :class:`AsyncConnector` (a
+    connection or pool of its own) and closes it with :meth:`aclose`."""
+
+    def __init__(self, connector: AsyncConnector) -> None:
+        self.connector = connector
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.connector.url!r})"
+
+    async def aclose(self) -> None:
+        """Close this face's connection or pool. Idempotent."""
+        await self.connector.aclose()
+
+
+def feature_store(
+    store: object, protocol: type[Any], factory: Callable[[Connector], _T], refusal: str
+) -> Any:
+    """The one rule for opening a feature's store on ``store``: ``store`` itself when it
+    already implements the feature's ``protocol`` (a runtime-checkable Protocol), else
+    ``factory(store.connector)`` for a SQL store (``SQLiteStore``, ``PostgresStore``).
+
+    Raises:
+        ConfigurationError: neither (a key store such as ``RedisStore`` or ``MemoryStore``):
+            "``<store> <refusal>``".
+    """
+    if isinstance(store, protocol):
+        return store
+    if isinstance(store, HasConnector):
+        return factory(store.connector)
+    raise ConfigurationError(f"{store!r} {refusal}", option="store")
 
 
 def caller_now(clock: Clock, now: float) -> float | None:

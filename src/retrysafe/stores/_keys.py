@@ -18,9 +18,9 @@ from typing import Any
 from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.core import RACE_LIMIT, KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._connector import (
-    AsyncConnector,
     Clock,
-    Connector,
+    OnAsyncConnector,
+    OnConnector,
     Op,
     Statements,
     async_op,
@@ -154,15 +154,13 @@ def _token(
 
 
 # ---------------------------------------------------------------------- faces
-class SQLKeyStore:
+class SQLKeyStore(OnConnector):
     """:class:`~retrysafe.stores.KeyStore` on a SQL :class:`~retrysafe.stores._connector.Connector`
     (the base of :class:`~retrysafe.stores.SQLiteStore` and
     :class:`~retrysafe.stores.PostgresStore`).
 
     Concurrency contract: see :class:`~retrysafe.stores.KeyStore`.
     """
-
-    connector: Connector
 
     claim = sync_op(claim)
     take_over = sync_op(take_over)
@@ -171,10 +169,6 @@ class SQLKeyStore:
     extend_lease = sync_op(extend_lease)
     get = sync_op(get)
     purge_keys = sync_op(purge_keys)
-
-    @property
-    def url(self) -> str:
-        return self.connector.url
 
     def close(self) -> None:
         """Close every connection. Idempotent."""
@@ -186,12 +180,9 @@ class SQLKeyStore:
         return AsyncSQLKeyStore(self.connector.async_connector())
 
 
-class AsyncSQLKeyStore:
+class AsyncSQLKeyStore(OnAsyncConnector):
     """The async face of :class:`SQLKeyStore`: the same operations on an
     :class:`~retrysafe.stores._connector.AsyncConnector`."""
-
-    def __init__(self, connector: AsyncConnector) -> None:
-        self.connector = connector
 
     claim = async_op(claim, skippable=True)
     take_over = async_op(take_over, skippable=True)
@@ -199,10 +190,6 @@ class AsyncSQLKeyStore:
     release = async_op(release)
     extend_lease = async_op(extend_lease)
     get = async_op(get, skippable=True)
-
-    async def aclose(self) -> None:
-        """Close this face's connection or pool. Idempotent."""
-        await self.connector.aclose()
 
 
 class KeyEffect:

@@ -22,7 +22,6 @@ import random
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from retrysafe._exceptions import ConfigurationError
@@ -206,10 +205,5 @@ class Webhooks:
     def __enter__(self) -> Webhooks:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

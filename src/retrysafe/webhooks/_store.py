@@ -18,15 +18,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._exceptions import StoreError
 from retrysafe.client._jobs import destination_of
 from retrysafe.client._models import JobState, NewJob
 from retrysafe.client._policy import count as positive
-from retrysafe.client._store import _SQLStore, insert_job, states_param
+from retrysafe.client._store import insert_job, states_param
 from retrysafe.stores._connector import (
-    AsyncConnector,
     Clock,
-    Connector,
+    OnAsyncConnector,
+    OnConnector,
     Op,
     Statements,
     all_rows,
@@ -34,6 +34,7 @@ from retrysafe.stores._connector import (
     caller_now,
     caller_time,
     count,
+    feature_store,
     one,
     sync_op,
 )
@@ -276,7 +277,7 @@ def purge_deliveries(
 
 
 # ---------------------------------------------------------------------- faces
-class SQLWebhookStore:
+class SQLWebhookStore(OnConnector):
     """:class:`~retrysafe.webhooks.WebhookStore` on a SQL
     :class:`~retrysafe.stores._connector.Connector` (the connector of a
     :class:`~retrysafe.stores.SQLiteStore` or :class:`~retrysafe.stores.PostgresStore`, shared
@@ -285,16 +286,6 @@ class SQLWebhookStore:
     Concurrency contract: see :class:`~retrysafe.webhooks.WebhookStore`. It does not own the
     connector: closing the store it came from closes it.
     """
-
-    def __init__(self, connector: Connector) -> None:
-        self.connector = connector
-
-    def __repr__(self) -> str:
-        return f"SQLWebhookStore({self.url!r})"
-
-    @property
-    def url(self) -> str:
-        return self.connector.url
 
     insert_endpoint = sync_op(insert_endpoint)
     get_endpoint = sync_op(get_endpoint)
@@ -317,22 +308,15 @@ class SQLWebhookStore:
         return AsyncSQLWebhookStore(self.connector.async_connector())
 
 
-class AsyncSQLWebhookStore:
+class AsyncSQLWebhookStore(OnAsyncConnector):
     """The async face of :class:`SQLWebhookStore`: what the webhook worker's hooks read and
     write per attempt, on an :class:`~retrysafe.stores._connector.AsyncConnector`."""
-
-    def __init__(self, connector: AsyncConnector) -> None:
-        self.connector = connector
 
     get_endpoint = async_op(get_endpoint, skippable=True)
     delivery_context = async_op(delivery_context, skippable=True)
     set_endpoint_enabled = async_op(set_endpoint_enabled, atomic=True)
     record_endpoint_failure = async_op(record_endpoint_failure)
     reset_endpoint_failures = async_op(reset_endpoint_failures)
-
-    async def aclose(self) -> None:
-        """Close this face's connection or pool. Idempotent."""
-        await self.connector.aclose()
 
 
 def webhook_store(store: object) -> WebhookStore:
@@ -343,12 +327,11 @@ def webhook_store(store: object) -> WebhookStore:
     Raises:
         ConfigurationError: the store keeps no webhook tables (Redis, memory, …).
     """
-    if isinstance(store, WebhookStore):
-        return store
-    if isinstance(store, _SQLStore):
-        return SQLWebhookStore(store.connector)
-    raise ConfigurationError(
-        f"store {store!r} has no webhook tables; webhooks need SQLite (sqlite:///path.db) or "
+    found: WebhookStore = feature_store(
+        store,
+        WebhookStore,
+        SQLWebhookStore,
+        "has no webhook tables; webhooks need SQLite (sqlite:///path.db) or "
         "PostgreSQL (postgresql://…)",
-        option="store",
     )
+    return found
