@@ -133,3 +133,112 @@ def test_migrate_on_unreachable_redis_fails() -> None:
     code, _, err = _migrate("--store", "redis://127.0.0.1:1/0", "--json")
     assert code == 1
     assert "unavailable" in err
+
+
+def _drop(args: list[str], table: str) -> None:
+    store = args[1]
+    if store.startswith("sqlite:"):
+        conn = sqlite3.connect(store[len("sqlite:///") :])
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute(f"DROP TABLE {table}")
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(store, autocommit=True) as pg:
+        pg.execute(f"DROP TABLE {args[3]}.{table} CASCADE")
+
+
+@pytest.mark.parametrize(
+    "table",
+    ["idempotency_keys", "outbox_attempts", "agent_runs", "webhook_endpoints", "webhook_events"],
+)
+def test_migrate_recreates_any_dropped_table(store_args: list[str], table: str) -> None:
+    """Every table of the layout is checked, not one per feature: a table dropped by hand is
+    named by stores opened without create, and migrate puts it back."""
+    assert _migrate(*store_args)[0] == 0
+    _drop(store_args, table)
+    code, out, err = _migrate(*store_args, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["action"] == "upgraded" and table in report["message"]
+    assert "nothing to do" in _migrate(*store_args)[1]
+
+
+def test_a_store_without_one_table_names_it_and_migrate(request: pytest.FixtureRequest) -> None:
+    from retrysafe.stores import PostgresStore
+
+    args = _pg_args(request)
+    assert _migrate(*args)[0] == 0
+    _drop(args, "outbox_attempts")
+    with pytest.raises(SchemaError, match=r"outbox_attempts.*retrysafe migrate"):
+        PostgresStore(args[1], schema=args[3], create=False)
+
+
+@pytest.mark.parametrize("raw", ["abc", "", "1.5", "-1"])
+def test_an_unreadable_schema_version_is_one_clear_error(
+    store_args: list[str], raw: str
+) -> None:
+    """A version edited by hand into something that is not a whole number: every command says
+    so in one line (exit 1), migrate too; nothing is changed."""
+    assert _migrate(*store_args)[0] == 0
+    store = store_args[1]
+    if store.startswith("sqlite:"):
+        conn = sqlite3.connect(store[len("sqlite:///") :])
+        with conn:
+            conn.execute(
+                "UPDATE retrysafe_meta SET value = ? WHERE name = 'schema_version'", (raw,)
+            )
+        conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(store, autocommit=True) as pg:
+            pg.execute(
+                f"UPDATE {store_args[3]}.retrysafe_meta SET value = %s "
+                "WHERE name = 'schema_version'",
+                (raw,),
+            )
+    code, out, err = _migrate(*store_args)
+    assert code == 1 and out == ""
+    assert "unreadable schema version" in err and len(err.strip().splitlines()) == 1
+    result = CliRunner().invoke(cli, ["jobs", "list", *store_args[:2]])
+    if store.startswith("sqlite:"):  # jobs list takes no --schema: the public schema differs
+        assert result.exit_code == 1
+        assert "unreadable schema version" in result.stderr
+
+
+def test_an_older_schema_version_is_upgraded(store_args: list[str]) -> None:
+    assert _migrate(*store_args)[0] == 0
+    _set_version(store_args, 0)
+    code, out, err = _migrate(*store_args, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["action"], report["from_version"], report["to_version"]) == (
+        "upgraded",
+        0,
+        1,
+    )
+
+
+def test_of_concurrent_migrations_one_creates_and_the_others_find_nothing_to_do(
+    store_args: list[str],
+) -> None:
+    """Three `retrysafe migrate` processes at once on an empty store: each reports what it did
+    under the store's lock, so exactly one says "created"."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "retrysafe", "migrate", "--json", *store_args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    actions = sorted(json.loads(out)["action"] for out, _ in outs)
+    assert actions == ["created", "none", "none"]

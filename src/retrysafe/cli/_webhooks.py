@@ -417,15 +417,24 @@ def dlq_replay(
 @click.option("--event-type", default=None)
 @click.option("--older-than", type=click.FloatRange(min=0), default=0.0, help="Seconds.")
 @click.option("--yes", is_flag=True, help="Do not ask.")
+@_json_option
 def dlq_purge(
-    store: str, endpoint_id: str | None, event_type: str | None, older_than: float, yes: bool
+    store: str,
+    endpoint_id: str | None,
+    event_type: str | None,
+    older_than: float,
+    yes: bool,
+    as_json: bool,
 ) -> None:
     """Delete dead letters and their attempts."""
     if not yes:
         click.confirm("delete these dead letters and their attempts?", abort=True)
     with _hooks(store) as hooks, _errors(store):
         n = hooks.purge(endpoint_id=endpoint_id, event_type=event_type, older_than=older_than)
-        click.echo(f"purged {n} dead letters")
+        if as_json:
+            _emit({"purged": n})
+        else:
+            click.echo(f"purged {n} dead letters")
 
 
 # ---------------------------------------------------------------------- worker

@@ -23,7 +23,12 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from retrysafe._exceptions import ConfigurationError, RetrysafeWarning, StoreUnavailableError
+from retrysafe._exceptions import (
+    ConfigurationError,
+    RetrysafeWarning,
+    SchemaError,
+    StoreUnavailableError,
+)
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
@@ -454,6 +459,7 @@ class Worker:
         self._clock = clock
         self._on_attempt = on_attempt
         self._attempt_hooks = attempt_hooks
+        self._fatal: SchemaError | None = None
         self.stats = WorkerStats()
         self._outage = _StoreOutage(
             self.store.url,
@@ -535,6 +541,7 @@ class Worker:
             raise RuntimeError("this worker is already running")
         self._running = True
         self._stopping = False
+        self._fatal = None
         loop = asyncio.get_running_loop()
         self._loop = loop
         wake = self._wake = asyncio.Event()
@@ -577,6 +584,8 @@ class Worker:
                     task.cancel()
                 if pending:
                     await asyncio.gather(*pending, return_exceptions=True)
+            if self._fatal is not None:
+                raise self._fatal
         except BaseException:  # cancelled (Ctrl-C), or a store error waiting cannot fix
             for task in tasks:
                 task.cancel()
@@ -742,7 +751,19 @@ class Worker:
                 exc,
             )
         except Exception as exc:  # a bug or a store failure: never leave the job stuck
-            logger.exception("job=%s failed in the worker", job.id)
+            if isinstance(exc, SchemaError) and self._fatal is None:
+                # A table is missing (dropped by hand, or a schema older than this release):
+                # every attempt would be sent and then fail to record. Stop instead of
+                # re-sending; serve() raises it.
+                self._fatal = exc
+                logger.error(
+                    "job=%s not recorded: %s; stopping the worker (run `retrysafe migrate`)",
+                    job.id,
+                    exc,
+                )
+                self.stop()
+            else:
+                logger.exception("job=%s failed in the worker: %r", job.id, exc)
             with contextlib.suppress(Exception):
                 now = self._clock()
                 await self._astore.release_job(

@@ -241,43 +241,61 @@ class Transaction(Protocol):
         ...
 
 
-class Transactions:
-    """The open transactions of one sync connector, by driver connection: how ``run(op,
-    connection=…)`` finds the transaction a connection belongs to, and refuses one that is not
-    (another store's, one that ended, or no connection at all). Subclasses implement
-    :meth:`begin`."""
+# Every open transaction of the process, by driver connection: a connection opened by one
+# store object is accepted by another object on the same database (``Outbox(url)`` beside
+# ``SQLiteStore(path).transaction()``), never by a store on another database.
+_OPEN: dict[int, Any] = {}
+_OPEN_LOCK = threading.Lock()
 
-    def __init__(self) -> None:
-        self._open: dict[int, Any] = {}
-        self._open_lock = threading.Lock()
+
+class Transactions:
+    """The open transactions of sync connectors, by driver connection: how ``run(op,
+    connection=…)`` finds the transaction a connection belongs to, and refuses one that is not
+    an open transaction on this connector's database (another database's, one that ended, or no
+    connection at all). Subclasses implement :meth:`begin` and :attr:`database`."""
 
     @property
     def url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def database(self) -> tuple[str, ...]:
+        """What names this connector's database: two connectors with the same value write the
+        same tables (SQLite: the resolved file; PostgreSQL: server, database and schema)."""
         raise NotImplementedError
 
     def begin(self) -> Any:
         raise NotImplementedError
 
     def opened(self, tx: _T) -> _T:
-        with self._open_lock:
-            self._open[id(tx.connection)] = tx  # type: ignore[attr-defined]
+        with _OPEN_LOCK:
+            _OPEN[id(tx.connection)] = tx  # type: ignore[attr-defined]
         return tx
 
     def ended(self, tx: Any) -> None:
-        with self._open_lock:
-            self._open.pop(id(tx.connection), None)
+        key = id(tx.connection)
+        with _OPEN_LOCK:
+            if _OPEN.get(key) is tx:
+                del _OPEN[key]
 
     def transaction_of(self, connection: Any) -> Any:
         """The open transaction whose driver connection ``connection`` is.
 
         Raises:
-            ConfigurationError: it is not one of this store's open transactions.
+            ConfigurationError: it is not an open transaction on this store's database.
         """
-        tx = self._open.get(id(connection))
+        tx: Any = _OPEN.get(id(connection))
         if tx is None or tx.connection is not connection:
             raise ConfigurationError(
-                f"connection= must be the connection of an open transaction of {self.url} "
-                f"(from store.transaction()); got {type(connection).__name__}, which is not",
+                f"connection= must be the connection of an open store.transaction() on "
+                f"{self.url}; got a {type(connection).__name__} that is not one (its block "
+                "ended, or it never came from store.transaction())",
+                option="connection",
+            )
+        if tx.database != self.database:
+            raise ConfigurationError(
+                f"connection= is an open transaction on {tx.url}, not on {self.url}: a job "
+                "must commit in the database that holds it (open the outbox on the same store)",
                 option="connection",
             )
         return tx

@@ -43,6 +43,15 @@ from retrysafe.stores._connector import (
 )
 from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
+from retrysafe.stores._schema import (
+    SCHEMA_VERSION,
+    Migration,
+    State,
+    parse_version,
+    schema_action,
+    schema_check,
+    tables,
+)
 from retrysafe.stores._url_check import check_postgres_url
 
 if TYPE_CHECKING:
@@ -56,11 +65,7 @@ __all__ = [
     "PostgresOptions",
     "PostgresStore",
     "PostgresTransaction",
-    "schema_state",
 ]
-
-#: The schema version this release writes and understands.
-SCHEMA_VERSION = 1
 
 _T = TypeVar("_T")
 # bytes: psycopg accepts them as queries, and they are not LiteralString-checked.
@@ -68,16 +73,19 @@ _SCHEMA = {
     k: v.encode() for k, v in load_sql("retrysafe.stores", "sql/schema.postgres.sql").items()
 }
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-# A schema of version 1 written before a feature existed lacks that feature's tables: each probe
-# says whether one feature's tables are there; the schema script adds the missing ones.
-_FEATURE_PROBES = ("outbox_exists", "agents_exists", "webhooks_exists")
-_FEATURE_TABLES = ("outbox_schema", "agents_schema", "webhooks_schema")
+# The layout: these scripts, in order; its tables are what they create.
+_SCRIPTS = ("schema", "outbox_schema", "agents_schema", "webhooks_schema")
+_TABLES = tables(*(_SCHEMA[name].decode() for name in _SCRIPTS))
 
 
 def _redact(message: str, password: str | None) -> str:
+    """One line, without the password: psycopg's messages carry a second line ("Is the server
+    running…") and, for SQL errors, the statement's ``LINE n:`` and a caret line."""
     if password:
         message = message.replace(password, "***")
-    return message
+    lines = [ln.strip() for ln in message.splitlines()]
+    kept = [ln for ln in lines if ln and not ln.startswith("LINE ") and set(ln) != {"^"}]
+    return " ".join(kept)
 
 
 def _fetch(cur: psycopg.Cursor[Any], fetch: str) -> Any:
@@ -192,7 +200,8 @@ class PostgresConnector(Transactions):
         }
         self.conninfo = make_conninfo(url)
         self._closed = False
-        super().__init__()
+        #: What opening did to the schema (``retrysafe migrate`` reports it).
+        self.migration = Migration("none", SCHEMA_VERSION)
         self._ensure_schema(create)
         self._pool = psycopg_pool.ConnectionPool(
             self.conninfo,
@@ -212,6 +221,10 @@ class PostgresConnector(Transactions):
     def url(self) -> str:
         """The URL without the password."""
         return f"postgresql://{self.where}"
+
+    @property
+    def database(self) -> tuple[str, ...]:
+        return ("postgres", self.where, self.schema)
 
     # ------------------------------------------------------------------ errors
     def translate(self, exc: Exception) -> StoreError:
@@ -291,48 +304,30 @@ class PostgresConnector(Transactions):
             raise self.translate(exc) from exc
 
     def _check_or_create(self, conn: psycopg.Connection[Any], create: bool) -> None:
-        version = self._version(conn)
-        if version == SCHEMA_VERSION and self._complete(conn):
+        where = f"PostgreSQL store {self.where} (schema {self.schema!r})"
+        state = _state(conn, where)
+        if not schema_check(state, where, create=create):
+            self.migration = Migration("none", state.version)
             return
-        if not create:
-            what = "no retrysafe schema" if version is None else "missing feature tables"
-            raise SchemaError(
-                f"PostgreSQL store {self.where} has {what} in {self.schema!r} "
-                "(run `retrysafe migrate --store URL`, or open it with create=True)",
-                store=self.url,
-            )
         with conn.transaction():
             # Concurrent migrations: the advisory lock makes the second wait, then find the
-            # schema complete and change nothing. It comes first: CREATE SCHEMA IF NOT EXISTS
+            # schema current and change nothing. It comes first: CREATE SCHEMA IF NOT EXISTS
             # itself races (two creators collide on the catalog's unique index).
             conn.execute(_SCHEMA["lock_schema"], {"schema": self.schema})
             stmt = sql.SQL(_SCHEMA["create_schema"].decode()).format(
                 schema=sql.Identifier(self.schema)
             )
             conn.execute(stmt)
-            version = self._version(conn)
-            if version is None or not self._complete(conn):
-                # Every statement is IF NOT EXISTS: this creates the schema, or adds the tables
-                # of features a version-1 schema was written without.
-                for name in ("schema", *_FEATURE_TABLES):
+            state = _state(conn, where)  # another process may have migrated meanwhile
+            schema_check(state, where, create=True)
+            self.migration = schema_action(state)
+            if not state.current:
+                # Every statement is IF NOT EXISTS: this creates the schema, re-creates a
+                # dropped table, or adds the tables of features an older schema lacks.
+                for name in _SCRIPTS:
                     for stmt_text in split_statements(_SCHEMA[name].decode()):
                         conn.execute(stmt_text.encode())
                 conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
-
-    def _complete(self, conn: psycopg.Connection[Any]) -> bool:
-        return _complete(conn)
-
-    def _version(self, conn: psycopg.Connection[Any]) -> int | None:
-        version = _version(conn)
-        if version is not None and version > SCHEMA_VERSION:
-            raise SchemaError(
-                f"PostgreSQL store {self.where} (schema {self.schema!r}) has schema version "
-                f"{version}; this retrysafe understands up to {SCHEMA_VERSION}. Upgrade "
-                "retrysafe (`pip install -U retrysafe`) before running "
-                "`retrysafe migrate --store URL`.",
-                store=self.url,
-            )
-        return version
 
     def close(self) -> None:
         """Close the sync pool. Idempotent. (Async faces close with ``aclose()``.)"""
@@ -341,27 +336,15 @@ class PostgresConnector(Transactions):
             self._pool.close()
 
 
-def _complete(conn: psycopg.Connection[Any]) -> bool:
-    for probe in _FEATURE_PROBES:
-        row = conn.execute(_SCHEMA[probe]).fetchone()
-        if row is None or not row[0]:
-            return False
-    return True
-
-
-def _version(conn: psycopg.Connection[Any]) -> int | None:
+def _state(conn: psycopg.Connection[Any], where: str) -> State:
+    """The schema's version and missing tables, as the database holds them now."""
+    version = None
     row = conn.execute(_SCHEMA["meta_exists"]).fetchone()
-    if row is None or not row[0]:
-        return None
-    got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
-    return None if got is None else int(got[0])
-
-
-def schema_state(conn: psycopg.Connection[Any]) -> tuple[int | None, bool]:
-    """``(version or None, every feature's tables present)`` of the schema ``conn``'s
-    search_path names (``retrysafe migrate`` reports it before it migrates)."""
-    version = _version(conn)
-    return version, version is not None and _complete(conn)
+    if row is not None and row[0]:
+        got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
+        version = None if got is None else parse_version(got[0], where)
+    missing = conn.execute(_SCHEMA["missing_tables"], {"tables": list(_TABLES)}).fetchall()
+    return State(version, tuple(str(r[0]) for r in missing))
 
 
 class PostgresTransaction:
@@ -383,6 +366,14 @@ class PostgresTransaction:
         self.connection = conn
         self.lock = threading.Lock()
         self._done = False
+
+    @property
+    def url(self) -> str:
+        return self._connector.url
+
+    @property
+    def database(self) -> tuple[str, ...]:
+        return self._connector.database
 
     def run(self, op: Op[_T], *, atomic: bool = False) -> _T:
         """Drive ``op`` inside this transaction (not yet committed)."""

@@ -38,6 +38,15 @@ from retrysafe.stores._connector import (
 )
 from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
+from retrysafe.stores._schema import (
+    SCHEMA_VERSION,
+    Migration,
+    State,
+    parse_version,
+    schema_action,
+    schema_check,
+    tables,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -48,11 +57,9 @@ __all__ = [
     "sqlite_path_from_url",
 ]
 
-#: The schema version this release writes and understands.
-SCHEMA_VERSION = 1
-
 _T = TypeVar("_T")
 _SCHEMA = load_sql("retrysafe.stores", "sql/schema.sqlite.sql")
+_TABLES = tables(_SCHEMA["schema"])
 
 # Messages of sqlite3.OperationalError that mean "cannot serve now" rather than "a bug".
 _UNAVAILABLE = (
@@ -177,7 +184,8 @@ class SQLiteConnector(Transactions):
         self._lock = threading.Lock()
         self._connections: weakref.WeakSet[_Conn] = weakref.WeakSet()
         self._closed = False
-        super().__init__()
+        #: What opening did to the schema (``retrysafe migrate`` reports it).
+        self.migration = Migration("none", SCHEMA_VERSION)
         self._ensure_schema(create and not readonly)
 
     def __repr__(self) -> str:
@@ -186,6 +194,12 @@ class SQLiteConnector(Transactions):
     @property
     def url(self) -> str:
         return f"sqlite:///{self.path}"
+
+    @property
+    def database(self) -> tuple[str, ...]:
+        if self.path == ":memory:":
+            return ("sqlite", ":memory:", str(id(self)))  # private to this connector
+        return ("sqlite", str(Path(self.path).expanduser().resolve()))
 
     # ------------------------------------------------------------------ connections
     def connect(self, busy_timeout: float) -> sqlite3.Connection:
@@ -284,37 +298,25 @@ class SQLiteConnector(Transactions):
 
     # ------------------------------------------------------------------ schema
     def _ensure_schema(self, create: bool) -> None:
-        def check(conn: sqlite3.Connection) -> None:
-            try:
-                row = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
-            except sqlite3.OperationalError as exc:
-                if "no such table" not in str(exc):
-                    raise
-                row = None
-            if row is not None:
-                version = int(row[0])
-                if version > SCHEMA_VERSION:
-                    raise SchemaError(
-                        f"SQLite store {self.url} has schema version {version}; this retrysafe "
-                        f"understands up to {SCHEMA_VERSION}. Upgrade retrysafe.",
-                        store=self.url,
-                    )
-                if version == SCHEMA_VERSION:
-                    return
-            if not create:
-                raise SchemaError(
-                    f"SQLite store {self.url} has no retrysafe schema "
-                    "(run `retrysafe migrate --store URL`)",
-                    store=self.url,
-                )
-            # Every statement is IF NOT EXISTS and BEGIN IMMEDIATE serialises concurrent
-            # migrations: the second one waits for the first, then changes nothing.
-            with _atomic(conn):
-                for stmt in split_statements(_SCHEMA["schema"]):
-                    conn.execute(stmt)
-                conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+        where = f"SQLite store {self.url}"
 
-        self.with_connection(check)
+        def migrate(conn: sqlite3.Connection) -> None:
+            state = _state(conn, where)
+            if not schema_check(state, where, create=create):
+                self.migration = Migration("none", state.version)
+                return
+            # BEGIN IMMEDIATE serialises concurrent migrations: the second waits for the
+            # first, then finds the schema current (re-read under the lock) and changes nothing.
+            with _atomic(conn):
+                state = _state(conn, where)
+                schema_check(state, where, create=True)
+                self.migration = schema_action(state)
+                if not state.current:
+                    for stmt in split_statements(_SCHEMA["schema"]):
+                        conn.execute(stmt)
+                    conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+        self.with_connection(migrate)
 
     def close(self) -> None:
         """Close every connection this connector opened. Idempotent."""
@@ -323,6 +325,16 @@ class SQLiteConnector(Transactions):
             for holder in list(self._connections):
                 holder.close()
             self._connections.clear()
+
+
+def _state(conn: sqlite3.Connection, where: str) -> State:
+    """The schema's version and missing tables, as the file holds them now."""
+    present = {str(r[0]) for r in conn.execute(_SCHEMA["list_tables"]).fetchall()}
+    version = None
+    if "retrysafe_meta" in present:
+        row = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
+        version = None if row is None else parse_version(row[0], where)
+    return State(version, tuple(t for t in _TABLES if t not in present))
 
 
 class SQLiteTransaction:
@@ -347,6 +359,14 @@ class SQLiteTransaction:
         self.connection = conn
         self.lock = threading.Lock()
         self._done = False
+
+    @property
+    def url(self) -> str:
+        return self._connector.url
+
+    @property
+    def database(self) -> tuple[str, ...]:
+        return self._connector.database
 
     def run(self, op: Op[_T]) -> _T:
         """Drive ``op`` inside this transaction (not yet committed)."""

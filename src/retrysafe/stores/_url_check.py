@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -19,12 +20,20 @@ __all__ = [
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@]*@")
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with any password replaced by ``***`` (for messages and logs); also for a URL
+    too malformed to parse (an unclosed IPv6 bracket): then by pattern."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return _USERINFO.sub(r"\1:***@", url)
+    if password is None:
         return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    netloc = parts.netloc.replace(":" + password + "@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -39,7 +48,13 @@ def check_postgres_url(url: str) -> None:
     """
     if "://" not in url:
         return  # a libpq key=value string: it names its own dbname or fails on its own
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsing the port raises on a malformed one)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {redact_url(url)!r}: {exc}", option="store"
+        ) from None
     if parts.path.strip("/") or "dbname=" in parts.query:
         return
     raise ConfigurationError(

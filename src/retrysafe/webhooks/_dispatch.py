@@ -164,7 +164,9 @@ class Dispatcher:
                 f"delivery id prefix {delivery_id!r} is ambiguous; give more characters",
                 job_id=delivery_id,
             )
-        raise JobNotFoundError(f"no delivery {delivery_id!r}", job_id=delivery_id)
+        raise JobNotFoundError(
+            f"no delivery {delivery_id!r} in {self.store.url}", job_id=delivery_id
+        )
 
     def delivery(self, delivery_id: str) -> WebhookDelivery:
         """One delivery (full id or unique prefix). Raises :class:`JobNotFoundError`."""

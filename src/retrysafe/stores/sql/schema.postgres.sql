@@ -13,6 +13,10 @@ CREATE SCHEMA IF NOT EXISTS {schema};
 -- Keyed by the schema's name, not current_schema(): that is NULL while the schema is missing.
 SELECT pg_advisory_xact_lock(hashtext(%(schema)s || '.retrysafe_schema'));
 
+-- name: missing_tables
+-- The tables of the layout (schema_tables below) that this schema lacks.
+SELECT t FROM unnest(%(tables)s::text[]) AS t WHERE to_regclass(t) IS NULL;
+
 -- name: meta_exists
 
 SELECT to_regclass('retrysafe_meta') IS NOT NULL;
@@ -47,10 +51,6 @@ SELECT value FROM retrysafe_meta WHERE name = 'schema_version';
 
 INSERT INTO retrysafe_meta (name, value) VALUES ('schema_version', %(version)s)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value;
-
--- name: outbox_exists
-
-SELECT to_regclass('outbox_jobs') IS NOT NULL;
 
 -- name: outbox_schema
 
@@ -99,10 +99,6 @@ CREATE TABLE IF NOT EXISTS outbox_attempts (
     PRIMARY KEY (job_id, number)
 );
 
--- name: agents_exists
-
-SELECT to_regclass('agent_calls') IS NOT NULL;
-
 -- name: agents_schema
 
 CREATE TABLE IF NOT EXISTS agent_runs (
@@ -138,9 +134,6 @@ CREATE TABLE IF NOT EXISTS agent_calls (
 );
 CREATE INDEX IF NOT EXISTS agent_calls_run ON agent_calls (run_id, created_at);
 CREATE INDEX IF NOT EXISTS agent_calls_tool ON agent_calls (run_id, tool, signature);
-
--- name: webhooks_exists
-SELECT to_regclass('webhook_deliveries') IS NOT NULL;
 
 -- name: webhooks_schema
 -- Webhooks (SPEC §6), as in SQLite. An endpoint's secrets are a JSON array of

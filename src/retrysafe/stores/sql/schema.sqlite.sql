@@ -143,6 +143,9 @@ CREATE TABLE IF NOT EXISTS agent_calls (
 CREATE INDEX IF NOT EXISTS agent_calls_run ON agent_calls (run_id, created_at);
 CREATE INDEX IF NOT EXISTS agent_calls_tool ON agent_calls (run_id, tool, signature);
 
+-- name: list_tables
+SELECT name FROM sqlite_master WHERE type = 'table';
+
 -- name: get_schema_version
 
 SELECT value FROM retrysafe_meta WHERE name = 'schema_version';

@@ -1,0 +1,120 @@
+"""The schema rule, once for both SQL dialects: read the version and the missing tables, refuse
+or migrate, and say what was done.
+
+The layout of every feature is one versioned unit per dialect (``sql/schema.<dialect>.sql``);
+its tables are the ``CREATE TABLE IF NOT EXISTS`` names of that file, so a table dropped by hand
+is found and re-created like a missing feature's. A connector reads the state (:class:`State`),
+calls :func:`schema_check` (refuse, or "migrate needed"), and migrates under its dialect's lock,
+re-reading the state there so that of two processes migrating at once one creates and the other
+finds nothing to do (:func:`schema_action` says which).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from retrysafe._exceptions import SchemaError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Migration",
+    "State",
+    "parse_version",
+    "schema_action",
+    "schema_check",
+    "tables",
+]
+
+#: The schema version this release writes and understands.
+SCHEMA_VERSION = 1
+
+_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)", re.IGNORECASE)
+
+
+def tables(*scripts: str) -> tuple[str, ...]:
+    """The table names the schema scripts create, in order."""
+    return tuple(name for script in scripts for name in _TABLE.findall(script))
+
+
+def parse_version(raw: object, where: str) -> int:
+    """The stored ``schema_version`` as an int.
+
+    Raises:
+        SchemaError: it is not a whole number (edited by hand, or not retrysafe's table).
+    """
+    text = str(raw).strip()
+    if not text.isdigit():
+        raise SchemaError(
+            f"{where} has an unreadable schema version {raw!r} in retrysafe_meta (expected a "
+            f"whole number up to {SCHEMA_VERSION}); fix or remove that row, then run "
+            "`retrysafe migrate --store URL`",
+            store=where,
+        )
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """The schema as the database holds it: ``version`` (None: no retrysafe schema) and the
+    tables of the current layout that are missing."""
+
+    version: int | None
+    missing: tuple[str, ...]
+
+    @property
+    def current(self) -> bool:
+        return self.version == SCHEMA_VERSION and not self.missing
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What opening the store did: ``action`` is ``"created"``, ``"upgraded"`` or ``"none"``;
+    ``from_version`` the version found (None: no schema); ``added`` the tables it created in a
+    schema that had a version already."""
+
+    action: str
+    from_version: int | None
+    added: tuple[str, ...] = ()
+
+
+def schema_check(state: State, where: str, *, create: bool) -> bool:
+    """Whether the store must migrate (False: the schema is current).
+
+    Raises:
+        SchemaError: the schema is newer than this release (always), or it is missing, older
+            or lacks tables and ``create`` is False; the message names the version or the
+            tables and says to run ``retrysafe migrate``.
+    """
+    if state.version is not None and state.version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{where} has schema version {state.version}; this retrysafe understands up to "
+            f"{SCHEMA_VERSION}. Upgrade retrysafe (`pip install -U retrysafe`), then run "
+            "`retrysafe migrate --store URL`.",
+            store=where,
+        )
+    if state.current:
+        return False
+    if create:
+        return True
+    if state.version is None:
+        what = "no retrysafe schema"
+    elif state.version < SCHEMA_VERSION:
+        what = f"an older schema (version {state.version}; this retrysafe writes {SCHEMA_VERSION})"
+    else:
+        what = "schema version 1 without the tables " + ", ".join(state.missing)
+    raise SchemaError(
+        f"{where} has {what} (run `retrysafe migrate --store URL`, or open it with "
+        "create=True)",
+        store=where,
+    )
+
+
+def schema_action(before: State) -> Migration:
+    """What a migration that found ``before`` (under the lock) did."""
+    if before.current:
+        return Migration("none", before.version)
+    if before.version is None:
+        return Migration("created", None)
+    added = before.missing if before.version == SCHEMA_VERSION else ()
+    return Migration("upgraded", before.version, added)
