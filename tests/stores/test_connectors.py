@@ -78,7 +78,7 @@ def test_a_connection_from_another_store_is_refused(sql_store: Any, tmp_path: Pa
     try:
         with (
             other.transaction() as foreign,
-            pytest.raises(ConfigurationError, match="is an open transaction on .*, not on"),
+            pytest.raises(ConfigurationError, match=r"is an open transaction on .*, not on"),
         ):
             sql_store.connector.run(keys.get("caller", "k"), connection=foreign)
     finally:
