@@ -238,13 +238,37 @@ def test_statement_files_must_name_the_same_statements(tmp_path: Path) -> None:
 
 
 def test_every_feature_names_the_same_statements_in_both_dialects() -> None:
-    for package, feature in (
-        ("retrysafe.stores", "keys"),
-        ("retrysafe.client", "outbox"),
-        ("retrysafe.webhooks", "webhooks"),
-        ("retrysafe.agents", "agents"),
+    from retrysafe.agents import _store as agents
+    from retrysafe.client import _store as outbox
+    from retrysafe.webhooks import _store as webhooks
+
+    for package, feature, columns in (
+        ("retrysafe.stores", "keys", {"key_columns": keys.KEY_COLUMNS}),
+        ("retrysafe.client", "outbox", {"job_columns": outbox.JOB_COLUMNS}),
+        ("retrysafe.webhooks", "webhooks", {"endpoint_columns": webhooks.ENDPOINT_COLUMNS}),
+        (
+            "retrysafe.agents",
+            "agents",
+            {"call_columns": agents.CALL_COLUMNS, "run_columns": agents.RUN_COLUMNS},
+        ),
     ):
-        Statements(package, feature)  # raises when the files disagree
+        # Raises when the files disagree or name a column list that is not given.
+        statements = Statements(package, feature, columns=columns)
+        assert all("{" not in p for st in statements._by_name.values() for p in st.parts["sqlite"])
+
+
+def test_a_statement_naming_an_unknown_column_list_is_refused(tmp_path: Path) -> None:
+    pkg = tmp_path / "fakecols"
+    (pkg / "sql").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    for dialect in ("sqlite", "postgres"):
+        (pkg / "sql" / f"f.{dialect}.sql").write_text("-- name: a\nSELECT {nothing} FROM t;\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match=r"f.a: no column list \{nothing\}"):
+            Statements("fakecols", "f")
+    finally:
+        sys.path.remove(str(tmp_path))
 
 
 def _migrate(*args: str) -> subprocess.Popen[str]:

@@ -45,7 +45,45 @@ from retrysafe.stores._connector import (
 
 __all__ = ["AsyncSQLAgentStore", "SQLAgentStore", "agent_store"]
 
-_SQL = Statements("retrysafe.agents", "agents")
+#: The columns every statement returning a row reads, in the order the row converter
+#: unpacks them (``{call_columns}`` in the statement files).
+CALL_COLUMNS = (
+    "idempotency_key",
+    "run_id",
+    "step",
+    "tool",
+    "kind",
+    "signature",
+    "arguments_hash",
+    "arguments",
+    "state",
+    "attempts",
+    "fencing_token",
+    "owner",
+    "lease_expires_at",
+    "result",
+    "result_summary",
+    "error",
+    "created_at",
+    "updated_at",
+    "finished_at",
+)
+
+#: The columns every statement returning a row reads, in the order the row converter
+#: unpacks them (``{run_columns}`` in the statement files).
+RUN_COLUMNS = (
+    "id",
+    "state",
+    "max_steps",
+    "max_attempts",
+    "reason",
+    "created_at",
+    "updated_at",
+)
+
+_SQL = Statements(
+    "retrysafe.agents", "agents", columns={"call_columns": CALL_COLUMNS, "run_columns": RUN_COLUMNS}
+)
 
 
 def _run(row: tuple[Any, ...]) -> AgentRunRecord:

@@ -85,7 +85,35 @@ if TYPE_CHECKING:
 #: ``postgresql://…``), a SQL store, or any :class:`~retrysafe.client.OutboxStore`.
 StoreArg: TypeAlias = "str | OutboxStore | SQLiteStore | PostgresStore"
 
-_SQL = Statements("retrysafe.client", "outbox")
+#: The columns every statement returning a row reads, in the order the row converter
+#: unpacks them (``{job_columns}`` in the statement files).
+JOB_COLUMNS = (
+    "id",
+    "idempotency_key",
+    "queue",
+    "state",
+    "method",
+    "url",
+    "destination",
+    "headers",
+    "body",
+    "created_at",
+    "updated_at",
+    "due_at",
+    "deadline_at",
+    "attempts",
+    "sends",
+    "polls",
+    "last_delay",
+    "lease_token",
+    "lease_expires_at",
+    "finished_at",
+    "last_status",
+    "last_outcome",
+    "last_error",
+)
+
+_SQL = Statements("retrysafe.client", "outbox", columns={"job_columns": JOB_COLUMNS})
 
 
 # ---------------------------------------------------------------------- rows

@@ -25,7 +25,15 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator, Mapping
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from importlib import resources
@@ -95,26 +103,43 @@ class Statement:
 class Statements:
     """The named statements of one feature: ``<package>/sql/<feature>.<dialect>.sql``.
 
+    Args:
+        columns: column lists by name, substituted for ``{name}`` in every statement of both
+            dialects (``RETURNING {job_columns}``): the order a row converter reads lives in
+            one place, beside the converter.
+
     Raises:
-        RuntimeError: (at import) the dialects' files name different statements — a packaging
-            bug, never a user error.
+        RuntimeError: (at import) the dialects' files name different statements, or a
+            statement names a column list that was not given — packaging bugs, never a user
+            error.
     """
 
-    def __init__(self, package: str, feature: str) -> None:
+    def __init__(
+        self, package: str, feature: str, *, columns: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
         self.feature = feature
+        lists = {f"{{{name}}}": ", ".join(cols) for name, cols in (columns or {}).items()}
         texts = {d: _load(package, f"sql/{feature}.{d}.sql") for d in DIALECTS}
         names = set(texts["sqlite"])
         if names != set(texts["postgres"]):
             odd = sorted(names ^ set(texts["postgres"]))
             raise RuntimeError(f"{feature}: statements {odd} exist in one dialect only")
+
+        def parts(dialect: str, name: str) -> list[str]:
+            text = texts[dialect][name]
+            for placeholder, cols in lists.items():
+                text = text.replace(placeholder, cols)
+            unknown = _PLACEHOLDER.search(text)
+            if unknown:
+                raise RuntimeError(f"{feature}.{name}: no column list {unknown.group(0)}")
+            return split_statements(text)
+
         self._by_name = {
             name: Statement(
                 f"{feature}.{name}",
                 {
-                    "sqlite": tuple(split_statements(texts["sqlite"][name])),
-                    "postgres": tuple(
-                        p.encode() for p in split_statements(texts["postgres"][name])
-                    ),
+                    "sqlite": tuple(parts("sqlite", name)),
+                    "postgres": tuple(p.encode() for p in parts("postgres", name)),
                 },
             )
             for name in names
@@ -125,6 +150,9 @@ class Statements:
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
+
+
+_PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 
 
 @cache

@@ -32,7 +32,22 @@ from retrysafe.stores._connector import (
 
 __all__ = ["AsyncSQLKeyStore", "KeyEffect", "SQLKeyStore"]
 
-_SQL = Statements("retrysafe.stores", "keys")
+#: The columns every statement returning a row reads, in the order the row converter
+#: unpacks them (``{key_columns}`` in the statement files).
+KEY_COLUMNS = (
+    "key_hash",
+    "fingerprint",
+    "state",
+    "fencing_token",
+    "lease_expires_at",
+    "expires_at",
+    "status",
+    "headers",
+    "body",
+    "replayable",
+)
+
+_SQL = Statements("retrysafe.stores", "keys", columns={"key_columns": KEY_COLUMNS})
 _CLAIM, _GET, _TAKE_OVER = _SQL["claim_key"], _SQL["get_key"], _SQL["take_over_key"]
 _COMPLETE, _RELEASE, _EXTEND = _SQL["complete_key"], _SQL["release_key"], _SQL["extend_key_lease"]
 _PURGE = _SQL["purge_keys"]

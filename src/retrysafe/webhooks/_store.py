@@ -47,7 +47,25 @@ from retrysafe.webhooks._models import (
 
 __all__ = ["AsyncSQLWebhookStore", "SQLWebhookStore", "webhook_store"]
 
-_SQL = Statements("retrysafe.webhooks", "webhooks")
+#: The columns every statement returning a row reads, in the order the row converter
+#: unpacks them (``{endpoint_columns}`` in the statement files).
+ENDPOINT_COLUMNS = (
+    "id",
+    "url",
+    "secrets",
+    "event_types",
+    "description",
+    "schedule",
+    "rate_limit",
+    "enabled",
+    "disabled_reason",
+    "failure_count",
+    "first_failure_at",
+    "created_at",
+    "updated_at",
+)
+
+_SQL = Statements("retrysafe.webhooks", "webhooks", columns={"endpoint_columns": ENDPOINT_COLUMNS})
 
 
 # ---------------------------------------------------------------------- rows

@@ -8,10 +8,10 @@
 INSERT INTO agent_runs (id, state, max_steps, max_attempts, created_at, updated_at)
 VALUES (%(id)s, 'active', %(max_steps)s, %(max_attempts)s, %(now)s, %(now)s)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, state, max_steps, max_attempts, reason, created_at, updated_at;
+RETURNING {run_columns};
 
 -- name: get_agent_run
-SELECT id, state, max_steps, max_attempts, reason, created_at, updated_at
+SELECT {run_columns}
 FROM agent_runs WHERE id = %(id)s;
 
 -- name: lock_agent_run
@@ -48,20 +48,14 @@ VALUES (%(key)s, %(run_id)s, %(step)s, %(tool)s, %(kind)s, %(signature)s, %(argu
         %(arguments)s, %(state)s, %(owner)s, %(lease_expires_at)s, %(error)s, %(now)s, %(now)s,
         %(finished_at)s)
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments,
-          state, attempts, fencing_token, owner, lease_expires_at, result, result_summary,
-          error, created_at, updated_at, finished_at;
+RETURNING {call_columns};
 
 -- name: get_agent_call
-SELECT idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
-       attempts, fencing_token, owner, lease_expires_at, result, result_summary, error,
-       created_at, updated_at, finished_at
+SELECT {call_columns}
 FROM agent_calls WHERE idempotency_key = %(key)s;
 
 -- name: list_agent_calls
-SELECT idempotency_key, run_id, step, tool, kind, signature, arguments_hash, arguments, state,
-       attempts, fencing_token, owner, lease_expires_at, result, result_summary, error,
-       created_at, updated_at, finished_at
+SELECT {call_columns}
 FROM agent_calls WHERE run_id = %(run_id)s ORDER BY created_at, step, idempotency_key;
 
 -- name: take_over_agent_call

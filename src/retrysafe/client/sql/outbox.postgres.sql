@@ -23,9 +23,7 @@ SELECT %(id)s::text, %(key)s::text, %(queue)s::text, 'pending', %(method)s::text
 FROM (SELECT coalesce(%(now)s::float8,
                       extract(epoch FROM statement_timestamp())::float8) AS now) AS t
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: claim_jobs
 
@@ -56,9 +54,7 @@ WHERE id IN (
     SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c
     ORDER BY at LIMIT %(limit)s
 )
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: claim_unknown_jobs
 
@@ -79,9 +75,7 @@ WHERE id IN (
     ORDER BY created_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: finish_attempt
 
@@ -158,15 +152,11 @@ SET state = %(state)s, due_at = (SELECT now FROM t), updated_at = (SELECT now FR
     deadline_at = CASE WHEN %(reset)s THEN %(deadline_at)s::float8 ELSE deadline_at END
 WHERE id = %(id)s
   AND state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(from_states)s::jsonb)))
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: get_job
 
-SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
-       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT {job_columns}
 FROM outbox_jobs WHERE id = %(id)s;
 
 -- name: find_job_by_prefix
@@ -180,16 +170,12 @@ ORDER BY id LIMIT 2;
 
 -- name: get_job_by_key
 
-SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
-       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT {job_columns}
 FROM outbox_jobs WHERE idempotency_key = %(key)s;
 
 -- name: list_jobs
 
-SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
-       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT {job_columns}
 FROM outbox_jobs
 WHERE queue = %(queue)s
   AND (%(states)s::jsonb IS NULL

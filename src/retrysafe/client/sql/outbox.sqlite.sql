@@ -19,9 +19,7 @@ INSERT INTO outbox_jobs
 VALUES (:id, :key, :queue, 'pending', :method, :url, :destination, :headers, :body,
         :now, :now, :now, :deadline_at)
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: claim_jobs
 
@@ -47,9 +45,7 @@ WHERE id IN (
         )
     ) ORDER BY t LIMIT :limit
 )
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: claim_unknown_jobs
 
@@ -65,9 +61,7 @@ WHERE id IN (
       AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
     ORDER BY +created_at LIMIT :limit
 )
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: finish_attempt
 
@@ -126,15 +120,11 @@ SET state = :state, due_at = :now, updated_at = :now,
     last_delay = CASE WHEN :reset THEN 0 ELSE last_delay END,
     deadline_at = CASE WHEN :reset THEN :deadline_at ELSE deadline_at END
 WHERE id = :id AND state IN (SELECT value FROM json_each(:from_states))
-RETURNING id, idempotency_key, queue, state, method, url, destination, headers, body,
-          created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-          lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error;
+RETURNING {job_columns};
 
 -- name: get_job
 
-SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
-       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT {job_columns}
 FROM outbox_jobs WHERE id = :id;
 
 -- name: find_job_by_prefix
@@ -147,16 +137,12 @@ ORDER BY id LIMIT 2;
 
 -- name: get_job_by_key
 
-SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
-       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT {job_columns}
 FROM outbox_jobs WHERE idempotency_key = :key;
 
 -- name: list_jobs
 
-SELECT id, idempotency_key, queue, state, method, url, destination, headers, body,
-       created_at, updated_at, due_at, deadline_at, attempts, sends, polls, last_delay,
-       lease_token, lease_expires_at, finished_at, last_status, last_outcome, last_error
+SELECT {job_columns}
 FROM outbox_jobs
 WHERE queue = :queue
   AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))

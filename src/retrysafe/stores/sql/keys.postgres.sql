@@ -34,8 +34,7 @@ RETURNING fencing_token, lease_expires_at, expires_at;
 -- name: get_key
 
 -- A released record (tombstone) reads as absent.
-SELECT key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
-       status, headers, body, replayable
+SELECT {key_columns}
 FROM idempotency_keys WHERE key_hash = %(key_hash)s AND state <> 'released';
 
 -- name: take_over_key
@@ -49,8 +48,7 @@ SET fencing_token = fencing_token + 1,
 WHERE key_hash = %(key_hash)s AND fencing_token = %(token)s AND state = 'running'
   AND lease_expires_at <= coalesce(%(now)s::float8,
                                    extract(epoch FROM statement_timestamp())::float8)
-RETURNING key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
-          status, headers, body, replayable;
+RETURNING {key_columns};
 
 -- name: complete_key
 

@@ -21,8 +21,7 @@ RETURNING fencing_token, lease_expires_at, expires_at;
 
 -- name: get_key
 -- A released record (tombstone) reads as absent.
-SELECT key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
-       status, headers, body, replayable
+SELECT {key_columns}
 FROM idempotency_keys WHERE key_hash = :key_hash AND state <> 'released';
 
 -- name: take_over_key
@@ -31,8 +30,7 @@ UPDATE idempotency_keys
 SET fencing_token = fencing_token + 1, lease_expires_at = :now + :lease
 WHERE key_hash = :key_hash AND fencing_token = :token AND state = 'running'
   AND lease_expires_at <= :now
-RETURNING key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at,
-          status, headers, body, replayable;
+RETURNING {key_columns};
 
 -- name: complete_key
 UPDATE idempotency_keys

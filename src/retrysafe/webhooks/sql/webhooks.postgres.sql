@@ -22,19 +22,16 @@ SELECT %(id)s::text, %(url)s::text, %(secrets)s::text, %(event_types)s::text,
        %(disabled_reason)s::text, t.now, t.now
 FROM (SELECT coalesce(%(now)s::float8,
                       extract(epoch FROM statement_timestamp())::float8) AS now) AS t
-RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+RETURNING {endpoint_columns};
 
 -- name: get_endpoint
 
-SELECT id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-       disabled_reason, failure_count, first_failure_at, created_at, updated_at
+SELECT {endpoint_columns}
 FROM webhook_endpoints WHERE id = %(id)s;
 
 -- name: list_endpoints
 
-SELECT id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-       disabled_reason, failure_count, first_failure_at, created_at, updated_at
+SELECT {endpoint_columns}
 FROM webhook_endpoints ORDER BY created_at, id;
 
 -- name: update_endpoint
@@ -45,8 +42,7 @@ SET url = %(url)s, secrets = %(secrets)s, event_types = %(event_types)s,
     rate_limit = %(rate_limit)s::float8,
     updated_at = coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)
 WHERE id = %(id)s
-RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+RETURNING {endpoint_columns};
 
 -- name: set_endpoint_enabled
 
@@ -56,8 +52,7 @@ SET enabled = %(enabled)s::boolean, disabled_reason = %(reason)s::text, failure_
     first_failure_at = NULL,
     updated_at = coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)
 WHERE id = %(id)s
-RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+RETURNING {endpoint_columns};
 
 -- name: record_endpoint_failure
 

@@ -14,19 +14,16 @@ INSERT INTO webhook_endpoints
      disabled_reason, created_at, updated_at)
 VALUES (:id, :url, :secrets, :event_types, :description, :schedule, :rate_limit, :enabled,
         :disabled_reason, :now, :now)
-RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+RETURNING {endpoint_columns};
 
 -- name: get_endpoint
 
-SELECT id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-       disabled_reason, failure_count, first_failure_at, created_at, updated_at
+SELECT {endpoint_columns}
 FROM webhook_endpoints WHERE id = :id;
 
 -- name: list_endpoints
 
-SELECT id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-       disabled_reason, failure_count, first_failure_at, created_at, updated_at
+SELECT {endpoint_columns}
 FROM webhook_endpoints ORDER BY created_at, id;
 
 -- name: update_endpoint
@@ -35,8 +32,7 @@ UPDATE webhook_endpoints
 SET url = :url, secrets = :secrets, event_types = :event_types, description = :description,
     schedule = :schedule, rate_limit = :rate_limit, updated_at = :now
 WHERE id = :id
-RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+RETURNING {endpoint_columns};
 
 -- name: set_endpoint_enabled
 
@@ -45,8 +41,7 @@ UPDATE webhook_endpoints
 SET enabled = :enabled, disabled_reason = :reason, failure_count = 0,
     first_failure_at = NULL, updated_at = :now
 WHERE id = :id
-RETURNING id, url, secrets, event_types, description, schedule, rate_limit, enabled,
-          disabled_reason, failure_count, first_failure_at, created_at, updated_at;
+RETURNING {endpoint_columns};
 
 -- name: record_endpoint_failure
 
