@@ -75,6 +75,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _P = ParamSpec("_P")
 
 #: ``"caller"``: every ``now`` argument is the time (SQLite; tests on PostgreSQL);
@@ -201,10 +202,11 @@ def count(statement: Statement, params: Mapping[str, Any]) -> Exec:
     return Exec(statement, params, "count")
 
 
-def drive(op: Op[_T], execute: Callable[[Exec], Any]) -> _T:
+def drive(op: Generator[_R, Any, _T], execute: Callable[[_R], Any]) -> _T:
     """Run ``op`` to its end, answering each request with ``execute(request)``. An exception
     from ``execute`` is thrown into the operation (it may handle it) and, if not handled,
-    propagates."""
+    propagates. Requests are :class:`Exec` for the SQL connectors; the Redis key store drives
+    its own requests (script calls) with the same two functions."""
     done, value = _step(op, True, None)
     while not done:
         done, value = _step(op, *_attempt(execute, value))
@@ -212,7 +214,7 @@ def drive(op: Op[_T], execute: Callable[[Exec], Any]) -> _T:
     return result
 
 
-async def adrive(op: Op[_T], execute: Callable[[Exec], Awaitable[Any]]) -> _T:
+async def adrive(op: Generator[_R, Any, _T], execute: Callable[[_R], Awaitable[Any]]) -> _T:
     """:func:`drive` with an async ``execute``."""
     done, value = _step(op, True, None)
     while not done:
@@ -221,7 +223,7 @@ async def adrive(op: Op[_T], execute: Callable[[Exec], Awaitable[Any]]) -> _T:
     return result
 
 
-def _step(op: Op[Any], ok: bool, value: Any) -> tuple[bool, Any]:
+def _step(op: Generator[Any, Any, Any], ok: bool, value: Any) -> tuple[bool, Any]:
     """Send ``value`` (or throw it, when not ``ok``) into ``op``: ``(False, next request)`` or
     ``(True, the op's return value)``."""
     try:
@@ -230,14 +232,14 @@ def _step(op: Op[Any], ok: bool, value: Any) -> tuple[bool, Any]:
         return True, stop.value
 
 
-def _attempt(execute: Callable[[Exec], Any], request: Exec) -> tuple[bool, Any]:
+def _attempt(execute: Callable[[_R], Any], request: _R) -> tuple[bool, Any]:
     try:
         return True, execute(request)
     except Exception as exc:
         return False, exc
 
 
-async def _aattempt(execute: Callable[[Exec], Awaitable[Any]], request: Exec) -> tuple[bool, Any]:
+async def _aattempt(execute: Callable[[_R], Awaitable[Any]], request: _R) -> tuple[bool, Any]:
     try:
         return True, await execute(request)
     except Exception as exc:

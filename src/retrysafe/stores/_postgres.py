@@ -47,9 +47,8 @@ from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
     State,
+    migrate,
     parse_version,
-    schema_action,
-    schema_check,
     tables,
 )
 from retrysafe.stores._url_check import check_postgres_url
@@ -305,29 +304,26 @@ class PostgresConnector(Transactions):
 
     def _check_or_create(self, conn: psycopg.Connection[Any], create: bool) -> None:
         where = f"PostgreSQL store {self.where} (schema {self.schema!r})"
-        state = _state(conn, where)
-        if not schema_check(state, where, create=create):
-            self.migration = Migration("none", state.version)
-            return
-        with conn.transaction():
-            # Concurrent migrations: the advisory lock makes the second wait, then find the
-            # schema current and change nothing. It comes first: CREATE SCHEMA IF NOT EXISTS
-            # itself races (two creators collide on the catalog's unique index).
-            conn.execute(_SCHEMA["lock_schema"], {"schema": self.schema})
-            stmt = sql.SQL(_SCHEMA["create_schema"].decode()).format(
-                schema=sql.Identifier(self.schema)
-            )
-            conn.execute(stmt)
-            state = _state(conn, where)  # another process may have migrated meanwhile
-            schema_check(state, where, create=True)
-            self.migration = schema_action(state)
-            if not state.current:
-                # Every statement is IF NOT EXISTS: this creates the schema, re-creates a
-                # dropped table, or adds the tables of features an older schema lacks.
-                for name in _SCRIPTS:
-                    for stmt_text in split_statements(_SCHEMA[name].decode()):
-                        conn.execute(stmt_text.encode())
-                conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+        @contextmanager
+        def locked() -> Iterator[None]:
+            with conn.transaction():
+                # The advisory lock comes first: CREATE SCHEMA IF NOT EXISTS itself races (two
+                # creators collide on the catalog's unique index).
+                conn.execute(_SCHEMA["lock_schema"], {"schema": self.schema})
+                create_schema = sql.SQL(_SCHEMA["create_schema"].decode())
+                conn.execute(create_schema.format(schema=sql.Identifier(self.schema)))
+                yield
+
+        def apply() -> None:
+            for name in _SCRIPTS:
+                for stmt_text in split_statements(_SCHEMA[name].decode()):
+                    conn.execute(stmt_text.encode())
+            conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+        self.migration = migrate(
+            where, create=create, read=lambda: _state(conn, where), locked=locked, apply=apply
+        )
 
     def close(self) -> None:
         """Close the sync pool. Idempotent. (Async faces close with ``aclose()``.)"""

@@ -38,8 +38,8 @@ import asyncio
 import json
 import math
 import warnings
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
+from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -61,11 +61,13 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._connector import adrive, drive
 from retrysafe.stores._url_check import CLUSTER_SCHEMES, parse_cluster_url
 
 __all__ = ["RedisStore"]
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 Clock = Literal["server", "caller"]
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -251,6 +253,84 @@ def _from_fields(key_hash: str, fields: dict[str, bytes]) -> KeyRecord | None:
     )
 
 
+class _Call(NamedTuple):
+    """One Redis request of an operation: run the Lua script ``script`` on ``keys`` with
+    ``args``, or (``script`` None) read the record hash ``keys[0]``."""
+
+    script: str | None
+    keys: list[str]
+    args: list[Any]
+
+
+# The key store's primitives, written once: each is an operation (a generator of Redis requests,
+# like the SQL stores' operations) that the sync store and its async face both drive.
+_RedisOp = Generator[_Call, Any, _T]
+
+
+def _claim(
+    s: RedisStore, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+) -> _RedisOp[tuple[bool, KeyRecord]]:
+    args = s._claim_args(fingerprint, now, lease, retention)
+    claimed, flat = yield s._script("claim", key_hash, args, one_key=False)
+    return bool(claimed), cast(KeyRecord, _record(key_hash, flat))
+
+
+def _take_over(
+    s: RedisStore, key_hash: str, fencing_token: int, *, now: float, lease: float
+) -> _RedisOp[KeyRecord | None]:
+    args = s._take_over_args(fencing_token, now, lease)
+    return _record(key_hash, (yield s._script("take_over", key_hash, args, one_key=False)))
+
+
+def _complete(
+    s: RedisStore,
+    key_hash: str,
+    fencing_token: int,
+    response: StoredResponse,
+    *,
+    now: float,
+    retention: float,
+) -> _RedisOp[bool]:
+    args = s._complete_args(fencing_token, response, now, retention)
+    return bool((yield s._script("complete", key_hash, args, one_key=False)) == 1)
+
+
+def _release(s: RedisStore, key_hash: str, fencing_token: int) -> _RedisOp[bool]:
+    return bool((yield s._script("release", key_hash, ["", fencing_token], one_key=True)) == 1)
+
+
+def _extend_lease(
+    s: RedisStore, key_hash: str, fencing_token: int, *, now: float, lease: float
+) -> _RedisOp[bool]:
+    args = [s._now(now), fencing_token, lease]
+    return bool((yield s._script("extend", key_hash, args, one_key=True)) == 1)
+
+
+def _get(s: RedisStore, key_hash: str) -> _RedisOp[KeyRecord | None]:
+    fields = yield _Call(None, s._keys(key_hash)[:1], [])
+    return _from_fields(key_hash, _decoded(fields))
+
+
+def _sync(
+    fn: Callable[Concatenate[RedisStore, _P], _RedisOp[_T]],
+) -> Callable[Concatenate[RedisStore, _P], _T]:
+    def method(self: RedisStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return drive(fn(self, *args, **kwargs), self._execute)
+
+    method.__name__ = fn.__name__.lstrip("_")
+    return method
+
+
+def _async(
+    fn: Callable[Concatenate[RedisStore, _P], _RedisOp[_T]],
+) -> Callable[Concatenate[AsyncRedisKeys, _P], Coroutine[Any, Any, _T]]:
+    async def method(self: AsyncRedisKeys, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return await adrive(fn(self._s, *args, **kwargs), self._execute)
+
+    method.__name__ = fn.__name__.lstrip("_")
+    return method
+
+
 class RedisStore:
     """Redis-backed :class:`~retrysafe.stores.KeyStore` (and its async face).
 
@@ -417,9 +497,11 @@ class RedisStore:
         except (redis.RedisError, RedisClusterException) as exc:
             raise self._translate(exc) from exc
 
-    def _run(self, name: str, key_hash: str, args: Sequence[Any], *, one_key: bool) -> Any:
+    def _script(self, name: str, key_hash: str, args: Sequence[Any], *, one_key: bool) -> _Call:
+        """The request that runs script ``name`` on ``key_hash``'s record (and, unless
+        ``one_key``, its fencing-token counter: both keys hash to one slot)."""
         keys = self._keys(key_hash)[:1] if one_key else self._keys(key_hash)
-        return self._call(self._scripts[name], keys=keys, args=list(args))
+        return _Call(name, keys, list(args))
 
     def _masters(self) -> list[tuple[str, redis.Redis]]:
         """``(host:port, client)`` of every master: the server itself, or each cluster
@@ -526,41 +608,18 @@ class RedisStore:
     def _take_over_args(self, token: int, now: float, lease: float) -> list[Any]:
         return [self._now(now), token, lease, _ms(lease + self.token_ttl)]
 
-    def claim(
-        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
-    ) -> tuple[bool, KeyRecord]:
-        args = self._claim_args(fingerprint, now, lease, retention)
-        claimed, flat = self._run("claim", key_hash, args, one_key=False)
-        return bool(claimed), cast(KeyRecord, _record(key_hash, flat))
+    def _execute(self, call: _Call) -> Any:
+        """Run one request of an operation on the sync client."""
+        if call.script is None:
+            return self._call(self._r.hgetall, call.keys[0])
+        return self._call(self._scripts[call.script], keys=call.keys, args=call.args)
 
-    def take_over(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> KeyRecord | None:
-        args = self._take_over_args(fencing_token, now, lease)
-        return _record(key_hash, self._run("take_over", key_hash, args, one_key=False))
-
-    def complete(
-        self,
-        key_hash: str,
-        fencing_token: int,
-        response: StoredResponse,
-        *,
-        now: float,
-        retention: float,
-    ) -> bool:
-        args = self._complete_args(fencing_token, response, now, retention)
-        return bool(self._run("complete", key_hash, args, one_key=False) == 1)
-
-    def release(self, key_hash: str, fencing_token: int) -> bool:
-        return bool(self._run("release", key_hash, ["", fencing_token], one_key=True) == 1)
-
-    def extend_lease(self, key_hash: str, fencing_token: int, *, now: float, lease: float) -> bool:
-        args = [self._now(now), fencing_token, lease]
-        return bool(self._run("extend", key_hash, args, one_key=True) == 1)
-
-    def get(self, key_hash: str) -> KeyRecord | None:
-        fields = self._call(self._r.hgetall, self._keys(key_hash)[0])
-        return _from_fields(key_hash, _decoded(fields))
+    claim = _sync(_claim)
+    take_over = _sync(_take_over)
+    complete = _sync(_complete)
+    release = _sync(_release)
+    extend_lease = _sync(_extend_lease)
+    get = _sync(_get)
 
     def purge_keys(self, *, now: float, batch: int = 1000) -> int:
         """Delete records whose ``exp`` passed. Redis's native TTL already drops expired
@@ -643,10 +702,12 @@ class AsyncRedisKeys:
         except (redis.RedisError, RedisClusterException) as exc:
             raise self._s._translate(exc) from exc
 
-    async def _run(self, name: str, key_hash: str, args: Sequence[Any], *, one_key: bool) -> Any:
-        keys = self._s._keys(key_hash)
-        _, scripts = await self._ready()
-        return await self._await(scripts[name](keys=keys[:1] if one_key else keys, args=list(args)))
+    async def _execute(self, call: _Call) -> Any:
+        """Run one request of an operation on the ``redis.asyncio`` client."""
+        client, scripts = await self._ready()
+        if call.script is None:
+            return await self._await(client.hgetall(call.keys[0]))
+        return await self._await(scripts[call.script](keys=call.keys, args=call.args))
 
     async def aclose(self) -> None:
         """Close this face's client. Idempotent."""
@@ -656,42 +717,9 @@ class AsyncRedisKeys:
             closer = getattr(client, "aclose", None) or client.close
             await closer()
 
-    async def claim(
-        self, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
-    ) -> tuple[bool, KeyRecord]:
-        args = self._s._claim_args(fingerprint, now, lease, retention)
-        claimed, flat = await self._run("claim", key_hash, args, one_key=False)
-        return bool(claimed), cast(KeyRecord, _record(key_hash, flat))
-
-    async def take_over(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> KeyRecord | None:
-        args = self._s._take_over_args(fencing_token, now, lease)
-        return _record(key_hash, await self._run("take_over", key_hash, args, one_key=False))
-
-    async def complete(
-        self,
-        key_hash: str,
-        fencing_token: int,
-        response: StoredResponse,
-        *,
-        now: float,
-        retention: float,
-    ) -> bool:
-        args = self._s._complete_args(fencing_token, response, now, retention)
-        return bool(await self._run("complete", key_hash, args, one_key=False) == 1)
-
-    async def release(self, key_hash: str, fencing_token: int) -> bool:
-        done = await self._run("release", key_hash, ["", fencing_token], one_key=True)
-        return bool(done == 1)
-
-    async def extend_lease(
-        self, key_hash: str, fencing_token: int, *, now: float, lease: float
-    ) -> bool:
-        args = [self._s._now(now), fencing_token, lease]
-        return bool(await self._run("extend", key_hash, args, one_key=True) == 1)
-
-    async def get(self, key_hash: str) -> KeyRecord | None:
-        client, _ = await self._ready()
-        fields = await self._await(client.hgetall(self._s._keys(key_hash)[0]))
-        return _from_fields(key_hash, _decoded(fields))
+    claim = _async(_claim)
+    take_over = _async(_take_over)
+    complete = _async(_complete)
+    release = _async(_release)
+    extend_lease = _async(_extend_lease)
+    get = _async(_get)

@@ -12,6 +12,8 @@ finds nothing to do (:func:`schema_action` says which).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from retrysafe._exceptions import SchemaError
@@ -20,6 +22,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "State",
+    "migrate",
     "parse_version",
     "schema_action",
     "schema_check",
@@ -108,6 +111,37 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
         "create=True)",
         store=where,
     )
+
+
+def migrate(
+    where: str,
+    *,
+    create: bool,
+    read: Callable[[], State],
+    locked: Callable[[], AbstractContextManager[object]],
+    apply: Callable[[], None],
+) -> Migration:
+    """The migration conversation, for both dialects: read the state; if it is not current
+    (and :func:`schema_check` allows), take the dialect's lock (``locked()``: SQLite's ``BEGIN
+    IMMEDIATE``, PostgreSQL's advisory lock in a transaction), read it again there — another
+    process may have migrated meanwhile — and ``apply()`` the layout's script (every statement
+    ``IF NOT EXISTS``) unless it became current.
+
+    Returns:
+        What was done (exactly one of concurrent migrations reports ``"created"``).
+
+    Raises:
+        SchemaError: as :func:`schema_check`.
+    """
+    state = read()
+    if not schema_check(state, where, create=create):
+        return Migration("none", state.version)
+    with locked():
+        state = read()
+        schema_check(state, where, create=True)
+        if not state.current:
+            apply()
+    return schema_action(state)
 
 
 def schema_action(before: State) -> Migration:

@@ -42,9 +42,8 @@ from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
     State,
+    migrate,
     parse_version,
-    schema_action,
-    schema_check,
     tables,
 )
 
@@ -300,23 +299,22 @@ class SQLiteConnector(Transactions):
     def _ensure_schema(self, create: bool) -> None:
         where = f"SQLite store {self.url}"
 
-        def migrate(conn: sqlite3.Connection) -> None:
-            state = _state(conn, where)
-            if not schema_check(state, where, create=create):
-                self.migration = Migration("none", state.version)
-                return
-            # BEGIN IMMEDIATE serialises concurrent migrations: the second waits for the
-            # first, then finds the schema current (re-read under the lock) and changes nothing.
-            with _atomic(conn):
-                state = _state(conn, where)
-                schema_check(state, where, create=True)
-                self.migration = schema_action(state)
-                if not state.current:
-                    for stmt in split_statements(_SCHEMA["schema"]):
-                        conn.execute(stmt)
-                    conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+        def run(conn: sqlite3.Connection) -> Migration:
+            def apply() -> None:
+                for stmt in split_statements(_SCHEMA["schema"]):
+                    conn.execute(stmt)
+                conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
-        self.with_connection(migrate)
+            # BEGIN IMMEDIATE is the lock: a second migration waits for the first.
+            return migrate(
+                where,
+                create=create,
+                read=lambda: _state(conn, where),
+                locked=lambda: _atomic(conn),
+                apply=apply,
+            )
+
+        self.migration = self.with_connection(run)
 
     def close(self) -> None:
         """Close every connection this connector opened. Idempotent."""
