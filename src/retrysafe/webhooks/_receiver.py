@@ -12,6 +12,12 @@ Use it directly (:meth:`WebhookVerifier.receive` / :meth:`WebhookVerifier.arecei
 decorator (:meth:`WebhookVerifier.handler`) or as pure ASGI middleware
 (:class:`WebhookMiddleware`). The async paths use the store's async face: no store call blocks
 the event loop.
+
+SPEC §6: a receiver checks the headers before it reads the body and bounds the body. The
+middleware answers a missing header, a stale timestamp or a malformed signature header with 401
+before it takes a single body chunk (:meth:`WebhookVerifier.check_headers`), refuses a declared
+``Content-Length`` over ``max_body_size`` unread and cuts a longer body off as soon as it passes
+the limit (413), so a request costs at most ``max_body_size`` bytes of memory whatever it sends.
 """
 
 from __future__ import annotations
@@ -61,6 +67,12 @@ from retrysafe.webhooks._signing import (
 )
 
 __all__ = ["Receipt", "WebhookMiddleware", "WebhookVerifier"]
+
+#: The largest webhook body :class:`WebhookMiddleware` reads by default, in bytes (1 MiB).
+DEFAULT_MAX_BODY_SIZE = 1024 * 1024
+#: The reason :func:`~retrysafe.webhooks._signing.verify` gives when only the signature itself
+#: failed: every header is present and well formed, the timestamp within the tolerance.
+_NO_MATCH = "no matching signature"
 
 _T = TypeVar("_T")
 _ACK = StoredResponse(200, (), b"", True)
@@ -160,6 +172,31 @@ class WebhookVerifier:
         if self._owns_store and self.store is not None:
             self.store.close()
             self._owns_store = False
+
+    def check_headers(self, headers: Headers) -> None:
+        """Check everything that can be checked before the body is read (SPEC §6).
+
+        The ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` headers are
+        present, the timestamp is within the tolerance and the signature header is well
+        formed (at most 4096 characters, at least one ``v1,<base64>``). Call it before reading
+        a body your framework reads for you, so a stale or unsigned request costs nothing;
+        :meth:`verify` still checks the signature against the body afterwards.
+
+        Args:
+            headers: as for :meth:`verify`.
+
+        Raises:
+            WebhookVerificationError: a missing or malformed header, or a timestamp outside
+                the tolerance (its ``reason`` says which; answer 401).
+            TypeError: headers of another type.
+        """
+        # The rules live once, in verify(): run them over an empty body. When the headers are
+        # sound, only the signature can fail, and that is decided once the body is read.
+        try:
+            verify(self._keys, headers, b"", now=self._clock(), tolerance=self.tolerance)
+        except WebhookVerificationError as exc:
+            if exc.reason != _NO_MATCH:
+                raise
 
     def verify(self, headers: Headers, body: Body) -> tuple[str, Any]:
         """Check signature and timestamp; return ``(webhook_id, JSON payload)``.
@@ -353,24 +390,57 @@ class WebhookMiddleware:
     """Pure ASGI middleware that verifies webhooks on ``path`` and passes each
     ``webhook-id`` to the app once.
 
-    Answers without calling the app: 401 (problem+json) when verification fails, 200
-    ``{"duplicate": true}`` for an id already handled with the same body, 422
-    ``webhook-id-reused`` for an id already received with another body, 409 with
-    ``Retry-After`` while another delivery of it runs, 503 when the store cannot claim it.
-    While the app runs the claim's lease is renewed. A 2xx from the app completes the id;
-    anything else (or an exception) releases it so the sender's retry runs again. Other paths
-    pass through.
+    Answers without calling the app (problem+json ``{"type": …}`` documents for 4xx/5xx):
+
+    - before reading the body: 401 ``webhook-verification`` for a missing header, a timestamp
+      outside the tolerance or a malformed ``webhook-signature`` (the body is never read);
+      400 ``malformed-content-length`` for a ``Content-Length`` that is not one decimal number
+      (or several that disagree, RFC 9112 §6.3); 413 ``body-too-large`` for a declared length
+      over ``max_body_size``;
+    - while reading it: 413 ``body-too-large`` as soon as the body passes ``max_body_size``
+      (nothing more is read); 400 ``content-length-mismatch`` for a body longer or shorter
+      than its ``Content-Length``; nothing at all when the client disconnects;
+    - after reading it: 401 ``webhook-verification`` when no signature matches the body or it
+      is not JSON, 200 ``{"duplicate": true}`` for an id already handled with the same body,
+      422 ``webhook-id-reused`` for an id already received with another body, 409 with
+      ``Retry-After`` while another delivery of it runs, 503 when the store cannot claim it.
+
+    Nothing is claimed before the body is read and verified. While the app runs the claim's
+    lease is renewed. A 2xx from the app completes the id; anything else (or an exception)
+    releases it so the sender's retry runs again. Other paths and methods pass through.
 
     Args:
         app: the ASGI application.
         verifier: a :class:`WebhookVerifier` (with a store, for deduplication).
         path: the webhook path (exact match), or None for every POST.
+        max_body_size: the largest body read, in bytes (default 1 MiB); a request costs at
+            most about this much memory.
+
+    Raises:
+        ConfigurationError: ``max_body_size`` is not a positive ``int``.
     """
 
-    def __init__(self, app: _App, *, verifier: WebhookVerifier, path: str | None = None) -> None:
+    def __init__(
+        self,
+        app: _App,
+        *,
+        verifier: WebhookVerifier,
+        path: str | None = None,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+    ) -> None:
+        if (
+            isinstance(max_body_size, bool)
+            or not isinstance(max_body_size, int)
+            or max_body_size <= 0
+        ):
+            raise ConfigurationError(
+                f"max_body_size must be a positive int of bytes, got {max_body_size!r}",
+                option="max_body_size",
+            )
         self.app = app
         self.verifier = verifier
         self.path = path
+        self.max_body_size = max_body_size
 
     async def __call__(self, scope: _Message, receive: _Receive, send: _Send) -> None:
         if (
@@ -380,15 +450,19 @@ class WebhookMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            self.verifier.check_headers(headers)
+        except WebhookVerificationError as exc:
+            await _answer(send, 401, {"type": "webhook-verification", "detail": exc.reason})
+            return
+        read = await _read_body(scope["headers"], receive, self.max_body_size)
+        if read is None:  # the client went away: nobody to answer, nothing claimed
+            return
+        if isinstance(read, _Refusal):
+            await _answer(send, read.status, read.doc)
+            return
+        body = read
         try:
             webhook_id, _ = self.verifier.verify(headers, body)
         except WebhookVerificationError as exc:
@@ -449,6 +523,101 @@ class WebhookMiddleware:
             await verifier.afinish(webhook_id, claimed, bool(status and 200 <= status[0] < 300))
         finally:
             beat.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """A request refused while its body was framed or read: the answer to send."""
+
+    status: int
+    doc: dict[str, Any]
+
+
+def _too_large(limit: int) -> _Refusal:
+    return _Refusal(
+        413,
+        {
+            "type": "body-too-large",
+            "detail": f"the request body exceeds {limit} bytes, the most this receiver reads",
+            "max_body_size": limit,
+        },
+    )
+
+
+def _malformed_length(detail: str) -> _Refusal:
+    return _Refusal(400, {"type": "malformed-content-length", "detail": detail})
+
+
+def _declared_length(
+    raw_headers: Iterable[tuple[bytes, bytes]], limit: int
+) -> int | _Refusal | None:
+    """The ``Content-Length`` the request declares, None when it declares none.
+
+    RFC 9112 §6.3: one decimal number of bytes; several headers (or a ``"7, 7"`` list) must
+    all agree. A length over ``limit`` comes back as ``limit + 1`` without converting its
+    digits (a 10 MB string of them is still just "too large").
+    """
+    values: set[bytes] = set()
+    for name, raw in raw_headers:
+        if name.lower() != b"content-length":
+            continue
+        for item in raw.split(b","):
+            digits = item.strip(b" \t")
+            if not digits or not digits.isdigit():  # bytes.isdigit(): ASCII 0-9 only
+                return _malformed_length(
+                    "Content-Length must be one decimal number of bytes, got "
+                    f"{raw[:40].decode('latin-1')!r}"
+                )
+            values.add(digits.lstrip(b"0") or b"0")
+    if not values:
+        return None
+    if len(values) > 1:
+        return _malformed_length("conflicting Content-Length headers")
+    (digits,) = values
+    if len(digits) > len(str(limit)):
+        return limit + 1
+    return min(int(digits), limit + 1)
+
+
+async def _read_body(
+    raw_headers: Iterable[tuple[bytes, bytes]], receive: _Receive, limit: int
+) -> bytes | _Refusal | None:
+    """The request body, read only while it stays within ``limit`` bytes and its declared
+    ``Content-Length``; the refusal to answer instead; None when the client went away.
+
+    A declared length over the limit is refused before anything is read; a body that passes
+    the limit (or its declared length) is refused at the chunk that does, so at most ``limit``
+    bytes plus one chunk are ever held.
+    """
+    declared = _declared_length(raw_headers, limit)
+    if isinstance(declared, _Refusal):
+        return declared
+    if declared is not None and declared > limit:
+        return _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                return _too_large(limit)
+            if declared is not None and size > declared:
+                break
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if declared is not None and size != declared:
+        detail = (
+            f"the body is longer than its Content-Length of {declared} bytes"
+            if size > declared
+            else f"the body ended after {size} of the {declared} bytes its Content-Length declares"
+        )
+        return _Refusal(400, {"type": "content-length-mismatch", "detail": detail})
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _answer(send: _Send, status: int, doc: dict[str, Any], retry_after: bool = False) -> None:
