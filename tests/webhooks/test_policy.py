@@ -21,6 +21,7 @@ from retrysafe.webhooks import (
 )
 
 from .conftest import FAST_SCHEDULE, Receiver, add, run
+from .test_auto_disable import LONG_LEASE, SteppingClock
 
 _DEFAULT_STEP = Step(JobState.PENDING, 0.0, 0.0, True, "retry")
 
@@ -149,17 +150,22 @@ def test_410_disables_the_endpoint_and_parks_its_other_deliveries(
 def test_a_run_of_failures_disables_the_endpoint(
     store_url: str, receiver: Receiver, base_url: str
 ) -> None:
-    """After ``disable_after`` consecutive failed attempts the endpoint is disabled."""
-    policy = WebhookPolicy(schedules=(FAST_SCHEDULE,), timeout=2.0, disable_after=3)
-    with Webhooks(store_url, allow_private=True, policy=policy) as hooks:
+    """After ``disable_after`` consecutive failed attempts spanning ``disable_window`` (the
+    clock moves 2000 s per attempt: 3 failures span 4000 s >= 1 h) the endpoint is
+    disabled, with the count and the span as its reason."""
+    clock = SteppingClock()
+    policy = WebhookPolicy(
+        schedules=(FAST_SCHEDULE,), timeout=2.0, disable_after=3, disable_window=3600.0
+    )
+    with Webhooks(store_url, allow_private=True, policy=policy, clock=clock) as hooks:
         path = receiver.plan("/down", 500)
         ep = add(hooks, receiver, base_url, path)
         hooks.send("a.b", {"n": 1})
         hooks.send("a.b", {"n": 2})
-        run(hooks, concurrency=1)
+        run(hooks, concurrency=1, on_attempt=clock.ticker(2000.0), lease=LONG_LEASE)
         endpoint = hooks.get_endpoint(ep)
         assert not endpoint.enabled
-        assert endpoint.disabled_reason == "3 consecutive failed attempts"
+        assert endpoint.disabled_reason == "3 consecutive failed attempts over 67 min"
         assert len(receiver.requests(path)) == 3
         assert {d.state for d in hooks.deliveries()} <= {JobState.CANCELLED}
 
@@ -167,16 +173,22 @@ def test_a_run_of_failures_disables_the_endpoint(
 def test_a_success_resets_the_failure_run(
     store_url: str, receiver: Receiver, base_url: str
 ) -> None:
-    """Failures separated by a success never add up to a disable."""
-    policy = WebhookPolicy(schedules=(FAST_SCHEDULE,), timeout=2.0, disable_after=3)
-    with Webhooks(store_url, allow_private=True, policy=policy) as hooks:
+    """Failures separated by a success never add up to a disable: with the clock moving
+    1000 s per attempt, the four failures would span 4000 s >= the 1 h window and reach the
+    count of 3 if the success between them did not end the run."""
+    clock = SteppingClock()
+    policy = WebhookPolicy(
+        schedules=(FAST_SCHEDULE,), timeout=2.0, disable_after=3, disable_window=3600.0
+    )
+    with Webhooks(store_url, allow_private=True, policy=policy, clock=clock) as hooks:
         path = receiver.plan("/wobbly", 500, 500, 200, 500, 500, 200)
         ep = add(hooks, receiver, base_url, path)
         hooks.send("a.b", {"n": 1})
-        run(hooks)
+        run(hooks, on_attempt=clock.ticker(1000.0), lease=LONG_LEASE)
         hooks.send("a.b", {"n": 2})
-        run(hooks)
+        run(hooks, on_attempt=clock.ticker(1000.0), lease=LONG_LEASE)
         assert hooks.get_endpoint(ep).enabled
+        assert len(receiver.requests(path)) == 6
 
 
 def test_connection_refused_is_retried_then_dead_lettered(hooks: Webhooks) -> None:

@@ -2,8 +2,10 @@
 follows it, log it and keep the endpoint's failure run.
 
 :class:`WebhookAttempts` belongs to one worker: the policy, the clock, the async face of the
-webhook store and what outlives an attempt on purpose (each endpoint's rate-limit slots, the
-endpoints known to have no failure run). :class:`DeliveryAttempt` is one attempt, like starlette's
+webhook store and what outlives an attempt on purpose (each endpoint's rate-limit slots).
+Nothing about an endpoint's failure run is cached in a process: the run lives in the store,
+shared by every worker, and each attempt reads it afresh (a success ends a run another worker
+recorded). :class:`DeliveryAttempt` is one attempt, like starlette's
 per-request responder: created when the attempt starts and dropped when it ends, whatever the
 outcome (sent, deferred by the rate limit, lease lost, cancelled), so nothing an attempt
 learned (its endpoint, its event) can leak into another one. :class:`WebhookAttempts` is the
@@ -102,8 +104,6 @@ class WebhookAttempts:
         self.clock = clock
         self.rng = rng
         self.limits = RateLimits()
-        #: Endpoints whose failure run this process knows to be empty (no reset needed).
-        self.clean: set[str] = set()
         self._store = store
         self._astore = face
 
@@ -131,13 +131,15 @@ class DeliveryAttempt:
     sent as the outbox would send it: unsigned, on the outbox's own schedule.
     """
 
-    __slots__ = ("_attempts", "_context", "_read", "job")
+    __slots__ = ("_attempts", "_context", "_failing", "_read", "job")
 
     def __init__(self, attempts: WebhookAttempts, job: Job) -> None:
         self._attempts = attempts
         self.job = job
         self._read = False
         self._context: tuple[str, WebhookEndpoint] | None = None
+        #: Whether the endpoint had a failure run when last read (a success must end it).
+        self._failing = True
 
     async def context(self) -> tuple[str, WebhookEndpoint] | None:
         """``(event id, endpoint)`` as read at this attempt's start, or None: not a delivery
@@ -192,6 +194,7 @@ class DeliveryAttempt:
             return step
         a = self._attempts
         endpoint = await a.astore.get_endpoint(self._context[1].id)
+        self._failing = endpoint is None or endpoint.failure_count > 0
         return decide(
             result.classification,
             schedule=a.policy.schedule(None if endpoint is None else endpoint.schedule),
@@ -207,20 +210,23 @@ class DeliveryAttempt:
 
     async def attempted(self, job: Job, attempt: Attempt, step: Step) -> None:
         """After the recorded attempt: one structured log line, and the endpoint's failure run
-        (a success ends it; 410 Gone or a long enough run disables the endpoint)."""
+        (a success ends it; 410 Gone, or a run both long and old enough
+        (:func:`should_auto_disable`), disables the endpoint).
+
+        A success resets the run whenever the endpoint, read after the answer, had one,
+        whichever worker recorded it (the read is this attempt's, never a process's cache).
+        """
         if self._context is None:
             return
         event_id, endpoint_id = self._context[0], self._context[1].id
         _log_attempt(event_id, endpoint_id, job.id, attempt, step)
         a = self._attempts
         if attempt.outcome == AttemptOutcome.SUCCESS.value:
-            if endpoint_id not in a.clean:
+            if self._failing:
                 await a.astore.reset_endpoint_failures(endpoint_id)
-                a.clean.add(endpoint_id)
             return
         if attempt.outcome in _NOT_FAILED:
             return
-        a.clean.discard(endpoint_id)
         now = a.clock()
         if disables_endpoint(attempt.status):
             await self._disable(endpoint_id, f"410 Gone at attempt {attempt.number}", now)
@@ -229,19 +235,34 @@ class DeliveryAttempt:
         if run is None:
             return
         failures, first_at, enabled = run
-        if enabled and should_auto_disable(
+        if not enabled or first_at is None:
+            return
+        if should_auto_disable(
             failures,
             first_at,
             now,
             disable_after=a.policy.disable_after,
-            disable_window=a.policy.disable_window,
+            disable_window=a.policy.disable_window_s,
         ):
-            await self._disable(endpoint_id, f"{failures} consecutive failed attempts", now)
+            reason = f"{failures} consecutive failed attempts over {_span(now - first_at)}"
+            await self._disable(endpoint_id, reason, now)
 
     async def _disable(self, endpoint_id: str, reason: str, now: float) -> None:
         astore = self._attempts.astore
         if await astore.set_endpoint_enabled(endpoint_id, enabled=False, reason=reason, now=now):
             log_disabled(endpoint_id, reason)
+
+
+def _span(seconds: float) -> str:
+    """A failure run's span for a reason, e.g. ``"45 s"``, ``"67 min"``, ``"5.2 h"``,
+    ``"5.0 days"``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def _log_attempt(

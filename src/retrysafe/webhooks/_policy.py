@@ -7,8 +7,9 @@
   (:func:`retrysafe.core.classify_response`) decides succeed / retry / reject; the schedule
   decides when and how often; ``Retry-After`` raises a delay (capped); a delivery to an
   endpoint disabled meanwhile is parked (CANCELLED, replayable) instead of retried.
-* :func:`disables_endpoint` (410 Gone) and :func:`should_auto_disable` (a run of failures
-  over a window) decide when an endpoint stops receiving.
+* :func:`disables_endpoint` (410 Gone: at once) and :func:`should_auto_disable` (a run of
+  failures that is both long enough and old enough: :data:`DISABLE_AFTER` failed attempts
+  over :data:`DISABLE_WINDOW`, 5 days by default) decide when an endpoint stops receiving.
 
 No I/O, no clock: ``now`` and ``rng`` are passed in.
 """
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 
-from retrysafe._exceptions import ConfigurationError
+from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.client._models import JobState
-from retrysafe.client._policy import Step, retry_step
+from retrysafe.client._policy import Step, retry_step, seconds
 from retrysafe.core import Action, Classification
 
 __all__ = [
@@ -103,29 +106,57 @@ SVIX = Schedule(
 SCHEDULES: dict[str, Schedule] = {DEFAULT.name: DEFAULT, SVIX.name: SVIX}
 
 
+#: Consecutive failed attempts an auto-disable needs at least (with :data:`DISABLE_WINDOW`).
+DISABLE_AFTER = 50
+#: Seconds a failure run must span before it can disable its endpoint: 5 days, Svix's rule
+#: ("If all attempts to a specific endpoint fail for a period of 5 days, the endpoint will be
+#: disabled", https://docs.svix.com/retries). Far longer than the longest built-in schedule
+#: (:data:`SVIX`: ≈ 27.6 h from the first attempt to the last), so every delivery of an outage
+#: runs its whole schedule (then waits in the dead-letter queue, replayable) before its
+#: endpoint can be disabled, and an endpoint down for a long weekend is not.
+DISABLE_WINDOW = 5 * 86400.0
+#: Windows shorter than this work but warn: an outage of minutes could disable an endpoint.
+SHORT_DISABLE_WINDOW = 3600.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WebhookPolicy:
     """Delivery rules shared by every endpoint (SPEC §6). Frozen; durations in seconds.
+
+    Auto-disable (SPEC §6 "repeated failure over a window") needs both a count and a span:
+    the endpoint is disabled by a failed attempt that makes its run of consecutive failed
+    attempts (any non-2xx answer or transport error; a success ends the run) at least
+    ``disable_after`` long *and* at least ``disable_window`` old (its first failure that many
+    seconds ago or more). A burst of failures — 50 events refused by one short outage — never
+    disables an endpoint nor parks its deliveries: they are retried on their schedule.
+    410 Gone disables at once (:func:`disables_endpoint`).
 
     Attributes:
         schedules: the schedules endpoints may name (default :data:`SCHEDULES`).
         default_schedule: the schedule of an endpoint that names none (``"default"``).
         timeout: total seconds one attempt may take (default 15).
         retry_after_max: the largest ``Retry-After`` honoured (default 3600 s).
-        disable_after: consecutive failed attempts that disable an endpoint (default 50),
-            provided they span at least ``disable_window``; None never auto-disables.
-        disable_window: seconds the failure run must span (default 0: the count alone).
+        disable_after: the fewest consecutive failed attempts that disable an endpoint
+            (default :data:`DISABLE_AFTER`, 50; an integer >= 1), or None: never auto-disable.
+        disable_window: seconds (or a timedelta) the failure run must span, from its first
+            failure to the one that disables (default :data:`DISABLE_WINDOW`, 5 days, the
+            span Svix uses); > 0. Read it as float seconds from :attr:`disable_window_s`.
 
     Raises:
-        ConfigurationError: an unknown default schedule or an impossible value.
+        ConfigurationError: an unknown default schedule or an impossible value (a count that
+            is not an integer >= 1, a window that is not finite and > 0), naming the option.
+
+    Warns:
+        RetrysafeWarning: a ``disable_window`` under an hour (:data:`SHORT_DISABLE_WINDOW`):
+            an outage that short could disable an endpoint.
     """
 
     schedules: tuple[Schedule, ...] = (DEFAULT, SVIX)
     default_schedule: str = "default"
     timeout: float = 15.0
     retry_after_max: float = 3600.0
-    disable_after: int | None = 50
-    disable_window: float = 0.0
+    disable_after: int | None = DISABLE_AFTER
+    disable_window: float | timedelta = DISABLE_WINDOW
 
     def __post_init__(self) -> None:
         names = {s.name for s in self.schedules}
@@ -134,14 +165,34 @@ class WebhookPolicy:
                 f"default_schedule {self.default_schedule!r} is not one of {sorted(names)}",
                 option="default_schedule",
             )
-        if self.disable_after is not None and (
-            isinstance(self.disable_after, bool) or self.disable_after < 1
+        after = self.disable_after
+        if after is not None and (
+            isinstance(after, bool) or not isinstance(after, int) or after < 1
         ):
-            raise ConfigurationError("disable_after must be >= 1 or None", option="disable_after")
-        for name in ("timeout", "retry_after_max", "disable_window"):
+            raise ConfigurationError(
+                f"disable_after must be an integer >= 1 or None, got {after!r}",
+                option="disable_after",
+            )
+        window = seconds(self.disable_window, "disable_window")
+        object.__setattr__(self, "disable_window", window)
+        if after is not None and window < SHORT_DISABLE_WINDOW:
+            warnings.warn(
+                f"disable_window ({window} s) is shorter than an hour: an outage that short "
+                f"can disable an endpoint after {after} failed attempts and park its "
+                "deliveries",
+                RetrysafeWarning,
+                stacklevel=3,
+            )
+        for name in ("timeout", "retry_after_max"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "timeout" and value == 0):
                 raise ConfigurationError(f"{name} has an impossible value", option=name)
+
+    @property
+    def disable_window_s(self) -> float:
+        """``disable_window`` as float seconds."""
+        window = self.disable_window
+        return window.total_seconds() if isinstance(window, timedelta) else float(window)
 
     def schedule(self, name: str | None) -> Schedule:
         """The schedule called ``name`` (the default one for None or an unknown name)."""
@@ -224,12 +275,22 @@ def should_auto_disable(
     disable_after: int | None,
     disable_window: float,
 ) -> bool:
-    """True when a run of ``failures`` consecutive failed attempts, the first at
-    ``first_failure_at``, should disable the endpoint (SPEC §6 "repeated failure over a
-    window")."""
-    if disable_after is None or failures < disable_after:
+    """Whether the failed attempt at ``now`` disables its endpoint (SPEC §6 "repeated
+    failure over a window"): the endpoint's run of consecutive failed attempts, now
+    ``failures`` long and begun at ``first_failure_at``, is at least ``disable_after`` long
+    *and* spans at least ``disable_window`` seconds. Both are needed: a burst of failures in
+    a short outage is long but not old, one failure days ago is old but not long.
+
+    Args:
+        failures: failed attempts in the run, this one included.
+        first_failure_at: Unix seconds of the run's first failure (None: no run).
+        now: Unix seconds of this failure.
+        disable_after: the fewest failures that disable, or None: never.
+        disable_window: the shortest span (seconds) that disables; the boundary counts.
+    """
+    if disable_after is None or failures < disable_after or first_failure_at is None:
         return False
-    return first_failure_at is not None and now - first_failure_at >= disable_window
+    return now - first_failure_at >= disable_window
 
 
 def rate_gate(tat: float, now: float, *, rate: float) -> tuple[float, float]:
