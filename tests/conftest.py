@@ -9,8 +9,33 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from retrysafe.stores import SQLiteStore
+
+# Hypothesis profiles (docs/testing.md). "ci", the default, keeps the property and model tests
+# to a few seconds so the whole suite stays under four minutes on a 2-core machine;
+# ``--hypothesis-profile=long`` runs 50 times as many examples, with longer stateful runs.
+# No deadline: the model tests talk to real databases, whose latency is not the code's.
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "long",
+    max_examples=2000,
+    stateful_step_count=80,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("ci")
 
 PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")

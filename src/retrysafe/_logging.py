@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = ["JSONFormatter", "configure_json_logging"]
@@ -51,3 +52,21 @@ def configure_json_logging(
     log.setLevel(level)
     log.propagate = False
     return handler
+
+
+def logging_snapshot(*names: str) -> Callable[[], None]:
+    """A function that puts the loggers ``names`` back as they are now (handlers, level,
+    propagation): a command that configures logging for its run restores it when it ends, so
+    an embedding process (a test runner, an application calling the CLI) keeps its own."""
+    saved = [
+        (logger, list(logger.handlers), logger.level, logger.propagate)
+        for logger in (logging.getLogger(name) for name in names)
+    ]
+
+    def restore() -> None:
+        for logger, handlers, level, propagate in saved:
+            logger.handlers = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+    return restore

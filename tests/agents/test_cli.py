@@ -71,12 +71,15 @@ def test_calls_json_and_table(recorded: str) -> None:
 
 
 def test_unknown_run_and_missing_store(recorded: str, tmp_path: Path) -> None:
-    """An unknown run id or a store file that does not exist is one error line, exit 1."""
+    """An unknown run id is one error line, exit 1; a store file that does not exist is bad
+    input (exit 2, naming --store and `retrysafe migrate`) and is not created."""
     out = CliRunner().invoke(cli, ["agents", "calls", "nope", "--store", recorded])
     assert out.exit_code == 1 and "no agent run 'nope'" in out.output
     missing = f"sqlite:///{tmp_path / 'missing.db'}"
     out = CliRunner().invoke(cli, ["agents", "runs", "--store", missing])
-    assert out.exit_code == 1 and "retrysafe: error:" in out.output
+    assert out.exit_code == 2
+    assert out.stderr.startswith("retrysafe: error: --store: no store at ")
+    assert "retrysafe migrate" in out.stderr and out.stderr.count("\n") == 1
     assert not (tmp_path / "missing.db").exists()
 
 

@@ -260,3 +260,62 @@ def test_negative_limits_and_ages_are_refused(outbox: Outbox, call: Any) -> None
     """A limit < 1 or a negative purge age is a ConfigurationError, not 'everything'."""
     with pytest.raises(ConfigurationError):
         call(outbox)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Content-Length",
+        "content-length",
+        "Transfer-Encoding",
+        "Host",
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Upgrade",
+        "IDEMPOTENCY-KEY",
+    ],
+)
+def test_headers_the_client_sets_are_refused(outbox: Outbox, name: str) -> None:
+    """A header the HTTP client writes itself (framing, Host, hop-by-hop fields, RFC 9110
+    §7.6.1) or the Idempotency-Key retrysafe writes would make every attempt malformed or
+    ambiguous: a ConfigurationError naming ``headers``; nothing stored."""
+    with pytest.raises(ConfigurationError) as info:
+        outbox.submit("http://example.test/x", json={}, headers={name: "5"})
+    assert info.value.option == "headers"
+    assert outbox.jobs() == []
+
+
+def test_ordinary_headers_are_kept(outbox: Outbox) -> None:
+    """Headers the client does not set (Authorization, X-…, Content-Type) are sent as given."""
+    job = outbox.submit(
+        "http://example.test/x",
+        json={},
+        headers={"Authorization": "Bearer t", "X-Trace": "1", "Content-Type": "text/plain"},
+    )
+    assert ("Authorization", "Bearer t") in job.headers
+    assert [v for n, v in job.headers if n == "Content-Type"] == ["text/plain"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:s3cret@example.test/x",
+        "https://:s3cret@example.test/x",
+        "http://s3cret@example.test/x",
+        "http://user:s3cret@example.test:99999/x",
+        "ftp://user:s3cret@example.test/x",
+    ],
+)
+def test_credentials_in_a_job_url_are_refused_without_showing_them(
+    outbox: Outbox, url: str
+) -> None:
+    """A ``user:password@`` part is refused (job URLs are stored and printed as they are):
+    ConfigurationError naming ``url`` whose message never contains the secret."""
+    with pytest.raises(ConfigurationError) as info:
+        outbox.submit(url, json={})
+    assert info.value.option == "url"
+    assert "s3cret" not in str(info.value)
+    assert outbox.jobs() == []

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,12 @@ def _run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _migrate(store: str) -> None:
+    """Create the store, as docs/cli.md says to before the first command."""
+    code, _, err = _run("migrate", "--store", store)
+    assert code == 0, err
+
+
 def test_submit_worker_show_and_list_round_trip(
     sql_store_url: str, script: Script, base_url: str
 ) -> None:
@@ -31,6 +38,7 @@ def test_submit_worker_show_and_list_round_trip(
     sent with its key (``--store sqlite:///…`` and ``--store postgresql://…``)."""
     store = sql_store_url
     script.plan("/cli", Step(201))
+    _migrate(store)
     code, out, err = _run(
         "jobs", "submit", base_url + "/cli", "-d", '{"a": 1}', "--store", store, "--json"
     )
@@ -51,16 +59,22 @@ def test_submit_worker_show_and_list_round_trip(
 
 
 def test_dlq_list_replay_and_purge(sqlite_path: Path, script: Script, base_url: str) -> None:
-    """An exhausted job shows in `dlq list`; replay makes it PENDING; purge removes it."""
+    """An exhausted job shows in `dlq list`; reconcile leaves it UNKNOWN (exit 1); replay
+    makes it PENDING; purge removes it."""
     store = f"sqlite:///{sqlite_path}"
     script.plan("/dlq", Step(503))
+    _migrate(store)
     _run("jobs", "submit", base_url + "/dlq", "--store", store)
     _run("worker", "--store", store, "--until-idle", "--attempts", "1", "--json")
     code, out, _ = _run("dlq", "list", "--store", store, "--json")
     [dead] = json.loads(out)
     assert dead["state"] == "unknown" and len(dead["attempt_log"]) == 1
-    code, out, _ = _run("reconcile", "--store", store, "--json")
-    assert code == 0 and json.loads(out)["unknown"] == 1
+    code, out, err = _run("reconcile", "--store", store, "--json")
+    assert code == 1 and json.loads(out)["unknown"] == 1
+    assert err == (
+        "retrysafe: error: jobs still UNKNOWN: 1 (run `retrysafe reconcile` again once "
+        "their destination answers)\n"
+    )
     code, out, _ = _run("dlq", "replay", dead["id"], "--store", store, "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "pending"
     code, out, _ = _run("jobs", "cancel", dead["id"], "--store", store)
@@ -69,22 +83,44 @@ def test_dlq_list_replay_and_purge(sqlite_path: Path, script: Script, base_url: 
     assert code == 0 and "purged 0" in out
 
 
-def test_errors_are_one_line_and_non_zero(sqlite_path: Path, tmp_path: Path) -> None:
-    """Every client command prints errors as one `retrysafe: error:` line and exits 1."""
+def test_failures_are_one_line_and_exit_1(sqlite_path: Path) -> None:
+    """An operation that fails on an existing store (unknown job ids) is one
+    `retrysafe: error:` line and exit 1."""
     store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
     for args in (
-        ("jobs", "submit", "ftp://example.test/x", "--store", store),
         ("jobs", "show", "deadbeef", "--store", store),
         ("jobs", "cancel", "deadbeef", "--store", store),
+        ("jobs", "retry", "deadbeef", "--store", store),
         ("dlq", "replay", "deadbeef", "--store", store),
         ("reconcile", "deadbeef", "--store", store),
-        ("worker", "--store", f"sqlite:///{tmp_path}/missing/x.db"),
-        ("jobs", "list", "--store", f"sqlite:///{tmp_path}/missing/x.db"),
     ):
         code, out, err = _run(*args)
-        assert code == 1
-        assert err.startswith("retrysafe: error: ") and len(err.strip().splitlines()) == 1
+        assert code == 1, args
+        assert err.startswith("retrysafe: error: no job ") and len(err.strip().splitlines()) == 1
         assert "Traceback" not in err + out
+
+
+def test_bad_input_is_one_line_naming_the_option_and_exits_2(
+    sqlite_path: Path, tmp_path: Path
+) -> None:
+    """A URL that is not http(s), a store in a missing directory: one `retrysafe: error:`
+    line naming the option, exit 2, nothing created or recorded."""
+    store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
+    missing = f"sqlite:///{tmp_path}/missing/x.db"
+    for args, option in (
+        (("jobs", "submit", "ftp://example.test/x", "--store", store), "URL: "),
+        (("worker", "--store", missing), "--store: "),
+        (("jobs", "list", "--store", missing), "--store: "),
+    ):
+        code, out, err = _run(*args)
+        assert code == 2, args
+        assert err.startswith(f"retrysafe: error: {option}") and len(err.splitlines()) == 1
+        assert "Traceback" not in err + out
+    assert not (tmp_path / "missing").exists()
+    with Outbox(store) as outbox:
+        assert outbox.jobs() == []
 
 
 def test_ambiguous_job_id_prefix_lists_candidates(sqlite_path: Path) -> None:
@@ -148,6 +184,7 @@ def test_idempotency_key_header_points_to_the_key_option(sqlite_path: Path) -> N
 def test_retrysafe_warning_is_one_line(sqlite_path: Path) -> None:
     """A RetrysafeWarning prints as `retrysafe: warning: …`, without source path or code."""
     store = f"sqlite:///{sqlite_path}"
+    _migrate(store)
     code, _, err = _run(
         "worker", "--store", store, "--lease", "1.5", "--heartbeat", "1", "--until-idle", "--json"
     )
@@ -211,18 +248,34 @@ def test_ctrl_c_on_worker_releases_its_job_and_exits_130(
     assert final.state is JobState.PENDING and final.key == job.key and final.attempts == 0
 
 
-@pytest.mark.parametrize("args", [("jobs", "list"), ("jobs", "show", "deadbeef"), ("dlq", "list")])
-def test_reading_commands_refuse_a_store_that_does_not_exist(
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "list"),
+        ("jobs", "show", "deadbeef"),
+        ("dlq", "list"),
+        ("jobs", "submit", "http://example.test/x"),
+        ("jobs", "retry", "deadbeef"),
+        ("jobs", "cancel", "deadbeef"),
+        ("worker", "--until-idle"),
+        ("reconcile",),
+        ("dlq", "replay", "--all"),
+        ("dlq", "purge", "--yes"),
+    ],
+)
+def test_commands_refuse_a_store_that_does_not_exist(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
 ) -> None:
-    """A mistyped store path is an error for reading commands, and no file is created."""
+    """A mistyped store path is bad input for every command, reading or changing (exit 2, the
+    hint to run `retrysafe migrate`), and no file is created."""
     monkeypatch.chdir(tmp_path)
     code, _, err = _run(*args, "--store", "sqlite:///typo.db")
-    assert code == 1
+    assert code == 2
     assert err.strip() == (
-        "retrysafe: error: no store at typo.db (create one by submitting a job or with a worker)"
+        "retrysafe: error: --store: no store at typo.db (create it with `retrysafe migrate "
+        "--store sqlite:///typo.db`, or pass the right --store)"
     )
-    assert not Path("typo.db").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture
@@ -268,3 +321,182 @@ def test_writing_to_a_read_only_store_says_it_is_read_only(read_only_store: str)
     code, _, err = _run("jobs", "submit", "http://example.test/y", "--store", read_only_store)
     assert code == 1
     assert err.startswith("retrysafe: error: the store ") and "is read-only" in err
+
+
+# ---------------------------------------------------------------------- issue 11
+@pytest.mark.parametrize(
+    "header",
+    ["Content-Length: 5", "Transfer-Encoding: chunked", "Host: evil.test", "Connection: close"],
+)
+def test_headers_the_client_sets_are_refused_naming_the_header_option(
+    sqlite_path: Path, header: str
+) -> None:
+    """`jobs submit -H 'Content-Length: 5'` (or Transfer-Encoding, Host, Connection) would make
+    every attempt a malformed request: exit 2 naming -H/--header, and no job is recorded."""
+    store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
+    code, _, err = _run("jobs", "submit", "http://example.test/x", "-H", header, "--store", store)
+    assert code == 2, err
+    assert err.startswith("retrysafe: error: -H/--header: header ") and err.count("\n") == 1
+    assert header.split(":")[0] in err
+    with Outbox(store) as outbox:
+        assert outbox.jobs() == []
+
+
+def test_a_job_url_with_credentials_is_refused_without_printing_them(sqlite_path: Path) -> None:
+    """`jobs submit http://user:s3cret@host/` is bad input (exit 2, naming URL): nothing is
+    stored, and the password appears nowhere."""
+    store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
+    code, out, err = _run("jobs", "submit", "http://user:s3cret@example.test/x", "--store", store)
+    assert code == 2
+    assert err.startswith("retrysafe: error: URL: ") and "credentials" in err
+    assert "s3cret" not in err + out
+    with Outbox(store) as outbox:
+        assert outbox.jobs() == []
+
+
+def test_a_stored_job_url_with_credentials_is_printed_without_them(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job URL with ``user:password@`` written before submit refused them is shown by
+    `jobs list`, `jobs show` and their --json without the password."""
+    from retrysafe.client._models import NewJob
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # each URL on one line of the table
+
+    store = f"sqlite:///{sqlite_path}"
+    url = "http://user:s3cret@example.test/x"
+    with Outbox(store) as outbox:
+        new = NewJob(
+            id="ab" * 16,
+            key="k-legacy",
+            method="POST",
+            url=url,
+            destination="http://example.test:80",
+            headers=(),
+            body=b"{}",
+            deadline_at=None,
+        )
+        outbox.store.insert_job(new, now=time.time())
+    for args in (
+        ("jobs", "list"),
+        ("jobs", "list", "--json"),
+        ("jobs", "show", "abab"),
+        ("jobs", "show", "abab", "--json"),
+    ):
+        code, out, err = _run(*args, "--store", store)
+        assert code == 0, err
+        assert "example.test/x" in out and "s3cret" not in out, args
+
+
+def test_nan_data_is_bad_input_naming_the_data_option(sqlite_path: Path) -> None:
+    """`-d NaN` is not JSON a server can read: exit 2 naming --data, like `-d '{bad'`."""
+    store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
+    for data in ("NaN", "{bad", '{"x": Infinity}'):
+        code, _, err = _run("jobs", "submit", "http://example.test/x", "-d", data, "--store", store)
+        assert code == 2 and err.startswith("retrysafe: error: --data: "), (data, err)
+
+
+def test_worker_until_idle_exits_1_when_jobs_are_left_unknown(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """`worker --until-idle` whose jobs end UNKNOWN left work undone: exit 1, one line saying
+    how many and to run `retrysafe reconcile`, after the JSON summary."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/down", Step(503))
+    with Outbox(store) as outbox:
+        outbox.submit(base_url + "/down", json={})
+    code, out, err = _run("worker", "--store", store, "--until-idle", "--attempts", "1", "--json")
+    assert code == 1
+    assert json.loads(out.splitlines()[-1])["unknown"] == 1
+    assert err.strip().splitlines() == [
+        "retrysafe: error: jobs left UNKNOWN: 1 (their effect may or may not have happened; "
+        "`retrysafe reconcile` re-sends them with the same key)"
+    ]
+
+
+def test_sigterm_lets_the_worker_finish_its_attempt_and_exit_143(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """SIGTERM mid-attempt: the attempt finishes (the job SUCCEEDED, not sent twice), the
+    worker prints its summary and exits 143 (128 + SIGTERM)."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=1.0))
+    with Outbox(store) as outbox:
+        job = outbox.submit(base_url + "/slow", json={})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert script.started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert json.loads(out.splitlines()[-1])["succeeded"] == 1
+    assert "retrysafe: stopped by SIGTERM" in err
+    with Outbox(store) as outbox:
+        assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert len(script.requests("/slow")) == 1
+
+
+def test_tables_sent_to_a_pipe_are_not_wrapped(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Output that is not a terminal (and no $COLUMNS) gets each row on one line, whatever
+    its width: the full URL and key of a job sit on the line of its id."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    store = f"sqlite:///{sqlite_path}"
+    url = "http://example.test/" + "a-long-path/" * 10
+    with Outbox(store) as outbox:
+        job = outbox.submit(url, json={})
+    code, out, err = _run("jobs", "list", "--store", store)
+    assert code == 0, err
+    [row] = [line for line in out.splitlines() if job.id[:12] in line]
+    assert url in row and job.key in row
+
+
+def test_dlq_list_shows_the_attempts_of_each_dead_letter(
+    sqlite_path: Path, script: Script, base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dlq list` (the table) shows each dead letter's attempts, as the README says: one row
+    per attempt with its job, number, status and outcome."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/dead", Step(503))
+    with Outbox(store) as outbox:
+        job = outbox.submit(base_url + "/dead", json={})
+        outbox.worker(policy=RetryPolicy(attempts=2, wait_initial=0.01)).run_until_idle()
+    code, out, err = _run("dlq", "list", "--store", store)
+    assert code == 0, err
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "their attempts" in line)
+    rows = [line for line in lines[at:] if job.id[:12] in line]
+    assert len(rows) == 2
+    assert all("503" in row for row in rows)
+    assert [row.split("│")[2].strip() for row in rows] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (("jobs", "list", "--limit", "0"), "--limit: 0 is not in the range"),
+        (("jobs", "list", "--bogus"), "No such option '--bogus'"),
+        (("jobs", "submit"), "Missing argument 'URL'"),
+        (("worker", "-c", "nan"), "--concurrency: 'nan' is not a valid integer"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args: tuple[str, ...], start: str) -> None:
+    """click's own usage errors follow the convention: one `retrysafe: error:` line naming the
+    option, pointing to --help, exit 2 (no three-line usage block)."""
+    code, _, err = _run(*args)
+    assert code == 2
+    assert err.startswith(f"retrysafe: error: {start}") and err.count("\n") == 1
+    assert "--help')" in err

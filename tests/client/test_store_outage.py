@@ -1,19 +1,35 @@
 """A store that is unavailable for a while (locked by another connection for longer than the
-busy timeout) does not stop the worker or reconcile; errors that waiting cannot fix do."""
+busy timeout, read-only) does not stop the worker or reconcile; errors that waiting cannot fix
+do, and so does an outage longer than ``store_outage_limit`` in a run with ``until_idle``."""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from retrysafe import JobState, Outbox, RetryPolicy, SchemaError, SQLiteStore, Worker, reconcile
+from _readonly import ReadOnly
+from retrysafe import (
+    ConfigurationError,
+    JobState,
+    Outbox,
+    RetryPolicy,
+    SchemaError,
+    SQLiteStore,
+    StoreUnavailableError,
+    Worker,
+    reconcile,
+)
 from retrysafe.client import OutboxStore, outbox_store
+from retrysafe.client._worker import DEFAULT_STORE_OUTAGE_LIMIT
 
 from .conftest import FAST, Script, Step
 
@@ -32,6 +48,56 @@ def _locked(path: Path, seconds: float) -> Iterator[threading.Thread]:
     finally:
         release.join()
         holder.close()
+
+
+class ShiftedClock:
+    """Real time plus an offset the test moves forward: an outage "lasts" without waiting.
+    ``calls`` counts the reads (the worker reads it once per claim it tries)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return time.time() + self.offset
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(0.01)
+
+
+@contextmanager
+def _held(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holds ``BEGIN EXCLUSIVE`` on ``path`` until the block ends."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield holder
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+
+
+class _Run(threading.Thread):
+    """``worker.run(until_idle=…)`` in a thread, keeping what it returned or raised."""
+
+    def __init__(self, worker: Worker, *, until_idle: bool) -> None:
+        super().__init__(daemon=True)
+        self.worker = worker
+        self.until_idle = until_idle
+        self.error: BaseException | None = None
+        self.result: Any = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.worker.run(until_idle=self.until_idle)
+        except BaseException as exc:
+            self.error = exc
 
 
 @pytest.fixture
@@ -86,13 +152,10 @@ def test_worker_keeps_serving_after_the_store_comes_back(
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        with _locked(sqlite_path, 0.5):
-            pass
+        with _held(sqlite_path):
+            _wait_for(lambda: worker.stats.store_outages == 1, "the worker to see the outage")
         job = Outbox(store, policy=FAST).submit(base_url + "/after", json={})
-        for _ in range(200):
-            if worker.stats.succeeded:
-                break
-            threading.Event().wait(0.05)
+        _wait_for(lambda: worker.stats.succeeded == 1, "the job to be delivered")
     finally:
         worker.stop()
         thread.join(20)
@@ -145,3 +208,93 @@ def test_reconcile_waits_out_a_locked_store(
         report = reconcile(store, policy=once)
     assert report.succeeded == 1
     assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------- recovering, giving up
+def test_a_worker_on_a_store_read_only_when_first_used_delivers_once_it_is_writable(
+    tmp_path: Path, script: Script, base_url: str
+) -> None:
+    """The store's file is read-only when the worker starts: it waits (one outage), and once
+    the file is writable it delivers the job and returns, with no restart."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "jobs.db"
+    with SQLiteStore(path) as setup:
+        job = Outbox(setup, policy=FAST).submit(base_url + "/ro", json={})
+    with ReadOnly(path) as ro:
+        store = SQLiteStore(path, busy_timeout=BUSY)
+        worker = Worker(store, policy=FAST, poll_interval=0.01)
+        run = _Run(worker, until_idle=True)
+        run.start()
+        _wait_for(lambda: worker.stats.store_outages == 1, "the worker to see the outage")
+        ro.restore()
+        run.join(20)
+    assert not run.is_alive() and run.error is None
+    assert worker.stats.store_outages == 1 and worker.stats.succeeded == 1
+    assert outbox_store(store).get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert len(script.requests("/ro")) == 1
+    store.close()
+
+
+def test_until_idle_gives_up_once_the_store_outage_lasted_the_limit(
+    store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, base_url: str
+) -> None:
+    """With until_idle, a store unavailable for the default limit (60 s on the worker's clock)
+    ends the run with StoreUnavailableError saying so; the job is untouched."""
+    job = Outbox(store, policy=FAST).submit(base_url + "/never", json={})
+    clock = ShiftedClock()
+    worker = Worker(store, policy=FAST, poll_interval=0.01, clock=clock)
+    assert worker.store_outage_limit == DEFAULT_STORE_OUTAGE_LIMIT == 60.0
+    with _held(sqlite_path):
+        run = _Run(worker, until_idle=True)
+        run.start()
+        _wait_for(lambda: worker.stats.store_outages == 1, "the worker to see the outage")
+        assert run.is_alive()  # within the limit it waits
+        clock.offset += DEFAULT_STORE_OUTAGE_LIMIT
+        run.join(20)
+        assert not run.is_alive()
+    assert isinstance(run.error, StoreUnavailableError)
+    message = str(run.error)
+    assert "has been unavailable for" in message and "store_outage_limit 60 s" in message
+    assert "giving up" in message and store.url in message
+    assert isinstance(run.error.__cause__, StoreUnavailableError)
+    assert jobs.get_job(job.id).state is JobState.PENDING  # type: ignore[union-attr]
+    assert jobs.list_attempts(job.id) == []
+
+
+def test_without_until_idle_the_worker_waits_past_the_store_outage_limit(
+    store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Without until_idle the limit does not apply: an outage far longer than it is waited
+    out, and the job is delivered once the store is back."""
+    job = Outbox(store, policy=FAST).submit(base_url + "/later", json={})
+    clock = ShiftedClock()
+    worker = Worker(store, policy=FAST, poll_interval=0.01, clock=clock, store_outage_limit=1)
+    run = _Run(worker, until_idle=False)
+    try:
+        with _held(sqlite_path):
+            run.start()
+            _wait_for(lambda: worker.stats.store_outages == 1, "the worker to see the outage")
+            clock.offset += 100.0
+            calls = clock.calls
+            # More failed tries long after the limit passed, and it is still running.
+            _wait_for(lambda: clock.calls >= calls + 3, "more tries")
+            assert run.is_alive() and run.error is None
+            assert worker.stats.succeeded == 0
+        _wait_for(lambda: worker.stats.succeeded == 1, "the job to be delivered")
+    finally:
+        worker.stop()
+        run.join(20)
+    assert not run.is_alive() and run.error is None
+    assert worker.stats.store_outages == 1
+    assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert len(script.requests("/later")) == 1
+
+
+@pytest.mark.parametrize("limit", [0, -1.0, float("nan"), float("inf"), "60", True])
+def test_store_outage_limit_must_be_positive_seconds(store: SQLiteStore, limit: Any) -> None:
+    """store_outage_limit: positive finite seconds (or a timedelta), or None; nothing else."""
+    with pytest.raises(ConfigurationError, match="store_outage_limit"):
+        Worker(store, store_outage_limit=limit)
+    assert Worker(store, store_outage_limit=None).store_outage_limit is None
+    assert Worker(store, store_outage_limit=timedelta(minutes=2)).store_outage_limit == 120.0

@@ -118,6 +118,32 @@ def _wait(predicate: object, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def _two_more_intervals(timing: LeaseTiming) -> None:
+    """Return once a fresh heartbeat of the same interval renewed twice: the renewing thread
+    has run for two more intervals, so a beat it should still renew would have been (a
+    fixed sleep would pass even if that thread never ran meanwhile)."""
+    calls: list[float] = []
+    witness = Heartbeat(_counting(calls), timing).start()
+    _wait(lambda: len(calls) >= 2)
+    witness.stop()
+
+
+async def _two_more_async_intervals(timing: LeaseTiming) -> None:
+    """:func:`_two_more_intervals` on the event loop."""
+    renewed: list[int] = []
+    second = asyncio.Event()
+
+    async def renew() -> bool:
+        renewed.append(1)
+        if len(renewed) == 2:
+            second.set()
+        return True
+
+    witness = AsyncHeartbeat(renew, timing).start()
+    await asyncio.wait_for(second.wait(), 5)
+    witness.stop()
+
+
 def test_thread_heartbeat_renews_until_stopped() -> None:
     """The thread driver calls renew every interval, and never after stop()."""
     calls: list[float] = []
@@ -125,7 +151,7 @@ def test_thread_heartbeat_renews_until_stopped() -> None:
     _wait(lambda: len(calls) >= 3)
     beat.stop()
     seen = len(calls)
-    time.sleep(0.25)
+    _two_more_intervals(lease_timing(0.3))
     assert len(calls) <= seen + 1  # at most one renewal already in flight
     assert beat.renewals >= 3
 
@@ -138,7 +164,7 @@ def test_thread_heartbeat_reports_a_lost_claim_once_and_stops() -> None:
         _counting(calls, False), lease_timing(0.2), on_lost=lambda: lost.append(1)
     ).start()
     _wait(lambda: lost)
-    time.sleep(0.2)
+    _two_more_intervals(lease_timing(0.2))
     assert (len(calls), lost) == (1, [1])
 
 
@@ -174,7 +200,7 @@ def test_thread_heartbeat_stops_after_max_run_time() -> None:
     clock.now += 61
     assert expired.wait(5)
     seen = len(calls)
-    time.sleep(0.2)
+    _two_more_intervals(lease_timing(0.2))
     assert len(calls) == seen
 
 
@@ -207,7 +233,7 @@ async def test_async_heartbeat_renews_on_the_loop_until_stopped() -> None:
     await asyncio.wait_for(third.wait(), 5)
     beat.stop()
     seen = len(calls)
-    await asyncio.sleep(0.25)
+    await _two_more_async_intervals(lease_timing(0.3))
     assert len(calls) == seen
 
 
@@ -227,7 +253,7 @@ async def test_async_heartbeat_ignores_a_result_that_lands_after_stop() -> None:
     await asyncio.wait_for(started.wait(), 5)
     beat.stop()
     release.set()
-    await asyncio.sleep(0.05)
+    await _two_more_async_intervals(lease_timing(0.15))  # the late answer has landed
     assert lost == []
 
 
@@ -250,5 +276,5 @@ async def test_async_heartbeat_stops_after_max_run_time() -> None:
     clock.now += 10
     await asyncio.wait_for(expired.wait(), 5)
     seen = len(calls)
-    await asyncio.sleep(0.2)
+    await _two_more_async_intervals(lease_timing(0.15))
     assert len(calls) == seen

@@ -177,11 +177,12 @@ def test_jobs_file_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
 
 
 def test_cli_jobs_file_errors_come_before_the_banner(tmp_path: Path) -> None:
-    """A missing jobs file exits 2 with one error line; the demo never announces itself."""
+    """A missing jobs file exits 2 with one error line naming the option; the demo never
+    announces itself."""
     out = _cli("--jobs-file", str(tmp_path / "missing.jsonl"))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"retrysafe: error: jobs file {tmp_path / 'missing.jsonl'} does not exist"
+        f"retrysafe: error: --jobs-file: jobs file {tmp_path / 'missing.jsonl'} does not exist"
     ]
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -16,13 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+import retrysafe.cli._gateway as cli_gateway_module
 from retrysafe import ConfigurationError
 from retrysafe._serving import ServerThread, free_port
+from retrysafe.cli import cli
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.server._gateway import ReverseProxy
 from retrysafe.stores import SQLiteStore
@@ -530,3 +535,164 @@ def test_unknown_outcome_stays_claimed_past_the_lease(
     assert statuses == [409] * 10
     assert effects["ai"] == 1
     store.close()
+
+
+# --------------------------------------------------------------------------- signals
+def _gateway_process(upstream: ServerThread, store: Path, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        _cli(
+            "gateway", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
+            "--store", f"sqlite:///{store}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    _wait_port(port, proc)
+    return proc
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_cli_gateway_signal_mid_request_exits_within_5_s_and_closes_its_store(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """SIGTERM (SIGINT) while a request streams from the upstream for 10 s: the gateway exits
+    143 (130) within 5 s, without a traceback, and closes its store (no -wal/-shm left)."""
+    port = free_port()
+    proc = _gateway_process(upstream, tmp_path / "gw.db", port)
+    answers: list[object] = []
+
+    def client() -> None:
+        try:
+            answers.append(
+                httpx.post(
+                    f"http://127.0.0.1:{port}/drip", headers={"Idempotency-Key": "d"}, timeout=30
+                ).status_code
+            )
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not effects["drip"]:  # the upstream is now streaming its 10 s answer
+            assert time.monotonic() < deadline, "the request never reached the upstream"
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        thread.join(timeout=30)
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gw.db"]
+    assert answers and answers[0] != 201  # cut short, never a complete answer
+
+
+@pytest.mark.parametrize(
+    ("upstream", "listen"),
+    [
+        ("http://127.0.0.1:{port}", "127.0.0.1:{port}"),
+        ("http://localhost:{port}/api", "127.0.0.1:{port}"),
+        ("http://127.0.0.1:{port}", "localhost:{port}"),
+    ],
+)
+def test_cli_gateway_refuses_its_own_listen_address_as_upstream(
+    gateway_never_starts: Path, upstream: str, listen: str
+) -> None:
+    """An upstream that is the gateway's own address would forward every request to itself:
+    exit 2, one line naming --upstream, no store created."""
+    port = free_port()
+    result = CliRunner().invoke(
+        cli,
+        ["gateway", "--upstream", upstream.format(port=port), "--listen", listen.format(port=port),
+         "--store", f"sqlite:///{gateway_never_starts}/gw.db"],
+    )  # fmt: skip
+    assert result.exit_code == 2, (result.exception, result.stderr)
+    assert result.stderr.startswith("retrysafe: error: --upstream:")
+    assert "own --listen address" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert list(gateway_never_starts.iterdir()) == []
+
+
+@pytest.fixture
+def gateway_never_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A `retrysafe gateway` that gets past its checks fails the test instead of serving;
+    returns an empty directory for its store."""
+
+    def started(config: object) -> object:
+        raise AssertionError("the gateway started")
+
+    monkeypatch.setattr(cli_gateway_module, "_server", started)
+    directory = tmp_path / "store"
+    directory.mkdir()
+    return directory
+
+
+BIG_DIGITS = "9" * (10 * 1024 * 1024)
+BIG_TEXT = "x" * (10 * 1024 * 1024)
+BAD = {"empty": "", "nan": "nan", "inf": "inf", "negative": "-1", "10MB-digits": BIG_DIGITS,
+       "10MB-text": BIG_TEXT}  # fmt: skip
+OPTIONS = ["--upstream", "--listen", "--store", "--lease", "--heartbeat", "--max-run-time",
+           "--methods", "--retention", "--timeout", "--max-body-size", "--max-replay-size",
+           "--replay-header", "--in-progress-wait", "--log-level"]  # fmt: skip
+# Values that are fine: NAN and INF are valid (extension) method names, these header names.
+VALID = {("--methods", "nan"), ("--methods", "inf"), ("--replay-header", "nan"),
+         ("--replay-header", "inf"), ("--replay-header", "-1")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        pytest.param(option, value, id=f"{option}-{name}")
+        for option in OPTIONS
+        for name, value in BAD.items()
+        if (option, value) not in VALID
+    ],
+)
+def test_cli_gateway_bad_value_exits_2_with_one_line_naming_the_option(
+    gateway_never_starts: Path, option: str, value: str
+) -> None:
+    """Empty, NaN, infinite, negative and 10 MB values: exit 2, one line of at most 1000
+    characters naming the option; no store is created, the gateway never starts."""
+    args = {
+        "--upstream": "http://127.0.0.1:9",
+        "--listen": f"127.0.0.1:{free_port()}",
+        "--store": f"sqlite:///{gateway_never_starts}/gw.db",
+    }
+    args[option] = value
+    result = CliRunner().invoke(cli, ["gateway", *[x for kv in args.items() for x in kv]])
+    assert result.exit_code == 2, (result.exception, result.stderr[-300:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr[:2000]
+    assert lines[0].startswith(f"retrysafe: error: {option}")
+    assert len(lines[0]) <= 1000
+    assert list(gateway_never_starts.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["unknown-scheme", "directory", "missing-directory", "not-a-db"])
+def test_cli_gateway_bad_store_exits_2_naming_store_and_creates_nothing(
+    gateway_never_starts: Path, kind: str
+) -> None:
+    """--store with an unknown scheme, a directory, a path in a missing directory or a file
+    that is not a database: exit 2, one line naming --store, nothing created or changed."""
+    not_db = gateway_never_starts / "notes.db"
+    not_db.write_bytes(b"just some notes\n")
+    url = {
+        "unknown-scheme": "mysql://localhost/keys",
+        "directory": f"sqlite:///{gateway_never_starts}",
+        "missing-directory": f"sqlite:///{gateway_never_starts}/no/such/keys.db",
+        "not-a-db": f"sqlite:///{not_db}",
+    }[kind]
+    result = CliRunner().invoke(
+        cli, ["gateway", "--upstream", "http://127.0.0.1:9", "--store", url]
+    )
+    assert result.exit_code == 2, (result.exception, result.stderr)
+    assert result.stderr.startswith("retrysafe: error: --store:")
+    assert len(result.stderr.splitlines()) == 1
+    assert [p.name for p in gateway_never_starts.iterdir()] == ["notes.db"]
+    assert not_db.read_bytes() == b"just some notes\n"

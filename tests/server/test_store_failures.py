@@ -3,9 +3,7 @@ the handler unprotected (fail open). Nothing is ever corrupted."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -14,50 +12,32 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _readonly import ReadOnly
 from retrysafe.stores import SQLiteStore
 
 from .harness import HOLD, Serve, assert_problem, is_replay, records
 
 
-def _writable(path: Path) -> bool:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE probe (x)")
-        conn.execute("DROP TABLE probe")
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        conn.close()
-    return True
-
-
 @pytest.fixture
-def read_only_store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    """A SQLite store whose file (and directory) became read-only after the schema was made.
-
-    chmod is enough for ordinary users; root ignores it, so as root the file is also marked
-    immutable (``chattr +i``). The test is skipped only when neither works.
-    """
+def read_only(tmp_path: Path) -> Iterator[tuple[SQLiteStore, ReadOnly]]:
+    """A SQLite store first used while its file is read-only (made after the schema), and the
+    :class:`ReadOnly` holding it so: ``restore()`` makes the file writable again. The directory
+    stays writable (SQLite then opens the file read-only: reads work, writes are refused)."""
     directory = tmp_path / "ro"
     directory.mkdir()
     path = directory / "keys.db"
     SQLiteStore(path).close()
-    path.chmod(0o444)
-    directory.chmod(0o555)
-    immutable = False
-    if _writable(path) and os.geteuid() == 0:
-        immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
-    try:
-        if _writable(path):
-            pytest.skip("cannot make a file read-only here (root without chattr)")
+    with ReadOnly(path) as ro:
         store = SQLiteStore(path)
-        yield store
-        store.close()
-    finally:
-        if immutable:
-            subprocess.run(["chattr", "-i", str(path)], check=True)
-        directory.chmod(0o755)
-        path.chmod(0o644)
+        try:
+            yield store, ro
+        finally:
+            store.close()
+
+
+@pytest.fixture
+def read_only_store(read_only: tuple[SQLiteStore, ReadOnly]) -> SQLiteStore:
+    return read_only[0]
 
 
 @pytest.fixture
@@ -79,6 +59,45 @@ def test_read_only_store_answers_503(serve: Serve, read_only_store: SQLiteStore)
     assert_problem(r, 503, "store-unavailable")
     assert r.headers["retry-after"] == "2"
     assert h.effects.counts["posts"] == 0
+
+
+def test_a_store_read_only_when_first_used_serves_once_writable_without_a_restart(
+    serve: Serve, read_only: tuple[SQLiteStore, ReadOnly]
+) -> None:
+    """Read-only when first used: 503; once the file is writable the next request runs the
+    handler and its repeat replays, on the same app and store."""
+    store, ro = read_only
+    h = serve(store=store)
+    assert_problem(h.post("/posts", key="k1", json={}), 503, "store-unavailable")
+    assert_problem(h.post("/posts", key="k1", json={}), 503, "store-unavailable")
+    ro.restore()
+    assert h.post("/posts", key="k1", json={}).status_code == 201
+    assert is_replay(h.post("/posts", key="k1", json={}))
+    assert h.effects.counts["posts"] == 1
+
+
+def test_a_completed_key_is_replayed_while_the_store_is_read_only(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A store that can be read but not written still replays a completed key (and refuses
+    its reuse with another body); a new key gets 503, and nothing runs twice."""
+    path = tmp_path / "keys.db"
+    writable = SQLiteStore(path)
+    first = serve(store=writable).post("/posts", key="k1", json={"a": 1})
+    assert first.status_code == 201
+    writable.close()
+    with ReadOnly(path):
+        store = SQLiteStore(path)
+        try:
+            h = serve(store=store)
+            replay = h.post("/posts", key="k1", json={"a": 1})
+            assert is_replay(replay)
+            assert (replay.status_code, replay.content) == (201, first.content)
+            assert_problem(h.post("/posts", key="k1", json={"a": 2}), 422, "key-reused")
+            assert_problem(h.post("/posts", key="k2", json={}), 503, "store-unavailable")
+            assert h.effects.counts["posts"] == 0
+        finally:
+            store.close()
 
 
 def test_read_only_store_fail_open_runs_unprotected(

@@ -122,9 +122,11 @@ def test_migrate_on_a_redis_cluster_says_there_is_nothing_to_migrate(redis_clust
 
 
 def test_migrate_on_a_malformed_cluster_url_fails() -> None:
-    """A cluster URL naming database 1 fails before connecting, without the password."""
+    """A cluster URL naming database 1 is bad input (exit 2, naming --store), refused before
+    connecting, without the password."""
     code, _, err = _migrate("--store", "redis+cluster://:s3cret@127.0.0.1:7000/1")
-    assert code == 1
+    assert code == 2
+    assert err.startswith("retrysafe: error: --store: ")
     assert "only database 0" in err and "s3cret" not in err
 
 
@@ -176,9 +178,7 @@ def test_a_store_without_one_table_names_it_and_migrate(request: pytest.FixtureR
 
 
 @pytest.mark.parametrize("raw", ["abc", "", "1.5", "-1"])
-def test_an_unreadable_schema_version_is_one_clear_error(
-    store_args: list[str], raw: str
-) -> None:
+def test_an_unreadable_schema_version_is_one_clear_error(store_args: list[str], raw: str) -> None:
     """A version edited by hand into something that is not a whole number: every command says
     so in one line (exit 1), migrate too; nothing is changed."""
     assert _migrate(*store_args)[0] == 0
@@ -242,3 +242,26 @@ def test_of_concurrent_migrations_one_creates_and_the_others_find_nothing_to_do(
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     actions = sorted(json.loads(out)["action"] for out, _ in outs)
     assert actions == ["created", "none", "none"]
+
+
+@pytest.mark.parametrize(
+    "store", ["memory://", "foo://x", "sqlite:///{tmp}", "sqlite:///{tmp}/no/m.db"]
+)
+def test_migrate_refuses_what_cannot_hold_a_store(tmp_path: Path, store: str) -> None:
+    """memory:// (it forgets everything), an unknown scheme, a directory and a path in a
+    missing directory: exit 2 naming --store, nothing created."""
+    code, out, err = _migrate("--store", store.format(tmp=tmp_path))
+    assert code == 2 and out == ""
+    assert err.startswith("retrysafe: error: --store: ") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_creates_a_store_the_other_commands_then_use(tmp_path: Path) -> None:
+    """The documented first step: `jobs list` refuses a store that does not exist and names
+    `retrysafe migrate`; after migrate it lists an empty outbox."""
+    store = _sqlite_url(tmp_path)
+    first = CliRunner().invoke(cli, ["jobs", "list", "--store", store, "--json"])
+    assert first.exit_code == 2 and f"retrysafe migrate --store {store}" in first.stderr
+    assert _migrate("--store", store)[0] == 0
+    listed = CliRunner().invoke(cli, ["jobs", "list", "--store", store, "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.stdout)["jobs"] == []

@@ -1,25 +1,32 @@
-"""SQLite-specific behaviour: processes sharing a file, bad files, schema versions."""
+"""SQLite-specific behaviour: processes sharing a file, bad files, schema versions, recovering
+from a file that was read-only."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
 import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _readonly import ReadOnly
 from retrysafe import (
     ConfigurationError,
+    JobState,
+    Outbox,
     RetrysafeError,
     SchemaError,
     StoreError,
     StoreUnavailableError,
 )
+from retrysafe.client import outbox_store
 from retrysafe.core import KeyState, StoredResponse
 from retrysafe.stores import AsyncKeyStore, SQLiteStore, open_store
-from retrysafe.stores._sqlite import AsyncSQLiteConnector
+from retrysafe.stores._sqlite import AsyncSQLiteConnector, SQLiteConnector
 
 H = "b" * 64
 
@@ -275,3 +282,163 @@ def _inline(keys: Any) -> sqlite3.Connection:
     connector = keys.connector
     assert isinstance(connector, AsyncSQLiteConnector)
     return connector._inline_conn()
+
+
+# ---------------------------------------------------------------------- recovering by itself
+# A store that was unusable is used again by its next operation once it is usable: no
+# connection opened or failed while the file could not be written is kept (issue 11).
+DONE = StoredResponse(201, (("content-type", "application/json"),), b'{"id": 1}', True)
+H_DONE = "d" * 64
+
+
+@pytest.fixture
+def ro_path(tmp_path: Path) -> Path:
+    """A store file (in a directory of its own) holding the completed key ``H_DONE``, closed."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "keys.db"
+    with SQLiteStore(path) as store:
+        _, record = store.claim(H_DONE, "fp", now=1.0, lease=10, retention=1e9)
+        assert store.complete(H_DONE, record.fencing_token, DONE, now=1.0, retention=1e9)
+    return path
+
+
+def _claim(store: SQLiteStore) -> bool:
+    return store.claim(H, "fp", now=1.0, lease=10, retention=100)[0]
+
+
+def test_a_store_read_only_when_first_used_writes_once_the_file_is_writable(
+    ro_path: Path,
+) -> None:
+    """Opened while its file is read-only: writes are unavailable, reads are served, and the
+    first write after the file became writable succeeds on the same store object."""
+    with ReadOnly(ro_path) as ro:
+        store = SQLiteStore(ro_path)
+        with pytest.raises(StoreUnavailableError, match="readonly"):
+            _claim(store)
+        done = store.get(H_DONE)
+        assert done is not None and done.response == DONE
+        ro.restore()
+        assert _claim(store)
+    store.close()
+
+
+def test_a_thread_that_connected_while_the_store_was_read_only_writes_again(
+    ro_path: Path,
+) -> None:
+    """A store in use whose file and directory become read-only: a thread that opens its
+    connection then fails to write, and its next write once they are writable succeeds."""
+    store = SQLiteStore(ro_path)
+    assert store.get(H_DONE) is not None  # this thread's connection holds the WAL open
+    with ThreadPoolExecutor(max_workers=1) as thread, ReadOnly(ro_path, ro_path.parent) as ro:
+        with pytest.raises(StoreUnavailableError, match="readonly"):
+            thread.submit(_claim, store).result()
+        assert thread.submit(store.get, H_DONE).result() is not None
+        ro.restore()
+        assert thread.submit(_claim, store).result()
+    store.close()
+
+
+def test_a_read_only_connection_not_seen_at_opening_is_replaced_after_a_failed_write(
+    ro_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection SQLite opened read-only although the file looked writable (it changed in
+    between) is closed by its first failed write: the write after that opens a new one."""
+    monkeypatch.setattr(SQLiteConnector, "_file_writable", lambda self: True)
+    with ReadOnly(ro_path) as ro:
+        store = SQLiteStore(ro_path)
+        with pytest.raises(StoreUnavailableError, match="readonly"):
+            _claim(store)
+        ro.restore()
+        assert _claim(store)
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_the_async_key_face_read_only_when_first_used_recovers(ro_path: Path) -> None:
+    """The middleware's async face on a store read-only when first used: claims (alone and
+    batched) are unavailable, reads are served, and the next claims once the file is writable
+    succeed on the same face."""
+    with ReadOnly(ro_path) as ro:
+        store = SQLiteStore(ro_path)
+        keys = store.asyncio_key_store()
+        with pytest.raises(StoreUnavailableError, match="readonly"):
+            await keys.claim(H, "fp", now=1.0, lease=10, retention=100)
+        batch = await asyncio.gather(
+            *(keys.claim(f"{i:064x}", "fp", now=1.0, lease=10, retention=100) for i in range(4)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, StoreUnavailableError) for r in batch)
+        done = await keys.get(H_DONE)
+        assert done is not None and done.response == DONE
+        ro.restore()
+        claimed, _ = await keys.claim(H, "fp", now=1.0, lease=10, retention=100)
+        assert claimed
+        batch = await asyncio.gather(
+            *(keys.claim(f"{i:064x}", "fp", now=1.0, lease=10, retention=100) for i in range(4))
+        )
+        assert all(claimed for claimed, _ in batch)
+    await keys.aclose()
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_the_async_face_replaces_a_read_only_connection_after_a_failed_write(
+    ro_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The async face's own connection, opened read-only unnoticed, is closed by its first
+    failed write; the next claim opens a new one."""
+    monkeypatch.setattr(SQLiteConnector, "_file_writable", lambda self: True)
+    with ReadOnly(ro_path) as ro:
+        store = SQLiteStore(ro_path)
+        keys = store.asyncio_key_store()
+        with pytest.raises(StoreUnavailableError, match="readonly"):
+            await keys.claim(H, "fp", now=1.0, lease=10, retention=100)
+        ro.restore()
+        claimed, _ = await keys.claim(H, "fp", now=1.0, lease=10, retention=100)
+        assert claimed
+    await keys.aclose()
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_the_async_outbox_face_read_only_when_first_used_recovers(ro_path: Path) -> None:
+    """The worker's async outbox face on a store read-only when first used: claiming jobs is
+    unavailable, counting them is served, and the next claim once the file is writable gets
+    the job."""
+    with SQLiteStore(ro_path) as setup:
+        job = Outbox(setup).submit("http://127.0.0.1:9/x", json={})
+    with ReadOnly(ro_path) as ro:
+        store = SQLiteStore(ro_path)
+        jobs = outbox_store(store).asyncio_outbox_store()
+
+        async def claim() -> list[Any]:
+            return list(
+                await jobs.claim_jobs(
+                    queue="default", token="t", now=time.time(), lease=10, limit=1
+                )
+            )
+
+        with pytest.raises(StoreUnavailableError, match="readonly"):
+            await claim()
+        assert (await jobs.count_jobs(queue="default"))[JobState.PENDING] == 1
+        ro.restore()
+        assert [j.id for j in await claim()] == [job.id]
+    await jobs.aclose()
+    store.close()
+
+
+def test_a_read_only_store_read_as_immutable_sees_writes_once_its_directory_is_writable(
+    ro_path: Path,
+) -> None:
+    """readonly=True in a read-only directory reads the file as immutable; once the directory
+    is writable, it sees what another process writes (it does not keep the immutable view)."""
+    with ReadOnly(ro_path, ro_path.parent) as ro:
+        reader = SQLiteStore(ro_path, readonly=True)
+        assert reader.get(H) is None
+        ro.restore()
+    with SQLiteStore(ro_path) as writer:
+        assert _claim(writer)
+        record = reader.get(H)
+    assert record is not None and record.state is KeyState.RUNNING
+    reader.close()

@@ -20,12 +20,21 @@ def _run(*args: str, input: str | None = None) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _create(store_url: str) -> None:
+    """Create the store (on PostgreSQL in the test's schema): no command but `retrysafe
+    migrate` creates one."""
+    from retrysafe.webhooks import Webhooks
+
+    Webhooks(store_url).close()
+
+
 def test_endpoint_send_worker_dlq_round_trip(
     store_url: str, receiver: Receiver, base_url: str
 ) -> None:
     """add → send → worker → dlq list/show → replay → purge, all through the CLI."""
     receiver.plan("/cli", 400)
     s = ("--store", store_url)
+    _create(store_url)
     code, out, err = _run(
         "endpoints", "add", base_url + "/cli", "-e", "order.*", "--allow-private", "--json", *s
     )
@@ -39,7 +48,9 @@ def test_endpoint_send_worker_dlq_round_trip(
     assert code == 0 and len(json.loads(out)["deliveries"]) == 1
     code, out, _ = _run("worker", "--until-idle", "--allow-private", *s)
     assert code == 0
-    line = json.loads(out.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in out.strip().splitlines()]
+    [line] = [x for x in lines if x.get("event") == "attempt"]
+    assert lines[-1]["event"] == "stopped" and lines[-1]["rejected"] == 1
     assert line["event_id"] == "evt_cli" and line["status"] == 400
     assert {"endpoint_id", "attempt", "latency_ms", "outcome"} <= set(line)
     assert receiver.requests("/cli")[0].verified
@@ -56,16 +67,17 @@ def test_endpoint_send_worker_dlq_round_trip(
 
 
 def test_disable_enable_and_delete(store_url: str, base_url: str) -> None:
-    """disable with a reason, enable, delete --yes; then the id is unknown."""
+    """disable with a reason, enable, delete --yes (and --json); then the id is unknown."""
     s = ("--store", store_url)
+    _create(store_url)
     code, out, _ = _run("endpoints", "add", base_url + "/x", "--allow-private", "--json", *s)
     ep = json.loads(out)["id"]
     code, out, _ = _run("endpoints", "disable", ep, "--reason", "holiday", "--json", *s)
     assert json.loads(out)["disabled_reason"] == "holiday"
     code, out, _ = _run("endpoints", "enable", ep, "--replay-missed", "--json", *s)
     assert json.loads(out)["enabled"] is True
-    code, out, _ = _run("endpoints", "delete", ep, "--yes", *s)
-    assert code == 0
+    code, out, _ = _run("endpoints", "delete", ep, "--yes", "--json", *s)
+    assert code == 0 and json.loads(out) == {"deleted": ep}
     code, _, err = _run("endpoints", "show", ep, *s)
     assert code == 1 and "no endpoint" in err
 
@@ -73,43 +85,67 @@ def test_disable_enable_and_delete(store_url: str, base_url: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("endpoints", "show", "ep_missing"), "no endpoint"),
-        (("endpoints", "disable", "ep_missing"), "no endpoint"),
-        (("endpoints", "delete", "ep_missing", "--yes"), "no endpoint"),
+        (("endpoints", "show", "ep_0123"), "no endpoint"),
+        (("endpoints", "disable", "ep_0123"), "no endpoint"),
+        (("endpoints", "delete", "ep_0123", "--yes"), "no endpoint"),
         (("dlq", "show", "deadbeef"), "no delivery"),
         (("dlq", "replay", "deadbeef"), "no delivery"),
-        (("endpoints", "add", "ftp://x/y", "--allow-private"), "not http(s)"),
-        (("endpoints", "add", "http://127.0.0.1:9/x"), "SSRF"),
-        (
-            ("endpoints", "add", "http://127.0.0.1:9/x", "--allow-private", "--secret", "abc"),
-            "whsec_",
-        ),
-        (("send", "a.b", "{not json"), "payload is not JSON"),
-        (("send", "bad type!", "{}"), "event type"),
     ],
 )
-def test_bad_input_is_one_clear_error(store_url: str, args: tuple[str, ...], message: str) -> None:
-    """Unknown ids, bad URLs, secrets and payloads: exit 1 and one line on stderr."""
-    from retrysafe.webhooks import Webhooks
-
-    Webhooks(store_url).close()  # an existing store (reading commands never create one)
+def test_unknown_ids_are_one_clear_error(
+    store_url: str, args: tuple[str, ...], message: str
+) -> None:
+    """Unknown endpoint and delivery ids: the operation failed, exit 1 and one line."""
+    _create(store_url)  # an existing store (no command but migrate creates one)
     code, _, err = _run(*args, "--store", store_url)
     assert code == 1
-    assert err.startswith("retrysafe: error:") and message in err
+    assert err.startswith("retrysafe: error:") and message in err and err.count("\n") == 1
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("endpoints", "show", "ep_missing"), "ENDPOINT_ID: 'ep_missing' is not an endpoint id"),
+        (("dlq", "show", "nothex"), "DELIVERY_ID: 'nothex' is not a job id"),
+        (("endpoints", "add", "ftp://x/y", "--allow-private"), "URL: url 'ftp://x/y' is not"),
+        (("endpoints", "add", "http://127.0.0.1:9/x"), "URL: http://127.0.0.1:9/x resolves to"),
+        (
+            ("endpoints", "add", "http://127.0.0.1:9/x", "--allow-private", "--secret", "abc"),
+            "--secret: ",
+        ),
+        (("send", "a.b", "{not json"), "PAYLOAD: is not JSON"),
+        (("send", "bad type!", "{}"), "EVENT_TYPE: event type 'bad type!'"),
+        (("send", "a.b", "NaN"), "PAYLOAD: payload cannot be serialised"),
+    ],
+)
+def test_bad_input_is_one_clear_error_naming_the_option(
+    store_url: str, args: tuple[str, ...], message: str
+) -> None:
+    """Ids that cannot be ids, bad URLs (a refused destination too), secrets, event types and
+    payloads: bad input, exit 2 and one line naming the option; nothing recorded."""
+    from retrysafe.webhooks import Webhooks
+
+    _create(store_url)
+    code, _, err = _run(*args, "--store", store_url)
+    assert code == 2, err
+    assert err.startswith(f"retrysafe: error: {message}") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    with Webhooks(store_url) as hooks:
+        assert hooks.list_endpoints() == [] and hooks.deliveries() == []
 
 
 def test_a_payload_file_that_is_not_utf8_is_one_clear_error(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """send @file with bytes that are not UTF-8: one line naming the file and the byte,
-    exit 1, and no store written."""
+    """send @file with bytes that are not UTF-8: bad input, one line naming PAYLOAD, the file
+    and the byte, exit 2, and no store written."""
     store_url = sqlite_url  # a file that must not appear
     (tmp_path / "bad.bin").write_bytes(b"\xff\xfe")
     monkeypatch.chdir(tmp_path)
     code, _, err = _run("send", "invoice.paid", "@bad.bin", "--store", store_url)
-    assert code == 1
-    assert err == "retrysafe: error: bad.bin is not UTF-8 text (byte 0)\n"
+    assert code == 2
+    assert err == "retrysafe: error: PAYLOAD: bad.bin is not UTF-8 text (byte 0)\n"
     assert not Path(store_url.removeprefix("sqlite:///")).exists()
 
 
@@ -119,19 +155,38 @@ def test_a_stdin_payload_that_is_not_utf8_is_one_clear_error(sqlite_url: str) ->
     result = CliRunner().invoke(
         cli, ["webhooks", "send", "invoice.paid", "-", "--store", store_url], input=b"\xff\xfe"
     )
-    assert result.exit_code == 1
-    assert result.stderr == "retrysafe: error: stdin is not UTF-8 text (byte 0)\n"
+    assert result.exit_code == 2
+    assert result.stderr == "retrysafe: error: PAYLOAD: stdin is not UTF-8 text (byte 0)\n"
 
 
 @pytest.mark.parametrize(
     "args",
-    [("endpoints", "list"), ("endpoints", "show", "ep_x"), ("dlq", "list"), ("dlq", "show", "ab")],
+    [
+        ("endpoints", "list"),
+        ("endpoints", "show", "ep_0"),
+        ("dlq", "list"),
+        ("dlq", "show", "ab"),
+        ("endpoints", "add", "http://127.0.0.1:9/x", "--allow-private"),
+        ("endpoints", "update", "ep_0", "--description", "d"),
+        ("endpoints", "disable", "ep_0"),
+        ("endpoints", "enable", "ep_0"),
+        ("endpoints", "delete", "ep_0", "--yes"),
+        ("send", "a.b", "{}"),
+        ("dlq", "replay", "--all"),
+        ("dlq", "purge", "--yes"),
+        ("worker", "--until-idle"),
+    ],
 )
-def test_reading_commands_never_create_a_store(tmp_path: Path, args: tuple[str, ...]) -> None:
-    """A reading command on a missing SQLite file is one error and creates nothing."""
+def test_no_command_creates_a_store(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A command on a missing SQLite file, reading or changing, is one error (exit 2, the
+    hint to run `retrysafe migrate`) and creates nothing."""
     missing = tmp_path / "nothere.db"
     code, _, err = _run(*args, "--store", f"sqlite:///{missing}")
-    assert code == 1 and err.startswith("retrysafe: error: no SQLite store at")
+    assert code == 2
+    assert err == (
+        f"retrysafe: error: --store: no store at {missing} (create it with `retrysafe migrate "
+        f"--store sqlite:///{missing}`, or pass the right --store)\n"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -139,7 +194,7 @@ def test_rate_limit_and_no_rate_limit_together_are_a_usage_error(sqlite_url: str
     """update --rate-limit N --no-rate-limit is refused as contradictory (exit 2)."""
     store_url = sqlite_url  # refused before any store is opened
     code, _, err = _run(
-        "endpoints", "update", "ep_x", "--rate-limit", "5", "--no-rate-limit", "--store", store_url
+        "endpoints", "update", "ep_0", "--rate-limit", "5", "--no-rate-limit", "--store", store_url
     )
     assert code == 2 and "--no-rate-limit" in err
 
@@ -152,6 +207,7 @@ def test_a_host_that_does_not_resolve_is_one_clear_error(
     def offline(*args: Any, **kwargs: Any) -> Any:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
+    _create(store_url)
     monkeypatch.setattr(socket, "getaddrinfo", offline)
     code, _, err = _run("endpoints", "add", "https://example.com/hooks", "--store", store_url)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
@@ -165,6 +221,7 @@ def test_the_worker_warns_on_stderr_about_endpoints_it_will_refuse(store_url: st
     """An endpoint added with --allow-private and a worker started without it: one warning
     line on stderr telling to pass --allow-private to the worker too."""
     s = ("--store", store_url)
+    _create(store_url)
     code, _, err = _run("endpoints", "add", "http://127.0.0.1:9/x", "--allow-private", *s)
     assert code == 0, err
     code, _, err = _run("worker", "--until-idle", *s)
@@ -176,6 +233,7 @@ def test_the_worker_warns_on_stderr_about_endpoints_it_will_refuse(store_url: st
 def test_update_rotates_and_moves_an_endpoint(store_url: str, base_url: str) -> None:
     """endpoints update: --rotate prints both secrets, --url and --no-rate-limit change it."""
     s = ("--store", store_url)
+    _create(store_url)
     code, out, err = _run(
         "endpoints", "add", base_url + "/u", "--rate-limit", "5", "--allow-private", "--json", *s
     )
@@ -199,6 +257,7 @@ def test_an_endpoint_of_another_store_is_not_found(
 ) -> None:
     """An endpoint added on SQLite and looked up on PostgreSQL: exit 1 and one "no endpoint"
     line naming the PostgreSQL store, for every command that takes an endpoint id."""
+    _create(sqlite_url)
     code, out, err = _run(
         "endpoints", "add", base_url + "/x", "--allow-private", "--json", "--store", sqlite_url
     )

@@ -64,6 +64,7 @@ from retrysafe.core import (
     lease_timing,
 )
 from retrysafe.core import decide as key_decision
+from retrysafe.testing import waited
 
 __all__ = ["ToolSpec", "is_retryable", "tool"]
 
@@ -686,7 +687,7 @@ def _call(spec: ToolSpec, fn: Callable[..., Any], args: tuple[Any, ...], kw: dic
                     if final is exc:
                         raise
                     raise final from exc
-                time.sleep(wait)
+                time.sleep(waited(wait))
                 continue
             finally:
                 _call_id_var.reset(call_reset)
@@ -731,7 +732,7 @@ async def _acall(
                     if final is exc:
                         raise
                     raise final from exc
-                await asyncio.sleep(wait)
+                await asyncio.sleep(waited(wait))
                 continue
             finally:
                 _call_id_var.reset(call_reset)

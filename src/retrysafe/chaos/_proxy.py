@@ -35,6 +35,7 @@ from typing import IO, Any
 import h11
 import httpx
 
+from retrysafe._addresses import reaches_listener
 from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP
 from retrysafe.chaos._faults import Fault, FaultChoice, FaultRates, choose_fault
@@ -279,9 +280,18 @@ class ChaosProxy:
         with self._lock:
             return list(self._records)
 
+    def _upstream_port(self) -> int:
+        return self.upstream.port or (443 if self.upstream.scheme == "https" else 80)
+
+    def _upstream_is_self(self) -> bool:
+        """Would forwarding to the upstream reach this proxy's own socket (a loop)?"""
+        return reaches_listener(
+            self.upstream.host, self._upstream_port(), listen_host=self.host, listen_port=self.port
+        )
+
     def probe_upstream(self, timeout: float = 2.0) -> str | None:
         """Try a TCP connection to the upstream. Returns None if it answers, else the reason."""
-        port = self.upstream.port or (443 if self.upstream.scheme == "https" else 80)
+        port = self._upstream_port()
         try:
             with socket.create_connection((self.upstream.host, port), timeout=timeout):
                 return None
@@ -294,7 +304,9 @@ class ChaosProxy:
         """Listen and serve in the running event loop. Returns self.
 
         Raises:
-            ConfigurationError: the address cannot be bound (in use, not local, no permission).
+            ConfigurationError: the address cannot be bound (in use, not local, no permission)
+                (``option="listen"``), or the upstream is the proxy's own address, so every
+                request would be forwarded to itself (``option="upstream"``).
         """
         if self._server is not None:
             raise RuntimeError("the chaos proxy is already running")
@@ -311,6 +323,13 @@ class ChaosProxy:
             ) from exc
         self._server = server
         self.port = server.sockets[0].getsockname()[1]
+        if self._upstream_is_self():
+            await self.aclose()
+            raise ConfigurationError(
+                f"upstream {self.upstream} is this proxy's own address ({self.host}:{self.port}):"
+                " every request would be forwarded to the proxy itself, without end",
+                option="upstream",
+            )
         self._client = httpx.AsyncClient(
             timeout=self._upstream_timeout,
             follow_redirects=False,
@@ -397,15 +416,16 @@ class ChaosProxy:
             raise errors[0]
         return self
 
-    def close(self) -> None:
-        """Stop a proxy started with :meth:`start_in_thread` and wait for its thread."""
+    def close(self, *, timeout: float = 10.0) -> None:
+        """Stop a proxy started with :meth:`start_in_thread` and wait for its thread, at most
+        ``timeout`` seconds (it is a daemon thread: a process that exits never waits for it)."""
         thread, loop, stop = self._thread, self._loop, self._stop
         if thread is None:
             return
         if loop is not None and stop is not None and thread.is_alive():
             with contextlib.suppress(RuntimeError):  # loop already closed
                 loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout=10)
+        thread.join(timeout=timeout)
         self._thread = self._loop = self._stop = None
 
     def __enter__(self) -> ChaosProxy:

@@ -1,15 +1,23 @@
 """The ``retrysafe`` command line. Subcommands load lazily, so ``retrysafe --help`` stays fast
-and a subcommand's dependencies are imported only when it runs."""
+and a subcommand's dependencies are imported only when it runs.
+
+Every command follows one convention (docs/cli.md, :mod:`retrysafe.cli._common`); the group
+prints click's usage errors in its one-line form (``retrysafe: error: --limit: …``, exit 2)
+and exits 130 when Ctrl-C interrupts a command.
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import click
 
 from retrysafe._exceptions import RetrysafeWarning
+from retrysafe.cli._common import EXIT_SIGINT, EXIT_USAGE, clip, epilog
 
 __all__ = ["main"]
 
@@ -28,6 +36,12 @@ _COMMANDS: dict[str, str] = {
 }
 
 
+# click >= 8.2 raises it for a group run without a command (8.1 prints the help and exits 0).
+_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(_COMMANDS))
@@ -39,8 +53,66 @@ class _LazyGroup(click.Group):
             return command
         return super().get_command(ctx, cmd_name)
 
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """click's ``main``, with the convention's error lines and exit codes."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # `retrysafe jobs` alone: the help, as click shows it
+            exc.show()
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as exc:
+            _usage_line(exc)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            click.echo(f"retrysafe: error: {clip(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort as exc:
+            if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+                click.echo("retrysafe: interrupted", err=True)
+                sys.exit(EXIT_SIGINT)
+            click.echo("retrysafe: aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+def _usage_line(exc: click.UsageError) -> None:
+    """``retrysafe: error: --limit: 0 is not in the range x>=1. (see 'retrysafe jobs list
+    --help')``: one line naming the option, whatever click's message."""
+    if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+        hint = exc.param_hint
+        if isinstance(hint, str):
+            name = hint
+        elif hint:
+            name = " / ".join(hint)
+        elif isinstance(exc.param, click.Option):
+            name = next((o for o in exc.param.opts if o.startswith("--")), exc.param.opts[0])
+        elif exc.param is not None:
+            name = exc.param.human_readable_name
+        else:
+            name = ""
+        message = f"{name.strip(chr(39))}: {exc.message}" if name else exc.message
+    else:
+        message = exc.format_message()
+    message = " ".join(clip(message).splitlines())
+    if exc.ctx is not None:
+        message += f" (see '{exc.ctx.command_path} --help')"
+    click.echo(f"retrysafe: error: {message}", err=True)
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=epilog(),
+)
 @click.version_option(package_name="retrysafe")
 def cli() -> None:
     """Make side-effecting calls safe to retry across networks that lose answers."""

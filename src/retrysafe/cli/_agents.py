@@ -1,7 +1,9 @@
 """``retrysafe agents runs|calls``: the agent audit log (SPEC §7).
 
-Tables by default, ``--json`` for scripts; errors are one ``retrysafe: error: …`` line and
-exit code 1 (a store that does not exist, an unknown run id).
+Tables by default, ``--json`` for scripts; errors are one ``retrysafe: error: …`` line and the
+exit codes of docs/cli.md: 1 for an unknown run id or a store that failed, 2 for bad input (a
+store that does not exist, a malformed run id). Both commands only read: a SQLite store is
+opened read-only and a PostgreSQL one without creating tables.
 """
 
 from __future__ import annotations
@@ -15,45 +17,48 @@ from typing import Any
 
 import click
 
-from retrysafe._exceptions import ConfigurationError, RetrysafeError
+from retrysafe._exceptions import ConfigurationError
 from retrysafe.agents._models import AgentCall, AgentRunRecord, AgentStore
 from retrysafe.agents._store import agent_store
-from retrysafe.cli._common import fail, store_option
+from retrysafe.cli._common import (
+    SQL_STORES,
+    StrParamType,
+    clip,
+    epilog,
+    errors,
+    fail,
+    json_option,
+    opened_store,
+    print_table,
+    store_option,
+)
 
 __all__ = ["agents"]
 
 
+class RunId(StrParamType):
+    """An agent run id: 1–255 visible ASCII characters (SPEC §2)."""
+
+    name = "run_id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from retrysafe.agents._keys import check_id
+
+        try:
+            return check_id(value, "run id")
+        except ConfigurationError:
+            self.fail(
+                f"{clip(repr(value), 60)} is not a run id (1–255 visible ASCII characters)",
+                param,
+                ctx,
+            )
+
+
 @contextmanager
 def _store(url: str) -> Iterator[AgentStore]:
-    """Open the store's agent store read-only: listing never creates or changes it."""
-    from retrysafe.stores import open_store
-    from retrysafe.stores._url_check import redact_url
-
-    try:
-        scheme = url.split(":", 1)[0].lower()
-        options: dict[str, Any] = (
-            {"readonly": True}
-            if scheme == "sqlite"
-            else {"create": False}
-            if scheme in ("postgresql", "postgres")
-            else {}
-        )
-        store = open_store(url, **options)
-    except RetrysafeError as exc:
-        fail(str(exc))
-    try:
-        try:
-            agents = agent_store(store)
-        except ConfigurationError:
-            fail(
-                f"the store {redact_url(url)} cannot hold agent runs "
-                "(use sqlite:///path.db or postgresql://…)"
-            )
-        yield agents
-    except RetrysafeError as exc:
-        fail(str(exc))
-    finally:
-        store.close()
+    """The store's agent store, opened read-only: listing never creates or changes it."""
+    with errors(url), opened_store(url, write=False) as store:
+        yield agent_store(store)
 
 
 def _when(ts: float | None) -> str:
@@ -89,15 +94,15 @@ def _short_tool(name: str, width: int = 20) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
-@click.group()
+@click.group(epilog=epilog())
 def agents() -> None:
     """Agent runs and their tool calls (the audit log)."""
 
 
-@agents.command("runs")
-@store_option
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@agents.command("runs", epilog=epilog())
+@store_option(schemes=SQL_STORES)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1, max=1_000_000))
+@json_option
 def runs(store: str, limit: int, as_json: bool) -> None:
     """List agent runs, newest first, with their budgets and call counts."""
     with _store(store) as s:
@@ -105,7 +110,6 @@ def runs(store: str, limit: int, as_json: bool) -> None:
     if as_json:
         _emit([_run_dict(r) for r in records])
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="agent runs")
@@ -123,12 +127,12 @@ def runs(store: str, limit: int, as_json: bool) -> None:
             _when(r.created_at),
             r.reason or "",
         )
-    Console().print(table)
+    print_table(table)
 
 
-@agents.command("calls")
-@click.argument("run_id")
-@store_option
+@agents.command("calls", epilog=epilog("(no such run);"))
+@click.argument("run_id", type=RunId())
+@store_option(schemes=SQL_STORES)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (full keys).")
 @click.option("--wide", is_flag=True, help="Show full keys in the table.")
 def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:
@@ -139,13 +143,14 @@ def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:
     """
     with _store(store) as s:
         if s.get_agent_run(run_id) is None:
-            fail(f"no agent run {run_id!r} in {store}")
+            from retrysafe.stores._url_check import redact_url
+
+            fail(f"no agent run {run_id!r} in {redact_url(store)}")
         rows = s.list_agent_calls(run_id)
     if as_json:
         _emit([_call_dict(c) for c in rows])
         return
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     # Fits 80 columns: no rules between columns, a shortened key, short columns that never
@@ -175,4 +180,4 @@ def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:
         if wide:
             cells += [c.arguments_hash[:16], _when(c.created_at), _when(c.finished_at)]
         table.add_row(*cells)
-    Console().print(table)
+    print_table(table)

@@ -1,130 +1,119 @@
 """``retrysafe worker | jobs | reconcile | dlq``: the outbox from the command line.
 
 Human tables (rich) by default, ``--json`` for scripts; errors are one line on stderr
-(``retrysafe: error: …``, from :func:`~retrysafe.cli._common.fail`) and a non-zero exit code
-(1: retrysafe error, 2: usage, 130: interrupted). Reading commands (``jobs list``, ``jobs
-show``, ``dlq list``) open the store read-only and never create it.
+(``retrysafe: error: …``) and the exit codes of docs/cli.md (:mod:`retrysafe.cli._common`):
+0 done, 1 failed or work left undone (jobs still UNKNOWN), 2 usage or bad input, 130 / 143
+stopped by SIGINT / SIGTERM. No command creates a store (``retrysafe migrate`` does): reading
+commands open a SQLite store read-only, and every command refuses a store that does not exist.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import re
+import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from retrysafe._exceptions import ConfigurationError, RetrysafeError, StoreUnavailableError
-from retrysafe.cli._common import fail, store_option
+from retrysafe._exceptions import ConfigurationError
+from retrysafe.cli._common import (
+    EXIT_FAILED,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    SQL_STORES,
+    Number,
+    StrParamType,
+    clip,
+    epilog,
+    errors,
+    fail,
+    json_option,
+    opened_store,
+    print_table,
+    store_option,
+)
 from retrysafe.client import DEAD_LETTER_STATES, Attempt, Job, JobState, Outbox, RetryPolicy
+from retrysafe.client._jobs import shown_url
 from retrysafe.client._policy import Step
-from retrysafe.client._worker import DEFAULT_LEASE
+from retrysafe.client._worker import DEFAULT_LEASE, Worker, WorkerStats
 from retrysafe.core import lease_timing
 
 __all__ = ["dlq", "jobs", "reconcile_command", "worker"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 _STATES = [s.value for s in JobState]
-_COUNT = click.IntRange(min=1)
-_SECONDS = click.FloatRange(min=0, min_open=True)
-_READERS = "`jobs list`, `jobs show` and `dlq list`"
+_LIMIT = click.IntRange(min=1, max=1_000_000)
+_CONCURRENCY = click.IntRange(min=1, max=1000)
+_ATTEMPTS = click.IntRange(min=1, max=1000)
+_SECONDS = Number()
+_AGE = Number(zero=True)
+_SUBMIT_FLAGS = {
+    "url": "URL",
+    "method": "--method",
+    "headers": "-H/--header",
+    "deadline": "--deadline",
+    "payload": "--data",
+    "key": "--key",
+}
 
 
-def _json_option(fn: _F) -> _F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+class JobId(StrParamType):
+    """A job id or the start of one: 1–32 hex digits (ids are 32, from ``build_job``)."""
 
+    name = "job_id"
+    _HEX = re.compile(r"[0-9a-fA-F]{1,32}")
 
-def _sqlite_path(store: str) -> str | None:
-    """The file of a ``sqlite://`` URL (None for other schemes or a malformed URL)."""
-    if not store.lower().startswith("sqlite://"):
-        return None
-    from retrysafe.stores._sqlite import sqlite_path_from_url
-
-    try:
-        return sqlite_path_from_url(store)
-    except RetrysafeError:
-        return None
-
-
-def _is_read_only(store: str, exc: StoreUnavailableError) -> bool:
-    """Did a write fail because the store can be read but not written?"""
-    low = str(exc).lower()
-    if "readonly" in low or "read-only" in low:
-        return True
-    path = _sqlite_path(store)
-    if path is None or "unable to open" not in low or not Path(path).expanduser().is_file():
-        return False
-    from retrysafe.stores import SQLiteStore
-
-    try:
-        SQLiteStore(path, readonly=True).close()
-    except RetrysafeError:
-        return False
-    return True
-
-
-@contextmanager
-def _errors(store: str | None = None) -> Iterator[None]:
-    """Turn retrysafe errors into one ``retrysafe: error: …`` line and exit 1."""
-    try:
-        yield
-    except StoreUnavailableError as exc:
-        if store is not None and _is_read_only(store, exc):
-            fail(
-                f"the store {_sqlite_path(store) or store} is read-only: {_READERS} can read "
-                "it, this command needs to write"
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or self._HEX.fullmatch(value) is None:
+            self.fail(
+                f"{clip(repr(value), 60)} is not a job id (1–32 hex digits, e.g. the first "
+                "12 that `jobs list` shows)",
+                param,
+                ctx,
             )
-        fail(str(exc))
-    except RetrysafeError as exc:
-        fail(str(exc))
+        return value.lower()
+
+
+JOB_ID = JobId()
+
+
+class Method(StrParamType):
+    """An HTTP method for a job: a letter, then letters, digits, ``-`` or ``_`` (32 at most;
+    ``POST``, ``PUT``, ``PATCH``, ``DELETE``, extension methods such as ``M-SEARCH``)."""
+
+    name = "method"
+    _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or self._METHOD.fullmatch(value) is None:
+            self.fail(f"{clip(repr(value), 60)} is not an HTTP method (e.g. POST)", param, ctx)
+        return value.upper()
 
 
 @contextmanager
-def _outbox(store: str, policy: RetryPolicy | None = None) -> Iterator[Outbox]:
-    """The outbox for a command that writes (creates the SQLite file if missing)."""
-    with _errors(store), Outbox(store, policy=policy) as outbox:
+def _outbox(
+    store: str,
+    policy: RetryPolicy | None = None,
+    *,
+    write: bool = True,
+    flags: Mapping[str, str] | None = None,
+) -> Iterator[Outbox]:
+    """The outbox of an existing store (a reader opens SQLite read-only); retrysafe errors
+    inside become one error line and the convention's exit code."""
+    with (
+        errors(store, flags),
+        opened_store(store, write=write) as opened,
+        Outbox(opened, policy=policy) as outbox,
+    ):
         yield outbox
-
-
-@contextmanager
-def _reader(store: str) -> Iterator[Outbox]:
-    """The outbox for a command that only reads: a SQLite store is opened read-only, and a
-    file that does not exist is an error (a typo must not create an empty store)."""
-    path = _sqlite_path(store)
-    if path is None:
-        if store.split(":", 1)[0].lower() in ("postgresql", "postgres"):
-            # Reading never creates tables: a database without them is a SchemaError
-            # that names `retrysafe migrate`.
-            from retrysafe.stores import open_store
-
-            with _errors(store):
-                opened = open_store(store, create=False)
-                try:
-                    with Outbox(opened) as outbox:
-                        yield outbox
-                finally:
-                    opened.close()
-            return
-        with _outbox(store) as outbox:
-            yield outbox
-        return
-    if not Path(path).expanduser().exists():
-        fail(f"no store at {path} (create one by submitting a job or with a worker)")
-    from retrysafe.stores import SQLiteStore
-
-    with _errors(store):
-        opened = SQLiteStore(path, readonly=True)
-        try:
-            with Outbox(opened) as outbox:
-                yield outbox
-        finally:
-            opened.close()
 
 
 def _emit(data: Any) -> None:
@@ -135,8 +124,19 @@ def _when(ts: float | None) -> str:
     return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def _jobs_table(jobs: list[Job], title: str) -> None:
-    from rich.console import Console
+def _url(url: str) -> str:
+    """A job URL as the CLI prints it: a ``user:password@`` part (possible in stores written
+    before submit refused them) is never shown."""
+    return shown_url(url, limit=sys.maxsize)
+
+
+def _job_dict(job: Job, *, body: bool = False) -> dict[str, Any]:
+    data = job.to_dict(body=body)
+    data["url"] = _url(job.url)
+    return data
+
+
+def _jobs_table(jobs: list[Job], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
@@ -152,22 +152,25 @@ def _jobs_table(jobs: list[Job], title: str) -> None:
             str(j.attempts),
             last,
             j.method,
-            j.url,
+            _url(j.url),
             _when(j.created_at),
             j.key,
         )
-    Console().print(table)
+    return table
 
 
-def _attempts_table(attempts: list[Attempt]) -> None:
-    from rich.console import Console
+def _attempts_table(
+    attempts: list[Attempt], *, title: str = "attempts", jobs: list[str] | None = None
+) -> Any:
+    """The attempts, one row each; ``jobs`` (the job id of each attempt) adds a job column."""
     from rich.table import Table
 
-    table = Table(title="attempts")
-    for col in ("#", "started", "duration", "outcome", "status", "error", "replayed", "counted"):
+    table = Table(title=title)
+    columns = ["#", "started", "duration", "outcome", "status", "error", "replayed", "counted"]
+    for col in ["job", *columns] if jobs is not None else columns:
         table.add_column(col)
-    for a in attempts:
-        table.add_row(
+    for i, a in enumerate(attempts):
+        cells = [
             str(a.number),
             _when(a.started_at),
             f"{a.duration:.3f}s",
@@ -176,8 +179,9 @@ def _attempts_table(attempts: list[Attempt]) -> None:
             a.error_type or "",
             "yes" if a.replayed else "",
             "yes" if a.counted else "no",
-        )
-    Console().print(table)
+        ]
+        table.add_row(*([jobs[i][:12], *cells] if jobs is not None else cells))
+    return table
 
 
 def _policy(attempts: int, timeout: float, wait_initial: float, wait_max: float) -> RetryPolicy:
@@ -196,9 +200,9 @@ def _policy(attempts: int, timeout: float, wait_initial: float, wait_max: float)
 def _check_lease_timing(
     lease: float | None, heartbeat: float | None, max_run_time: float | None
 ) -> None:
-    """Exit 2 on lease options the worker would refuse (NaN, inf, too large, a heartbeat not
-    shorter than the lease), before the store is opened: a bad flag never creates a store.
-    Warnings are left to the worker, which prints each once."""
+    """Exit 2 on lease options the worker would refuse (too large, a heartbeat not shorter
+    than the lease), before the store is opened: a bad flag never opens a store. Warnings are
+    left to the worker, which prints each once."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -212,6 +216,76 @@ def _check_lease_timing(
         fail(f"--{option}: {exc}", code=2)
 
 
+def outage_bound(until_idle: bool) -> dict[str, Any]:
+    """The Worker options that bound how long ``--until-idle`` waits out a store it cannot
+    reach before it gives up (the worker raises StoreUnavailableError, and the command exits 1
+    with its message). The place for a ``--store-outage-limit SECONDS`` flag: the Worker's
+    ``store_outage_limit`` (issue 11) applies its own default meanwhile. Without
+    ``--until-idle`` a worker waits out any outage, as a service should."""
+    return {}
+
+
+def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
+    """Run ``w`` in this thread until idle (``until_idle``) or stopped.
+
+    SIGTERM stops it gracefully (no new claims; in-flight attempts finish within the grace,
+    the rest are released PENDING with their key); Ctrl-C cancels in-flight attempts and
+    releases their jobs. Both are handled on the event loop (no exception raised from a
+    signal handler).
+
+    Returns:
+        The stats and the exit code the signal asks for (143 SIGTERM, 130 SIGINT) or None.
+    """
+    terminated = False
+
+    async def main() -> WorkerStats:
+        loop = asyncio.get_running_loop()
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            w.stop()
+
+        installed = False
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+            installed = True
+        try:
+            return await w.serve(until_idle=until_idle)
+        finally:
+            if installed:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        stats = asyncio.run(main())
+    except KeyboardInterrupt:
+        return w.stats, EXIT_SIGINT
+    return stats, EXIT_SIGTERM if terminated else None
+
+
+def finish(stats: WorkerStats, code: int | None, *, until_idle: bool, what: str) -> None:
+    """Exit as the convention says once a worker returned: 130 / 143 after a signal, 1 when
+    ``--until-idle`` left ``what`` (jobs, deliveries) UNKNOWN, else 0."""
+    if code == EXIT_SIGINT:
+        click.echo(
+            f"retrysafe: interrupted: in-flight {what} released (pending, same key)", err=True
+        )
+        raise SystemExit(code)
+    if code == EXIT_SIGTERM:
+        click.echo(
+            f"retrysafe: stopped by SIGTERM: in-flight {what} finished or released (pending, "
+            "same key)",
+            err=True,
+        )
+        raise SystemExit(code)
+    if until_idle and stats.unknown:
+        fail(
+            f"{what} left UNKNOWN: {stats.unknown} (their effect may or may not have "
+            "happened; `retrysafe reconcile` re-sends them with the same key)",
+            EXIT_FAILED,
+        )
+
+
 class _JsonLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         data = getattr(record, "retrysafe", None)
@@ -221,13 +295,21 @@ class _JsonLines(logging.Handler):
         click.echo(json.dumps(line, sort_keys=True))
 
 
-@click.command("worker")
-@store_option
+@click.command(
+    "worker",
+    epilog=epilog("(--until-idle: some jobs ended UNKNOWN, or the store stayed unreachable);"),
+)
+@store_option(schemes=SQL_STORES)
 @click.option(
-    "--concurrency", "-c", type=_COUNT, default=8, show_default=True, help="Attempts in flight."
+    "--concurrency",
+    "-c",
+    type=_CONCURRENCY,
+    default=8,
+    show_default=True,
+    help="Attempts in flight.",
 )
 @click.option(
-    "--attempts", type=_COUNT, default=5, show_default=True, help="Counted attempts per job."
+    "--attempts", type=_ATTEMPTS, default=5, show_default=True, help="Counted attempts per job."
 )
 @click.option(
     "--timeout", type=_SECONDS, default=10.0, show_default=True, help="Seconds per attempt."
@@ -259,7 +341,7 @@ class _JsonLines(logging.Handler):
     "2 × timeout).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
-@_json_option
+@json_option
 def worker(
     store: str,
     concurrency: int,
@@ -273,8 +355,9 @@ def worker(
     until_idle: bool,
     as_json: bool,
 ) -> None:
-    """Deliver outbox jobs until stopped (SIGTERM: graceful, exit 0; Ctrl-C: release in-flight
-    jobs, exit 130). A store that is unavailable for a while is waited out."""
+    """Deliver outbox jobs until stopped (SIGTERM: in-flight attempts finish, exit 143;
+    Ctrl-C: in-flight jobs released, exit 130). A store that is unavailable for a while is
+    waited out."""
     policy = _policy(attempts, timeout, wait_initial, wait_max)
     _check_lease_timing(lease, heartbeat, max_run_time)
     log = logging.getLogger("retrysafe.client")
@@ -283,13 +366,13 @@ def worker(
     handler: logging.Handler | None = None
     old_level = logging.NOTSET
     with _outbox(store, policy) as outbox:
-        with _errors():
-            w = outbox.worker(
-                concurrency=concurrency,
-                lease=lease,
-                heartbeat=heartbeat,
-                max_run_time=max_run_time,
-            )
+        w = outbox.worker(
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat=heartbeat,
+            max_run_time=max_run_time,
+            **outage_bound(until_idle),
+        )
         if tty:
             from rich.live import Live
 
@@ -314,16 +397,8 @@ def worker(
             log.addHandler(handler)
             old_level = log.level
             log.setLevel(logging.INFO)
-        interrupted = False
         try:
-            with _errors(store):
-                stats = w.run(until_idle=until_idle, handle_signals=True)
-        except KeyboardInterrupt:
-            stats = w.stats
-            interrupted = True
-            click.echo(
-                "retrysafe: interrupted: in-flight jobs released (pending, same key)", err=True
-            )
+            stats, code = serve(w, until_idle=until_idle)
         finally:
             if live is not None:
                 live.stop()
@@ -338,25 +413,42 @@ def worker(
                 f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
                 f"{stats.unknown} unknown, {stats.deferred} deferred"
             )
-    if interrupted:
-        raise SystemExit(130)  # 128 + SIGINT, as shells expect
+    finish(stats, code, until_idle=until_idle, what="jobs")
 
 
 # ---------------------------------------------------------------------- jobs
-@click.group("jobs")
+@click.group("jobs", epilog=epilog())
 def jobs() -> None:
     """Submit, list, inspect, retry and cancel outbox jobs."""
 
 
-@jobs.command("submit")
-@store_option
+def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for h in header:
+        name, sep, value = h.partition(":")
+        if not sep:
+            fail(f"-H/--header: {clip(repr(h), 100)} is not 'Name: value'", 2)
+        if name.strip().lower() == "idempotency-key":
+            fail("-H/--header: pass the idempotency key with --key, not as a header", 2)
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+@jobs.command("submit", epilog=epilog())
+@store_option(schemes=SQL_STORES)
 @click.argument("url")
 @click.option("--data", "-d", default=None, help="JSON body (default {}).")
-@click.option("--method", "-X", default="POST", show_default=True)
-@click.option("--header", "-H", multiple=True, help="'Name: value', repeatable.")
+@click.option("--method", "-X", type=Method(), default="POST", show_default=True)
+@click.option(
+    "--header",
+    "-H",
+    multiple=True,
+    help="'Name: value', repeatable (not Content-Length, Host, Transfer-Encoding, "
+    "Connection or Idempotency-Key: the client sets them).",
+)
 @click.option("--key", default=None, help="Your own idempotency key (default UUIDv4).")
 @click.option("--deadline", type=_SECONDS, default=None, help="Seconds from now.")
-@_json_option
+@json_option
 def jobs_submit(
     store: str,
     url: str,
@@ -367,107 +459,109 @@ def jobs_submit(
     deadline: float | None,
     as_json: bool,
 ) -> None:
-    """Record a job for URL; a worker delivers it."""
+    """Record a job for URL; a worker delivers it. The store must exist (`retrysafe
+    migrate` creates it)."""
     try:
         payload = {} if data is None else json.loads(data)
     except ValueError as exc:
-        raise click.UsageError(f"--data is not JSON: {exc}") from None
-    headers: dict[str, str] = {}
-    for h in header:
-        name, sep, value = h.partition(":")
-        if not sep:
-            raise click.UsageError(f"--header {h!r} is not 'Name: value'")
-        if name.strip().lower() == "idempotency-key":
-            raise click.UsageError("pass the idempotency key with --key, not as a header")
-        headers[name.strip()] = value.strip()
-    with _outbox(store) as outbox:
+        fail(f"--data: not JSON: {exc}", 2)
+    except RecursionError:
+        fail("--data: nested too deeply", 2)
+    headers = _parse_headers(header)
+    with _outbox(store, flags=_SUBMIT_FLAGS) as outbox:
         job = outbox.submit(
             url, json=payload, method=method, headers=headers, key=key, deadline=deadline
         )
     if as_json:
-        _emit(job.to_dict())
+        _emit(_job_dict(job))
     else:
         click.echo(f"{job.id} {job.state.value} key={job.key}")
 
 
-@jobs.command("list")
-@store_option
+@jobs.command("list", epilog=epilog())
+@store_option(schemes=SQL_STORES)
 @click.option("--state", "states", multiple=True, type=click.Choice(_STATES))
-@click.option("--limit", type=_COUNT, default=100, show_default=True)
-@_json_option
+@click.option("--limit", type=_LIMIT, default=100, show_default=True)
+@json_option
 def jobs_list(store: str, states: tuple[str, ...], limit: int, as_json: bool) -> None:
     """List jobs, oldest first."""
-    with _reader(store) as outbox:
+    with _outbox(store, write=False) as outbox:
         found = outbox.jobs(states=list(states) or None, limit=limit)
         counts = outbox.counts()
     if as_json:
         _emit(
             {
-                "jobs": [j.to_dict() for j in found],
+                "jobs": [_job_dict(j) for j in found],
                 "counts": {s.value: n for s, n in counts.items()},
             }
         )
     else:
-        _jobs_table(found, "jobs  " + "  ".join(f"{s.value}={n}" for s, n in counts.items()))
+        title = "jobs  " + "  ".join(f"{s.value}={n}" for s, n in counts.items())
+        print_table(_jobs_table(found, title))
 
 
-@jobs.command("show")
-@store_option
-@click.argument("job_id")
-@_json_option
+@jobs.command("show", epilog=epilog("(no such job);"))
+@store_option(schemes=SQL_STORES)
+@click.argument("job_id", type=JOB_ID)
+@json_option
 def jobs_show(store: str, job_id: str, as_json: bool) -> None:
     """Show one job (id or unique prefix) and its attempts."""
-    with _reader(store) as outbox:
+    with _outbox(store, write=False) as outbox:
         job = outbox.get(job_id)
         attempts = outbox.attempts(job.id)
     if as_json:
-        _emit({**job.to_dict(body=True), "attempt_log": [a.to_dict() for a in attempts]})
+        _emit({**_job_dict(job, body=True), "attempt_log": [a.to_dict() for a in attempts]})
         return
-    _jobs_table([job], f"job {job.id}")
+    print_table(_jobs_table([job], f"job {job.id}"))
     if job.last_error:
         click.echo(f"last error: {job.last_error}")
-    _attempts_table(attempts)
+    print_table(_attempts_table(attempts))
 
 
 def _change(store: str, job_id: str, as_json: bool, op: Callable[[Outbox, str], Job]) -> None:
     with _outbox(store) as outbox:
         job = op(outbox, job_id)
     if as_json:
-        _emit(job.to_dict())
+        _emit(_job_dict(job))
     else:
         click.echo(f"{job.id} {job.state.value} key={job.key}")
 
 
-@jobs.command("retry")
-@store_option
-@click.argument("job_id")
-@_json_option
+@jobs.command("retry", epilog=epilog("(no such job, or not UNKNOWN, REJECTED or CANCELLED);"))
+@store_option(schemes=SQL_STORES)
+@click.argument("job_id", type=JOB_ID)
+@json_option
 def jobs_retry(store: str, job_id: str, as_json: bool) -> None:
     """Send an UNKNOWN, REJECTED or CANCELLED job again with the same key."""
     _change(store, job_id, as_json, lambda o, j: o.retry(j))
 
 
-@jobs.command("cancel")
-@store_option
-@click.argument("job_id")
-@_json_option
+@jobs.command("cancel", epilog=epilog("(no such job, or not PENDING);"))
+@store_option(schemes=SQL_STORES)
+@click.argument("job_id", type=JOB_ID)
+@json_option
 def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
     """Cancel a PENDING job."""
     _change(store, job_id, as_json, lambda o, j: o.cancel(j))
 
 
 # ---------------------------------------------------------------------- reconcile
-@click.command("reconcile")
-@store_option
+@click.command("reconcile", epilog=epilog("(jobs are still UNKNOWN after it);"))
+@store_option(schemes=SQL_STORES)
 @click.option(
     "--timeout", type=_SECONDS, default=10.0, show_default=True, help="Seconds per attempt."
 )
-@click.option("--limit", type=_COUNT, default=1000, show_default=True, help="Most jobs.")
+@click.option("--limit", type=_LIMIT, default=1000, show_default=True, help="Most jobs.")
 @click.option(
-    "--concurrency", "-c", type=_COUNT, default=8, show_default=True, help="Attempts in flight."
+    "--concurrency",
+    "-c",
+    type=_CONCURRENCY,
+    default=8,
+    show_default=True,
+    help="Attempts in flight.",
 )
-@click.argument("job_ids", nargs=-1)
-@_json_option
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
+@json_option
 def reconcile_command(
     store: str,
     timeout: float,
@@ -476,46 +570,61 @@ def reconcile_command(
     job_ids: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Re-send UNKNOWN jobs with their same key; the server's replay settles them."""
+    """Re-send UNKNOWN jobs with their same key; the server's replay settles them. Exits 1
+    while any of them is still UNKNOWN."""
     policy = _policy(1, timeout, 1.0, 30.0)
     with _outbox(store, policy) as outbox:
         ids = [outbox.resolve(j) for j in job_ids] or None
         report = outbox.reconcile(ids=ids, limit=limit, concurrency=concurrency)
     if as_json:
-        _emit(report.to_dict())
+        _emit({**report.to_dict(), "jobs": [_job_dict(j) for j in report.jobs]})
     else:
         click.echo(
             f"reconciled {len(report.jobs)}: {report.succeeded} succeeded, "
             f"{report.rejected} rejected, {report.unknown} still unknown"
         )
+    if report.unknown:
+        fail(
+            f"jobs still UNKNOWN: {report.unknown} (run `retrysafe reconcile` again once "
+            "their destination answers)",
+            EXIT_FAILED,
+        )
 
 
 # ---------------------------------------------------------------------- dlq
-@click.group("dlq")
+@click.group("dlq", epilog=epilog())
 def dlq() -> None:
     """The dead-letter queue: UNKNOWN and REJECTED jobs."""
 
 
-@dlq.command("list")
-@store_option
-@click.option("--limit", type=_COUNT, default=100, show_default=True)
-@_json_option
+@dlq.command("list", epilog=epilog())
+@store_option(schemes=SQL_STORES)
+@click.option("--limit", type=_LIMIT, default=100, show_default=True)
+@json_option
 def dlq_list(store: str, limit: int, as_json: bool) -> None:
     """List dead letters with their attempts."""
-    with _reader(store) as outbox:
+    with _outbox(store, write=False) as outbox:
         dead = outbox.dead_letters(limit=limit)
         attempts = {j.id: outbox.attempts(j.id) for j in dead}
     if as_json:
-        _emit([{**j.to_dict(), "attempt_log": [a.to_dict() for a in attempts[j.id]]} for j in dead])
-    else:
-        _jobs_table(dead, f"dead letters ({len(dead)})")
+        _emit(
+            [{**_job_dict(j), "attempt_log": [a.to_dict() for a in attempts[j.id]]} for j in dead]
+        )
+        return
+    tried = [(j.id, a) for j in dead for a in attempts[j.id]]
+    print_table(
+        _jobs_table(dead, f"dead letters ({len(dead)})"),
+        _attempts_table(
+            [a for _, a in tried], title="their attempts", jobs=[job for job, _ in tried]
+        ),
+    )
 
 
-@dlq.command("replay")
-@store_option
-@click.argument("job_ids", nargs=-1)
+@dlq.command("replay", epilog=epilog("(an unknown job id);"))
+@store_option(schemes=SQL_STORES)
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
-@_json_option
+@json_option
 def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: bool) -> None:
     """Put dead letters back to PENDING (same key, fresh attempts)."""
     if not job_ids and not replay_all:
@@ -524,26 +633,26 @@ def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: 
         ids = [j.id for j in outbox.dead_letters(limit=1_000_000)] if replay_all else job_ids
         replayed = [outbox.retry(j) for j in ids]
     if as_json:
-        _emit([j.to_dict() for j in replayed])
+        _emit([_job_dict(j) for j in replayed])
     else:
         click.echo(f"replayed {len(replayed)} job(s)")
 
 
-@dlq.command("purge")
-@store_option
-@click.option("--older-than", type=click.FloatRange(min=0), default=0.0, help="Seconds unchanged.")
+@dlq.command("purge", epilog=epilog("(not confirmed);"))
+@store_option(schemes=SQL_STORES)
+@click.option("--older-than", type=_AGE, default=0.0, help="Seconds unchanged.")
 @click.option(
     "--state", "states", multiple=True, type=click.Choice([s.value for s in DEAD_LETTER_STATES])
 )
 @click.option("--yes", is_flag=True, help="Do not ask.")
-@_json_option
+@json_option
 def dlq_purge(
     store: str, older_than: float, states: tuple[str, ...], yes: bool, as_json: bool
 ) -> None:
     """Delete dead letters (and their attempts)."""
-    if not yes and not as_json:
-        click.confirm("Delete dead letters permanently?", abort=True)
     with _outbox(store) as outbox:
+        if not yes:
+            click.confirm("Delete dead letters permanently?", abort=True, err=True)
         n = outbox.purge(states=list(states) or DEAD_LETTER_STATES, older_than=older_than)
     if as_json:
         _emit({"purged": n})

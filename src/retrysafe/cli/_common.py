@@ -1,40 +1,433 @@
-"""Pieces every subcommand shares: store option, listen addresses, clean error exits."""
+"""Pieces every subcommand shares: the one command-line convention (exit codes, error lines,
+``--json``, tables), the ``--store`` option and the opening of stores, listen addresses.
+
+The convention (docs/cli.md):
+
+* exit **0** done; **1** the operation failed or left work undone (a store that cannot be
+  reached, an unknown id, jobs still UNKNOWN); **2** usage or bad input, nothing changed;
+  **130** / **143** stopped by SIGINT / SIGTERM;
+* an error is one line on stderr, ``retrysafe: error: <option>: <what>``, naming the option
+  when one is to blame (:func:`fail`, :func:`errors`; click's own usage errors are printed the
+  same way by the ``retrysafe`` group);
+* commands that report a result take ``--json`` (:func:`json_option`);
+* ``--store`` lists exactly the schemes the command supports and refuses any other, a
+  directory, a missing directory and a file that is not a SQLite database before anything is
+  opened (:func:`store_option`); a command never creates a store, except ``retrysafe migrate``
+  (:func:`opened_store`);
+* tables use the terminal's width, and are not wrapped when output is not a terminal
+  (:func:`print_table`).
+"""
 
 from __future__ import annotations
 
 import errno
+import math
+import os
 import socket
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import click
 
-__all__ = ["STORE_ENV", "check_port_free", "fail", "parse_listen", "store_option"]
+from retrysafe._exceptions import (
+    ConfigurationError,
+    DestinationRefusedError,
+    InvalidKeyError,
+    PayloadError,
+    RetrysafeError,
+    StoreUnavailableError,
+)
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_SIGINT",
+    "EXIT_SIGTERM",
+    "EXIT_USAGE",
+    "KEY_STORES",
+    "SQL_STORES",
+    "STORE_ENV",
+    "FloatParamType",
+    "Number",
+    "StoreURL",
+    "StrParamType",
+    "canonical_scheme",
+    "check_port_free",
+    "clip",
+    "epilog",
+    "errors",
+    "exit_code_of",
+    "fail",
+    "json_option",
+    "no_store_message",
+    "opened_store",
+    "parse_listen",
+    "print_table",
+    "store_option",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:  # click >= 8.2 types its ParamType by value; 8.1 cannot be subscripted
+    StrParamType = click.ParamType[str]
+    FloatParamType = click.ParamType[float]
+else:
+    StrParamType = FloatParamType = click.ParamType
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
+EXIT_SIGTERM = 143  # 128 + SIGTERM
 
 STORE_ENV = "RETRYSAFE_STORE"
 DEFAULT_STORE = "sqlite:///retrysafe.db"
 
+#: The stores the outbox, webhooks and agent runs live on.
+SQL_STORES = ("sqlite", "postgresql")
+#: The stores that hold idempotency keys (the middleware, the gateway).
+KEY_STORES = ("sqlite", "postgresql", "redis", "redis+cluster")
 
-def store_option(fn: Any) -> Any:
-    """``--store URL`` (env ``RETRYSAFE_STORE``, default ``sqlite:///retrysafe.db``)."""
-    return click.option(
-        "--store",
-        envvar=STORE_ENV,
-        default=DEFAULT_STORE,
-        show_default=True,
-        metavar="URL",
-        help=(
-            "Store URL: sqlite:///path.db, postgresql://user@host/db, "
-            "redis://host:6379/0 or redis+cluster://host:7000,host:7001 (see docs/stores.md)."
-        ),
-    )(fn)
+# canonical scheme -> (the schemes a URL may spell it with, an example for help and errors)
+_SCHEMES: dict[str, tuple[tuple[str, ...], str]] = {
+    "sqlite": (("sqlite",), "sqlite:///path.db"),
+    "postgresql": (("postgresql", "postgres"), "postgresql://user@host/db"),
+    "redis": (("redis", "rediss"), "redis://host:6379/0"),
+    "redis+cluster": (("redis+cluster", "rediss+cluster"), "redis+cluster://host:7000,host:7001"),
+    "memory": (("memory",), "memory://"),
+}
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+#: The longest error line printed: a 10 MB value is shown by its two ends.
+_MAX_MESSAGE = 600
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    """Print ``retrysafe: error: <message>`` on stderr and exit ``code`` (no traceback)."""
-    click.echo(f"retrysafe: error: {message}", err=True)
+def epilog(*lines: str) -> str:
+    """The ``--help`` epilog of a command: its exit statuses (the convention, plus ``lines``
+    that say what 1 means for it)."""
+    extra = "".join(f" {line}" for line in lines)
+    return (
+        "Exit status: 0 done; 1 failed or left work undone;"
+        f"{extra} 2 usage or bad input (nothing changed); 130 / 143 stopped by SIGINT / "
+        "SIGTERM. See docs/cli.md."
+    )
+
+
+def clip(text: str, limit: int = _MAX_MESSAGE) -> str:
+    """``text``, or its two ends around ``… (N characters) …`` when longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 4
+    return f"{text[:head]}… ({len(text)} characters) …{text[-tail:]}"
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print ``retrysafe: error: <message>`` (one line) on stderr and exit ``code``."""
+    line = " ".join(clip(message).splitlines())
+    click.echo(f"retrysafe: error: {line}", err=True)
     raise SystemExit(code)
 
 
+def exit_code_of(exc: RetrysafeError) -> int:
+    """2 for bad input (a value that can never work: :class:`ConfigurationError`,
+    :class:`InvalidKeyError`, :class:`PayloadError`, a refused webhook destination), 1 for
+    everything that failed while doing the work (store, not found, a host that does not
+    resolve)."""
+    if isinstance(exc, DestinationRefusedError):
+        return EXIT_FAILED if exc.reason == "unresolved" else EXIT_USAGE
+    if isinstance(exc, ConfigurationError | InvalidKeyError | PayloadError):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _flag_of(exc: RetrysafeError, flags: Mapping[str, str]) -> str | None:
+    """The command-line option to blame for ``exc`` (``flags`` maps the library's option
+    names, ``"payload"`` and ``"key"`` to the command's flags)."""
+    if isinstance(exc, ConfigurationError):
+        return flags.get(exc.option or "") or ("--store" if exc.option == "store" else None)
+    if isinstance(exc, PayloadError):
+        return flags.get("payload")
+    if isinstance(exc, InvalidKeyError):
+        return flags.get("key")
+    if isinstance(exc, DestinationRefusedError):
+        return flags.get("url")
+    return None
+
+
+@contextmanager
+def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Turn a retrysafe error into one ``retrysafe: error: …`` line and its exit code
+    (:func:`exit_code_of`); bad input names the option (``flags``, see :func:`_flag_of`).
+    A write refused by a store that can only be read says so."""
+    try:
+        yield
+    except StoreUnavailableError as exc:
+        if store is not None and _is_read_only(store, exc):
+            fail(
+                f"the store {_sqlite_file(store) or store} is read-only: commands that only "
+                "read (list, show) can use it, this command needs to write"
+            )
+        fail(str(exc))
+    except RetrysafeError as exc:
+        code = exit_code_of(exc)
+        flag = _flag_of(exc, flags or {}) if code == EXIT_USAGE else None
+        fail(f"{flag}: {exc}" if flag else str(exc), code)
+
+
+def json_option(fn: _F) -> _F:
+    """``--json``: the result as JSON on stdout, for scripts."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+# ---------------------------------------------------------------------- --store
+def canonical_scheme(url: str) -> str | None:
+    """``"sqlite"``, ``"postgresql"``, ``"redis"``, ``"redis+cluster"`` or ``"memory"`` for a
+    URL of that kind (any spelling), else None."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    for name, (spellings, _) in _SCHEMES.items():
+        if scheme in spellings:
+            return name
+    return None
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The file of a well-formed ``sqlite://`` URL, else None."""
+    if canonical_scheme(url) != "sqlite":
+        return None
+    from retrysafe.stores._sqlite import sqlite_path_from_url
+
+    try:
+        return sqlite_path_from_url(url)
+    except RetrysafeError:
+        return None
+
+
+def _shown(url: str) -> str:
+    """``url`` for an error line: no password, at most 200 characters."""
+    from retrysafe.client._jobs import shown_url
+
+    return shown_url(url)
+
+
+def _is_read_only(store: str, exc: StoreUnavailableError) -> bool:
+    """Did a write fail because the store can be read but not written?"""
+    low = str(exc).lower()
+    if "readonly" in low or "read-only" in low:
+        return True
+    path = _sqlite_file(store)
+    if path is None or "unable to open" not in low or not Path(path).expanduser().is_file():
+        return False
+    from retrysafe.stores import SQLiteStore
+
+    try:
+        SQLiteStore(path, readonly=True).close()
+    except RetrysafeError:
+        return False
+    return True
+
+
+class StoreURL(StrParamType):
+    """A store URL of one of ``schemes``, checked before anything is opened: an unknown or
+    unsupported scheme, and for SQLite a directory, a missing directory or a file that is not
+    a SQLite database, are usage errors (exit 2) naming ``--store``."""
+
+    name = "url"
+
+    def __init__(self, schemes: Sequence[str]) -> None:
+        self.schemes = tuple(schemes)
+
+    def examples(self) -> str:
+        shown = [_SCHEMES[s][1] for s in self.schemes]
+        return ", ".join(shown[:-1]) + f" or {shown[-1]}" if len(shown) > 1 else shown[0]
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            self.fail(f"{value!r} is not a store URL", param, ctx)
+        # Say where a bad URL came from when it may be the environment's (click records a
+        # value's source only once the value is converted).
+        where = f" (the value of ${STORE_ENV})" if os.environ.get(STORE_ENV) == value else ""
+        problem = self.problem(value)
+        if problem is not None:
+            self.fail(problem + where, param, ctx)
+        return value
+
+    def problem(self, url: str) -> str | None:
+        """What is wrong with ``url`` for this command, or None."""
+        scheme = canonical_scheme(url)
+        if scheme is None:
+            if "://" not in url:
+                hint = f"; for a SQLite file: sqlite:///{url}" if url.endswith(".db") else ""
+                return f"{clip(url, 200)!r} is not a store URL (e.g. {self.examples()}){hint}"
+            given = url.split("://", 1)[0]
+            return (
+                f"unknown store scheme {clip(given, 60)!r} in {_shown(url)!r}; this command "
+                f"supports {self.examples()}"
+            )
+        if scheme not in self.schemes:
+            holds = "keeps idempotency keys only" if scheme != "memory" else "forgets everything"
+            return (
+                f"a {scheme}:// store {holds}; this command needs {self.examples()} "
+                f"(got {_shown(url)!r})"
+            )
+        if scheme == "sqlite":
+            return _sqlite_problem(url)
+        return None
+
+
+def _sqlite_problem(url: str) -> str | None:
+    """Why ``sqlite:///…`` cannot name a store file (None: it can, existing or not)."""
+    from retrysafe.stores._sqlite import sqlite_path_from_url
+
+    try:
+        path = sqlite_path_from_url(url)
+    except ConfigurationError as exc:
+        return clip(str(exc), 300)
+    if path == ":memory:":
+        return None
+    shown = clip(path, 200)
+    if "\x00" in path:
+        return f"{shown!r} contains a NUL character"
+    file = Path(path).expanduser()
+    try:
+        if file.is_dir():
+            return f"{shown} is a directory, not a SQLite file"
+        if not file.resolve().parent.is_dir():
+            return f"directory {clip(str(file.resolve().parent), 200)} does not exist"
+        if file.exists() and not file.is_file():
+            return f"{shown} is not a regular file"
+        if file.is_file() and file.stat().st_size > 0:
+            try:
+                with open(file, "rb") as f:
+                    head = f.read(len(_SQLITE_MAGIC))
+            except OSError:
+                return None  # unreadable: the store says why when it opens it
+            if head != _SQLITE_MAGIC:
+                return f"{shown} is not a SQLite database"
+    except OSError as exc:  # a name too long, a component that is a file, a loop
+        return f"cannot use {shown}: {exc.strerror or exc}"
+    return None
+
+
+@overload
+def store_option(fn: _F) -> _F: ...
+@overload
+def store_option(*, schemes: Sequence[str] | None = None) -> Callable[[_F], _F]: ...
+def store_option(fn: _F | None = None, *, schemes: Sequence[str] | None = None) -> Any:
+    """``--store URL`` (env ``RETRYSAFE_STORE``, default ``sqlite:///retrysafe.db``).
+
+    ``@store_option(schemes=SQL_STORES)`` lists exactly those schemes in the help and checks
+    the URL when the command line is parsed (:class:`StoreURL`). A bare ``@store_option``
+    keeps the plain text option of the key-store commands (its help lists every key store);
+    the command checks the URL itself.
+    """
+
+    def decorate(f: _F) -> _F:
+        if schemes is None:
+            kind: Any = None
+            text = (
+                "Store URL: sqlite:///path.db, postgresql://user@host/db, "
+                "redis://host:6379/0 or redis+cluster://host:7000,host:7001 (see "
+                "docs/stores.md)."
+            )
+        else:
+            kind = StoreURL(schemes)
+            text = f"Store URL: {kind.examples()} (see docs/stores.md)."
+        return click.option(
+            "--store",
+            envvar=STORE_ENV,
+            default=DEFAULT_STORE,
+            show_default=True,
+            metavar="URL",
+            type=kind,
+            help=text,
+        )(f)
+
+    return decorate if fn is None else decorate(fn)
+
+
+def no_store_message(url: str, path: str) -> str:
+    return (
+        f"--store: no store at {clip(path, 200)} (create it with `retrysafe migrate --store "
+        f"{clip(url, 200)}`, or pass the right --store)"
+    )
+
+
+@contextmanager
+def opened_store(url: str, *, write: bool) -> Iterator[Any]:
+    """The store ``url`` names, for a command that only reads (``write=False``: a SQLite file
+    is opened read-only) or that changes it; either way it must exist: a SQLite file that does
+    not exist is refused (exit 2, with the hint to run ``retrysafe migrate``) and a database
+    without retrysafe's tables is a SchemaError naming ``retrysafe migrate`` (exit 1). Only
+    ``retrysafe migrate`` creates a store.
+
+    Call it inside :func:`errors` (store errors become error lines).
+    """
+    from retrysafe import stores
+
+    scheme = canonical_scheme(url)
+    options: dict[str, Any] = {}
+    if scheme == "sqlite":
+        path = _sqlite_file(url)
+        if path is not None and path != ":memory:" and not Path(path).expanduser().exists():
+            fail(no_store_message(url, path), EXIT_USAGE)
+        options = {"create": False} if write else {"readonly": True}
+    elif scheme == "postgresql":
+        options = {"create": False}
+    store = stores.open_store(url, **options)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------- number options
+class Number(FloatParamType):
+    """A finite float in ``[low, high]`` (``low`` excluded unless ``zero``): NaN, infinities,
+    negative numbers and absurdly large ones are usage errors, not values."""
+
+    name = "float"
+
+    def __init__(self, *, zero: bool = False, high: float = 1e9, unit: str = "seconds") -> None:
+        self.zero = zero
+        self.high = high
+        self.unit = unit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{clip(repr(value), 60)} is not a number", param, ctx)
+        bounds = f"0 {'≤' if self.zero else '<'} x ≤ {self.high:g}"
+        if not math.isfinite(number):
+            self.fail(
+                f"{value!r} is not a finite number (the range is {bounds} {self.unit})", param, ctx
+            )
+        if number < 0 or (number == 0 and not self.zero) or number > self.high:
+            self.fail(f"{number:g} is not in the range {bounds} ({self.unit})", param, ctx)
+        return number
+
+
+# ---------------------------------------------------------------------- tables
+def print_table(*renderables: Any) -> None:
+    """Print rich tables on stdout: fitted to the terminal (or ``$COLUMNS``) when there is
+    one, at their natural width when output goes to a pipe or a file (never wrapped at 80
+    columns)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        wide = console.options.update_width(1_000_000)
+        width = max(console.measure(r, options=wide).maximum for r in renderables)
+        console = Console(width=max(width, 20))
+    for r in renderables:
+        console.print(r)
+
+
+# ---------------------------------------------------------------------- listen addresses
 def parse_listen(value: str, *, option: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` → ``(host, port)``; a usage error names the option."""
     host, sep, port_text = value.rpartition(":")

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
+import os
+import shutil
 import sys
+import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from retrysafe._exceptions import RetrysafeError
-from retrysafe.cli._common import fail
+from retrysafe.cli._common import Number, errors, fail
+from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
 
 if TYPE_CHECKING:
     from retrysafe.chaos import Fault
+    from retrysafe.demo import DemoResult
 
 __all__ = ["demo"]
 
@@ -28,10 +32,21 @@ _PHASES = {
     "reconcile": "reconciling UNKNOWN jobs (same keys)",
 }
 
+# Mirrors retrysafe.demo's limits (not imported here: `retrysafe --help` stays fast).
+_MAX_JOBS = 100_000
+_MAX_TIMEOUT = 3600.0
+_MAX_SEED = 2**32 - 1
+# ConfigurationError.option -> the flag to name in the error line.
+_FLAGS = {
+    name: f"--{name}"
+    for name in ("jobs", "loss-rate", "concurrency", "jobs-file", "timeout", "attempts")
+}
 
-def _unit_rate(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if not 0.0 <= value <= 1.0:
-        raise click.BadParameter(f"must be in [0, 1], got {value}")
+
+def _at_least(low: float, value: float, flag: str) -> float:
+    """``value``, or a usage error naming ``flag`` when it is below ``low``."""
+    if value < low:
+        raise click.BadParameter(f"{value:g} is below the minimum of {low:g}", param_hint=flag)
     return value
 
 
@@ -39,22 +54,21 @@ def _unit_rate(ctx: click.Context, param: click.Parameter, value: float) -> floa
 @click.option(
     "--jobs",
     "jobs",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=_MAX_JOBS),
     default=500,
     show_default=True,
     help="Jobs per pass.",
 )
 @click.option(
     "--loss-rate",
-    type=float,
+    type=Number(zero=True, high=1.0, unit="a probability"),
     default=0.025,
     show_default=True,
-    callback=_unit_rate,
     help="Share of answers the proxy loses after the post was published.",
 )
 @click.option(
     "--seed",
-    type=int,
+    type=click.IntRange(0, _MAX_SEED),
     default=7,
     show_default=True,
     help="Seed of the proxy's faults (same seed, same faults).",
@@ -74,12 +88,14 @@ def _unit_rate(ctx: click.Context, param: click.Parameter, value: float) -> floa
         "JSONL file of jobs instead of the bundled set: one JSON object per line, sent as "
         "the post's body; its optional job_id names the operation (default line-N). A file "
         "with fewer lines than --jobs is cycled, copies getting job_id~1, ~2, …; each body "
-        "must fit the service's 1 MiB limit."
+        "must fit the service's 1 MiB limit. Each job_id must be unique and must not end in "
+        "~N. The whole file is checked before anything starts."
     ),
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.05),
+    type=Number(high=_MAX_TIMEOUT),
+    callback=lambda ctx, param, value: _at_least(0.05, value, "--timeout"),
     default=2.0,
     show_default=True,
     help="Seconds each attempt waits for an answer.",
@@ -123,11 +139,11 @@ def demo(
       1    the retrysafe pass had duplicates, lost jobs, or jobs that ended
            REJECTED, UNKNOWN or FAILED (a run that delivers nothing is no proof)
       2    bad options or jobs file (nothing was started)
-      130  interrupted (Ctrl-C)
+      130  interrupted (SIGINT, Ctrl-C)
       143  terminated (SIGTERM)
 
     Interrupted or terminated, it stops its service, proxy and worker and removes its
-    temporary directory before exiting.
+    temporary directory, within 5 seconds (a second signal stops it at once).
     """
     from rich.console import Console
     from rich.progress import (
@@ -145,55 +161,56 @@ def demo(
     # Attempt log lines would drown the progress bars; warnings still show.
     logging.getLogger("retrysafe").setLevel(logging.WARNING)
     err = Console(stderr=True)
-    try:
-        options = DemoOptions(
-            jobs=jobs,
-            loss_rate=loss_rate,
-            seed=seed,
-            concurrency=concurrency,
-            jobs_file=jobs_file,
-            timeout=timeout,
-            attempts=attempts,
-            naive=naive,
+    with Signals() as signals:
+        with errors(flags=_FLAGS):
+            options = DemoOptions(
+                jobs=jobs,
+                loss_rate=loss_rate,
+                seed=seed,
+                concurrency=concurrency,
+                jobs_file=jobs_file,
+                timeout=timeout,
+                attempts=attempts,
+                naive=naive,
+            )
+            # Load and check every job before announcing or starting anything.
+            base = read_jobs(jobs_file, copies=jobs)
+            job_list = cycle_jobs(base, jobs)
+            rates = options.fault_rates()
+        if signals.received is not None:
+            _stopped(signals, "nothing was started")
+
+        bars = Bars(
+            TextColumn("{task.description:<40}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+            disable=not err.is_terminal,
         )
-        # Load and check every job before announcing anything.
-        base = read_jobs(jobs_file, copies=jobs)
-        job_list = cycle_jobs(base, jobs)
-    except RetrysafeError as exc:
-        fail(str(exc), code=2)
 
-    bars = Bars(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-        disable=not err.is_terminal,
-    )
+        class _Bars(Progress):
+            def __init__(self) -> None:
+                self.tasks: dict[str, TaskID] = {}
 
-    class _Bars(Progress):
-        def __init__(self) -> None:
-            self.tasks: dict[str, TaskID] = {}
+            def start(self, phase: str, total: int) -> None:
+                if not err.is_terminal:
+                    err.print(f"{_PHASES[phase]}: {total} jobs …")
+                self.tasks[phase] = bars.add_task(_PHASES[phase], total=total)
 
-        def start(self, phase: str, total: int) -> None:
-            if not err.is_terminal:
-                err.print(f"{_PHASES[phase]}: {total} jobs …")
-            self.tasks[phase] = bars.add_task(_PHASES[phase], total=total)
+            def advance(self, phase: str, done: int) -> None:
+                bars.update(self.tasks[phase], completed=done)
 
-        def advance(self, phase: str, done: int) -> None:
-            bars.update(self.tasks[phase], completed=done)
+            def finish(self, phase: str) -> None:
+                task = self.tasks[phase]
+                total = next(t.total for t in bars.tasks if t.id == task)
+                bars.update(task, completed=total)
 
-        def finish(self, phase: str) -> None:
-            task = self.tasks[phase]
-            total = next(t.total for t in bars.tasks if t.id == task)
-            bars.update(task, completed=total)
+            def note(self, message: str) -> None:
+                err.print(f"[dim]{message} …[/dim]", highlight=False)
 
-        def note(self, message: str) -> None:
-            err.print(f"[dim]{message} …[/dim]", highlight=False)
-
-    rates = options.fault_rates()
-    with _sigterm_interrupts() as terminated:
+        workdir = Path(tempfile.mkdtemp(prefix="retrysafe-demo-"))
         try:
             err.print(
                 f"[bold]retrysafe demo[/bold]: {jobs} post-publishing jobs per pass "
@@ -204,32 +221,108 @@ def demo(
                 highlight=False,
             )
             with bars:
-                result = run_demo(options, _Bars(), jobs=job_list)
-        except RetrysafeError as exc:
-            fail(str(exc))
-        except KeyboardInterrupt:
-            if terminated.is_set():
-                fail("terminated (SIGTERM); stopped the demo and removed its files", code=143)
-            fail("interrupted", code=130)
+                outcome = _supervise(
+                    lambda stop: run_demo(
+                        options, _Bars(), jobs=job_list, stop=stop, workdir=workdir
+                    ),
+                    signals,
+                    workdir,
+                    before_forced_exit=bars.stop,
+                )
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if signals.received is not None:
+            _stopped(signals, "stopped the demo and removed its files")
+        if isinstance(outcome, RetrysafeError):
+            fail(str(outcome))
+        result = outcome
 
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-    else:
-        out = Console()
-        reports = {}
-        if result.naive is not None:
-            reports["naive client"] = result.naive.report
-        reports["retrysafe"] = result.protected.report
-        out.print(render_reports(reports, title="Effects vs beliefs"))
-        timing = []
-        if result.naive is not None:
-            timing.append(f"naive {result.naive.seconds:.1f} s")
-        timing.append(f"retrysafe {result.protected.seconds:.1f} s")
-        out.print("wall time: " + ", ".join(timing))
-        out.print(_verdict(result.failures), highlight=False)
-    if as_json:  # stdout stays pure JSON; the verdict goes to stderr
-        err.print(_verdict(result.failures), highlight=False)
+        if as_json:
+            click.echo(json.dumps(result.to_dict(), indent=2))
+        else:
+            out = Console()
+            reports = {}
+            if result.naive is not None:
+                reports["naive client"] = result.naive.report
+            reports["retrysafe"] = result.protected.report
+            out.print(render_reports(reports, title="Effects vs beliefs"))
+            timing = []
+            if result.naive is not None:
+                timing.append(f"naive {result.naive.seconds:.1f} s")
+            timing.append(f"retrysafe {result.protected.seconds:.1f} s")
+            out.print("wall time: " + ", ".join(timing))
+            out.print(_verdict(result.failures), highlight=False)
+        if as_json:  # stdout stays pure JSON; the verdict goes to stderr
+            err.print(_verdict(result.failures), highlight=False)
+        if signals.received is not None:
+            _stopped(signals, "the demo had finished")
     sys.exit(0 if result.ok else 1)
+
+
+def _stopped(signals: Signals, what: str) -> NoReturn:
+    """Exit 130 (SIGINT) or 143 (SIGTERM) with one line saying so."""
+    fail(f"{signals.describe()}; {what}", code=signals.exit_code or 1)
+
+
+# The demo thread gets this long to stop after a signal before the process exits anyway.
+_STOP_GRACE = SHUTDOWN_SECONDS - 1.0
+_POLL = 0.05
+
+
+def _supervise(
+    run: Callable[[threading.Event], DemoResult],
+    signals: Signals,
+    workdir: Path,
+    *,
+    before_forced_exit: Callable[[], None],
+) -> DemoResult | RetrysafeError:
+    """Run ``run(stop)`` in a thread while this (main) thread watches for signals.
+
+    The signal handler only records the signal; here the main flow sets ``stop``, and the
+    demo stops its worker, proxy and server. If it has not finished ``_STOP_GRACE`` seconds
+    later, or a second signal arrives, the process removes ``workdir`` and exits at once:
+    SIGTERM never leaves it hanging.
+
+    Returns:
+        The demo's result, or the :class:`RetrysafeError` it failed with (a stopped demo's
+        :class:`~retrysafe.demo.DemoStoppedError` included).
+    """
+    stop = threading.Event()
+    outcome: list[DemoResult | BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(run(stop))
+        except BaseException as exc:  # handed to the main thread below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, name="retrysafe-demo", daemon=True)
+    thread.start()
+    deadline: float | None = None
+    while thread.is_alive():
+        thread.join(_POLL)
+        if signals.received is None or not thread.is_alive():
+            continue
+        if deadline is None:
+            stop.set()
+            deadline = time.monotonic() + _STOP_GRACE
+        elif signals.count > 1 or time.monotonic() > deadline:
+            before_forced_exit()
+            shutil.rmtree(workdir, ignore_errors=True)
+            click.echo(
+                f"retrysafe: error: {signals.describe()}; the demo did not stop in time, "
+                "exiting anyway (its files were removed)",
+                err=True,
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(signals.exit_code or 1)
+    result = outcome[0]
+    if isinstance(result, RetrysafeError):
+        return result
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _verdict(failures: list[str]) -> str:
@@ -249,29 +342,6 @@ def _source(jobs_file: str | None, lines: int, jobs: int) -> str:
     if jobs < lines:
         return f"the first {jobs} of {lines} jobs from {name}"
     return f"{lines} jobs from {name}"
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[threading.Event]:
-    """Within the block, SIGTERM raises ``KeyboardInterrupt`` like Ctrl-C (once; further
-    SIGTERMs are ignored while shutting down), so the demo stops cleanly. Yields an event set
-    when SIGTERM arrived."""
-    terminated = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield terminated
-        return
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        if terminated.is_set():
-            return
-        terminated.set()
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield terminated
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _other_faults() -> list[Fault]:

@@ -2,14 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
-from retrysafe._exceptions import ConfigurationError, RetrysafeError
-from retrysafe.cli._common import check_port_free, fail, parse_listen, store_option
+from retrysafe.cli._common import (
+    KEY_STORES,
+    Number,
+    check_port_free,
+    clip,
+    errors,
+    fail,
+    parse_listen,
+    store_option,
+)
+from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
 
 __all__ = ["gateway"]
+
+# An HTTP method or header name (RFC 9110 token), of a sane length.
+_METHOD = re.compile(r"[A-Z][A-Z0-9_-]{0,31}")
+_HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+# In-flight requests get this long to finish after SIGTERM/SIGINT, then they are cancelled
+# (their keys stay claimed until the lease ends, like a crashed gateway's).
+_GRACE = int(SHUTDOWN_SECONDS) - 2
+# ConfigurationError.option (IdempotencyConfig's fields, ReverseProxy's) -> the flag to name.
+_FLAGS = {
+    "upstream": "--upstream",
+    "timeout": "--timeout",
+    "protected_methods": "--methods",
+    "replay_headers": "--replay-header",
+    "store": "--store",
+    **{
+        name: "--" + name.replace("_", "-")
+        for name in (
+            "lease",
+            "heartbeat",
+            "max_run_time",
+            "retention",
+            "max_body_size",
+            "max_replay_size",
+            "in_progress_wait",
+        )
+    },
+}
 
 
 @click.command()
@@ -21,10 +61,10 @@ __all__ = ["gateway"]
     metavar="HOST:PORT",
     help="Address the gateway listens on.",
 )
-@store_option
+@store_option(schemes=(*KEY_STORES, "memory"))
 @click.option(
     "--lease",
-    type=float,
+    type=Number(),
     default=10.0,
     show_default=True,
     help="Seconds a claim holds without renewal: how long a crashed gateway blocks a key. "
@@ -32,13 +72,13 @@ __all__ = ["gateway"]
 )
 @click.option(
     "--heartbeat",
-    type=float,
+    type=Number(),
     default=None,
     help="Seconds between lease renewals  [default: lease/3].",
 )
 @click.option(
     "--max-run-time",
-    type=float,
+    type=Number(),
     default=600.0,
     show_default=True,
     help="Seconds after which a request's lease is no longer renewed (a wedged request).",
@@ -52,14 +92,14 @@ __all__ = ["gateway"]
 )
 @click.option(
     "--retention",
-    type=float,
+    type=Number(),
     default=86400.0,
     show_default=True,
     help="Seconds a completed key is remembered.",
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=Number(),
     default=30.0,
     show_default=True,
     help="Total seconds per upstream request, from sending it to the last body byte; "
@@ -98,7 +138,7 @@ __all__ = ["gateway"]
 )
 @click.option(
     "--in-progress-wait",
-    type=float,
+    type=Number(zero=True),
     default=0.0,
     show_default=True,
     help="Seconds a duplicate waits for the first attempt before 409.",
@@ -149,21 +189,52 @@ def gateway(
     Example:
       retrysafe gateway --upstream http://127.0.0.1:8000 \\
           --listen 127.0.0.1:8080 --store sqlite:///keys.db
+
+    \b
+    Exit status:
+      1    the gateway could not start (port in use, store unreachable)
+      2    bad options or --store, or an upstream that is the gateway's
+           own --listen address (nothing was started)
+      130  stopped by SIGINT (Ctrl-C)
+      143  stopped by SIGTERM
+
+    On SIGINT or SIGTERM it stops accepting, gives in-flight requests 3 seconds, closes the
+    store and exits within 5 seconds (a second signal stops it at once). A request cut short
+    keeps its key claimed until the lease ends, as if the gateway had crashed.
     """
+    import httpx
     import uvicorn
 
-    from retrysafe._logging import configure_json_logging
+    from retrysafe._addresses import reaches_listener
+    from retrysafe._logging import configure_json_logging, logging_snapshot
     from retrysafe.server import IdempotencyConfig, IdempotencyMiddleware
     from retrysafe.server._gateway import ReverseProxy
     from retrysafe.stores import open_store
 
     host, port = parse_listen(listen)
+    restore = logging_snapshot("retrysafe", "uvicorn", "py.warnings")
+
+    def restore_logging() -> None:
+        logging.captureWarnings(False)
+        restore()
+
+    click.get_current_context().call_on_close(restore_logging)
     configure_json_logging(getattr(logging, log_level.upper()))
     configure_json_logging(logging.WARNING, logger="uvicorn")
     # Warnings (a dangerous but valid option) become JSON lines too: stderr stays parseable.
     logging.captureWarnings(True)
     configure_json_logging(logging.WARNING, logger="py.warnings")
     protected = [m.strip().upper() for m in methods.split(",") if m.strip()]
+    for method in protected:
+        if not _METHOD.fullmatch(method):
+            raise click.BadParameter(
+                f"{clip(method, 60)!r} is not an HTTP method name", param_hint="--methods"
+            )
+    for name in replay_header:
+        if not _HEADER.fullmatch(name):
+            raise click.BadParameter(
+                f"{clip(name, 60)!r} is not an HTTP header name", param_hint="--replay-header"
+            )
     if store.strip().lower().startswith("memory:") and not allow_memory_store:
         fail(
             "--store memory:// keeps keys in this process only: a restart forgets them and "
@@ -171,8 +242,16 @@ def gateway(
             "or pass --allow-memory-store for tests.",
             2,
         )
-    try:
+    with errors(flags=_FLAGS):
         proxy = ReverseProxy(upstream, timeout=timeout)
+        target = httpx.URL(proxy.upstream)
+        target_port = target.port or (443 if target.scheme == "https" else 80)
+        if reaches_listener(target.host, target_port, listen_host=host, listen_port=port):
+            raise click.BadParameter(
+                f"{upstream} is the gateway's own --listen address {listen}: every request "
+                "would be forwarded to the gateway itself, without end",
+                param_hint="--upstream",
+            )
         # Every option is checked before the store is opened: a typo never creates a store.
         config = IdempotencyConfig(
             protected_methods=protected,
@@ -188,30 +267,71 @@ def gateway(
             in_progress_wait=in_progress_wait,
             fail_open=fail_open,
         )
-        key_store = open_store(store)
-        app = IdempotencyMiddleware(proxy, store=key_store, config=config)
-    except ConfigurationError as exc:
-        # Name the flag the user typed, not the Python field behind it.
-        option = {"protected_methods": "methods", "replay_headers": "replay-header"}.get(
-            exc.option or "", (exc.option or "").replace("_", "-")
+    check_port_free(host, port)  # before the store: a taken port creates no store either
+
+    stopper = _Stopper()
+    with Signals(on_signal=stopper) as signals:
+        with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
+            key_store = open_store(store)
+        try:
+            app = IdempotencyMiddleware(proxy, store=key_store, config=config)
+            server = stopper.server = _server(
+                uvicorn.Config(
+                    app,
+                    host=host,
+                    port=port,
+                    log_level="warning",
+                    log_config=None,  # uvicorn's own lines go through the JSON handler too
+                    access_log=False,
+                    lifespan="on",
+                    # The upstream's own Date and Server headers pass through; not a second.
+                    server_header=False,
+                    date_header=False,
+                    timeout_graceful_shutdown=_GRACE,
+                )
+            )
+            if signals.received is None:
+                logging.getLogger("retrysafe.gateway").info(
+                    "gateway listening",
+                    extra={"listen": f"{host}:{port}", "upstream": proxy.upstream, "store": store},
+                )
+                server.run()
+        finally:
+            key_store.close()
+    if signals.received is not None:
+        logging.getLogger("retrysafe.gateway").info(
+            "gateway stopped", extra={"signal": signals.name}
         )
-        fail(f"--{option}: {exc}" if option else str(exc), 2)
-    except RetrysafeError as exc:
-        fail(str(exc), 2)
-    check_port_free(host, port)
-    logging.getLogger("retrysafe.gateway").info(
-        "gateway listening",
-        extra={"listen": f"{host}:{port}", "upstream": proxy.upstream, "store": store},
-    )
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        log_config=None,  # uvicorn's own lines go through the JSON handler too
-        access_log=False,
-        lifespan="on",
-        # The upstream's own Date and Server headers pass through; don't add a second pair.
-        server_header=False,
-        date_header=False,
-    )
+        raise SystemExit(signals.exit_code)
+    if not server.started:
+        fail(f"the gateway could not start on {host}:{port}")
+
+
+class _Stopper:
+    """The :class:`Signals` callback: stops uvicorn the way it stops itself, by flags its
+    loop looks at every 0.1 s (the first signal gracefully, a second at once)."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+
+    def __call__(self, signum: int, count: int) -> None:
+        server = self.server
+        if server is None:  # not yet created: the command checks signals before running it
+            return
+        if count > 1:
+            server.force_exit = True
+        server.should_exit = True
+
+
+def _server(config: Any) -> Any:
+    """A uvicorn server for ``config`` that leaves signals to the command: it neither
+    installs handlers of its own nor re-raises the signal after shutting down (uvicorn
+    does both), so the command exits 130 or 143 with its store closed."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)

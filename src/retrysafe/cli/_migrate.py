@@ -3,19 +3,29 @@
 SQLite and PostgreSQL keep their schema version in the ``retrysafe_meta`` table; every command
 refuses a version newer than it understands. ``migrate`` creates a missing schema, upgrades an
 older one (every statement is ``CREATE … IF NOT EXISTS``, so a second run changes nothing),
-and exits 1 on a newer one. Redis has no schema: nothing to migrate.
+and exits 1 on a newer one. Redis has no schema: nothing to migrate. It is the one command
+that creates a store; every other refuses one that does not exist and names this command.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
 
-from retrysafe._exceptions import RetrysafeError
-from retrysafe.cli._common import fail, store_option
+from retrysafe.cli._common import (
+    KEY_STORES,
+    StrParamType,
+    canonical_scheme,
+    clip,
+    epilog,
+    errors,
+    json_option,
+    store_option,
+)
 
 __all__ = ["migrate"]
 
@@ -59,15 +69,36 @@ def _sql(url: str, schema: str) -> MigrateReport:
     return MigrateReport(where, dialect, done.action, done.from_version, after, f"{where}: {msg}")
 
 
-@click.command("migrate")
-@store_option
+class SchemaName(StrParamType):
+    """A PostgreSQL schema name retrysafe accepts: a plain identifier (letters, digits, _)."""
+
+    name = "schema"
+    _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or self._NAME.fullmatch(value) is None:
+            self.fail(
+                f"{clip(repr(value), 60)} is not a plain identifier (1–63 letters, digits or _, "
+                "not starting with a digit)",
+                param,
+                ctx,
+            )
+        return value
+
+
+@click.command(
+    "migrate",
+    epilog=epilog("(a schema newer than this retrysafe, a store that cannot be reached);"),
+)
+@store_option(schemes=KEY_STORES)
 @click.option(
     "--schema",
+    type=SchemaName(),
     default="public",
     show_default=True,
     help="PostgreSQL schema holding retrysafe's tables.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 def migrate(store: str, schema: str, as_json: bool) -> None:
     """Create or upgrade the store's schema and record its version.
 
@@ -78,14 +109,13 @@ def migrate(store: str, schema: str, as_json: bool) -> None:
     from retrysafe.stores import open_store
     from retrysafe.stores._url_check import redact_url
 
-    scheme = store.split("://", 1)[0].lower() if "://" in store else ""
+    scheme = store.split("://", 1)[0].lower()
     report: MigrateReport
-    try:
-        if scheme in ("sqlite", "postgresql", "postgres"):
+    with errors(store, {"schema": "--schema"}):
+        if canonical_scheme(store) in ("sqlite", "postgresql"):
             report = _sql(store, schema)
         else:
-            # Nothing to create, but connect once so a wrong host or password is an error (and
-            # an unknown scheme is open_store's one error message).
+            # Nothing to create, but connect once so a wrong host or password is an error.
             open_store(store).close()
             report = MigrateReport(
                 redact_url(store),
@@ -95,7 +125,5 @@ def migrate(store: str, schema: str, as_json: bool) -> None:
                 None,
                 f"{scheme} store: no schema, nothing to migrate",
             )
-    except RetrysafeError as exc:
-        fail(str(exc))
     out: Any = asdict(report)
     click.echo(json.dumps(out) if as_json else report.message)

@@ -1,42 +1,125 @@
 """``retrysafe webhooks …``: endpoints, sending, the dead-letter queue and the worker.
 
-Tables by default, ``--json`` for scripts; errors are one ``retrysafe: error: …`` line and
-exit code 1 (unknown endpoint or delivery ids, bad URLs, secrets or payloads).
+Tables by default, ``--json`` for scripts; errors are one ``retrysafe: error: …`` line and the
+exit codes of docs/cli.md: 1 for an unknown endpoint or delivery id or a store that failed, 2
+for bad input (URLs, secrets, event types, payloads, ids that cannot be ids). No command
+creates a store (``retrysafe migrate`` does).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from retrysafe.cli._client import (
+    JOB_ID,
     _attempts_table,
     _emit,
-    _errors,
     _JsonLines,
-    _sqlite_path,
+    _url,
     _when,
+    finish,
+    outage_bound,
+    serve,
 )
-from retrysafe.cli._common import fail, store_option
+from retrysafe.cli._common import (
+    SQL_STORES,
+    Number,
+    StrParamType,
+    clip,
+    epilog,
+    errors,
+    fail,
+    json_option,
+    opened_store,
+    print_table,
+    store_option,
+)
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
 
 __all__ = ["webhooks"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 _ALLOW_ENV = "RETRYSAFE_WEBHOOKS_ALLOW_PRIVATE"
+_LIMIT = click.IntRange(min=1, max=1_000_000)
+_ENDPOINT_FLAGS = {
+    "url": "URL",
+    "secret": "--secret",
+    "event_types": "-e/--event-type",
+    "schedule": "--schedule",
+    "rate_limit": "--rate-limit",
+    "description": "--description",
+}
 
 
-def _json_option(fn: _F) -> _F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+class EndpointId(StrParamType):
+    """An endpoint id or the start of one: ``ep_`` and up to 32 hex digits (or a start of
+    ``ep_`` itself)."""
+
+    name = "endpoint_id"
+    _ID = re.compile(r"ep_[0-9a-f]{0,32}")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        low = value.lower() if isinstance(value, str) else ""
+        if not (low and ("ep_".startswith(low) or self._ID.fullmatch(low))):
+            self.fail(
+                f"{clip(repr(value), 60)} is not an endpoint id (ep_ and hex digits, or the "
+                "start of one)",
+                param,
+                ctx,
+            )
+        return low
 
 
-def _allow_option(fn: _F) -> _F:
+class EventType(StrParamType):
+    """An event type (``invoice.paid``): 1–128 of ``A-Z a-z 0-9 _ . -``."""
+
+    name = "event_type"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from retrysafe._exceptions import ConfigurationError
+        from retrysafe.webhooks._endpoints import check_event_type
+
+        try:
+            return check_event_type(value)
+        except ConfigurationError:
+            self.fail(
+                f"{clip(repr(value), 60)} is not an event type (1–128 of A-Z a-z 0-9 _ . -)",
+                param,
+                ctx,
+            )
+
+
+class Text(StrParamType):
+    """Free text for a person: at most ``limit`` characters, no control characters."""
+
+    name = "text"
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit = limit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            self.fail("not text", param, ctx)
+        if len(value) > self.limit:
+            self.fail(f"{len(value)} characters; at most {self.limit}", param, ctx)
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            self.fail(f"{clip(repr(value), 60)} contains a control character", param, ctx)
+        return value
+
+
+ENDPOINT_ID = EndpointId()
+EVENT_TYPE = EventType()
+_RATE = Number(high=1e6, unit="attempts per second")
+
+
+def _allow_option(fn: Any) -> Any:
     return click.option(
         "--allow-private",
         is_flag=True,
@@ -46,39 +129,28 @@ def _allow_option(fn: _F) -> _F:
 
 
 @contextmanager
-def _hooks(store: str, allow_private: bool = False) -> Iterator[Any]:
+def _hooks(
+    store: str,
+    allow_private: bool = False,
+    *,
+    write: bool = True,
+    flags: Mapping[str, str] | None = None,
+) -> Iterator[Any]:
+    """Webhooks on an existing store (a reader opens SQLite read-only, PostgreSQL without
+    creating tables); retrysafe errors inside become one error line and the exit code."""
     from retrysafe.webhooks import Webhooks
 
-    with _errors(store), Webhooks(store, allow_private=allow_private) as hooks:
+    with (
+        errors(store, flags),
+        opened_store(store, write=write) as opened,
+        Webhooks(opened, allow_private=allow_private) as hooks,
+    ):
         yield hooks
 
 
-@contextmanager
-def _reader(store: str) -> Iterator[Any]:
-    """Webhooks for a command that only reads, never creating a store: a SQLite file is
-    opened read-only (a missing file is an error: a typo must not create an empty store), a
-    PostgreSQL database without retrysafe's tables is a SchemaError naming `retrysafe
-    migrate`; other URLs open as for writing."""
-    from retrysafe.stores import SQLiteStore, open_store
-    from retrysafe.webhooks import Webhooks
-
-    path = _sqlite_path(store)
-    postgres = store.split(":", 1)[0].lower() in ("postgresql", "postgres")
-    if path is None and not postgres:
-        with _hooks(store) as hooks:
-            yield hooks
-        return
-    with _errors(store):
-        opened = SQLiteStore(path, readonly=True) if path else open_store(store, create=False)
-        try:
-            with Webhooks(opened) as hooks:
-                yield hooks
-        finally:
-            opened.close()
-
-
-def _read_payload(payload: str) -> str:
-    """PAYLOAD as text: itself, the file after ``@``, or stdin for ``-`` (UTF-8 only)."""
+def _read_payload(payload: str) -> Any:
+    """PAYLOAD as a JSON value: itself, the file after ``@``, or stdin for ``-`` (UTF-8
+    JSON text only; anything else is bad input, exit 2)."""
     if payload == "-":
         name, raw = "stdin", sys.stdin.buffer.read()
     elif payload.startswith("@"):
@@ -86,18 +158,26 @@ def _read_payload(payload: str) -> str:
         try:
             with open(name, "rb") as f:
                 raw = f.read()
-        except OSError as exc:
-            fail(f"cannot read {name}: {exc.strerror or exc}")
+        except (OSError, ValueError) as exc:
+            fail(
+                f"PAYLOAD: cannot read {clip(name, 200)}: {getattr(exc, 'strerror', None) or exc}",
+                2,
+            )
     else:
-        return payload
+        name, raw = "", payload.encode("utf-8", "surrogatepass")
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        fail(f"{name} is not UTF-8 text (byte {exc.start})")
+        fail(f"PAYLOAD: {name or 'the payload'} is not UTF-8 text (byte {exc.start})", 2)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        fail(f"PAYLOAD: {name + ' ' if name else ''}is not JSON: {exc}", 2)
+    except RecursionError:
+        fail("PAYLOAD: nested too deeply", 2)
 
 
-def _endpoints_table(endpoints: list[WebhookEndpoint]) -> None:
-    from rich.console import Console
+def _endpoints_table(endpoints: list[WebhookEndpoint]) -> Any:
     from rich.table import Table
 
     table = Table(title="webhook endpoints")
@@ -108,18 +188,17 @@ def _endpoints_table(endpoints: list[WebhookEndpoint]) -> None:
         enabled = "yes" if e.enabled else f"no ({e.disabled_reason or ''})"
         table.add_row(
             e.id,
-            e.url,
+            _url(e.url),
             ", ".join(e.event_types) or "*",
             enabled,
             e.schedule,
             str(e.failure_count),
             _when(e.created_at),
         )
-    Console().print(table)
+    return table
 
 
-def _deliveries_table(deliveries: list[WebhookDelivery], title: str) -> None:
-    from rich.console import Console
+def _deliveries_table(deliveries: list[WebhookDelivery], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
@@ -138,7 +217,7 @@ def _deliveries_table(deliveries: list[WebhookDelivery], title: str) -> None:
             last,
             _when(d.updated_at),
         )
-    Console().print(table)
+    return table
 
 
 def _show_endpoint(e: WebhookEndpoint, as_json: bool, secrets: bool = False) -> None:
@@ -149,28 +228,31 @@ def _show_endpoint(e: WebhookEndpoint, as_json: bool, secrets: bool = False) -> 
         click.echo(f"{k}: {v}")
 
 
-@click.group("webhooks")
+@click.group("webhooks", epilog=epilog())
 def webhooks() -> None:
     """Signed webhook delivery (Standard Webhooks): endpoints, send, DLQ, worker."""
 
 
+_STORE = store_option(schemes=SQL_STORES)
+
+
 # ---------------------------------------------------------------------- endpoints
-@webhooks.group("endpoints")
+@webhooks.group("endpoints", epilog=epilog())
 def endpoints() -> None:
     """Register and manage subscriber endpoints."""
 
 
-@endpoints.command("add")
-@store_option
+@endpoints.command("add", epilog=epilog("(the host does not resolve);"))
+@_STORE
 @click.argument("url")
 @click.option("--secret", default=None, help="whsec_ secret (default: a fresh one).")
 @click.option("--event-type", "-e", "event_types", multiple=True, help="Type or prefix.* .")
-@click.option("--description", default="", help="Free text.")
+@click.option("--description", type=Text(), default="", help="Free text (≤ 1000 characters).")
 @click.option("--schedule", default=None, help="Retry schedule: default or svix.")
-@click.option("--rate-limit", type=float, default=None, help="Most attempts per second.")
+@click.option("--rate-limit", type=_RATE, default=None, help="Most attempts per second.")
 @click.option("--disabled", is_flag=True, help="Register it disabled.")
 @_allow_option
-@_json_option
+@json_option
 def endpoints_add(
     store: str,
     url: str,
@@ -183,8 +265,9 @@ def endpoints_add(
     allow_private: bool,
     as_json: bool,
 ) -> None:
-    """Register URL; prints the endpoint with its secret (shown only here and in show)."""
-    with _hooks(store, allow_private) as hooks, _errors(store):
+    """Register URL; prints the endpoint with its secret (shown only here and in show). The
+    store must exist (`retrysafe migrate` creates it)."""
+    with _hooks(store, allow_private, flags=_ENDPOINT_FLAGS) as hooks:
         e = hooks.add_endpoint(
             url,
             secret=secret,
@@ -197,43 +280,43 @@ def endpoints_add(
         _show_endpoint(e, as_json, secrets=True)
 
 
-@endpoints.command("list")
-@store_option
-@_json_option
+@endpoints.command("list", epilog=epilog())
+@_STORE
+@json_option
 def endpoints_list(store: str, as_json: bool) -> None:
     """List endpoints."""
-    with _reader(store) as hooks, _errors(store):
+    with _hooks(store, write=False) as hooks:
         found = hooks.list_endpoints()
-        if as_json:
-            _emit([e.to_dict() for e in found])
-        else:
-            _endpoints_table(found)
+    if as_json:
+        _emit([e.to_dict() for e in found])
+    else:
+        print_table(_endpoints_table(found))
 
 
-@endpoints.command("show")
-@store_option
-@click.argument("endpoint_id")
+@endpoints.command("show", epilog=epilog("(no such endpoint);"))
+@_STORE
+@click.argument("endpoint_id", type=ENDPOINT_ID)
 @click.option("--secrets", is_flag=True, help="Include the secrets.")
-@_json_option
+@json_option
 def endpoints_show(store: str, endpoint_id: str, secrets: bool, as_json: bool) -> None:
     """Show one endpoint (id or unique prefix)."""
-    with _reader(store) as hooks, _errors(store):
+    with _hooks(store, write=False) as hooks:
         _show_endpoint(hooks.get_endpoint(endpoint_id), as_json, secrets)
 
 
-@endpoints.command("update")
-@store_option
-@click.argument("endpoint_id")
+@endpoints.command("update", epilog=epilog("(no such endpoint, or the host does not resolve);"))
+@_STORE
+@click.argument("endpoint_id", type=ENDPOINT_ID)
 @click.option("--url", default=None)
 @click.option("--secret", default=None, help="Rotate to this whsec_ secret.")
 @click.option("--rotate", is_flag=True, help="Rotate to a fresh secret.")
 @click.option("--event-type", "-e", "event_types", multiple=True)
-@click.option("--description", default=None)
+@click.option("--description", type=Text(), default=None, help="Free text (≤ 1000 characters).")
 @click.option("--schedule", default=None)
-@click.option("--rate-limit", type=float, default=None, help="Attempts per second.")
+@click.option("--rate-limit", type=_RATE, default=None, help="Attempts per second.")
 @click.option("--no-rate-limit", is_flag=True, help="Remove the rate limit.")
 @_allow_option
-@_json_option
+@json_option
 def endpoints_update(
     store: str,
     endpoint_id: str,
@@ -260,7 +343,8 @@ def endpoints_update(
         limit["rate_limit"] = None
     elif rate_limit is not None:
         limit["rate_limit"] = rate_limit
-    with _hooks(store, allow_private) as hooks, _errors(store):
+    flags = {**_ENDPOINT_FLAGS, "url": "--url"}
+    with _hooks(store, allow_private, flags=flags) as hooks:
         e = hooks.update_endpoint(
             endpoint_id,
             url=url,
@@ -273,123 +357,128 @@ def endpoints_update(
         _show_endpoint(e, as_json, secrets=rotate or secret is not None)
 
 
-@endpoints.command("disable")
-@store_option
-@click.argument("endpoint_id")
-@click.option("--reason", default="disabled by an operator", show_default=True)
-@_json_option
+@endpoints.command("disable", epilog=epilog("(no such endpoint);"))
+@_STORE
+@click.argument("endpoint_id", type=ENDPOINT_ID)
+@click.option("--reason", type=Text(), default="disabled by an operator", show_default=True)
+@json_option
 def endpoints_disable(store: str, endpoint_id: str, reason: str, as_json: bool) -> None:
     """Stop sending to an endpoint (its deliveries are kept, parked)."""
-    with _hooks(store) as hooks, _errors(store):
+    with _hooks(store) as hooks:
         _show_endpoint(hooks.disable_endpoint(endpoint_id, reason), as_json)
 
 
-@endpoints.command("enable")
-@store_option
-@click.argument("endpoint_id")
+@endpoints.command("enable", epilog=epilog("(no such endpoint);"))
+@_STORE
+@click.argument("endpoint_id", type=ENDPOINT_ID)
 @click.option("--replay-missed", is_flag=True, help="Re-queue parked and dead deliveries.")
-@_json_option
+@json_option
 def endpoints_enable(store: str, endpoint_id: str, replay_missed: bool, as_json: bool) -> None:
     """Send to an endpoint again."""
-    with _hooks(store) as hooks, _errors(store):
+    with _hooks(store) as hooks:
         e = hooks.enable_endpoint(endpoint_id)
         replayed = []
         if replay_missed:
             from retrysafe.webhooks._dispatch import MISSED_STATES
 
             replayed = hooks.replay(endpoint_id=e.id, states=MISSED_STATES)
-        if as_json:
-            _emit({**e.to_dict(), "replayed": [d.id for d in replayed]})
-        else:
-            _show_endpoint(e, False)
-            click.echo(f"replayed: {len(replayed)}")
+    if as_json:
+        _emit({**e.to_dict(), "replayed": [d.id for d in replayed]})
+    else:
+        _show_endpoint(e, False)
+        click.echo(f"replayed: {len(replayed)}")
 
 
-@endpoints.command("delete")
-@store_option
-@click.argument("endpoint_id")
+@endpoints.command("delete", epilog=epilog("(no such endpoint, or not confirmed);"))
+@_STORE
+@click.argument("endpoint_id", type=ENDPOINT_ID)
 @click.option("--yes", is_flag=True, help="Do not ask.")
-def endpoints_delete(store: str, endpoint_id: str, yes: bool) -> None:
+@json_option
+def endpoints_delete(store: str, endpoint_id: str, yes: bool, as_json: bool) -> None:
     """Delete an endpoint with its deliveries (events stay)."""
-    with _hooks(store) as hooks, _errors(store):
+    with _hooks(store) as hooks:
         full = hooks.resolve_endpoint(endpoint_id)
         if not yes:
-            click.confirm(f"delete endpoint {full} and its deliveries?", abort=True)
+            click.confirm(f"delete endpoint {full} and its deliveries?", abort=True, err=True)
         hooks.delete_endpoint(full)
+    if as_json:
+        _emit({"deleted": full})
+    else:
         click.echo(f"deleted {full}")
 
 
 # ---------------------------------------------------------------------- send
-@webhooks.command("send")
-@store_option
+@webhooks.command("send", epilog=epilog())
+@_STORE
 @click.argument("event_type")
 @click.argument("payload")
 @click.option("--id", "event_id", default=None, help="Event id (the webhook-id).")
-@_json_option
+@json_option
 def send(store: str, event_type: str, payload: str, event_id: str | None, as_json: bool) -> None:
     """Record an event (PAYLOAD: JSON text, @file, or - for stdin) and its deliveries."""
-    payload = _read_payload(payload)
-    try:
-        value = json.loads(payload)
-    except ValueError as exc:
-        fail(f"payload is not JSON: {exc}")
-    with _hooks(store) as hooks, _errors(store):
+    value = _read_payload(payload)
+    flags = {"event_type": "EVENT_TYPE", "event_id": "--id", "payload": "PAYLOAD"}
+    with _hooks(store, flags=flags) as hooks:
         event = hooks.send(event_type, value, event_id=event_id)
         deliveries = hooks.deliveries(event_id=event.id, limit=10_000)
-        if as_json:
-            _emit({**event.to_dict(), "deliveries": [d.to_dict() for d in deliveries]})
-        else:
-            click.echo(f"event {event.id} ({event.event_type}): {len(deliveries)} deliveries")
+    if as_json:
+        _emit({**event.to_dict(), "deliveries": [d.to_dict() for d in deliveries]})
+    else:
+        click.echo(f"event {event.id} ({event.event_type}): {len(deliveries)} deliveries")
 
 
 # ---------------------------------------------------------------------- dlq
-@webhooks.group("dlq")
+@webhooks.group("dlq", epilog=epilog())
 def dlq() -> None:
     """The webhook dead-letter queue: list, show, replay, purge."""
 
 
-@dlq.command("list")
-@store_option
-@click.option("--endpoint", "endpoint_id", default=None)
-@click.option("--event-type", default=None)
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
-@_json_option
+_ENDPOINT_FILTER = click.option("--endpoint", "endpoint_id", type=ENDPOINT_ID, default=None)
+_TYPE_FILTER = click.option("--event-type", type=EVENT_TYPE, default=None)
+
+
+@dlq.command("list", epilog=epilog("(no such endpoint);"))
+@_STORE
+@_ENDPOINT_FILTER
+@_TYPE_FILTER
+@click.option("--limit", type=_LIMIT, default=100, show_default=True)
+@json_option
 def dlq_list(
     store: str, endpoint_id: str | None, event_type: str | None, limit: int, as_json: bool
 ) -> None:
     """Dead letters: exhausted (unknown) and rejected deliveries."""
-    with _reader(store) as hooks, _errors(store):
+    with _hooks(store, write=False) as hooks:
         found = hooks.dead_letters(endpoint_id=endpoint_id, event_type=event_type, limit=limit)
-        if as_json:
-            _emit([d.to_dict() for d in found])
-        else:
-            _deliveries_table(found, "webhook dead letters")
+    if as_json:
+        _emit([d.to_dict() for d in found])
+    else:
+        print_table(_deliveries_table(found, "webhook dead letters"))
 
 
-@dlq.command("show")
-@store_option
-@click.argument("delivery_id")
-@_json_option
+@dlq.command("show", epilog=epilog("(no such delivery);"))
+@_STORE
+@click.argument("delivery_id", type=JOB_ID)
+@json_option
 def dlq_show(store: str, delivery_id: str, as_json: bool) -> None:
     """One delivery with all its attempts."""
-    with _reader(store) as hooks, _errors(store):
+    with _hooks(store, write=False) as hooks:
         d = hooks.delivery(delivery_id)
         attempts = hooks.attempts(d.id)
-        if as_json:
-            _emit({**d.to_dict(), "attempts": [a.to_dict() for a in attempts]})
-        else:
-            for k, v in d.to_dict().items():
-                click.echo(f"{k}: {v}")
-            _attempts_table(attempts)
+    if as_json:
+        _emit({**d.to_dict(), "attempts": [a.to_dict() for a in attempts]})
+    else:
+        for k, v in d.to_dict().items():
+            click.echo(f"{k}: {v}")
+        print_table(_attempts_table(attempts))
 
 
-@dlq.command("replay")
-@store_option
-@click.argument("delivery_ids", nargs=-1)
-@click.option("--endpoint", "endpoint_id", default=None)
-@click.option("--event-type", default=None)
+@dlq.command("replay", epilog=epilog("(no such delivery or endpoint);"))
+@_STORE
+@click.argument("delivery_ids", nargs=-1, type=JOB_ID)
+@_ENDPOINT_FILTER
+@_TYPE_FILTER
 @click.option("--all", "replay_all", is_flag=True, help="Every dead letter (of the filters).")
-@_json_option
+@json_option
 def dlq_replay(
     store: str,
     delivery_ids: tuple[str, ...],
@@ -401,23 +490,23 @@ def dlq_replay(
     """Re-queue dead letters with their same webhook-id."""
     if not delivery_ids and not (replay_all or endpoint_id or event_type):
         raise click.UsageError("give delivery ids, or --all / --endpoint / --event-type")
-    with _hooks(store) as hooks, _errors(store):
+    with _hooks(store) as hooks:
         done = hooks.replay(
             list(delivery_ids) or None, endpoint_id=endpoint_id, event_type=event_type
         )
-        if as_json:
-            _emit([d.to_dict() for d in done])
-        else:
-            click.echo(f"replayed {len(done)} deliveries")
+    if as_json:
+        _emit([d.to_dict() for d in done])
+    else:
+        click.echo(f"replayed {len(done)} deliveries")
 
 
-@dlq.command("purge")
-@store_option
-@click.option("--endpoint", "endpoint_id", default=None)
-@click.option("--event-type", default=None)
-@click.option("--older-than", type=click.FloatRange(min=0), default=0.0, help="Seconds.")
+@dlq.command("purge", epilog=epilog("(no such endpoint, or not confirmed);"))
+@_STORE
+@_ENDPOINT_FILTER
+@_TYPE_FILTER
+@click.option("--older-than", type=Number(zero=True), default=0.0, help="Seconds.")
 @click.option("--yes", is_flag=True, help="Do not ask.")
-@_json_option
+@json_option
 def dlq_purge(
     store: str,
     endpoint_id: str | None,
@@ -427,45 +516,57 @@ def dlq_purge(
     as_json: bool,
 ) -> None:
     """Delete dead letters and their attempts."""
-    if not yes:
-        click.confirm("delete these dead letters and their attempts?", abort=True)
-    with _hooks(store) as hooks, _errors(store):
+    with _hooks(store) as hooks:
+        if not yes:
+            click.confirm("delete these dead letters and their attempts?", abort=True, err=True)
         n = hooks.purge(endpoint_id=endpoint_id, event_type=event_type, older_than=older_than)
-        if as_json:
-            _emit({"purged": n})
-        else:
-            click.echo(f"purged {n} dead letters")
+    if as_json:
+        _emit({"purged": n})
+    else:
+        click.echo(f"purged {n} dead letters")
 
 
 # ---------------------------------------------------------------------- worker
-@webhooks.command("worker")
-@store_option
-@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=8, show_default=True)
+@webhooks.command(
+    "worker",
+    epilog=epilog(
+        "(--until-idle: some deliveries ended UNKNOWN, or the store stayed unreachable);"
+    ),
+)
+@_STORE
+@click.option(
+    "--concurrency", "-c", type=click.IntRange(min=1, max=1000), default=8, show_default=True
+)
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending.")
 @_allow_option
-def worker(store: str, concurrency: int, until_idle: bool, allow_private: bool) -> None:
+@json_option
+def worker(
+    store: str, concurrency: int, until_idle: bool, allow_private: bool, as_json: bool
+) -> None:
     """Deliver webhooks; one JSON line per attempt (event, endpoint, attempt, status,
-    latency, outcome) on stdout. SIGTERM stops gracefully."""
+    latency, outcome) on stdout, and a last line with the totals (--json changes nothing:
+    the output is JSON lines already). SIGTERM: in-flight attempts finish, exit 143; Ctrl-C:
+    in-flight deliveries released, exit 130."""
     log = logging.getLogger("retrysafe.webhooks")
     handler = _JsonLines()
     log.addHandler(handler)
     old = log.level
     log.setLevel(logging.INFO)
     try:
-        with _hooks(store, allow_private) as hooks, _errors(store):
+        with _hooks(store, allow_private) as hooks:
             for endpoint, exc in hooks.refused_endpoints():
                 click.echo(
                     f"retrysafe: warning: endpoint {endpoint.id} will not be delivered to: "
                     f"{exc} (pass --allow-private to this worker too)",
                     err=True,
                 )
-            w = hooks.worker(concurrency=concurrency)
+            w = hooks.worker(concurrency=concurrency, **outage_bound(until_idle))
             try:
-                w.run(until_idle=until_idle, handle_signals=True)
-            except KeyboardInterrupt:
-                raise SystemExit(130) from None
+                stats, code = serve(w, until_idle=until_idle)
             finally:
                 w.close()
+            _emit({"event": "stopped", **stats.to_dict()})
     finally:
         log.removeHandler(handler)
         log.setLevel(old)
+    finish(stats, code, until_idle=until_idle, what="deliveries")

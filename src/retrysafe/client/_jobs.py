@@ -79,24 +79,111 @@ def destination_of(url: str) -> str:
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
+def shown_url(url: str, limit: int = 200) -> str:
+    """``url`` as error messages show it: without a ``user:password@`` part (never print a
+    credential) and at most ``limit`` characters."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        authority, slash, path = rest.partition("/")
+        if "@" in authority:
+            rest = "…@" + authority.rpartition("@")[2] + slash + path
+        url = scheme + sep + rest
+    return url if len(url) <= limit else url[: limit - 1] + "…"
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _check_url(url: object) -> str:
     if not isinstance(url, str):
         raise ConfigurationError(f"url must be a string, got {type(url).__name__}", option="url")
+    shown = shown_url(url)
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError as exc:
-        raise ConfigurationError(f"url {url!r} is malformed: {exc}", option="url") from None
+        raise ConfigurationError(f"url {shown!r} is malformed: {exc}", option="url") from None
     if parts.scheme not in ("http", "https"):
         raise ConfigurationError(
-            f"url {url!r} is not http(s); the outbox only sends http:// and https:// requests",
+            f"url {shown!r} is not http(s); the outbox only sends http:// and https:// requests",
             option="url",
         )
     if not parts.hostname:
-        raise ConfigurationError(f"url {url!r} has no host", option="url")
+        raise ConfigurationError(f"url {shown!r} has no host", option="url")
     if any(c.isspace() for c in url):
-        raise ConfigurationError(f"url {url!r} contains whitespace", option="url")
+        raise ConfigurationError(f"url {shown!r} contains whitespace", option="url")
     return url
+
+
+def _check_job_url(url: object) -> str:
+    """An http(s) URL with a host and no credentials.
+
+    A ``user:password@`` part is refused: job URLs are stored as they are and printed by
+    ``retrysafe jobs list`` and ``--json``; send credentials in a header (``Authorization``),
+    which is never printed.
+    """
+    checked = _check_url(url)
+    parts = urlsplit(checked)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigurationError(
+            f"the URL for host {parts.hostname or ''!r} must not carry credentials "
+            "(user:password@): job URLs are stored and printed as they are; send them in an "
+            "Authorization header instead",
+            option="url",
+        )
+    return checked
+
+
+#: Headers the HTTP client writes itself, and the one retrysafe writes: a job that set them
+#: would send a malformed or ambiguous request on every attempt (a Content-Length that is not
+#: the body's, a second Host, hop-by-hop fields that belong to one connection, RFC 9110
+#: §7.6.1), or a second idempotency key.
+RESERVED_HEADERS = frozenset(
+    {
+        "connection",
+        "content-length",
+        "host",
+        "idempotency-key",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    """The job's extra headers as pairs, each a valid field that the client does not set.
+
+    Raises:
+        ConfigurationError: ``option="headers"``.
+    """
+    if headers is not None and not isinstance(headers, Mapping):
+        raise ConfigurationError("headers must map str to str", option="headers")
+    pairs: list[tuple[str, str]] = []
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigurationError("headers must map str to str", option="headers")
+        if not name or not set(name) <= _TOKEN_CHARS or any(c in value for c in "\r\n\0"):
+            raise ConfigurationError(
+                f"header {_clip(repr(name))} is not a valid header", option="headers"
+            )
+        low = name.lower()
+        if low == "idempotency-key":
+            raise ConfigurationError(
+                "pass the idempotency key as key=…, not as a header", option="headers"
+            )
+        if low in RESERVED_HEADERS:
+            raise ConfigurationError(
+                f"header {_clip(repr(name))} is set by the HTTP client for each attempt (from "
+                "the URL, the body and the connection); a job cannot set it",
+                option="headers",
+            )
+        pairs.append((name, value))
+    return pairs
 
 
 #: The deepest nesting a JSON payload may have (arrays and objects inside each other). Many
@@ -198,28 +285,23 @@ def build_job(
     already checked by :func:`check_queue`).
 
     Raises:
-        ConfigurationError: a URL that is not http(s), a bad method/header/deadline, both
+        ConfigurationError: a URL that is not http(s) or carries credentials
+            (``user:password@``), a bad method or deadline, a malformed header or one the
+            HTTP client sets itself (:data:`RESERVED_HEADERS`: ``Content-Length``, ``Host``,
+            ``Transfer-Encoding``, ``Connection`` and the other hop-by-hop fields), both
             ``json`` and ``content``, or an ``Idempotency-Key`` header (pass ``key=``).
         PayloadError: ``json`` cannot be serialised (NaN, sets, objects, non-string keys,
             lone surrogates, circular references, nesting deeper than
             :data:`MAX_PAYLOAD_DEPTH`), or ``content`` text is not UTF-8.
         InvalidKeyError: ``key`` is not 1–255 visible ASCII characters.
     """
-    url = _check_url(url)
+    url = _check_job_url(url)
     if not isinstance(method, str) or not method or not set(method) <= _TOKEN_CHARS:
-        raise ConfigurationError(f"method {method!r} is not an HTTP method", option="method")
+        raise ConfigurationError(
+            f"method {_clip(repr(method))} is not an HTTP method", option="method"
+        )
     method = method.upper()
-    pairs: list[tuple[str, str]] = []
-    for name, value in (headers or {}).items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise ConfigurationError("headers must map str to str", option="headers")
-        if not name or not set(name) <= _TOKEN_CHARS or any(c in value for c in "\r\n\0"):
-            raise ConfigurationError(f"header {name!r} is not a valid header", option="headers")
-        if name.lower() == "idempotency-key":
-            raise ConfigurationError(
-                "pass the idempotency key as key=…, not as a header", option="headers"
-            )
-        pairs.append((name, value))
+    pairs = _check_headers(headers)
     if json is not _MISSING and content is not None:
         raise ConfigurationError("pass json= or content=, not both", option="content")
     if json is not _MISSING:

@@ -22,7 +22,11 @@ __all__ = [
 
 
 class JobState(str, enum.Enum):
-    """Where an outbox job stands (SPEC §5)."""
+    """Where an outbox job stands (SPEC §5). ``str()`` and f-strings give the value
+    (``pending``), as JSON and the CLI show it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
 
     PENDING = "pending"
     """Waiting until ``due_at`` for its next attempt (first, retry, poll or deferred)."""

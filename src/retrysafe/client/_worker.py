@@ -108,6 +108,9 @@ class AttemptHooksFactory(Protocol):
 
 #: The longest wait between two tries of a store that is unavailable (seconds).
 STORE_WAIT_MAX = 5.0
+#: How long (seconds) a worker run with ``until_idle`` waits for a store that stays unavailable
+#: before it gives up with :class:`~retrysafe.StoreUnavailableError` (``store_outage_limit``).
+DEFAULT_STORE_OUTAGE_LIMIT = 60.0
 #: The worker's default job lease (seconds), whatever the request timeout: a live worker
 #: renews the lease of every job it is sending, so the lease only bounds how long the jobs of
 #: a dead worker wait before another worker sends them again (SPEC §5 "Crash safety").
@@ -192,6 +195,19 @@ class _StoreOutage:
                 self._stats.store_outages += 1
             logger.warning("store unavailable, retrying until it is back: %s", exc)
         return equal_jitter(tries, base=self.base, cap=self.cap, rng=self._rng)
+
+    def outlasted(self, limit: float) -> float | None:
+        """Seconds the current outage has lasted, if it reached ``limit``; else None."""
+        if self.down_since is None:
+            return None
+        lasted = self._clock() - self.down_since
+        return lasted if lasted >= limit else None
+
+    def left(self, limit: float) -> float:
+        """Seconds until the current outage reaches ``limit`` (``limit`` if none)."""
+        if self.down_since is None:
+            return limit
+        return max(0.0, limit - (self._clock() - self.down_since))
 
     def succeeded(self) -> None:
         if self.down_since is not None:
@@ -408,10 +424,14 @@ class Worker:
         queue: the queue whose jobs it claims (default ``"default"``, the outbox's; the
             webhook worker uses ``"webhooks"``). Jobs of other queues in the same store are
             never claimed, and ``until_idle`` only waits for this queue.
+        store_outage_limit: seconds a run with ``until_idle`` waits for a store that stays
+            unavailable before :meth:`serve` gives up with
+            :class:`~retrysafe.StoreUnavailableError` (default 60, on the worker's clock);
+            None waits for ever. A run without ``until_idle`` always waits for the store.
 
     Raises:
-        ConfigurationError: bad concurrency/poll interval/grace/queue name; a lease, heartbeat
-            or max_run_time that is not finite, <= 0 or too large (see
+        ConfigurationError: bad concurrency/poll interval/grace/queue name/store outage
+            limit; a lease, heartbeat or max_run_time that is not finite, <= 0 or too large (see
             :func:`~retrysafe.core.lease_timing`), a heartbeat not shorter than the lease; or
             a store without an outbox.
 
@@ -438,8 +458,14 @@ class Worker:
         on_attempt: AttemptHook | None = None,
         attempt_hooks: AttemptHooksFactory | None = None,
         queue: str = DEFAULT_QUEUE,
+        store_outage_limit: float | timedelta | None = DEFAULT_STORE_OUTAGE_LIMIT,
     ) -> None:
         self.queue = check_queue(queue)
+        self.store_outage_limit = (
+            None
+            if store_outage_limit is None
+            else seconds(store_outage_limit, "store_outage_limit")
+        )
         self.policy = policy or RetryPolicy()
         self.concurrency = count(concurrency, "concurrency")
         self.timing = lease_timing(
@@ -520,11 +546,13 @@ class Worker:
         retried and not counted, and their jobs go back to PENDING with the same key.
 
         A store that is unavailable for a while (:class:`~retrysafe.StoreUnavailableError`:
-        locked past its busy timeout, disk full) does not stop the worker: claims and writes
-        are tried again with capped backoff (up to ``STORE_WAIT_MAX`` seconds apart), with one
-        warning per outage. An attempt's outcome is retried only while the job's lease is
-        valid; after that the job is re-sent with the same key, which the server's replay
-        makes safe.
+        locked past its busy timeout, read-only, disk full, unreachable) does not stop the
+        worker: claims and writes are tried again with capped backoff (up to
+        ``STORE_WAIT_MAX`` seconds apart), with one warning per outage. An attempt's outcome is
+        retried only while the job's lease is valid; after that the job is re-sent with the
+        same key, which the server's replay makes safe. Without ``until_idle`` the worker waits
+        for the store for ever; with it, it gives up once the store has been unavailable
+        without a break for ``store_outage_limit`` seconds (one last try at that moment).
 
         Args:
             until_idle: return once every job of the worker's queue is terminal.
@@ -535,6 +563,9 @@ class Worker:
 
         Raises:
             SchemaError: the store has no (or a newer) retrysafe schema.
+            StoreUnavailableError: (``until_idle`` only) the store stayed unavailable for
+                ``store_outage_limit`` seconds; the message says for how long, and the last
+                error is chained.
             StoreError: any other store failure that waiting cannot fix.
         """
         if self._running:
@@ -567,6 +598,10 @@ class Worker:
                 except StoreUnavailableError as exc:
                     timeout = self._outage.failed(exc, failures)
                     failures += 1
+                    limit = self.store_outage_limit if until_idle else None
+                    if limit is not None:
+                        self._give_up_after(limit, exc)
+                        timeout = min(timeout, self._outage.left(limit))
                 else:
                     failures = 0
                     self._outage.succeeded()
@@ -608,6 +643,17 @@ class Worker:
             self._loop = None
             self._wake = None
         return self.stats
+
+    def _give_up_after(self, limit: float, exc: StoreUnavailableError) -> None:
+        """Raise once the current store outage has lasted ``limit`` seconds."""
+        lasted = self._outage.outlasted(limit)
+        if lasted is None:
+            return
+        raise StoreUnavailableError(
+            f"store {self.store.url} has been unavailable for {lasted:.1f} s "
+            f"(store_outage_limit {limit:g} s); giving up: {exc}",
+            store=exc.store or self.store.url,
+        ) from exc
 
     async def _poll(
         self,

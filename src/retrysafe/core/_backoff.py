@@ -90,7 +90,14 @@ class Backoff:
                 raise ConfigurationError(f"backoff {name} must be > 0 seconds", option=name)
         if self.cap < self.base:
             raise ConfigurationError("backoff cap must be >= base", option="cap")
-        object.__setattr__(self, "jitter", Jitter(self.jitter))
+        try:
+            jitter = Jitter(self.jitter)
+        except ValueError:
+            names = ", ".join(j.value for j in Jitter)
+            raise ConfigurationError(
+                f"backoff jitter {self.jitter!r} is not one of {names}", option="jitter"
+            ) from None
+        object.__setattr__(self, "jitter", jitter)
 
     def delay(self, attempt: int, *, previous: float, rng: random.Random) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based).
@@ -123,11 +130,10 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
     text = value.strip()
     if not text:
         return None
-    if text.isdigit():
-        try:
-            return float(int(text))
-        except (ValueError, OverflowError):
-            return None
+    if text.isdigit() and text.isascii():
+        if len(text) > 300:  # more digits than a float holds: "very long", capped by callers
+            return 1e300  # finite, so it stays valid JSON wherever it is logged
+        return float(int(text))
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):

@@ -189,7 +189,9 @@ def decide(record: KeyRecord | None, fingerprint: str, now: float) -> Decision:
     remaining = record.lease_expires_at - now
     if remaining <= 0:
         return TakeOver(record.fencing_token)
-    return InProgress(remaining, max(1, min(5, math.ceil(remaining))))
+    # A lease that never ends (inf) is still "try again in 5 s", never an OverflowError.
+    retry_after = 5 if not math.isfinite(remaining) else max(1, min(5, math.ceil(remaining)))
+    return InProgress(remaining, retry_after)
 
 
 def should_store(

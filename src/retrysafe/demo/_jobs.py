@@ -4,11 +4,18 @@ A jobs file is JSON Lines: one JSON object per line, blank lines skipped. Any ob
 Its optional ``job_id`` names the operation (default ``line-N``); everything in it is sent as
 the body of ``POST /posts``, with an ``operation`` field (``naive:<job_id>`` or
 ``retrysafe:<job_id>``) added so the effect ledger can count posts per operation.
+
+The whole file is checked before the demo starts anything: every line a JSON object with no
+``NaN``/``Infinity`` (not JSON, and no service could receive it), every ``job_id`` a distinct
+string or integer that does not end in ``~N`` (the names the demo gives to the copies it makes
+when it cycles the file), every body within the service's limit.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -17,7 +24,7 @@ from typing import Any
 from retrysafe._exceptions import ConfigurationError
 from retrysafe.server import IdempotencyConfig
 
-__all__ = ["MAX_BODY_SIZE", "cycle_jobs", "job_body", "load_jobs", "read_jobs"]
+__all__ = ["MAX_BODY_SIZE", "MAX_JOB_ID", "cycle_jobs", "job_body", "load_jobs", "read_jobs"]
 
 #: The largest request body, in bytes, the demo's idempotency middleware accepts (its default);
 #: a larger keyed request gets ``413`` and is never published.
@@ -25,6 +32,70 @@ MAX_BODY_SIZE = IdempotencyConfig().max_body_size
 
 # The longest operation tag job_body() adds, for the size check.
 _LONGEST_TAG = "retrysafe"
+
+#: The longest ``job_id`` a jobs file may give, in characters.
+MAX_JOB_ID = 200
+
+# The suffix cycle_jobs() gives to copies: a job_id ending in it could collide with a copy.
+_COPY_SUFFIX = re.compile(r"~[0-9]+\Z")
+
+
+class _LineError(ValueError):
+    """A problem with one line of a jobs file; the message is the problem alone."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _LineError(f"{name} is not valid JSON (and no service could receive it)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _LineError(f"the number {_shown(text, 40)} is too large for a JSON body")
+    return value
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """``text`` for an error message: at most ``limit`` characters, its middle elided."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 3
+    return f"{text[:head]}…{text[-(limit - 1 - head):]}"
+
+
+def _parse_line(line: str) -> Any:
+    try:
+        return json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise _LineError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise _LineError("JSON nested too deeply") from None
+    except _LineError:
+        raise
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise _LineError(f"not valid JSON ({_shown(str(exc), 80)})") from None
+
+
+def _job_id(job: dict[str, Any], lineno: int) -> str:
+    """The job's id as text (``line-N`` by default); the job gets it as ``job_id``."""
+    if "job_id" not in job:
+        job["job_id"] = f"line-{lineno}"
+    value = job["job_id"]
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _LineError(f"job_id must be a string or an integer, got {type(value).__name__}")
+    text = str(value)
+    if not text.strip():
+        raise _LineError("job_id is empty")
+    if len(text) > MAX_JOB_ID:
+        raise _LineError(f"job_id is {len(text)} characters long, over {MAX_JOB_ID}")
+    if not text.isprintable():
+        raise _LineError(f"job_id {_shown(text)!r} contains control characters")
+    if _COPY_SUFFIX.search(text):
+        raise _LineError(
+            f"job_id {_shown(text)!r} ends in ~N, which the demo reserves for the copies it "
+            "makes when it cycles the file"
+        )
+    return text
 
 
 def job_body(job: dict[str, Any], tag: str) -> dict[str, Any]:
@@ -53,41 +124,48 @@ def read_jobs(
         The jobs, each with a ``job_id`` (``line-N`` when the line has none).
 
     Raises:
-        ConfigurationError (``option="jobs-file"``): the file is missing, unreadable or not
-            UTF-8 (the message gives the byte offset); a line is not a JSON object or its body
-            exceeds ``max_body_size`` (the message names the file and the line); or the file
-            holds no jobs.
+        ConfigurationError (``option="jobs-file"``): the path is empty; the file is missing,
+            unreadable or not UTF-8 (the message gives the byte offset); a line is not a JSON
+            object, holds ``NaN``/``Infinity``, has a ``job_id`` that is not a string or an
+            integer, repeats an earlier line's or ends in ``~N`` (reserved for copies), or its
+            body exceeds ``max_body_size`` (the message names the file, the line and the
+            problem); or the file holds no jobs.
     """
     if path is None:
         text = resources.files("retrysafe.demo").joinpath("jobs.jsonl").read_text("utf-8")
         name = "bundled jobs.jsonl"
     else:
-        name = str(path)
+        if not str(path).strip():
+            raise ConfigurationError("the jobs file's path is empty", option="jobs-file")
+        name = _shown(str(path), 300)
         text = _read_text(Path(path), name)
     suffix = f"~{copies - 1}" if copies > 1 else ""
     jobs: list[dict[str, Any]] = []
+    first_line: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            job = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigurationError(
-                f"{name}, line {lineno}: not valid JSON ({exc.msg})", option="jobs-file"
-            ) from None
-        if not isinstance(job, dict):
-            raise ConfigurationError(
-                f"{name}, line {lineno}: expected a JSON object, got {type(job).__name__}",
-                option="jobs-file",
-            )
-        job.setdefault("job_id", f"line-{lineno}")
-        size = _encoded_size(job_body({**job, "job_id": f"{job['job_id']}{suffix}"}, _LONGEST_TAG))
-        if size > max_body_size:
-            raise ConfigurationError(
-                f"{name}, line {lineno}: the job's body is {size} bytes, over the service's "
-                f"limit of {max_body_size} bytes",
-                option="jobs-file",
-            )
+            job = _parse_line(line)
+            if not isinstance(job, dict):
+                raise _LineError(f"expected a JSON object, got {type(job).__name__}")
+            default = "job_id" not in job
+            job_id = _job_id(job, lineno)
+            if job_id in first_line:
+                what = "its default job_id" if default else "job_id"
+                raise _LineError(
+                    f"{what} {_shown(job_id)!r} is already used on line {first_line[job_id]} "
+                    "(each job needs its own id: the demo counts posts per job)"
+                )
+            size = _encoded_size(job_body({**job, "job_id": f"{job_id}{suffix}"}, _LONGEST_TAG))
+            if size > max_body_size:
+                raise _LineError(
+                    f"the job's body is {size} bytes, over the service's limit of "
+                    f"{max_body_size} bytes"
+                )
+        except _LineError as exc:
+            raise ConfigurationError(f"{name}, line {lineno}: {exc}", option="jobs-file") from None
+        first_line[job_id] = lineno
         jobs.append(job)
     if not jobs:
         raise ConfigurationError(f"{name} holds no jobs", option="jobs-file")
@@ -96,6 +174,8 @@ def read_jobs(
 
 def _read_text(path: Path, name: str) -> str:
     try:
+        if path.exists() and not path.is_file():
+            raise ConfigurationError(f"jobs file {name} is not a regular file", option="jobs-file")
         data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigurationError(f"jobs file {name} does not exist", option="jobs-file") from None

@@ -10,27 +10,30 @@
 4. One report per pass, side by side.
 
 The run succeeds (:attr:`DemoResult.ok`) only when retrysafe delivered: every protected job
-SUCCEEDED, each with exactly one post. Interrupting it (Ctrl-C, or SIGTERM turned into
-``KeyboardInterrupt`` by the CLI) stops the worker, the proxy and the server and removes the
-temporary directory before the exception propagates.
+SUCCEEDED, each with exactly one post. Setting the ``stop`` event (the CLI does on SIGINT or
+SIGTERM) stops the worker, the proxy and the server within a few seconds and removes the
+temporary directory; :func:`run_demo` then raises :class:`DemoStoppedError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import os
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from retrysafe._exceptions import ConfigurationError
+from retrysafe._exceptions import ConfigurationError, RetrysafeError
 from retrysafe._serving import ServerThread
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, EffectLedger, FaultRates, Report
 from retrysafe.chaos import build_report as _build_report
-from retrysafe.client import Outbox, RetryPolicy, Worker
+from retrysafe.client import Outbox, RetryPolicy, Worker, areconcile
 from retrysafe.client._models import JobState
 from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
@@ -38,7 +41,18 @@ from retrysafe.demo._service import PublishingService
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import SQLiteStore
 
-__all__ = ["DemoOptions", "DemoResult", "Progress", "run_demo"]
+__all__ = ["MAX_JOBS", "DemoOptions", "DemoResult", "DemoStoppedError", "Progress", "run_demo"]
+
+_T = TypeVar("_T")
+
+#: The most jobs one pass may send (every job is held in memory).
+MAX_JOBS = 100_000
+
+#: The longest attempt timeout, in seconds.
+MAX_TIMEOUT = 3600.0
+
+# How often a stop request is looked for while the demo waits on something.
+_STOP_POLL = 0.05
 
 # Small background rates of the other faults (SPEC §8), on top of the loss rate.
 _BACKGROUND = {
@@ -81,16 +95,22 @@ class DemoOptions:
     naive: bool = True
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.loss_rate <= 1.0:
+        if not 0.0 <= self.loss_rate <= 1.0:  # False for NaN too
             raise ConfigurationError(
                 f"--loss-rate must be in [0, 1], got {self.loss_rate}", option="loss-rate"
             )
-        if self.jobs < 1:
-            raise ConfigurationError("--jobs must be at least 1", option="jobs")
+        if not 1 <= self.jobs <= MAX_JOBS:
+            raise ConfigurationError(
+                f"--jobs must be between 1 and {MAX_JOBS}, got {self.jobs}", option="jobs"
+            )
         if self.concurrency < 1:
             raise ConfigurationError("--concurrency must be at least 1", option="concurrency")
-        if self.timeout <= 0:
-            raise ConfigurationError("--timeout must be > 0 seconds", option="timeout")
+        if not (math.isfinite(self.timeout) and 0 < self.timeout <= MAX_TIMEOUT):
+            raise ConfigurationError(
+                f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
+                f"got {self.timeout}",
+                option="timeout",
+            )
         if self.attempts < 1:
             raise ConfigurationError("--attempts must be at least 1", option="attempts")
 
@@ -182,6 +202,14 @@ class DemoResult:
         }
 
 
+class DemoStoppedError(RetrysafeError):
+    """The demo was asked to stop (its ``stop`` event was set) before it finished.
+
+    By the time it is raised the worker, the proxy and the server are stopped and the
+    temporary directory is removed.
+    """
+
+
 class Progress:
     """Callbacks the demo calls while it runs (the CLI draws progress bars from them)."""
 
@@ -203,6 +231,8 @@ def run_demo(
     progress: Progress | None = None,
     *,
     jobs: Sequence[dict[str, Any]] | None = None,
+    stop: threading.Event | None = None,
+    workdir: str | os.PathLike[str] | None = None,
 ) -> DemoResult:
     """Run the whole demo and return both reports. Starts and stops everything it needs.
 
@@ -210,21 +240,27 @@ def run_demo(
         options: what to run.
         progress: callbacks for progress bars and notes.
         jobs: the jobs, already loaded (see :func:`load_jobs`); default: load
-            ``options.jobs`` jobs from ``options.jobs_file``.
+            ``options.jobs`` jobs from ``options.jobs_file``. Their ``job_id`` must differ.
+        stop: set it (from any thread) to stop the demo: it is looked at every 50 ms, and
+            what runs is stopped (in-flight attempts dropped) within a few seconds.
+        workdir: an existing directory for the run's SQLite stores, left in place; default
+            a new temporary directory, removed at the end.
 
     Raises:
-        ConfigurationError: bad options or jobs file, or a server that could not start.
-        KeyboardInterrupt: interrupted; everything was stopped and the temporary directory
-            removed first.
+        ConfigurationError: bad options or jobs (nothing was started), or a server that
+            could not start.
+        DemoStoppedError: ``stop`` was set; everything was stopped and the temporary
+            directory removed first.
     """
     progress = progress or Progress()
     job_list = list(jobs) if jobs is not None else load_jobs(options.jobs_file, options.jobs)
+    _check_distinct(job_list)
     rates = options.fault_rates()
-    with tempfile.TemporaryDirectory(prefix="retrysafe-demo-") as tmp:
-        workdir = Path(tmp)
+    with _workdir(workdir) as work:
+        _check_stop(stop)
         ledger = EffectLedger()
         progress.note("starting the publishing service and the chaos proxy on loopback")
-        keys = SQLiteStore(workdir / "keys.db")
+        keys = SQLiteStore(work / "keys.db")
         app = IdempotencyMiddleware(
             PublishingService(ledger), store=keys, lease=30.0, max_body_size=MAX_BODY_SIZE
         )
@@ -236,16 +272,57 @@ def run_demo(
                 url = proxy.url + "/posts"
                 naive = None
                 if options.naive:
-                    naive = _naive_pass(url, job_list, options, ledger, progress)
+                    naive = _naive_pass(url, job_list, options, ledger, progress, stop)
                 proxy.set_rates(rates)
                 protected = _protected_pass(
-                    url, job_list, options, ledger, proxy, workdir, progress
+                    url, job_list, options, ledger, proxy, work, progress, stop
                 )
                 faults = proxy.stats().to_dict()
                 progress.note("stopping the service and the proxy")
         finally:
             keys.close()
     return DemoResult(options=options, naive=naive, protected=protected, faults=faults)
+
+
+@contextlib.contextmanager
+def _workdir(workdir: str | os.PathLike[str] | None) -> Iterator[Path]:
+    if workdir is not None:
+        yield Path(workdir)
+        return
+    with tempfile.TemporaryDirectory(prefix="retrysafe-demo-") as tmp:
+        yield Path(tmp)
+
+
+def _check_distinct(jobs: Sequence[dict[str, Any]]) -> None:
+    """Every job has a ``job_id`` and no two share one (posts are counted per job)."""
+    seen: set[str] = set()
+    for index, job in enumerate(jobs):
+        if "job_id" not in job:
+            raise ConfigurationError(f"job {index} has no job_id", option="jobs")
+        job_id = str(job["job_id"])
+        if job_id in seen:
+            raise ConfigurationError(f"job_id {job_id!r} is used twice", option="jobs")
+        seen.add(job_id)
+
+
+def _check_stop(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise DemoStoppedError("the demo was stopped")
+
+
+async def _unless_stopped(coro: Coroutine[Any, Any, _T], stop: threading.Event | None) -> _T:
+    """Await ``coro``; cancel it and raise :class:`DemoStoppedError` once ``stop`` is set."""
+    task = asyncio.ensure_future(coro)
+    if stop is None:
+        return await task
+    while not task.done():
+        await asyncio.wait({task}, timeout=_STOP_POLL)
+        if stop.is_set() and not task.done():
+            task.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+            raise DemoStoppedError("the demo was stopped")
+    return task.result()
 
 
 def _bodies(jobs: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
@@ -264,6 +341,7 @@ def _naive_pass(
     options: DemoOptions,
     ledger: EffectLedger,
     progress: Progress,
+    stop: threading.Event | None,
 ) -> PassResult:
     bodies = _bodies(jobs, "naive")
     progress.start("naive", len(bodies))
@@ -276,13 +354,16 @@ def _naive_pass(
 
     started = time.monotonic()
     beliefs = asyncio.run(
-        run_naive(
-            url,
-            bodies,
-            concurrency=options.concurrency,
-            timeout=options.timeout,
-            attempts=options.attempts,
-            on_done=on_done,
+        _unless_stopped(
+            run_naive(
+                url,
+                bodies,
+                concurrency=options.concurrency,
+                timeout=options.timeout,
+                attempts=options.attempts,
+                on_done=on_done,
+            ),
+            stop,
         )
     )
     seconds = time.monotonic() - started
@@ -298,6 +379,7 @@ def _protected_pass(
     proxy: ChaosProxy,
     workdir: Path,
     progress: Progress,
+    stop: threading.Event | None,
 ) -> PassResult:
     bodies = _bodies(jobs, "retrysafe")
     policy = RetryPolicy(
@@ -307,48 +389,66 @@ def _protected_pass(
         timeout=options.timeout,
     )
     store = SQLiteStore(workdir / "outbox.db")
-    with Outbox(store, policy=policy) as outbox:
-        progress.note(f"recording {len(bodies)} jobs and their keys in the outbox")
-        started = time.monotonic()
-        # Each job and its key are recorded before any attempt (SPEC §2); one transaction.
-        with store.transaction() as conn:
-            ids = [outbox.submit(url, json=body, connection=conn).id for body in bodies]
-        operation = {job_id: body["operation"] for job_id, body in zip(ids, bodies, strict=True)}
-        progress.start("retrysafe", len(ids))
-        # No grace on stop: an interrupted demo drops its in-flight attempts at once.
-        worker = outbox.worker(concurrency=options.concurrency, grace=0.0)
-        _run_with_progress(worker, outbox, "retrysafe", len(ids), progress)
-        progress.finish("retrysafe")
-        delivered = time.monotonic()
+    try:
+        with Outbox(store, policy=policy) as outbox:
+            _check_stop(stop)
+            progress.note(f"recording {len(bodies)} jobs and their keys in the outbox")
+            started = time.monotonic()
+            # Each job and its key are recorded before any attempt (SPEC §2); one transaction.
+            with store.transaction() as conn:
+                ids = [outbox.submit(url, json=body, connection=conn).id for body in bodies]
+            operation = {
+                job_id: body["operation"] for job_id, body in zip(ids, bodies, strict=True)
+            }
+            _check_stop(stop)
+            progress.start("retrysafe", len(ids))
+            # No grace on stop: a stopped demo drops its in-flight attempts at once.
+            worker = outbox.worker(concurrency=options.concurrency, grace=0.0)
+            _run_with_progress(worker, outbox, "retrysafe", len(ids), progress, stop)
+            progress.finish("retrysafe")
+            delivered = time.monotonic()
 
-        # The link heals; UNKNOWN jobs are re-sent with the same key (SPEC §5).
-        unknown = [j.id for j in outbox.jobs(states=[JobState.UNKNOWN], limit=len(ids))]
-        if unknown:
-            progress.note(
-                f"healing the link, reconciling {len(unknown)} UNKNOWN "
-                f"job{'s' if len(unknown) != 1 else ''} with their same keys"
-            )
-            proxy.heal()
-            progress.start("reconcile", len(unknown))
-            outbox.reconcile(ids=unknown, limit=len(unknown), concurrency=options.concurrency)
-            progress.advance("reconcile", len(unknown))
-            progress.finish("reconcile")
-        seconds = time.monotonic() - started
-
-        beliefs = []
-        for job_id in ids:
-            job = outbox.get(job_id)
-            state = _BELIEF.get(job.state, BeliefState.PENDING)
-            finished = job.finished_at
-            beliefs.append(
-                ClientBelief(
-                    operation_id=operation[job_id],
-                    state=state,
-                    reconciled=job_id in unknown and state is not BeliefState.UNKNOWN,
-                    seconds_to_terminal=None if finished is None else finished - job.created_at,
+            # The link heals; UNKNOWN jobs are re-sent with the same key (SPEC §5).
+            unknown = [j.id for j in outbox.jobs(states=[JobState.UNKNOWN], limit=len(ids))]
+            if unknown:
+                progress.note(
+                    f"healing the link, reconciling {len(unknown)} UNKNOWN "
+                    f"job{'s' if len(unknown) != 1 else ''} with their same keys"
                 )
-            )
-    store.close()
+                proxy.heal()
+                progress.start("reconcile", len(unknown))
+                asyncio.run(
+                    _unless_stopped(
+                        areconcile(
+                            store,
+                            policy=policy,
+                            ids=unknown,
+                            limit=len(unknown),
+                            concurrency=options.concurrency,
+                        ),
+                        stop,
+                    )
+                )
+                progress.advance("reconcile", len(unknown))
+                progress.finish("reconcile")
+            seconds = time.monotonic() - started
+
+            beliefs = []
+            for job_id in ids:
+                job = outbox.get(job_id)
+                state = _BELIEF.get(job.state, BeliefState.PENDING)
+                finished = job.finished_at
+                beliefs.append(
+                    ClientBelief(
+                        operation_id=operation[job_id],
+                        state=state,
+                        reconciled=job_id in unknown and state is not BeliefState.UNKNOWN,
+                        seconds_to_terminal=None if finished is None else finished - job.created_at,
+                    )
+                )
+            _check_stop(stop)
+    finally:
+        store.close()
     return PassResult(
         _report(beliefs, ledger, "retrysafe"),
         seconds,
@@ -358,12 +458,18 @@ def _protected_pass(
 
 
 def _run_with_progress(
-    worker: Worker, outbox: Outbox, phase: str, total: int, progress: Progress
+    worker: Worker,
+    outbox: Outbox,
+    phase: str,
+    total: int,
+    progress: Progress,
+    stop: threading.Event | None,
 ) -> None:
     """Run ``worker`` until idle in a thread; poll the outbox's counts for the progress bar.
 
-    If the caller's thread is interrupted (``KeyboardInterrupt``), the worker is stopped and
-    its thread joined before the exception propagates, so nothing still writes to the store.
+    When ``stop`` is set (or the caller's thread is interrupted), the worker is stopped and
+    its thread joined before :class:`DemoStoppedError` (or the exception) propagates, so
+    nothing still writes to the store.
     """
     error: list[BaseException] = []
 
@@ -376,16 +482,20 @@ def _run_with_progress(
     thread = threading.Thread(target=target, name="retrysafe-demo-worker", daemon=True)
     thread.start()
     terminal = (JobState.SUCCEEDED, JobState.REJECTED, JobState.UNKNOWN, JobState.CANCELLED)
+    polled = 0.0
     try:
         while thread.is_alive():
-            thread.join(timeout=0.2)
-            counts = outbox.counts()
-            progress.advance(phase, sum(counts.get(s, 0) for s in terminal))
+            thread.join(timeout=_STOP_POLL)
+            _check_stop(stop)
+            if time.monotonic() - polled >= 0.2:
+                polled = time.monotonic()
+                counts = outbox.counts()
+                progress.advance(phase, sum(counts.get(s, 0) for s in terminal))
     except BaseException:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3
         while thread.is_alive() and time.monotonic() < deadline:
             worker.stop()  # again each time: a worker not yet serving forgets an early stop
-            thread.join(timeout=0.1)
+            thread.join(timeout=_STOP_POLL)
         raise
     if error:
         raise error[0]

@@ -43,6 +43,7 @@ from retrysafe.core import (
     should_store,
 )
 from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
+from retrysafe.testing import waited
 
 __all__ = [
     "FENCED",
@@ -904,7 +905,13 @@ def claim_key(
     args = (key_hash, fingerprint)
     retention = key_retention(retention, lease)
     now = clock()
-    claimed, record = yield ("claim", args, {"now": now, "lease": lease, "retention": retention})
+    try:
+        claimed, record = yield (
+            "claim", args, {"now": now, "lease": lease, "retention": retention}
+        )
+    except StoreUnavailableError as unavailable:
+        answered = yield from _answered(key_hash, fingerprint, now, unavailable)
+        return answered
     if claimed:
         return Claimed(record.fencing_token, False, now)
     deadline = -1.0
@@ -915,7 +922,7 @@ def claim_key(
         if isinstance(decision, (Replay, KeyReused, ReplayUnavailable)):
             return decision
         if isinstance(decision, InProgress):
-            if wait > 0:
+            if waited(wait) > 0:  # retrysafe.testing.no_waiting(): answer 409 at once
                 t = time.monotonic()
                 if deadline < 0:
                     deadline = t + wait
@@ -944,6 +951,26 @@ def claim_key(
         )
         if claimed:
             return Claimed(record.fencing_token, False, now)
+
+
+def _answered(
+    key_hash: str, fingerprint: str, now: float, unavailable: StoreUnavailableError
+) -> Generator[Op, Any, Replay | KeyReused | ReplayUnavailable]:
+    """The answer of a key that is already answered, read from a store that could not be
+    written (a read-only file, a replica): what the claim would have returned. A key that
+    needs a write (absent, expired, released, running) raises ``unavailable`` (503).
+
+    Raises:
+        StoreUnavailableError: ``unavailable``, when the key is not answered or cannot be read.
+    """
+    try:
+        record = yield ("get", (key_hash,), {})
+    except StoreError:
+        raise unavailable from None
+    decision = decide(record, fingerprint, now)
+    if isinstance(decision, (Replay, KeyReused, ReplayUnavailable)):
+        return decision
+    raise unavailable
 
 
 def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:

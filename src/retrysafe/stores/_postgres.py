@@ -13,6 +13,12 @@ statement uses ``extract(epoch FROM statement_timestamp())`` — so replicas who
 apart still agree on when a lease or a key expired. ``clock="caller"`` honours the ``now``
 argument instead (the contract tests drive time by hand with it).
 
+A store recovers by itself: when an operation finds its connection closed by the server (a
+restart, a failover, ``pg_terminate_backend``), that operation fails as unavailable and the pool's
+other idle connections are checked at once (:meth:`psycopg_pool.ConnectionPool.check`), so the
+next operation gets a live connection instead of another one left from before. A read-only server
+(a standby, ``default_transaction_read_only``) is unavailable, not broken.
+
 psycopg and psycopg-pool are imported only when this module is (``pip install
 retrysafe[postgres]``); ``import retrysafe`` never imports them.
 """
@@ -235,7 +241,14 @@ class PostgresConnector(Transactions):
                 f"{msg} (run `retrysafe migrate --store URL`, or open it with create=True)",
                 store=self.url,
             )
-        if isinstance(exc, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+        # A read-only server (a standby, a primary being demoted) serves again once it is
+        # writable: unavailable, like a server that cannot be reached.
+        unavailable = (
+            psycopg.OperationalError,
+            psycopg_pool.PoolTimeout,
+            psycopg.errors.ReadOnlySqlTransaction,
+        )
+        if isinstance(exc, unavailable):
             return StoreUnavailableError(
                 f"PostgreSQL store at {self.where} unavailable: {msg}", store=self.url
             )
@@ -250,11 +263,27 @@ class PostgresConnector(Transactions):
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """One pool connection (autocommit), driver errors translated."""
+        """One pool connection (autocommit), driver errors translated; when it turns out
+        broken, the pool's idle connections are checked (see the module docstring)."""
         if self._closed:
             raise StoreError(f"PostgreSQL store {self.url} is closed", store=self.url)
-        with self._errors(), self._pool.connection() as conn:
-            yield conn
+        broken = False
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    yield conn
+                except psycopg.Error:
+                    broken = conn.broken
+                    raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            if broken:
+                self._sweep()
+            raise self.translate(exc) from exc
+
+    def _sweep(self) -> None:
+        """Drop the pool's idle connections the server closed (the pool replaces them)."""
+        with suppress(Exception):
+            self._pool.check()
 
     # ------------------------------------------------------------------ Connector
     def run(self, op: Op[_T], *, atomic: bool = False, connection: Any = None) -> _T:
@@ -290,6 +319,8 @@ class PostgresConnector(Transactions):
                 conn.rollback()
                 conn.autocommit = True
         self._pool.putconn(conn)
+        if conn.broken:
+            self._sweep()
 
     def async_connector(self) -> AsyncPostgresConnector:
         return AsyncPostgresConnector(self)
@@ -448,11 +479,21 @@ class AsyncPostgresConnector:
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """One pool connection; when it turns out broken, the pool's idle connections are
+        checked (see the module docstring)."""
+        broken: psycopg_pool.AsyncConnectionPool | None = None
         try:
             pool = await self._get_pool()
             async with pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                except psycopg.Error:
+                    broken = pool if conn.broken else None
+                    raise
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            if broken is not None:
+                with suppress(Exception):
+                    await broken.check()
             raise self._sync.translate(exc) from exc
 
     async def run(

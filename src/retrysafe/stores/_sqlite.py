@@ -7,6 +7,13 @@ atomic under SQLite's write lock; an atomic operation or a block of several stat
 and many processes on one host. :class:`SQLiteStore` is the key store on it; the outbox, webhooks
 and agents open their own stores on ``store.connector``. The schema of every feature is
 ``sql/schema.sqlite.sql``.
+
+A store recovers by itself: no connection that was opened or failed while the file was unusable
+is kept. SQLite opens a file it may not write read-only without a word; such a connection serves
+reads, and the next operation after the file became writable again opens a new one. A
+connection that failed because the store was unusable (read-only, disk full, an I/O error, a file
+it could not open) is closed, and the next operation opens a new one; "locked" and "busy" are
+only waited for.
 """
 
 from __future__ import annotations
@@ -102,6 +109,19 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in low or "busy" in low
 
 
+def _unusable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store was unusable (read-only, disk full, an I/O error, a file
+    it could not open) rather than busy: a new connection may succeed where this one failed."""
+    if not isinstance(exc, sqlite3.OperationalError) or _is_busy(exc):
+        return False
+    low = str(exc).lower()
+    return any(s in low for s in _UNAVAILABLE)
+
+
+# os.access checks the effective ids where it can (a setuid process opens files with those).
+_EFFECTIVE_IDS = os.access in os.supports_effective_ids
+
+
 # ---------------------------------------------------------------------- running operations
 def _execute(conn: sqlite3.Connection, request: Exec) -> Any:
     parts = request.statement.parts["sqlite"]
@@ -152,12 +172,18 @@ def _drive(conn: sqlite3.Connection, op: Op[_T], atomic: bool) -> _T:
 
 
 class _Conn:
-    """Holder so a WeakSet can track per-thread connections for close()."""
+    """Holder so a WeakSet can track per-thread connections for close().
 
-    __slots__ = ("__weakref__", "conn")
+    ``degraded``: opened while the store could not be used fully (the file could not be written,
+    so SQLite opened it read-only; or, for a read-only store, read as immutable): it is replaced
+    as soon as :meth:`SQLiteConnector.healed` says a new connection would do better.
+    """
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    __slots__ = ("__weakref__", "conn", "degraded")
+
+    def __init__(self, conn: sqlite3.Connection, degraded: bool = False) -> None:
         self.conn = conn
+        self.degraded = degraded
 
     def close(self) -> None:
         with suppress(sqlite3.Error):
@@ -202,24 +228,52 @@ class SQLiteConnector(Transactions):
 
     # ------------------------------------------------------------------ connections
     def connect(self, busy_timeout: float) -> sqlite3.Connection:
-        """A new connection (autocommit, WAL, foreign keys), usable from any thread."""
+        """A new connection (autocommit, WAL, foreign keys), usable from any thread.
+
+        Raises:
+            StoreUnavailableError / StoreError: the file cannot be opened.
+        """
+        return self._new(busy_timeout).conn
+
+    def open(self, busy_timeout: float) -> _Conn:
+        """A new connection, tracked for :meth:`close`, marked degraded when it was opened
+        while the store could not be used fully (see :class:`_Conn`)."""
+        holder = self._new(busy_timeout)
+        self.track(holder)
+        return holder
+
+    def _new(self, busy_timeout: float) -> _Conn:
         try:
             if self.readonly:
-                return self._connect_readonly(busy_timeout)
-            conn = sqlite3.connect(
-                self.path,
-                timeout=busy_timeout,
-                isolation_level=None,  # autocommit: each statement is its own transaction
-                check_same_thread=False,
-            )
+                conn, degraded = self._connect_readonly(busy_timeout)
+            else:
+                conn, degraded = self._connect_writable(busy_timeout)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.url) from exc
+        return _Conn(conn, degraded)
+
+    def _connect_writable(self, busy_timeout: float) -> tuple[sqlite3.Connection, bool]:
+        # A file this process may not write is opened read-only, silently (SQLite's fallback):
+        # the connection serves reads, and is marked degraded so that it is replaced once the
+        # file is writable again. Asked before and after opening: a file that changed in between
+        # is marked too; any other read-only connection is dropped by its first failed write.
+        writable = self._file_writable()
+        conn = sqlite3.connect(
+            self.path,
+            timeout=busy_timeout,
+            isolation_level=None,  # autocommit: each statement is its own transaction
+            check_same_thread=False,
+        )
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.url) from exc
-        return conn
+        except BaseException:
+            conn.close()
+            raise
+        return conn, not (writable and self._file_writable())
 
-    def _connect_readonly(self, busy_timeout: float) -> sqlite3.Connection:
+    def _connect_readonly(self, busy_timeout: float) -> tuple[sqlite3.Connection, bool]:
         file = str(Path(self.path).expanduser().resolve())
         uri = "file:" + quote(file) + "?mode=ro"
 
@@ -233,32 +287,75 @@ class SQLiteConnector(Transactions):
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.OperationalError as exc:
             # A read-only directory (or file system) cannot hold the WAL index. With no WAL
-            # file there is nothing to miss: read the database file as immutable.
+            # file there is nothing to miss: read the database file as immutable (degraded:
+            # replaced once the directory is writable or a WAL file appears, since an immutable
+            # reader would not see another process's writes).
             low = str(exc).lower()
             conn.close()
             if os.path.exists(file + "-wal") or not ("open" in low or "readonly" in low):
                 raise
-            conn = connect(uri + "&immutable=1")
-        return conn
+            return connect(uri + "&immutable=1"), True
+        return conn, False
+
+    def _file_writable(self) -> bool:
+        """Whether this process may open the database file for writing now (a file that does
+        not exist yet is created writable, or not at all)."""
+        if self.path == ":memory:":
+            return True
+        file = Path(self.path).expanduser()
+        return os.access(file, os.W_OK, effective_ids=_EFFECTIVE_IDS) or not file.exists()
+
+    def healed(self) -> bool:
+        """Whether a new connection would now do better than a degraded one: the file can be
+        written again (a read-only store: its WAL index can be kept, or another process
+        writes)."""
+        if not self.readonly:
+            return self._file_writable()
+        file = Path(self.path).expanduser().resolve()
+        writable_dir = os.access(file.parent, os.W_OK, effective_ids=_EFFECTIVE_IDS)
+        return writable_dir or os.path.exists(str(file) + "-wal")
 
     def track(self, holder: _Conn) -> None:
         with self._lock:
             self._connections.add(holder)
 
+    def forget(self, holder: _Conn) -> None:
+        """Close a connection that must not be used again."""
+        with self._lock:
+            self._connections.discard(holder)
+        holder.close()
+
+    def fails_for_good(self, exc: BaseException) -> bool:
+        """Whether a connection that raised ``exc`` must be replaced: the store was unusable
+        (see :func:`_unusable`), except a write refused by a store opened read-only (what
+        every write there does) and a ``":memory:"`` database (it lives in its connection)."""
+        if self.path == ":memory:" or not _unusable(exc):
+            return False
+        return not (self.readonly and "readonly" in str(exc).lower())
+
     def thread_connection(self) -> sqlite3.Connection:
-        """This thread's connection (opened on first use).
+        """This thread's connection: opened on first use, and opened anew when the one it had
+        was degraded and the store healed, or failed because the store was unusable.
 
         Raises:
-            StoreError: the connector is closed.
+            StoreError: the connector is closed, or the file cannot be opened.
         """
         if self._closed:
             raise StoreError(f"SQLite store {self.url} is closed", store=self.url)
         holder: _Conn | None = getattr(self._local, "conn", None)
+        if holder is not None and holder.degraded and self.healed():
+            self._drop_thread_connection()
+            holder = None
         if holder is None:
-            holder = _Conn(self.connect(self.busy_timeout))
+            holder = self.open(self.busy_timeout)
             self._local.conn = holder
-            self.track(holder)
         return holder.conn
+
+    def _drop_thread_connection(self) -> None:
+        holder: _Conn | None = getattr(self._local, "conn", None)
+        if holder is not None:
+            self._local.conn = None
+            self.forget(holder)
 
     # ------------------------------------------------------------------ Connector
     def run(self, op: Op[_T], *, atomic: bool = False, connection: Any = None) -> _T:
@@ -266,13 +363,19 @@ class SQLiteConnector(Transactions):
             tx = self.transaction_of(connection)
             with tx.lock, _errors(self.url):
                 return _drive(tx.connection, op, atomic)
-        with _errors(self.url):
-            return _drive(self.thread_connection(), op, atomic)
+        return self.with_connection(lambda conn: _drive(conn, op, atomic))
 
     def with_connection(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """``fn(connection)`` on this thread's connection, driver errors translated."""
-        with _errors(self.url):
-            return fn(self.thread_connection())
+        """``fn(connection)`` on this thread's connection, driver errors translated; a
+        connection that failed because the store was unusable is closed (the next call opens a
+        new one)."""
+        conn = self.thread_connection()
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            if self.fails_for_good(exc):
+                self._drop_thread_connection()
+            raise _translate(exc, self.url) from exc
 
     def begin(self) -> SQLiteTransaction:
         """Open a transaction on a dedicated connection (``BEGIN IMMEDIATE``: it holds the
@@ -455,7 +558,9 @@ class AsyncSQLiteConnector:
     claim is never reported before it is durable. When another process holds the write lock
     the batch runs in a worker thread with the store's normal ``busy_timeout``, so the loop
     never blocks on it; when the batch cannot run as one transaction at all, its operations
-    run one by one. One event loop at a time uses an instance.
+    run one by one. One event loop at a time uses an instance. The inline connection recovers
+    like the sync face's (see the module docstring): it is replaced once a degraded one healed,
+    and closed after it failed because the store was unusable.
     """
 
     dialect = "sqlite"
@@ -473,10 +578,23 @@ class AsyncSQLiteConnector:
         return self._sync.url
 
     def _inline_conn(self) -> sqlite3.Connection:
-        if self._inline is None:
-            self._inline = _Conn(self._sync.connect(0.0))
-            self._sync.track(self._inline)
-        return self._inline.conn
+        holder = self._inline
+        if holder is not None and holder.degraded and self._sync.healed():
+            self._drop_inline()
+            holder = None
+        if holder is None:
+            holder = self._inline = self._sync.open(0.0)
+        return holder.conn
+
+    def _drop_inline(self) -> None:
+        holder, self._inline = self._inline, None
+        if holder is not None:
+            self._sync.forget(holder)
+
+    def _failed(self, exc: BaseException) -> None:
+        """The inline connection raised ``exc``: close it if the store was unusable."""
+        if self._sync.fails_for_good(exc):
+            self._drop_inline()
 
     async def run(
         self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
@@ -485,9 +603,7 @@ class AsyncSQLiteConnector:
         return result
 
     async def aclose(self) -> None:
-        holder, self._inline = self._inline, None
-        if holder is not None:
-            holder.close()
+        self._drop_inline()
 
     def _submit(self, fn: _Fn, skippable: bool) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -522,6 +638,7 @@ class AsyncSQLiteConnector:
                 if _is_busy(exc):
                     self._spawn(self._one_by_one(batch, in_thread=True))
                 else:
+                    self._failed(exc)
                     _deliver(fut, False, exc, url)
             except Exception as exc:  # the operation's own error: its caller sees it
                 _deliver(fut, False, exc, url)
@@ -534,12 +651,15 @@ class AsyncSQLiteConnector:
             if _is_busy(exc):
                 self._spawn(self._batch_in_thread(batch))
             else:
+                self._failed(exc)
                 self._spawn(self._one_by_one(batch, in_thread=False))
             return
         except Exception:
             self._spawn(self._one_by_one(batch, in_thread=False))
             return
         for (_, fut, _), (ok, value) in zip(batch, outcomes, strict=True):
+            if not ok:
+                self._failed(value)
             _deliver(fut, ok, value, url)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -576,6 +696,7 @@ class AsyncSQLiteConnector:
                     result = fn(self._inline_conn())
                 except sqlite3.Error as exc:
                     if not _is_busy(exc):
+                        self._failed(exc)
                         _deliver(fut, False, exc, url)
                         continue
                 except Exception as exc:
@@ -622,6 +743,10 @@ class SQLiteStore(SQLKeyStore):
             and works on a file or directory the process may not write (a read-only
             directory without a WAL file is read as immutable). Writes raise
             :class:`~retrysafe.StoreUnavailableError` ("readonly").
+
+    The store recovers by itself: a file that could not be written (or a directory that could
+    not hold the WAL index) serves the first operation after it can again, on the same object;
+    no connection opened or failed while the store was unusable is kept.
 
     Raises:
         ConfigurationError: the directory does not exist, ``busy_timeout`` < 0, or

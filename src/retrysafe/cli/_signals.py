@@ -1,0 +1,97 @@
+"""SIGINT / SIGTERM for long-running commands, without raising from a signal handler.
+
+A Python signal handler runs in the main thread between two bytecodes, wherever that thread
+happens to be: inside an import, holding a lock, half-way through a ``finally``. Raising
+``KeyboardInterrupt`` there can leave an import lock or a ``threading`` lock held forever
+(``retrysafe demo`` hung on SIGTERM that way). So the handler here only records the signal
+— an attribute assignment, no lock, no I/O — and the command's main flow polls
+:meth:`Signals.wait`, stops its servers and threads in the ordinary way, removes its files and
+exits with :attr:`Signals.exit_code` (130 for SIGINT, 143 for SIGTERM: 128 + the number, as a
+shell reports it).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+__all__ = ["SHUTDOWN_SECONDS", "Signals"]
+
+#: Every long-running command exits within this many seconds of SIGINT or SIGTERM.
+SHUTDOWN_SECONDS = 5.0
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Signals:
+    """Record SIGINT and SIGTERM while the block runs; never raise from the handler.
+
+    Use as a context manager in the main thread (elsewhere it records nothing: only the main
+    thread receives signals). The previous handlers are restored on exit.
+
+    Args:
+        on_signal: called from the handler with the signal number and how many signals
+            arrived so far; it must not block, take locks or raise (set a flag).
+
+    Attributes:
+        received: the first signal's number, or None.
+        count: how many SIGINT/SIGTERM arrived.
+    """
+
+    def __init__(self, on_signal: Callable[[int, int], None] | None = None) -> None:
+        self.received: int | None = None
+        self.count = 0
+        self._on_signal = on_signal
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.received is None:
+            self.received = signum
+        if self._on_signal is not None:
+            self._on_signal(signum, self.count)
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _HANDLED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def name(self) -> str | None:
+        """``"SIGINT"`` or ``"SIGTERM"`` once one arrived, else None."""
+        return None if self.received is None else signal.Signals(self.received).name
+
+    @property
+    def exit_code(self) -> int | None:
+        """128 + the first signal's number (130 for SIGINT, 143 for SIGTERM), or None."""
+        return None if self.received is None else 128 + self.received
+
+    def wait(self, timeout: float, *, step: float = 0.05) -> bool:
+        """Sleep until a signal arrived or ``timeout`` seconds passed; True if one arrived.
+
+        Polls every ``step`` seconds: the handler only sets an attribute, so nothing can
+        wake a blocked wait, and polling a flag needs no lock the handler could contend for.
+        """
+        deadline = time.monotonic() + timeout
+        while self.received is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(step, remaining))
+        return True
+
+    def describe(self) -> str:
+        """``"interrupted (SIGINT)"`` or ``"terminated (SIGTERM)"``."""
+        if self.received == signal.SIGTERM:
+            return "terminated (SIGTERM)"
+        return "interrupted (SIGINT)"

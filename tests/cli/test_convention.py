@@ -1,0 +1,102 @@
+"""One convention for every command (docs/cli.md): the exit statuses in each ``--help``,
+``--json`` wherever a result is reported, ``--store`` listing exactly the schemes the command
+supports, and no command creating a store (``retrysafe migrate`` aside)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from retrysafe.cli import cli
+
+from .test_bad_input import COMMANDS, leaf_commands
+
+EXIT_STATUS = (
+    "Exit status: 0 done; 1 failed or left work undone;",
+    "2 usage or bad input (nothing changed); 130 / 143 stopped by SIGINT / SIGTERM.",
+)
+
+
+def _help(*path: str) -> str:
+    result = CliRunner().invoke(cli, [*path, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("path", [(), ("jobs",), ("dlq",), ("webhooks",), *COMMANDS], ids=" ".join)
+def test_every_help_states_the_exit_statuses(path: tuple[str, ...]) -> None:
+    """`--help` of the group and of each command ends with the exit statuses of docs/cli.md."""
+    text = _help(*path)
+    assert all(part in text for part in EXIT_STATUS), text[-400:]
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=" ".join)
+def test_every_command_has_json(path: tuple[str, ...]) -> None:
+    """Every command reports its result as JSON with --json (for scripts)."""
+    names = {p.name for p in leaf_commands()[path].params}
+    assert "as_json" in names
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=" ".join)
+def test_store_help_lists_exactly_the_schemes_the_command_supports(
+    path: tuple[str, ...],
+) -> None:
+    """The outbox, webhooks and agents commands keep their tables on SQLite or PostgreSQL:
+    their --store help names those two and no key store; migrate also names Redis (nothing to
+    migrate there)."""
+    text = _help(*path)
+    assert "--store URL Store URL: sqlite:///path.db" in text
+    assert "postgresql://user@host/db" in text
+    if path == ("migrate",):
+        assert "redis://host:6379/0" in text and "redis+cluster://" in text
+    else:
+        assert "redis" not in text and "memory" not in text
+
+
+@pytest.fixture
+def pg_store(pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The PostgreSQL URL, opened by the CLI in the test's empty schema."""
+    from retrysafe.stores import open_store
+
+    def open_in_schema(url: str, **options: Any) -> Any:
+        if url == pg_url:
+            options.setdefault("schema", pg_schema)
+        return open_store(url, **options)
+
+    monkeypatch.setattr("retrysafe.stores.open_store", open_in_schema)
+    return pg_url
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "submit", "http://example.test/x"),
+        ("worker", "--until-idle"),
+        ("reconcile",),
+        ("dlq", "replay", "--all"),
+        ("dlq", "purge", "--yes"),
+        ("webhooks", "endpoints", "add", "http://127.0.0.1:9/x", "--allow-private"),
+        ("webhooks", "send", "a.b", "{}"),
+        ("webhooks", "dlq", "purge", "--yes"),
+        ("webhooks", "worker", "--until-idle"),
+    ],
+    ids=" ".join,
+)
+def test_changing_commands_never_create_postgres_tables(
+    pg_store: str, pg_schema: str, args: tuple[str, ...]
+) -> None:
+    """A command that changes a store, on a PostgreSQL database without retrysafe's tables:
+    one error line naming `retrysafe migrate` (exit 1), and no table is created."""
+    import psycopg
+
+    result = CliRunner().invoke(cli, [*args, "--store", pg_store])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("retrysafe: error: ") and result.stderr.count("\n") == 1
+    assert "retrysafe migrate" in result.stderr
+    with psycopg.connect(pg_store) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
+        ).fetchone()
+    assert row == (0,)

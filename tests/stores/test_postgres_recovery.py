@@ -1,0 +1,144 @@
+"""A PostgreSQL store recovers by itself (issue 11): once the server killed its connections, at
+most the operation that found a dead one fails, and the next one works; a read-only server is
+unavailable (503, waited out), not broken.
+
+Connections are killed with ``pg_terminate_backend``, only the store's own (recognised by a
+unique ``application_name``), as in ``test_outages.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from retrysafe import StoreUnavailableError
+from retrysafe.stores import PostgresStore
+
+H = "e" * 64
+POOL = 4  # idle connections in each pool when the server kills them
+
+
+def _backends(pg_url: str, name: str) -> set[int]:
+    """The server-side connections named ``name`` (their pids)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchall()
+    return {int(pid) for (pid,) in rows}
+
+
+def _kill(pg_url: str, pids: set[int]) -> Callable[[], bool]:
+    """Terminate ``pids``; returns the condition "they are all gone"."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for pid in pids:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    def gone() -> bool:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (list(pids),)
+            ).fetchone()
+        return rows is not None and rows[0] == 0
+
+    return gone
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(0.02)
+
+
+async def _await_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """:func:`_wait_for` that lets the event loop run (the async pool connects on it)."""
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def named(pg_url: str, pg_schema: str) -> Iterator[tuple[PostgresStore, str]]:
+    """A store whose pools keep ``POOL`` connections, all named by a unique application_name."""
+    name = f"rs-test-{uuid.uuid4().hex[:12]}"
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={name}"
+    store = PostgresStore(url, schema=pg_schema, clock="caller", min_size=POOL, max_size=8)
+    yield store, name
+    store.close()
+
+
+def _outcome(fn: Callable[[], object]) -> str:
+    try:
+        fn()
+    except StoreUnavailableError:
+        return "unavailable"
+    return "ok"
+
+
+def test_after_the_server_killed_its_idle_connections_the_next_operation_works(
+    pg_url: str, named: tuple[PostgresStore, str]
+) -> None:
+    """Every idle pool connection killed: at most the first operation fails (unavailable),
+    and every one after it works (the pool does not hand out the other dead ones)."""
+    store, name = named
+    _wait_for(lambda: len(_backends(pg_url, name)) >= POOL, f"{POOL} pool connections")
+    _wait_for(_kill(pg_url, _backends(pg_url, name)), "the connections to end")
+    outcomes = [_outcome(lambda: store.get(H)) for _ in range(POOL + 2)]
+    assert outcomes[0] in ("ok", "unavailable")
+    assert outcomes[1:] == ["ok"] * (POOL + 1)
+
+
+@pytest.mark.anyio
+async def test_the_async_face_after_its_idle_connections_were_killed_works_again(
+    pg_url: str, named: tuple[PostgresStore, str]
+) -> None:
+    """The same for the async face's pool (the middleware's and the worker's)."""
+    store, name = named
+    keys = store.asyncio_key_store()
+    try:
+        await keys.get(H)  # opens the async pool: POOL more connections
+        await _await_for(
+            lambda: len(_backends(pg_url, name)) >= 2 * POOL, f"{2 * POOL} connections"
+        )
+        gone = await asyncio.to_thread(lambda: _kill(pg_url, _backends(pg_url, name)))
+        await _await_for(gone, "the connections to end")
+        outcomes = []
+        for _ in range(POOL + 2):
+            try:
+                await keys.get(H)
+            except StoreUnavailableError:
+                outcomes.append("unavailable")
+            else:
+                outcomes.append("ok")
+        assert outcomes[0] in ("ok", "unavailable")
+        assert outcomes[1:] == ["ok"] * (POOL + 1)
+    finally:
+        await keys.aclose()
+
+
+def test_a_read_only_server_is_unavailable_and_writes_once_it_is_writable(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A server that refuses writes (a standby; here ``default_transaction_read_only``) makes
+    a claim unavailable (503, waited out), not a store failure; writable again, it works."""
+    store = PostgresStore(pg_url, schema=pg_schema, clock="caller", min_size=1, max_size=1)
+    try:
+        with store.connector.connection() as conn:  # the pool's only connection
+            conn.execute("SET default_transaction_read_only = on")
+        with pytest.raises(StoreUnavailableError, match="read-only transaction"):
+            store.claim(H, "fp", now=1.0, lease=10, retention=100)
+        assert store.get(H) is None
+        with store.connector.connection() as conn:
+            conn.execute("SET default_transaction_read_only = off")
+        assert store.claim(H, "fp", now=1.0, lease=10, retention=100)[0]
+    finally:
+        store.close()
