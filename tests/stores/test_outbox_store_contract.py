@@ -15,6 +15,7 @@ import pytest
 
 from retrysafe import JobState
 from retrysafe.client import AsyncOutboxStore, Attempt, NewJob, OutboxStore, outbox_store
+from retrysafe.client._models import Finish
 
 from .conftest import open_test_store
 
@@ -462,3 +463,70 @@ def test_postgres_transactional_outbox_commits_or_rolls_back_with_the_business_r
         with pg.transaction() as conn:
             row = conn.execute("SELECT count(*) FROM orders").fetchone()
         assert row is not None and row[0] == 1
+
+
+def test_a_batch_of_finishes_records_each_owner_and_fences_each_stale_token(
+    outbox_store: OutboxStore,
+) -> None:
+    """finish_attempts records every finish whose token still owns its job, in batch order,
+    and writes nothing for one whose lease was taken over."""
+    ids = _insert(outbox_store, 3)
+    outbox_store.claim_jobs(queue="default", token="w", now=T0, lease=1, limit=3)
+    stale_id = ids[1]
+    # Another worker takes over only the middle job after the lease expired.
+    outbox_store.extend_job_lease(ids[0], "w", now=T0 + 0.5, lease=10)
+    outbox_store.extend_job_lease(ids[2], "w", now=T0 + 0.5, lease=10)
+    [taken] = outbox_store.claim_jobs(queue="default", token="x", now=T0 + 2, lease=10, limit=3)
+    assert taken.id == stale_id
+    jobs = {i: outbox_store.get_job(i) for i in ids}
+    states = [JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.PENDING]
+    finishes = [
+        Finish(
+            job_id=i,
+            token="w",
+            attempt=_attempt(i, jobs[i].key),  # type: ignore[union-attr]
+            state=state,
+            due_at=T0 + 30,
+            last_delay=1.5,
+            error=None if state is JobState.SUCCEEDED else "503 from upstream",
+            now=T0 + 3,
+        )
+        for i, state in zip(ids, states)
+    ]
+    got = outbox_store.finish_attempts(finishes)
+    assert [a is not None for a in got] == [True, False, True]
+    assert [a.job_id for a in got if a is not None] == [ids[0], ids[2]]
+    assert all(a.number == 1 for a in got if a is not None)
+    first, middle, last = (outbox_store.get_job(i) for i in ids)
+    assert first is not None and first.state is JobState.SUCCEEDED and first.finished_at == T0 + 3
+    assert middle is not None and middle.state is JobState.IN_FLIGHT and middle.lease_token == "x"
+    assert outbox_store.list_attempts(stale_id) == []
+    assert last is not None and last.state is JobState.PENDING and last.due_at == T0 + 30
+    assert (last.last_error, last.last_delay, last.sends, last.lease_token) == (
+        "503 from upstream",
+        1.5,
+        1,
+        None,
+    )
+    assert outbox_store.finish_attempts([]) == []
+
+
+def test_a_batch_naming_one_job_twice_is_refused_and_writes_nothing(
+    outbox_store: OutboxStore,
+) -> None:
+    """A batch with the same job twice raises ValueError before anything is written."""
+    [job_id] = _insert(outbox_store, 1)
+    [job] = outbox_store.claim_jobs(queue="default", token="w", now=T0, lease=10, limit=1)
+    finish = Finish(
+        job_id=job_id,
+        token="w",
+        attempt=_attempt(job_id, job.key),
+        state=JobState.SUCCEEDED,
+        due_at=T0 + 1,
+        last_delay=0,
+        error=None,
+        now=T0 + 1,
+    )
+    with pytest.raises(ValueError, match="same job twice"):
+        outbox_store.finish_attempts([finish, finish])
+    assert outbox_store.list_attempts(job_id) == []

@@ -18,7 +18,7 @@ from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._outbox import DEAD_LETTER_STATES, AsyncOutbox, Outbox
 from retrysafe.client._policy import RetryPolicy, Step, next_step, reconcile_step
-from retrysafe.client._sender import IDEMPOTENCY_KEY_HEADER, SendResult, make_client, send_attempt
+from retrysafe.client._sender import IDEMPOTENCY_KEY_HEADER, SendResult, make_engine, send_attempt
 from retrysafe.client._store import outbox_store
 from retrysafe.client._worker import ReconcileReport, Worker, WorkerStats, areconcile, reconcile
 
@@ -42,7 +42,7 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "areconcile",
-    "make_client",
+    "make_engine",
     "next_step",
     "outbox_store",
     "reconcile",

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "AsyncOutboxStore",
     "Attempt",
+    "Finish",
     "Job",
     "JobState",
     "NewJob",
@@ -187,6 +188,29 @@ class Attempt:
         }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish:
+    """One attempt's outcome, to record with :meth:`OutboxStore.finish_attempts`.
+
+    Attributes:
+        job_id, token: the job and the lease token that must still own it.
+        attempt: the attempt (its ``number`` is assigned by the store).
+        state, due_at: the job's next state and when it is next due (Unix seconds).
+        last_delay: the backoff delay that led to ``due_at`` (seconds).
+        error: the error text to keep on the job, or None.
+        now: when the attempt ended (Unix seconds, the worker's clock).
+    """
+
+    job_id: str
+    token: str
+    attempt: Attempt
+    state: JobState
+    due_at: float
+    last_delay: float
+    error: str | None
+    now: float
+
+
 @runtime_checkable
 class OutboxStore(Protocol):
     """Durable storage for outbox jobs and their attempts (SPEC §5, §9).
@@ -205,7 +229,8 @@ class OutboxStore(Protocol):
     * ``finish_attempt``, ``release_job`` and ``extend_job_lease`` are fenced by the lease
       token: they change the job only while it is IN_FLIGHT under exactly that token, so a
       worker whose lease expired and was taken over writes nothing. ``finish_attempt`` records
-      the attempt in the same transaction.
+      the attempt in the same transaction; ``finish_attempts`` does so for a batch, in one
+      transaction, each finish fenced on its own.
     * ``extend_job_lease`` is the owner's heartbeat: a live worker renews the lease of every
       job it is sending, so the lease only bounds how long a dead worker blocks its jobs.
     """
@@ -263,6 +288,11 @@ class OutboxStore(Protocol):
     ) -> Attempt | None:
         """Record ``attempt`` (its ``number`` is assigned here) and move the job to
         ``state``; None when the token no longer owns the job (nothing is written)."""
+        ...
+
+    def finish_attempts(self, finishes: Sequence[Finish]) -> list[Attempt | None]:
+        """Record a batch of finishes in one transaction: for each, in order, the recorded
+        attempt or None when its token no longer owns its job (that one writes nothing)."""
         ...
 
     def release_job(
@@ -376,6 +406,8 @@ class AsyncOutboxStore(Protocol):
         error: str | None,
         now: float,
     ) -> Attempt | None: ...
+
+    async def finish_attempts(self, finishes: Sequence[Finish]) -> list[Attempt | None]: ...
 
     async def release_job(
         self,

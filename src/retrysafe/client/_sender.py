@@ -1,13 +1,14 @@
-"""One attempt over httpx: send, then translate what happened into a §5 classification.
+"""One attempt over the HTTP engine: send, then turn what happened into a §5 classification.
 
-Driver errors are translated here, in one place. Whether the request may have reached the
-server decides the row of the SPEC §5 table:
+The engine (:mod:`retrysafe._wire`) translates its driver's errors once, into a
+:class:`~retrysafe._wire.WireError` whose ``sent`` decides the row of the SPEC §5 table:
 
-* not sent — ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``, ``UnsupportedProtocol``:
-  no byte reached the server, the effect cannot have committed;
+* not sent — ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout``, ``UnsupportedProtocol``,
+  ``DestinationRefused``: no byte reached the server, the effect cannot have committed;
 * sent, answer unknown — ``ReadTimeout``, ``WriteTimeout``, ``ReadError``, ``WriteError``,
-  ``RemoteProtocolError``, the total per-attempt timeout, anything unexpected: the effect may
-  have committed, so the retry must carry the same key.
+  ``RemoteProtocolError`` (reset, closed, malformed or truncated answer), the total
+  per-attempt timeout (``AttemptTimeout``), anything unexpected: the effect may have
+  committed, so the retry must carry the same key.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from retrysafe import _wire
+from retrysafe._wire import Engine, WireError, total_timeout
 from retrysafe.client._models import Job
 from retrysafe.core import (
     PROBLEM_CONTENT_TYPE,
@@ -32,13 +35,17 @@ from retrysafe.core import (
 if TYPE_CHECKING:
     import httpx
 
+    from retrysafe._wire import AddressGuard
     from retrysafe.client._policy import RetryPolicy
 
-__all__ = ["IDEMPOTENCY_KEY_HEADER", "SendResult", "make_client", "send_attempt"]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "SendResult", "make_engine", "send_attempt"]
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 _ERROR_BODY_LIMIT = 2000
+#: Bytes of an answer's body kept (the rest is read and dropped): enough for a problem
+#: document (whose ``type`` tells a key-reused 422 from other 422s) and the error detail.
+_BODY_KEPT = 65536
 
 logger = logging.getLogger("retrysafe.client")
 
@@ -68,41 +75,33 @@ class SendResult:
     detail: str | None
 
 
-def make_client(
+def make_engine(
     policy: RetryPolicy,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     max_connections: int = 100,
-) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` that never retries by itself (retries live in one layer,
-    SPEC §5), with explicit connect/read/write/pool timeouts and no redirects."""
-    import httpx
+    guard: AddressGuard | None = None,
+) -> Engine:
+    """The HTTP engine for ``policy``: connect timeout ``policy.connect_timeout_s``, read
+    timeout ``policy.timeout_s``, no retries, no redirects (see :mod:`retrysafe._wire`).
 
-    timeout = httpx.Timeout(
-        connect=policy.connect_timeout_s,
-        read=policy.timeout_s,
-        write=policy.timeout_s,
-        pool=policy.timeout_s,
+    Args:
+        transport: an ``httpx`` transport to send through instead of the default aiohttp
+            engine (tests, proxies); ``guard`` does not apply to it (wrap it yourself).
+        max_connections: the pool size.
+        guard: the SSRF guard for the default engine.
+    """
+    return _wire.make_engine(
+        connect_timeout=policy.connect_timeout_s,
+        read_timeout=policy.timeout_s,
+        transport=transport,
+        max_connections=max_connections,
+        guard=guard,
     )
-    limits = httpx.Limits(
-        max_connections=max_connections, max_keepalive_connections=max_connections
-    )
-    return httpx.AsyncClient(
-        transport=transport or httpx.AsyncHTTPTransport(retries=0, limits=limits),
-        timeout=timeout,
-        follow_redirects=False,
-        trust_env=False,
-    )
-
-
-def _not_sent() -> tuple[type[BaseException], ...]:
-    import httpx
-
-    return (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
 async def send_attempt(
-    client: httpx.AsyncClient,
+    engine: Engine,
     job: Job,
     *,
     timeout: float,
@@ -111,7 +110,7 @@ async def send_attempt(
     """Send one attempt of ``job`` with its key and classify what happened.
 
     Args:
-        client: from :func:`make_client`.
+        engine: from :func:`make_engine`.
         job: the leased job.
         timeout: total seconds for the attempt, connect to last body byte.
         clock: Unix-seconds clock (for ``started_at`` and HTTP-date ``Retry-After``).
@@ -125,40 +124,42 @@ async def send_attempt(
     started = clock()
     t0 = time.perf_counter()
     try:
-        response = await asyncio.wait_for(
-            client.request(job.method, job.url, headers=headers, content=job.body), timeout
-        )
+        async with total_timeout(timeout):
+            answer = await engine.send(
+                job.method, job.url, headers=headers, body=job.body or None, keep=_BODY_KEPT
+            )
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:
-        if not isinstance(exc, Exception):
-            raise
-        sent = not isinstance(exc, _not_sent())
-        if isinstance(exc, asyncio.TimeoutError):
-            error_type = "AttemptTimeout"
+    except Exception as exc:
+        if isinstance(exc, WireError):
+            error: WireError = exc
+        elif isinstance(exc, asyncio.TimeoutError):
+            error = WireError(
+                "AttemptTimeout", f"no complete answer within {timeout:g} s", sent=True
+            )
         else:
-            error_type = type(exc).__name__
-        known = _is_httpx_error(exc) or isinstance(exc, asyncio.TimeoutError)
-        if not known:
+            error = WireError(type(exc).__name__, str(exc), sent=True, expected=False)
+        if not error.expected:
             logger.warning("unexpected error sending job %s", job.id, exc_info=exc)
         return SendResult(
-            classification=classify_transport_error(sent=sent),
+            classification=classify_transport_error(sent=error.sent),
             started_at=started,
             duration=time.perf_counter() - t0,
             status=None,
-            error_type=error_type,
+            error_type=error.kind,
             replayed=False,
             retry_after=None,
-            detail=(str(exc) or error_type)[:_ERROR_BODY_LIMIT],
+            detail=str(error)[:_ERROR_BODY_LIMIT],
         )
     duration = time.perf_counter() - t0
-    status = response.status_code
+    status = answer.status
+    headers_in = answer.headers
     problem_type = None
     detail = None
     if not 200 <= status < 300:
-        text = response.text
+        text = answer.body.decode("utf-8", "replace")
         detail = text[:_ERROR_BODY_LIMIT] or None
-        ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = headers_in.get("content-type", "").split(";")[0].strip().lower()
         if ctype == PROBLEM_CONTENT_TYPE or ctype == "application/json":
             try:
                 doc = json.loads(text)
@@ -166,19 +167,14 @@ async def send_attempt(
                 doc = None
             if isinstance(doc, dict) and isinstance(doc.get("type"), str):
                 problem_type = doc["type"]
+    retry_after = headers_in.get("retry-after")
     return SendResult(
         classification=classify_response(status, problem_type=problem_type),
         started_at=started,
         duration=duration,
         status=status,
         error_type=None,
-        replayed=response.headers.get(REPLAYED_HEADER, "").strip().lower() == "true",
-        retry_after=parse_retry_after(response.headers.get("retry-after"), now=clock()),
+        replayed=headers_in.get(REPLAYED_HEADER, "").strip().lower() == "true",
+        retry_after=None if retry_after is None else parse_retry_after(retry_after, now=clock()),
         detail=detail,
     )
-
-
-def _is_httpx_error(exc: BaseException) -> bool:
-    import httpx
-
-    return isinstance(exc, httpx.HTTPError)

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from retrysafe._exceptions import ConfigurationError, StoreError
-from retrysafe.client._models import Attempt, Job, JobState, NewJob, OutboxStore
+from retrysafe.client._models import Attempt, Finish, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count as positive
 from retrysafe.core import RACE_LIMIT
 from retrysafe.stores._connector import (
@@ -62,6 +62,7 @@ __all__ = [
     "count_jobs",
     "extend_job_lease",
     "finish_attempt",
+    "finish_attempts",
     "get_job",
     "insert_job",
     "job_from_row",
@@ -278,21 +279,59 @@ def finish_attempt(
 ) -> Op[Attempt | None]:
     """Record ``attempt`` (its ``number`` is assigned here: the job's new send count) and move
     the job to ``state``, in one transaction; None when the token no longer owns the job
-    (nothing is written)."""
-    params = {
-        **_lease_end(clock, job_id, token, state, due_at, error, now),
-        "counted": attempt.counted,
-        "last_delay": last_delay,
-        "status": attempt.status,
-        "outcome": attempt.outcome,
-        "key": attempt.key,
-        "started_at": attempt.started_at,
-        "duration": attempt.duration,
-        "error_type": attempt.error_type,
-        "replayed": attempt.replayed,
-    }
-    row = yield one(_SQL["finish_attempt"], params)
-    return None if row is None else replace(attempt, job_id=job_id, number=int(row[0]))
+    (nothing is written). A batch of one :func:`finish_attempts`."""
+    finish = Finish(
+        job_id=job_id,
+        token=token,
+        attempt=attempt,
+        state=state,
+        due_at=due_at,
+        last_delay=last_delay,
+        error=error,
+        now=now,
+    )
+    recorded = yield from finish_attempts(clock, [finish])
+    return recorded[0]
+
+
+def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt | None]]:
+    """Record a batch of attempts and move their jobs, in one transaction of two statements
+    whatever the batch's size (the worker's hot path: one round trip per batch, not per
+    job). Each finish is fenced on its own: one whose token no longer owns its job writes
+    nothing and comes back as None; the others are recorded.
+
+    Raises:
+        ValueError: a job appears twice in the batch.
+    """
+    if not finishes:
+        return []
+    rows = []
+    for f in finishes:
+        a = f.attempt
+        rows.append(
+            {
+                **_lease_end(clock, f.job_id, f.token, f.state, f.due_at, f.error, f.now),
+                "counted": a.counted,
+                "last_delay": f.last_delay,
+                "status": a.status,
+                "outcome": a.outcome,
+                "key": a.key,
+                "started_at": a.started_at,
+                "duration": a.duration,
+                "error_type": a.error_type,
+                "replayed": a.replayed,
+            }
+        )
+    if len({f.job_id for f in finishes}) != len(finishes):
+        raise ValueError("a batch of finishes names the same job twice")
+    numbers = dict((yield all_rows(_SQL["finish_attempts"], {"finishes": json.dumps(rows)})))
+    out: list[Attempt | None] = []
+    for f in finishes:
+        number = numbers.get(f.job_id)
+        out.append(
+            None if number is None else replace(f.attempt, job_id=f.job_id, number=int(number))
+        )
+    return out
 
 
 def release_job(
@@ -494,6 +533,7 @@ class SQLOutboxStore(OnConnector):
     claim_jobs = sync_op(claim_jobs)
     claim_unknown_jobs = sync_op(claim_unknown_jobs)
     finish_attempt = sync_op(finish_attempt)
+    finish_attempts = sync_op(finish_attempts)
     release_job = sync_op(release_job)
     extend_job_lease = sync_op(extend_job_lease)
     transition_job = sync_op(transition_job)
@@ -522,6 +562,7 @@ class AsyncSQLOutboxStore(OnAsyncConnector):
     claim_jobs = async_op(claim_jobs, skippable=True)
     claim_unknown_jobs = async_op(claim_unknown_jobs, skippable=True)
     finish_attempt = async_op(finish_attempt)
+    finish_attempts = async_op(finish_attempts)
     release_job = async_op(release_job)
     extend_job_lease = async_op(extend_job_lease)
     get_job = async_op(get_job, skippable=True)

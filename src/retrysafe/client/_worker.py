@@ -32,7 +32,7 @@ from retrysafe._exceptions import (
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
-from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState
+from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, JobState
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
@@ -42,7 +42,7 @@ from retrysafe.client._policy import (
     reconcile_step,
     seconds,
 )
-from retrysafe.client._sender import SendResult, make_client, send_attempt
+from retrysafe.client._sender import SendResult, make_engine, send_attempt
 from retrysafe.client._store import StoreArg, open_outbox_store
 from retrysafe.core import (
     MAX_RUN_TIME,
@@ -55,6 +55,8 @@ from retrysafe.core import (
 
 if TYPE_CHECKING:
     import httpx
+
+    from retrysafe._wire import AddressGuard, Engine
 
 __all__ = [
     "AttemptHooks",
@@ -105,6 +107,7 @@ class AttemptHooksFactory(Protocol):
     def attempt(self, job: Job) -> AttemptHooks: ...
 
     async def aclose(self) -> None: ...
+
 
 #: The longest wait between two tries of a store that is unavailable (seconds).
 STORE_WAIT_MAX = 5.0
@@ -269,6 +272,60 @@ def _max_run_time(value: float | timedelta | None, policy: RetryPolicy) -> float
     return value
 
 
+class _Finishes:
+    """Batches the worker's attempt records: every finish that arrives while the previous
+    batch is being written (or in the same event-loop iteration) goes to the store in one
+    :meth:`~retrysafe.client.AsyncOutboxStore.finish_attempts` call — one transaction of
+    two statements, not two statements and a commit per job. Each finish is still fenced by
+    its own lease token, and each caller gets its own result (or the batch's error, and
+    retries alone)."""
+
+    __slots__ = ("_astore", "_pending", "_task", "_writing")
+
+    def __init__(self, astore: AsyncOutboxStore) -> None:
+        self._astore = astore
+        self._pending: list[tuple[Finish, asyncio.Future[Attempt | None]]] = []
+        self._writing = False
+        self._task: asyncio.Future[None] | None = None
+
+    async def record(self, finish: Finish) -> Attempt | None:
+        """Record ``finish`` with the next batch; its attempt, or None when not the owner.
+
+        Raises:
+            StoreUnavailableError, StoreError: the batch could not be written.
+        """
+        future: asyncio.Future[Attempt | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((finish, future))
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().call_soon(self._write_next)
+        return await future
+
+    def _write_next(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            self._writing = False
+            return
+        self._task = task = asyncio.ensure_future(self._write(batch))
+        task.add_done_callback(lambda _: self._write_next())
+
+    async def _write(self, batch: list[tuple[Finish, asyncio.Future[Attempt | None]]]) -> None:
+        try:
+            results = await self._astore.finish_attempts([f for f, _ in batch])
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:  # cancelled with the worker: so are its waiters
+            for _, future in batch:
+                future.cancel()
+            raise
+        for (_, future), recorded in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(recorded)
+
+
 class _JobLease:
     """The lease of one claimed job while this worker holds it (SPEC §5 "Crash safety").
 
@@ -413,8 +470,13 @@ class Worker:
             submissions wake the worker at once.
         budget: per-destination retry budget (default :class:`RetryBudget`); None disables.
         grace: seconds :meth:`stop` lets in-flight attempts finish before releasing them.
-        transport: an ``httpx.AsyncBaseTransport`` to send through (tests, proxies); default
-            ``httpx.AsyncHTTPTransport(retries=0)``.
+        transport: an ``httpx.AsyncBaseTransport`` to send through (tests, proxies, your
+            own instrumentation); default: retrysafe's aiohttp engine (no retries, no
+            redirects, connect and read timeouts from ``policy``; :mod:`retrysafe._wire`).
+        address_guard: checks every destination before a connection is made (the webhook
+            worker's SSRF guard, SPEC §6); applies to the default engine only (a
+            ``transport`` is guarded by wrapping it, e.g. in
+            :class:`~retrysafe.webhooks.PinnedTransport`).
         rng: random source for jitter (seed it in tests).
         clock: Unix-seconds clock.
         on_attempt: called after every recorded attempt with ``(job, attempt, step)``.
@@ -453,6 +515,7 @@ class Worker:
         budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen value
         grace: float | timedelta = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        address_guard: AddressGuard | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         on_attempt: AttemptHook | None = None,
@@ -481,6 +544,8 @@ class Worker:
         self._astore = self.store.asyncio_outbox_store()
         self._budgets = None if budget is None else _Budgets(budget)
         self._transport = transport
+        self._guard = address_guard
+        self._finishes: _Finishes | None = None
         self._rng = rng or random.Random()
         self._clock = clock
         self._on_attempt = on_attempt
@@ -581,8 +646,12 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, self.stop)
         tasks: set[asyncio.Task[None]] = set()
-        client = make_client(
-            self.policy, transport=self._transport, max_connections=max(self.concurrency, 1)
+        self._finishes = _Finishes(self._astore)
+        client = make_engine(
+            self.policy,
+            transport=self._transport,
+            max_connections=max(self.concurrency, 1),
+            guard=self._guard,
         )
 
         def done(task: asyncio.Task[None]) -> None:
@@ -657,7 +726,7 @@ class Worker:
 
     async def _poll(
         self,
-        client: httpx.AsyncClient,
+        client: Engine,
         tasks: set[asyncio.Task[None]],
         done: Callable[[asyncio.Task[None]], None],
         until_idle: bool,
@@ -691,7 +760,7 @@ class Worker:
         return timeout
 
     # ------------------------------------------------------------------ one job
-    async def _process(self, client: httpx.AsyncClient, job: Job) -> None:
+    async def _process(self, client: Engine, job: Job) -> None:
         """One claimed job, from its claim to its recorded outcome (or its release), under a
         lease that is renewed all along and dropped with it."""
         lease = _JobLease(
@@ -712,7 +781,7 @@ class Worker:
             until=lease.until,
         )
 
-    async def _attempt(self, client: httpx.AsyncClient, lease: _JobLease) -> None:
+    async def _attempt(self, client: Engine, lease: _JobLease) -> None:
         job, token = lease.job, lease.token
         hooks = None if self._attempt_hooks is None else self._attempt_hooks.attempt(job)
         try:
@@ -858,20 +927,19 @@ class Worker:
         hooks: AttemptHooks | None = None,
     ) -> None:
         attempt = _attempt_of(job, result, counted=step.counted)
-        error = None if step.state is JobState.SUCCEEDED else result.detail
-        recorded = await self._outage.call(
-            lambda: self._astore.finish_attempt(
-                job.id,
-                token,
-                attempt,
-                state=step.state,
-                due_at=step.due_at,
-                last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
-                error=error,
-                now=end,
-            ),
-            until=until,
+        finish = Finish(
+            job_id=job.id,
+            token=token,
+            attempt=attempt,
+            state=step.state,
+            due_at=step.due_at,
+            last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
+            error=None if step.state is JobState.SUCCEEDED else result.detail,
+            now=end,
         )
+        assert self._finishes is not None
+        finishes = self._finishes
+        recorded = await self._outage.call(lambda: finishes.record(finish), until=until)
         if recorded is None:
             self.stats.lease_lost += 1
             logger.warning("job=%s lost its lease during the attempt; not recorded", job.id)
@@ -923,6 +991,8 @@ def _with_headers(job: Job, extra: Sequence[tuple[str, str]]) -> Job:
 
 
 def _log_attempt(attempt: Attempt, step: Step) -> None:
+    if not logger.isEnabledFor(logging.INFO):  # the hot path: build nothing for nobody
+        return
     data = attempt.to_dict()
     data.update(next_state=step.state.value, next_in=round(step.delay, 3), reason=step.reason)
     logger.info(
@@ -969,6 +1039,7 @@ async def areconcile(
     limit: int = 1000,
     concurrency: int = 8,
     transport: httpx.AsyncBaseTransport | None = None,
+    address_guard: AddressGuard | None = None,
     clock: Callable[[], float] = time.time,
     queue: str = DEFAULT_QUEUE,
 ) -> ReconcileReport:
@@ -994,7 +1065,9 @@ async def areconcile(
             ids of another queue's jobs are left alone.
         limit: most jobs to reconcile in this pass (>= 1).
         concurrency: attempts in flight at once (>= 1).
-        transport: an ``httpx.AsyncBaseTransport`` (tests, proxies).
+        transport: an ``httpx.AsyncBaseTransport`` (tests, proxies); default: the aiohttp
+            engine, as the worker's.
+        address_guard: the SSRF guard, as the worker's.
         clock: Unix-seconds clock.
         queue: the queue whose UNKNOWN jobs are re-sent (default ``"default"``).
 
@@ -1029,7 +1102,10 @@ async def areconcile(
         sem = asyncio.Semaphore(concurrency)
         finals: list[Job] = []
         counts = dict.fromkeys(JobState, 0)
-        async with make_client(policy, transport=transport, max_connections=concurrency) as client:
+        client = make_engine(
+            policy, transport=transport, max_connections=concurrency, guard=address_guard
+        )
+        try:
 
             async def one(job: Job) -> None:
                 held = _JobLease(job, astore=astore, timing=timing, clock=clock, outage=outage)
@@ -1098,6 +1174,9 @@ async def areconcile(
                     finals.append(final)
 
             await asyncio.gather(*(one(j) for j in jobs))
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(client.aclose())
         finals.sort(key=lambda j: j.created_at)
         return ReconcileReport(
             succeeded=counts[JobState.SUCCEEDED],

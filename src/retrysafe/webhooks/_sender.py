@@ -35,7 +35,7 @@ from retrysafe.webhooks._dispatch import DEAD_LETTER_STATES, MISSED_STATES, QUEU
 from retrysafe.webhooks._endpoints import ROTATION_OVERLAP
 from retrysafe.webhooks._models import WebhookEndpoint, WebhookStore
 from retrysafe.webhooks._policy import WebhookPolicy
-from retrysafe.webhooks._ssrf import PinnedTransport
+from retrysafe.webhooks._ssrf import PinnedTransport, SSRFGuard
 from retrysafe.webhooks._store import webhook_store
 
 __all__ = ["DEAD_LETTER_STATES", "MISSED_STATES", "QUEUE", "Webhooks"]
@@ -188,7 +188,10 @@ class Webhooks:
         options.setdefault("policy", self.outbox.policy)
         options.setdefault("clock", self._clock)
         inner = options.pop("transport", None)
-        options["transport"] = PinnedTransport(inner, allow_private=self.allow_private)
+        if inner is None:  # the default engine, its resolver guarded
+            options["address_guard"] = SSRFGuard(allow_private=self.allow_private)
+        else:
+            options["transport"] = PinnedTransport(inner, allow_private=self.allow_private)
         attempts = WebhookAttempts(
             self.store,
             policy=self.policy,

@@ -19,11 +19,18 @@ from typing import TYPE_CHECKING
 import httpx
 
 from retrysafe._exceptions import DestinationRefusedError
+from retrysafe._wire import WireError
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["DestinationRefused", "PinnedTransport", "address_problem", "resolve_checked"]
+__all__ = [
+    "DestinationRefused",
+    "PinnedTransport",
+    "SSRFGuard",
+    "address_problem",
+    "resolve_checked",
+]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -115,6 +122,31 @@ def resolve_checked(host: str, port: int, *, allow_private: bool, url: str) -> l
                     reason=problem,
                 )
     return addresses
+
+
+class SSRFGuard:
+    """The guard for the default HTTP engine (:class:`retrysafe._wire.AddressGuard`): the
+    engine's resolver calls :meth:`resolve` for every new connection and connects only to
+    the addresses it returns, all checked; IP literals are checked by :meth:`check_literal`
+    before the request. The request keeps its URL, so ``Host``, SNI and the certificate
+    check use the original name.
+
+    Args:
+        allow_private: allow private, loopback and link-local destinations.
+    """
+
+    def __init__(self, *, allow_private: bool = False) -> None:
+        self.allow_private = allow_private
+
+    def check_literal(self, host: str, port: int, url: str) -> None:
+        self.resolve(host, port, url)
+
+    def resolve(self, host: str, port: int, url: str) -> list[str]:
+        try:
+            addresses = resolve_checked(host, port, allow_private=self.allow_private, url=url)
+        except DestinationRefusedError as exc:
+            raise WireError("DestinationRefused", str(exc), sent=False) from exc
+        return [str(ip) for ip in addresses]
 
 
 class PinnedTransport(httpx.AsyncBaseTransport):
