@@ -68,12 +68,16 @@ class Answer:
         headers: the answer's header fields (case-insensitive lookup with ``.get``).
         body: the first ``keep`` bytes of the body (as sent: never decompressed).
         size: the body's whole length in bytes (all of it was read).
+        raw_headers: every header field as received, in order, duplicates kept (proxies).
+        reason: the reason phrase (may be empty).
     """
 
     status: int
     headers: Mapping[str, str]
     body: bytes
     size: int
+    raw_headers: Sequence[tuple[bytes, bytes]] = ()
+    reason: str = ""
 
 
 class WireError(Exception):
@@ -220,6 +224,11 @@ class AiohttpEngine:
             trust_env=False,
             raise_for_status=False,
         )
+        # aiohttp re-sends PUT, DELETE (and GET, HEAD, OPTIONS, TRACE) once, by itself, when
+        # the connection breaks (ClientOSError, ServerDisconnectedError), on any connection:
+        # a second request per attempt, after the first may have committed. No retries
+        # inside (SPEC §5): there is no public switch, only this attribute.
+        self._session._retry_connection = False
         return self._session
 
     def _check_literal(self, url: str) -> None:
@@ -246,23 +255,23 @@ class AiohttpEngine:
         import aiohttp
 
         session = self._session or self._open()
-        if self._guard is not None:
-            self._check_literal(url)
         try:
+            if self._guard is not None:
+                self._check_literal(url)
             async with session.request(
                 method, url, headers=headers, data=body, allow_redirects=False
             ) as response:
-                content = response.content
-                kept = b""
-                size = 0
-                while True:
-                    chunk = await content.readany()
-                    if not chunk:
-                        break
-                    if size < keep:
-                        kept += chunk[: keep - size]
-                    size += len(chunk)
-                return Answer(response.status, response.headers, kept, size)
+                kept, size = await _read_body(response, keep, self._read_timeout)
+                return Answer(
+                    response.status,
+                    response.headers,
+                    kept,
+                    size,
+                    response.raw_headers,
+                    response.reason or "",
+                )
+        except _Stalled as exc:
+            raise exc.error from None
         except aiohttp.ClientError as exc:
             raise _from_aiohttp(exc) from exc
         except (ValueError, LookupError) as exc:  # a URL or header aiohttp cannot send
@@ -299,7 +308,69 @@ def _from_aiohttp(exc: aiohttp.ClientError) -> WireError:
         return WireError("RemoteProtocolError", message, sent=True)
     if isinstance(exc, aiohttp.ClientOSError):
         return WireError("ReadError", message, sent=True)
+    if isinstance(exc, aiohttp.ClientConnectionResetError):  # writing to a lost connection
+        return WireError("WriteError", message or "connection lost", sent=True)
+    if isinstance(exc, aiohttp.ClientConnectionError):  # "Failed to send bytes into …"
+        return WireError("ReadError", message or "connection lost", sent=True)
     return WireError(type(exc).__name__, message, sent=True, expected=False)
+
+
+async def _read_body(
+    response: aiohttp.ClientResponse, keep: int, read_timeout: float
+) -> tuple[bytes, int]:
+    """Read ``response``'s body to its end; return its first ``keep`` bytes and its size.
+
+    aiohttp's ``sock_read`` bounds every read but one: a body that breaks the HTTP grammar
+    after its headers were read (a bad chunk size in a later packet) is reported on the
+    connection, not on the body stream, and its read timer is dropped, so the read would wait
+    for ever. A read that has to wait is therefore bounded here too; when it expires on a
+    connection that already failed, the error is a protocol error, else a read timeout.
+    """
+    content = response.content
+    connection = response.connection
+    protocol = None if connection is None else connection.protocol
+    kept = b""
+    size = 0
+    while True:
+        chunk = content.read_nowait(-1)  # what is buffered: no timer for a body already here
+        if not chunk:
+            if content.at_eof():
+                break
+            timer = asyncio.get_running_loop().call_later(
+                read_timeout, _stall, content, protocol, read_timeout
+            )
+            try:
+                chunk = await content.readany()
+            finally:
+                timer.cancel()
+            if not chunk:
+                break
+        if size < keep:
+            kept += chunk[: keep - size]
+        size += len(chunk)
+    return kept, size
+
+
+class _Stalled(Exception):
+    """Ends a body read that waited ``read_timeout`` for nothing (see :func:`_read_body`)."""
+
+    def __init__(self, error: WireError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _stall(content: aiohttp.StreamReader, protocol: Any, read_timeout: float) -> None:
+    """End the waiting read of ``content``: the connection's own error, or a read timeout."""
+    failed = None if protocol is None else protocol.exception()
+    if failed is not None:
+        error = WireError(
+            "RemoteProtocolError",
+            f"the connection failed before the answer's end ({failed!r})",
+            sent=True,
+        )
+    else:
+        error = WireError("ReadTimeout", f"no answer data for {read_timeout:g} s", sent=True)
+    content.set_exception(_Stalled(error))
 
 
 class _Refused(OSError):
@@ -385,11 +456,24 @@ class HttpxEngine:
             ) as response:
                 kept = b""
                 size = 0
-                async for chunk in response.aiter_raw():
-                    if size < keep:
-                        kept += chunk[: keep - size]
-                    size += len(chunk)
-                return Answer(response.status_code, response.headers, kept, size)
+                if response.is_stream_consumed:
+                    # The transport answered with a body it had already read (MockTransport,
+                    # a buffering transport): streaming it again raises StreamConsumed.
+                    whole = response.content
+                    kept, size = whole[:keep], len(whole)
+                else:
+                    async for chunk in response.aiter_raw():
+                        if size < keep:
+                            kept += chunk[: keep - size]
+                        size += len(chunk)
+                return Answer(
+                    response.status_code,
+                    response.headers,
+                    kept,
+                    size,
+                    response.headers.raw,
+                    response.reason_phrase,
+                )
         except httpx.HTTPError as exc:
             raise _from_httpx(exc) from exc
 

@@ -491,7 +491,7 @@ def test_a_batch_of_finishes_records_each_owner_and_fences_each_stale_token(
             error=None if state is JobState.SUCCEEDED else "503 from upstream",
             now=T0 + 3,
         )
-        for i, state in zip(ids, states)
+        for i, state in zip(ids, states, strict=True)
     ]
     got = outbox_store.finish_attempts(finishes)
     assert [a is not None for a in got] == [True, False, True]

@@ -1,7 +1,7 @@
 """The chaos proxy: a real HTTP/1.1 reverse proxy on a real socket that loses answers (SPEC §8).
 
-Requests are parsed with h11 (sans-I/O), forwarded with ``httpx.AsyncClient`` (which never
-retries), and one :class:`~retrysafe.chaos.FaultChoice` per request — drawn from
+Requests are parsed with h11 (sans-I/O), forwarded with retrysafe's HTTP engine (aiohttp;
+it never retries), and one :class:`~retrysafe.chaos.FaultChoice` per request — drawn from
 ``random.Random(seed)`` in arrival order — decides what the client gets. "After commit" means
 after the upstream's whole answer was read: the upstream finished, whatever it does is done.
 
@@ -38,6 +38,7 @@ import httpx
 from retrysafe._addresses import reaches_listener
 from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP
+from retrysafe._wire import AiohttpEngine, WireError, total_timeout
 from retrysafe.chaos._faults import Fault, FaultChoice, FaultRates, choose_fault
 from retrysafe.core import Problem
 
@@ -48,6 +49,9 @@ log = logging.getLogger("retrysafe.chaos")
 # Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes.
 _HOP_BY_HOP = HOP_BY_HOP | {b"host", b"content-length"}
 _READ_SIZE = 65536
+#: Larger upstream answers are answered 502 (the proxy holds each answer whole).
+_MAX_UPSTREAM_BODY = 64 * 1024 * 1024
+_MAX_UPSTREAM_CONNECTIONS = 256
 _MAX_RECORDS = 100_000
 
 
@@ -220,7 +224,7 @@ class ChaosProxy:
         self._upstream_errors = 0
         self._records: deque[dict[str, Any]] = deque(maxlen=_MAX_RECORDS)
         self._server: asyncio.Server | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._engine: AiohttpEngine | None = None
         self._log: IO[str] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         # Background-thread mode.
@@ -330,11 +334,10 @@ class ChaosProxy:
                 " every request would be forwarded to the proxy itself, without end",
                 option="upstream",
             )
-        self._client = httpx.AsyncClient(
-            timeout=self._upstream_timeout,
-            follow_redirects=False,
-            trust_env=False,
-            transport=httpx.AsyncHTTPTransport(retries=0),
+        self._engine = AiohttpEngine(
+            connect_timeout=self._upstream_timeout,
+            read_timeout=self._upstream_timeout,
+            max_connections=_MAX_UPSTREAM_CONNECTIONS,
         )
         if self.log_path is not None:
             try:
@@ -359,9 +362,9 @@ class ChaosProxy:
         if server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 2)
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await engine.aclose()
         log, self._log = self._log, None
         if log is not None:
             log.close()
@@ -586,24 +589,38 @@ class ChaosProxy:
     async def _forward(
         self, request: h11.Request, body: bytes, record: dict[str, Any]
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes] | None:
-        assert self._client is not None
+        assert self._engine is not None
         target = request.target.decode("ascii", "replace")
         url = str(self.upstream).rstrip("/") + (target if target.startswith("/") else "/" + target)
-        headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP]
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in request.headers
+            if k.lower() not in _HOP_BY_HOP
+        ]
         started = time.perf_counter()
         try:
-            upstream_request = self._client.build_request(
-                request.method.decode("ascii"), url, headers=headers, content=body
-            )
-            response = await self._client.send(upstream_request, stream=True)
-            try:
-                content = b"".join([chunk async for chunk in response.aiter_raw()])
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
+            async with total_timeout(self._upstream_timeout):
+                answer = await self._engine.send(
+                    request.method.decode("ascii"),
+                    url,
+                    headers=headers,
+                    body=body or None,
+                    keep=_MAX_UPSTREAM_BODY + 1,
+                )
+            if answer.size > _MAX_UPSTREAM_BODY:
+                raise WireError(
+                    "AnswerTooLarge",
+                    f"the upstream's answer has more than {_MAX_UPSTREAM_BODY} bytes",
+                    sent=True,
+                )
+        except (WireError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, WireError):
+                error = f"{exc.kind}: {exc}"
+            else:
+                error = f"ReadTimeout: no complete answer within {self._upstream_timeout:g} s"
             record["upstream_s"] = round(time.perf_counter() - started, 6)
-            record["upstream_error"] = f"{type(exc).__name__}: {exc}"
-            record["_error"] = f"upstream {self.upstream} failed: {type(exc).__name__}: {exc}"
+            record["upstream_error"] = error
+            record["_error"] = f"upstream {self.upstream} failed: {error}"
             with self._lock:
                 self._upstream_errors += 1
             log.warning(
@@ -612,10 +629,10 @@ class ChaosProxy:
             )
             return None
         record["upstream_s"] = round(time.perf_counter() - started, 6)
-        record["upstream_status"] = response.status_code
-        out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
-        reason = response.reason_phrase.encode("ascii", "replace")
-        return response.status_code, reason, out_headers, content
+        record["upstream_status"] = answer.status
+        out_headers = [(k, v) for k, v in answer.raw_headers if k.lower() not in _HOP_BY_HOP]
+        reason = answer.reason.encode("ascii", "replace")
+        return answer.status, reason, out_headers, answer.body
 
     async def _hold(self, conn: _Conn, seconds: float) -> bool:
         """Wait ``seconds``; False as soon as the client closes its side."""

@@ -7,12 +7,12 @@ so every answer lost *after* the post was published became a second post.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
-
+from retrysafe._wire import AiohttpEngine, WireError, total_timeout
 from retrysafe.chaos import BeliefState, ClientBelief
 
 __all__ = ["run_naive"]
@@ -40,10 +40,13 @@ async def run_naive(
         on_done: called with each job's belief as it ends (progress bars).
     """
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout), limits=limits, trust_env=False
-    ) as client:
+    # The same HTTP engine as the protected path, so the two passes differ only in keys,
+    # persistence and the retry rules.
+    engine = AiohttpEngine(
+        connect_timeout=timeout, read_timeout=timeout, max_connections=concurrency
+    )
+    headers = [("content-type", "application/json")]
+    try:
 
         async def one(job: dict[str, Any]) -> ClientBelief:
             started = time.monotonic()  # the operation exists from now on, like a submitted job
@@ -53,13 +56,20 @@ async def run_naive(
                     if attempt:
                         await asyncio.sleep(pause)
                     try:
-                        response = await client.post(url, json=job)
-                    except httpx.HTTPError:
+                        async with total_timeout(timeout):
+                            answer = await engine.send(
+                                "POST",
+                                url,
+                                headers=headers,
+                                body=json.dumps(job).encode(),
+                                keep=0,
+                            )
+                    except (WireError, asyncio.TimeoutError):
                         continue
-                    if response.is_success:
+                    if 200 <= answer.status < 300:
                         state = BeliefState.SUCCEEDED
                         break
-                    if 400 <= response.status_code < 500:
+                    if 400 <= answer.status < 500:
                         state = BeliefState.REJECTED
                         break
                 belief = ClientBelief(
@@ -72,3 +82,5 @@ async def run_naive(
                 return belief
 
         return list(await asyncio.gather(*(one(job) for job in jobs)))
+    finally:
+        await engine.aclose()

@@ -1,0 +1,825 @@
+"""The default HTTP engine (:mod:`retrysafe._wire`) against endpoints that misbehave on the
+wire: huge, endless, malformed and reset answers, silence, refusal, a full backlog, redirects,
+an untrusted certificate. Each behaviour is checked on ``AiohttpEngine.send`` directly and
+through the real ``Worker`` (SQLite in ``tmp_path``), the SPEC §5 row it must land on.
+
+The endpoints are tiny raw-socket servers on 127.0.0.1 (one thread per connection), so a test
+decides every byte of the answer and counts every request that reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import ssl
+import struct
+import subprocess
+import threading
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from retrysafe import JobState, Outbox, RetryPolicy
+from retrysafe._serving import free_port
+from retrysafe._wire import AiohttpEngine, Answer, HttpxEngine, WireError, _from_aiohttp
+from retrysafe.client import Job
+
+KEY = "wire-test-key-1"
+MB = 1024 * 1024
+BIG = 50 * MB
+#: One prebuilt 64 KiB block: the servers send big bodies from it without allocating.
+BLOCK = memoryview(b"x" * 65536)
+
+
+# ------------------------------------------------------------------------------- servers
+
+
+@dataclass
+class Request:
+    """One request as the server read it (header names lower-cased)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def key(self) -> str | None:
+        return self.headers.get("idempotency-key")
+
+
+class Conn:
+    """One accepted connection, for a handler to answer on (well or badly)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.closed = False
+
+    def send(self, data: bytes | memoryview) -> None:
+        self.sock.sendall(data)
+
+    def answer(self, status: int, body: bytes = b"", headers: tuple[str, ...] = ()) -> None:
+        """A complete answer with a Content-Length; the connection stays open."""
+        head = [f"HTTP/1.1 {status} Status", f"Content-Length: {len(body)}", *headers]
+        self.send(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+    def big_body(self, status: int, size: int) -> None:
+        """``size`` bytes of body (a multiple of 64 KiB), sent from one prebuilt block."""
+        self.send(f"HTTP/1.1 {status} Status\r\nContent-Length: {size}\r\n\r\n".encode())
+        for _ in range(size // len(BLOCK)):
+            self.send(BLOCK)
+
+    def reset(self) -> None:
+        """Close with an RST (SO_LINGER 0), not a FIN."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+    def hold(self) -> None:
+        """Keep the connection open, saying nothing, until the client closes it (or the
+        server stops); then close it."""
+        try:
+            while self.sock.recv(65536):
+                pass
+        except OSError:
+            pass
+        self.close()
+
+
+Handler = Callable[[Conn, Request], None]
+
+
+class RawServer:
+    """A tiny HTTP/1.1 server on 127.0.0.1: reads each request (head and Content-Length
+    body), records it, and lets ``handler`` write whatever bytes the test wants. Keeps the
+    connection for the next request unless the handler closed it. TLS with ``tls``."""
+
+    def __init__(self, handler: Handler, *, tls: ssl.SSLContext | None = None) -> None:
+        self.handler = handler
+        self.tls = tls
+        self.requests: list[Request] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> RawServer:
+        self._spawn(self._accept)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self._listener.close()
+        with self._lock:
+            socks = list(self._socks)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes recv() and hold()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def paths(self) -> list[str]:
+        return [r.path for r in self.requests]
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                self._socks.append(sock)
+            self._spawn(self._serve, sock)
+
+    def _serve(self, sock: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError):  # the client refused the certificate
+                sock.close()
+                return
+        conn = Conn(sock)
+        buffer = b""
+        try:
+            while not conn.closed:
+                while b"\r\n\r\n" not in buffer:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                first, *lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = first.split(" ", 2)
+                headers = {}
+                for line in lines:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                length = int(headers.get("content-length", "0"))
+                while len(buffer) < length:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                body, buffer = buffer[:length], buffer[length:]
+                with self._lock:
+                    self.requests.append(Request(method, path, headers, body))
+                self.handler(conn, self.requests[-1])
+        except OSError:
+            return
+        finally:
+            if not conn.closed:
+                conn.close()
+
+
+def by_path(**handlers: Handler) -> Handler:
+    """A handler dispatching on the request path (``/name`` → ``handlers["name"]``)."""
+
+    def handle(conn: Conn, request: Request) -> None:
+        handlers[request.path.strip("/")](conn, request)
+
+    return handle
+
+
+def ok(conn: Conn, request: Request) -> None:
+    conn.answer(201, b'{"ok": true}', ("Content-Type: application/json",))
+
+
+def nth(*handlers: Handler) -> Handler:
+    """The n-th request to reach this handler gets ``handlers[n]`` (the last one repeats)."""
+    seen: list[None] = []
+    lock = threading.Lock()
+
+    def handle(conn: Conn, request: Request) -> None:
+        with lock:
+            seen.append(None)
+            n = len(seen)
+        handlers[min(n, len(handlers)) - 1](conn, request)
+
+    return handle
+
+
+# A menagerie of bad endpoints.
+def never_finishes(conn: Conn, request: Request) -> None:
+    """Promises 1000 bytes, sends 10, keeps the connection open, silent."""
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789")
+    conn.hold()
+
+
+def bad_chunk_at_once(conn: Conn, request: Request) -> None:
+    """A chunked body whose second chunk size is not hex, in the answer's first packet."""
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\n")
+    conn.hold()
+
+
+def bad_chunk_later(conn: Conn, request: Request) -> None:
+    """The same broken chunk, but after a valid one was read in an earlier packet."""
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+    time.sleep(0.1)  # the client reads the first chunk before the broken one arrives
+    conn.send(b"ZZ\r\nxx\r\n")
+    conn.hold()
+
+
+def reset_mid_answer(conn: Conn, request: Request) -> None:
+    """Half an answer's body, then an RST."""
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+    time.sleep(0.05)  # the first bytes reach the client before the reset
+    conn.reset()
+
+
+def silent(conn: Conn, request: Request) -> None:
+    """Reads the request and never answers."""
+    conn.hold()
+
+
+def big_ok(conn: Conn, request: Request) -> None:
+    conn.big_body(200, BIG)
+
+
+def big_500(conn: Conn, request: Request) -> None:
+    conn.big_body(500, BIG)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., RawServer]]:
+    """Starts raw servers for the test; all stopped after it."""
+    servers: list[RawServer] = []
+
+    def start(handler: Handler, **options: Any) -> RawServer:
+        server = RawServer(handler, **options)
+        server.__enter__()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.__exit__()
+
+
+# ------------------------------------------------------------------------------- clients
+
+
+def send(
+    url: str,
+    *,
+    method: str = "POST",
+    keep: int = 65536,
+    connect_timeout: float = 0.5,
+    read_timeout: float = 0.5,
+    warm: str | None = None,
+    measure: list[int] | None = None,
+) -> Answer | WireError:
+    """One ``AiohttpEngine.send`` with the test key, in a fresh loop: the answer or the
+    WireError. ``warm``: a URL sent to first (imports, pool); ``measure`` receives the
+    tracemalloc peak of the real send."""
+
+    async def go() -> Answer | WireError:
+        eng = AiohttpEngine(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        try:
+            if warm is not None:
+                await eng.send("POST", warm, headers=[], body=b"{}", keep=keep)
+            if measure is not None:
+                tracemalloc.start()
+            try:
+                return await eng.send(
+                    method, url, headers=[("Idempotency-Key", KEY)], body=b"{}", keep=keep
+                )
+            except WireError as exc:
+                return exc
+            finally:
+                if measure is not None:
+                    measure.append(tracemalloc.get_traced_memory()[1])
+                    tracemalloc.stop()
+        finally:
+            await eng.aclose()
+
+    async def bounded() -> Answer | WireError:
+        # No engine call may hang: a test fails here instead.
+        return await asyncio.wait_for(go(), 10)
+
+    return asyncio.run(bounded())
+
+
+def wire_error(result: Answer | WireError) -> WireError:
+    assert isinstance(result, WireError), f"expected a WireError, got {result!r}"
+    return result
+
+
+def policy(**options: Any) -> RetryPolicy:
+    """Short timeouts, tiny seeded waits: tests never sleep through real backoff."""
+    options.setdefault("attempts", 3)
+    options.setdefault("timeout", 0.5)
+    options.setdefault("wait_initial", 0.01)
+    options.setdefault("wait_max", 0.02)
+    return RetryPolicy(**options)
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Iterator[Outbox]:
+    with Outbox(f"sqlite:///{tmp_path / 'wire.db'}", policy=policy()) as ob:
+        yield ob
+
+
+def run(outbox: Outbox, pol: RetryPolicy | None = None, **options: Any) -> None:
+    """Deliver every job until idle: seeded jitter, no retry budget, fast polling."""
+    options.setdefault("poll_interval", 0.01)
+    options.setdefault("budget", None)
+    options.setdefault("rng", random.Random(13))
+    outbox.worker(policy=pol or outbox.policy, **options).run_until_idle()
+
+
+def outcomes(outbox: Outbox, job: Job) -> list[tuple[str, str | None]]:
+    return [(a.outcome, a.error_type) for a in outbox.attempts(job.id)]
+
+
+#: A read that gets no complete answer: the engine's read timeout, or the attempt's total
+#: timeout (equal in the policy, so either may fire first); both mean "sent, unknown".
+TIMED_OUT = {"ReadTimeout", "AttemptTimeout"}
+
+
+# ---------------------------------------------------------------- 1. bad endpoints: big
+
+
+def test_engine_reads_a_50_mb_answer_in_bounded_memory(serve: Callable[..., RawServer]) -> None:
+    """A 2xx with a 50 MB body is read to its end, keeping only ``keep`` bytes: the engine's
+    memory peak stays under 2 MB."""
+    server = serve(by_path(big=big_ok, warm=ok))
+    peak: list[int] = []
+    answer = send(server.url + "/big", keep=65536, warm=server.url + "/warm", measure=peak)
+    assert isinstance(answer, Answer)
+    assert (answer.status, answer.size, len(answer.body)) == (200, BIG, 65536)
+    assert peak[0] < 2 * MB, f"peak {peak[0] / MB:.1f} MB for a 50 MB body"
+
+
+def test_a_50_mb_2xx_answer_succeeds_through_the_worker_in_bounded_memory(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Through the worker, a 50 MB 2xx answer makes the job SUCCEEDED and the whole run's
+    memory peak stays under 2 MB."""
+    server = serve(by_path(big=big_ok, warm=ok))
+    outbox.submit(server.url + "/warm", json={})
+    run(outbox)  # imports and first-use caches, outside the measurement
+    job = outbox.submit(server.url + "/big", json={})
+    tracemalloc.start()
+    try:
+        run(outbox)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert peak < 2 * MB, f"peak {peak / MB:.1f} MB for a 50 MB body"
+
+
+def test_a_50_mb_500_answer_is_retried_with_the_same_key_and_its_detail_capped(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """A 500 with a 50 MB body is a server error: retried with the same key, the recorded
+    detail capped (2000 characters), the engine keeping only ``keep`` bytes of it."""
+    server = serve(by_path(big500=big_500))
+    answer = send(server.url + "/big500", keep=100)
+    assert isinstance(answer, Answer)
+    assert (answer.status, answer.size, answer.body) == (500, BIG, b"x" * 100)
+    job = outbox.submit(server.url + "/big500", json={})
+    run(outbox, policy(attempts=2))
+    final = outbox.get(job.id)
+    assert final.state is JobState.UNKNOWN
+    assert outcomes(outbox, job) == [("server_error", None)] * 2
+    assert final.last_error is not None and final.last_error == "x" * 2000
+    assert [r.key for r in server.requests[1:]] == [job.key, job.key]
+
+
+# ------------------------------------------------------- 1. bad endpoints: broken answers
+
+
+def test_engine_a_body_that_never_finishes_is_a_read_timeout_after_sending(
+    serve: Callable[..., RawServer],
+) -> None:
+    """Content-Length larger than what is sent, connection held open: a ReadTimeout after
+    ``read_timeout``, marked sent."""
+    server = serve(never_finishes)
+    started = time.perf_counter()
+    error = wire_error(send(server.url + "/", read_timeout=0.3))
+    assert (error.kind, error.sent, error.expected) == ("ReadTimeout", True, True)
+    assert 0.25 < time.perf_counter() - started < 2.0
+
+
+def test_a_body_that_never_finishes_is_retried_with_the_same_key(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Through the worker, the unfinished body is a transport error (sent, unknown): retried
+    with the same key, then SUCCEEDED."""
+    server = serve(nth(never_finishes, ok))
+    job = outbox.submit(server.url + "/", json={})
+    run(outbox)
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    (first, _), second = outcomes(outbox, job)
+    assert first == "transport_error" and second == ("success", None)
+    assert outbox.attempts(job.id)[0].error_type in TIMED_OUT
+    assert [r.key for r in server.requests] == [job.key, job.key]
+
+
+@pytest.mark.parametrize("handler", [bad_chunk_at_once, bad_chunk_later])
+def test_engine_invalid_chunked_encoding_is_a_protocol_error_after_sending(
+    serve: Callable[..., RawServer], handler: Handler
+) -> None:
+    """A chunked body with a chunk size that is not hex is a RemoteProtocolError, marked
+    sent, within ``read_timeout`` even when the broken chunk comes after a valid one (the
+    connection is held open: nothing else would end the read)."""
+    server = serve(handler)
+    started = time.perf_counter()
+    error = wire_error(send(server.url + "/", read_timeout=0.5))
+    assert (error.kind, error.sent, error.expected) == ("RemoteProtocolError", True, True)
+    assert time.perf_counter() - started < 1.5
+
+
+@pytest.mark.parametrize("handler", [bad_chunk_at_once, bad_chunk_later])
+def test_invalid_chunked_encoding_is_retried_with_the_same_key(
+    outbox: Outbox, serve: Callable[..., RawServer], handler: Handler
+) -> None:
+    """Through the worker, the broken chunked answer is a transport error: retried with the
+    same key, then SUCCEEDED."""
+    server = serve(nth(handler, ok))
+    job = outbox.submit(server.url + "/", json={})
+    run(outbox)
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert [o for o, _ in outcomes(outbox, job)] == ["transport_error", "success"]
+    assert [r.key for r in server.requests] == [job.key, job.key]
+
+
+def test_engine_a_reset_mid_answer_is_a_read_error_after_sending(
+    serve: Callable[..., RawServer],
+) -> None:
+    """An RST (SO_LINGER 0) half-way through the body: a ReadError, marked sent."""
+    server = serve(reset_mid_answer)
+    error = wire_error(send(server.url + "/"))
+    assert (error.kind, error.sent, error.expected) == ("ReadError", True, True)
+
+
+def test_a_reset_mid_answer_is_retried_with_the_same_key(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Through the worker, a reset mid-answer is a transport error (ReadError): retried
+    with the same key, then SUCCEEDED."""
+    server = serve(nth(reset_mid_answer, ok))
+    job = outbox.submit(server.url + "/", json={})
+    run(outbox)
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert outcomes(outbox, job) == [("transport_error", "ReadError"), ("success", None)]
+    assert [r.key for r in server.requests] == [job.key, job.key]
+
+
+def test_engine_a_server_that_never_answers_is_a_read_timeout_after_sending(
+    serve: Callable[..., RawServer],
+) -> None:
+    """Accepts, reads the request, never answers: a ReadTimeout, marked sent."""
+    server = serve(silent)
+    started = time.perf_counter()
+    error = wire_error(send(server.url + "/", read_timeout=0.3))
+    assert (error.kind, error.sent) == ("ReadTimeout", True)
+    assert 0.25 < time.perf_counter() - started < 2.0
+    assert len(server.requests) == 1
+
+
+def test_a_server_that_never_answers_leaves_the_job_unknown_with_one_key(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Through the worker, silence is a transport error at every attempt (sent, unknown):
+    every attempt carries the same key, and the job ends UNKNOWN, not REJECTED."""
+    server = serve(silent)
+    job = outbox.submit(server.url + "/", json={})
+    run(outbox, policy(attempts=2, timeout=0.3))
+    assert outbox.get(job.id).state is JobState.UNKNOWN
+    attempts = outbox.attempts(job.id)
+    assert [a.outcome for a in attempts] == ["transport_error"] * 2
+    assert {a.error_type for a in attempts} <= TIMED_OUT
+    assert [r.key for r in server.requests] == [job.key, job.key]
+
+
+def test_engine_connection_refused_is_not_sent() -> None:
+    """Nothing listens: a ConnectError, marked not sent."""
+    error = wire_error(send(f"http://127.0.0.1:{free_port()}/"))
+    assert (error.kind, error.sent, error.expected) == ("ConnectError", False, True)
+
+
+def test_connection_refused_is_a_connect_error_through_the_worker(outbox: Outbox) -> None:
+    """Through the worker, refused connections are connect errors (not sent), retried with
+    the same key until the job is UNKNOWN."""
+    job = outbox.submit(f"http://127.0.0.1:{free_port()}/", json={})
+    run(outbox, policy(attempts=2))
+    assert outbox.get(job.id).state is JobState.UNKNOWN
+    assert outcomes(outbox, job) == [("connect_error", "ConnectError")] * 2
+
+
+def test_a_hanging_endpoint_does_not_hold_up_the_other_jobs(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Concurrency 4, one job to an endpoint that never answers, 20 to a healthy one: all
+    20 are SUCCEEDED while the hanging attempt is still waiting for its timeout."""
+    hanging = serve(silent)
+    healthy = serve(ok)
+    stuck = outbox.submit(hanging.url + "/", json={})
+    jobs = [outbox.submit(healthy.url + f"/{i}", json={"i": i}) for i in range(20)]
+    run(outbox, policy(attempts=1, timeout=1.5), concurrency=4)
+    finals = [outbox.get(j.id) for j in jobs]
+    assert {j.state for j in finals} == {JobState.SUCCEEDED}
+    (attempt,) = outbox.attempts(stuck.id)
+    assert attempt.outcome == "transport_error"
+    done = max(j.finished_at or 0.0 for j in finals)
+    assert attempt.started_at < done < attempt.started_at + attempt.duration
+    assert len(healthy.requests) == 20
+
+
+# ------------------------------------------------------------ 2. no retries in the engine
+
+
+def reset_at_once(conn: Conn, request: Request) -> None:
+    conn.reset()
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_engine_never_resends_a_request_on_a_reset_connection(
+    serve: Callable[..., RawServer], method: str
+) -> None:
+    """A server that resets the first connection after reading the request sees exactly one
+    request: the engine does not re-send it, whatever the method (aiohttp would re-send PUT
+    and DELETE by itself)."""
+    server = serve(nth(reset_at_once, ok))
+    error = wire_error(send(server.url + "/", method=method))
+    assert error.sent
+    assert [r.method for r in server.requests] == [method]
+
+
+def test_one_request_per_attempt_through_the_worker(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Through the worker, a PUT whose first connection is reset reaches the server exactly
+    once per recorded attempt, with the same key."""
+    server = serve(nth(reset_at_once, ok))
+    job = outbox.submit(server.url + "/", json={}, method="PUT")
+    run(outbox)
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert [o for o, _ in outcomes(outbox, job)] == ["transport_error", "success"]
+    assert [(r.method, r.key) for r in server.requests] == [("PUT", job.key)] * 2
+
+
+# ------------------------------------------------------------------- 3. connect timeout
+
+
+@pytest.fixture
+def full_backlog() -> Iterator[int]:
+    """A port whose listen queue is full (backlog 0, never accepted, filled first): a new
+    connection's SYN is dropped, so connecting hangs until the client's timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers: list[socket.socket] = []
+    try:
+        for _ in range(16):
+            filler = socket.socket()
+            filler.settimeout(0.2)
+            fillers.append(filler)
+            try:
+                filler.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break  # the queue is full: this one hangs too
+        else:
+            pytest.fail("could not fill the listen queue")
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+def test_engine_connect_timeout_is_respected_and_not_sent(full_backlog: int) -> None:
+    """Connecting to a full listen queue ends after ``connect_timeout`` with a
+    ConnectTimeout, marked not sent."""
+    started = time.perf_counter()
+    error = wire_error(
+        send(f"http://127.0.0.1:{full_backlog}/", connect_timeout=0.3, read_timeout=5)
+    )
+    elapsed = time.perf_counter() - started
+    assert (error.kind, error.sent, error.expected) == ("ConnectTimeout", False, True)
+    assert 0.25 < elapsed < 2.0
+
+
+def test_connect_timeout_is_a_connect_error_through_the_worker(
+    outbox: Outbox, full_backlog: int
+) -> None:
+    """Through the worker, the policy's connect_timeout (shorter than its timeout) ends the
+    attempt as a connect error (not sent)."""
+    job = outbox.submit(f"http://127.0.0.1:{full_backlog}/", json={})
+    run(outbox, policy(attempts=1, timeout=2.0, connect_timeout=0.2))
+    (attempt,) = outbox.attempts(job.id)
+    assert (attempt.outcome, attempt.error_type) == ("connect_error", "ConnectTimeout")
+    assert attempt.duration < 1.5
+
+
+def _aiohttp_errors() -> list[tuple[Exception, str, bool]]:
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+
+    key = ConnectionKey("h", 1, False, True, None, None, None)
+    refused = ConnectionRefusedError(111, "refused")
+    return [
+        (aiohttp.ClientConnectorError(key, refused), "ConnectError", False),
+        (aiohttp.ClientConnectorDNSError(key, OSError("no such host")), "ConnectError", False),
+        (aiohttp.ConnectionTimeoutError("sock_connect"), "ConnectTimeout", False),
+        (aiohttp.InvalidURL("http://["), "UnsupportedProtocol", False),
+        (aiohttp.SocketTimeoutError("sock_read"), "ReadTimeout", True),
+        (aiohttp.ServerDisconnectedError(), "RemoteProtocolError", True),
+        (aiohttp.ClientPayloadError("truncated"), "ReadError", True),
+        (aiohttp.ClientOSError(104, "reset"), "ReadError", True),
+        (aiohttp.ClientConnectionResetError("closing transport"), "WriteError", True),
+        (aiohttp.ClientConnectionError("Connection closed"), "ReadError", True),
+    ]
+
+
+@pytest.mark.parametrize(("exc", "kind", "sent"), _aiohttp_errors())
+def test_aiohttp_errors_are_translated_once(exc: Exception, kind: str, sent: bool) -> None:
+    """Each aiohttp error maps to one stable kind and the right ``sent`` (connect errors and
+    timeouts not sent; everything after the connection was made sent), never "unexpected"."""
+    import aiohttp
+
+    assert isinstance(exc, aiohttp.ClientError)
+    error = _from_aiohttp(exc)
+    assert (error.kind, error.sent, error.expected) == (kind, sent, True)
+
+
+# ---------------------------------------------------------------------- 4. no redirects
+
+
+def redirect(conn: Conn, request: Request) -> None:
+    conn.answer(302, b"", ("Location: /elsewhere",))
+
+
+def test_engine_does_not_follow_redirects(serve: Callable[..., RawServer]) -> None:
+    """A 302 is the answer: the engine returns it and never requests its Location."""
+    server = serve(by_path(start=redirect, elsewhere=ok))
+    answer = send(server.url + "/start")
+    assert isinstance(answer, Answer)
+    assert (answer.status, answer.headers.get("location")) == (302, "/elsewhere")
+    assert server.paths() == ["/start"]
+
+
+def test_a_redirect_rejects_the_job(outbox: Outbox, serve: Callable[..., RawServer]) -> None:
+    """Through the worker, a 302 is a client error (SPEC §5 "other 4xx" row: 3xx is never
+    followed for a side effect): REJECTED after one attempt, Location never requested."""
+    server = serve(by_path(start=redirect, elsewhere=ok))
+    job = outbox.submit(server.url + "/start", json={})
+    run(outbox)
+    final = outbox.get(job.id)
+    assert (final.state, final.last_status) == (JobState.REJECTED, 302)
+    assert outcomes(outbox, job) == [("client_error", None)]
+    assert server.paths() == ["/start"]
+
+
+# ---------------------------------------------------------------------- 5. TLS verified
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
+    """A server TLS context with a fresh self-signed certificate for 127.0.0.1 (made with
+    the ``openssl`` command line), and the certificate's path."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context, cert
+
+
+def _trusting_client_reaches(server: RawServer, cert: Path) -> bool:
+    """The server really serves HTTPS: a client that trusts ``cert`` gets its answer."""
+    context = ssl.create_default_context(cafile=str(cert))
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(b"POST /probe HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        return tls.recv(100).startswith(b"HTTP/1.1 201")
+
+
+def test_engine_refuses_an_untrusted_certificate_as_not_sent(
+    serve: Callable[..., RawServer], self_signed: tuple[ssl.SSLContext, Path]
+) -> None:
+    """A self-signed certificate fails verification: a ConnectError, marked not sent, and
+    no request reaches the server (which does serve a client that trusts it)."""
+    context, cert = self_signed
+    server = serve(ok, tls=context)
+    assert _trusting_client_reaches(server, cert)
+    error = wire_error(send(server.url + "/hook"))
+    assert (error.kind, error.sent) == ("ConnectError", False)
+    assert "certificate" in str(error).lower()
+    assert server.paths() == ["/probe"]
+
+
+def test_an_untrusted_certificate_is_a_connect_error_through_the_worker(
+    outbox: Outbox, serve: Callable[..., RawServer], self_signed: tuple[ssl.SSLContext, Path]
+) -> None:
+    """Through the worker, the TLS failure is a connect error (not sent) at every attempt;
+    the job ends UNKNOWN and the server never saw a request."""
+    context, _ = self_signed
+    server = serve(ok, tls=context)
+    job = outbox.submit(server.url + "/hook", json={})
+    run(outbox, policy(attempts=2))
+    assert outbox.get(job.id).state is JobState.UNKNOWN
+    assert outcomes(outbox, job) == [("connect_error", "ConnectError")] * 2
+    assert server.requests == []
+    assert server.connections == 2  # one TLS handshake per attempt, each refused
+
+
+# ------------------------------------------------------- 6. the caller's httpx transport
+
+
+class Recording:
+    """An ``httpx.MockTransport`` handler answering ``statuses`` in turn (the last repeats),
+    recording every request."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = list(statuses)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+        return httpx.Response(status, json={})
+
+
+def test_the_worker_sends_through_the_callers_httpx_transport(outbox: Outbox) -> None:
+    """With ``transport=``, the worker's requests (key, method, body) go through the
+    caller's httpx transport: an HttpxEngine, nothing on the network."""
+    handler = Recording(503, 200)
+    job = outbox.submit("http://api.invalid/posts", json={"text": "hi"}, method="PUT")
+    run(outbox, transport=httpx.MockTransport(handler))
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert [(r.method, str(r.url)) for r in handler.requests] == [
+        ("PUT", "http://api.invalid/posts")
+    ] * 2
+    assert [r.headers["idempotency-key"] for r in handler.requests] == [job.key] * 2
+    assert {r.content for r in handler.requests} == {job.body}
+
+
+def test_reconcile_sends_through_the_callers_httpx_transport(outbox: Outbox) -> None:
+    """reconcile with ``transport=`` re-sends the UNKNOWN job through the caller's
+    transport with the job's same key."""
+    first = Recording(503)
+    job = outbox.submit("http://api.invalid/posts", json={})
+    run(outbox, policy(attempts=1), transport=httpx.MockTransport(first))
+    assert outbox.get(job.id).state is JobState.UNKNOWN
+    second = Recording(200)
+    report = outbox.reconcile(transport=httpx.MockTransport(second))
+    assert report.succeeded == 1
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    keys = [r.headers["idempotency-key"] for r in first.requests + second.requests]
+    assert keys == [job.key, job.key]
+
+
+def test_httpx_engine_keeps_only_keep_bytes_of_a_streamed_body() -> None:
+    """The HttpxEngine streams the answer too: the whole size is counted, ``keep`` bytes
+    are held."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            yield b"a" * 1000
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body())
+
+    async def go() -> Answer:
+        engine = HttpxEngine(httpx.MockTransport(handler), connect_timeout=0.5, read_timeout=0.5)
+        try:
+            return await engine.send("POST", "http://x.invalid/", headers=[], body=b"", keep=10)
+        finally:
+            await engine.aclose()
+
+    answer = asyncio.run(go())
+    assert (answer.status, answer.size, answer.body) == (200, 100_000, b"a" * 10)
