@@ -268,6 +268,8 @@ def _span(seconds: float) -> str:
 def _log_attempt(
     event_id: str, endpoint_id: str, job_id: str, attempt: Attempt, step: Step
 ) -> None:
+    if not logger.isEnabledFor(logging.INFO):  # the hot path: build nothing for nobody
+        return
     data = {
         "event_id": event_id,
         "endpoint_id": endpoint_id,
