@@ -58,6 +58,11 @@ logger = logging.getLogger("retrysafe.client")
 
 Headers = Sequence[tuple[str, str]]
 
+#: The largest answer header line and field (bytes), and the most fields, the default engine
+#: takes (httpx's h11 takes as much; aiohttp's defaults are 8,190 bytes and 128 fields).
+_MAX_HEADER_LINE = 128 * 1024
+_MAX_HEADER_FIELDS = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -218,8 +223,15 @@ class AiohttpEngine:
                 sock_connect=self._connect_timeout,
                 sock_read=self._read_timeout,
             ),
-            headers={"User-Agent": _user_agent()},
-            skip_auto_headers=("Accept-Encoding", "Content-Type"),
+            # "identity" said out loud: without Accept-Encoding a server may use any coding
+            # (RFC 9110 §12.5.3), and a compressed problem document would lose its type.
+            headers={"User-Agent": _user_agent(), "Accept-Encoding": "identity"},
+            skip_auto_headers=("Content-Type",),
+            # aiohttp's defaults (8,190-byte lines and fields, 128 fields) refuse answers that
+            # other clients take; an answer over these is a protocol error (sent, unknown).
+            max_line_size=_MAX_HEADER_LINE,
+            max_field_size=_MAX_HEADER_LINE,
+            max_headers=_MAX_HEADER_FIELDS,
             auto_decompress=False,
             trust_env=False,
             raise_for_status=False,

@@ -823,3 +823,60 @@ def test_httpx_engine_keeps_only_keep_bytes_of_a_streamed_body() -> None:
 
     answer = asyncio.run(go())
     assert (answer.status, answer.size, answer.body) == (200, 100_000, b"a" * 10)
+
+
+def test_engine_takes_answers_with_long_header_fields_and_many_of_them() -> None:
+    """A 2xx with a 70,000-byte header field or 1,000 fields is a complete answer (aiohttp's
+    8,190-byte / 128-field defaults would make every attempt a protocol error)."""
+    long_field = b"X-Big: " + b"a" * 70_000 + b"\r\n"
+    many = b"".join(b"X-N%d: v\r\n" % i for i in range(1000))
+    for extra in (long_field, many):
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + extra + b"\r\n"
+
+        async def handler(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes = head
+        ) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(head + b"ok")
+            await writer.drain()
+            writer.close()
+
+        async def main() -> Answer:
+            server = await asyncio.start_server(handler, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            engine = AiohttpEngine(connect_timeout=2, read_timeout=2)
+            try:
+                return await engine.send(
+                    "POST", f"http://127.0.0.1:{port}/", headers=[], body=b"{}", keep=10
+                )
+            finally:
+                await engine.aclose()
+                server.close()
+
+        answer = asyncio.run(main())
+        assert (answer.status, answer.body) == (200, b"ok")
+
+
+def test_engine_asks_for_identity_coding() -> None:
+    """The default engine says Accept-Encoding: identity, so problem documents arrive
+    uncompressed (a request without the header allows any coding, RFC 9110 §12.5.3)."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine = AiohttpEngine(connect_timeout=2, read_timeout=2)
+        try:
+            await engine.send("POST", f"http://127.0.0.1:{port}/", headers=[], body=None, keep=0)
+        finally:
+            await engine.aclose()
+            server.close()
+
+    asyncio.run(main())
+    assert b"accept-encoding: identity" in seen[0].lower()
