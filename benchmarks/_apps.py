@@ -86,6 +86,28 @@ def retrysafe_redis() -> Any:
     return IdempotencyMiddleware(_endpoint(), store=store)
 
 
+def retrysafe_redis_py() -> Any:
+    """(i) as (f), with the async face on redis-py's asyncio client instead of the lean
+    transport (what retrysafe does without hiredis, or for TLS and clusters)."""
+    import retrysafe.stores._redis as redis_store
+
+    setattr(redis_store, "wire_options", None)  # noqa: B010 (a deliberate patch)
+    return retrysafe_redis()
+
+
+def retrysafe_postgres_unbatched() -> Any:
+    """(j) as (e), each key operation on its own pool connection and transaction (no group
+    commit), as before it."""
+    from retrysafe.stores import PostgresStore
+    from retrysafe.stores._keys import AsyncSQLKeyStore
+
+    def one_by_one(self: PostgresStore) -> AsyncSQLKeyStore:
+        return AsyncSQLKeyStore(self.connector.async_connector())
+
+    setattr(PostgresStore, "asyncio_key_store", one_by_one)  # noqa: B010 (a deliberate patch)
+    return retrysafe_postgres()
+
+
 def competitor_redis() -> Any:
     """(g) fastapi-idempotency-key 0.1.1 with its RedisBackend (redis.asyncio, Lua lock)."""
     from fastapi_idempotency_key import IdempotencyMiddleware, RedisBackend

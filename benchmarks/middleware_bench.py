@@ -10,8 +10,10 @@ Variants, each served by one uvicorn process (one core) and loaded by wrk (the o
   (f) retrysafe IdempotencyMiddleware, Redis, a new key per request
   (g) fastapi-idempotency-key 0.1.1, RedisBackend, a new key per request
   (h) as (b) with lease renewal switched off      -- what the heartbeat costs: (b) vs (h)
+  (i) as (f) on redis-py's asyncio client         -- what the lean Redis transport gives: (f) vs (i)
+  (j) as (e) without group commit                 -- what group commit gives: (e) vs (j)
 
-Each (e) run gets a fresh PostgreSQL schema and each (f)/(g) run a unique Redis key prefix,
+Each (e)/(j) run gets a fresh PostgreSQL schema and each (f)/(g)/(i) run a unique Redis key prefix,
 removed after the run. ``--postgres`` / ``--redis`` name the servers (defaults: the
 ``RETRYSAFE_TEST_POSTGRES`` / ``RETRYSAFE_TEST_REDIS`` environment variables, else
 ``postgresql://postgres@127.0.0.1:5432/test`` and ``redis://127.0.0.1:6379/0``).
@@ -25,6 +27,10 @@ Needs wrk (Debian: ``apt-get install -y wrk``) and the bench extra
     python benchmarks/middleware_bench.py --duration 10 --rounds 3
     python benchmarks/middleware_bench.py --variants aefg --rounds 3 --duration 6
     python benchmarks/middleware_bench.py --variants abh --rounds 5 --duration 6
+    python benchmarks/middleware_bench.py --variants afi --rounds 3 --duration 6
+
+The apps are imported from this checkout (its ``src`` comes first on the servers' path), so a
+copy of the tree benchmarks itself, whatever is installed.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ VARIANTS = {
     "f": ("retrysafe_redis", "first", "retrysafe, Redis, first-time keys"),
     "g": ("competitor_redis", "first", "fastapi-idempotency-key, Redis, first-time keys"),
     "h": ("retrysafe_sqlite_no_heartbeat", "first", "retrysafe, SQLite, first-time, no heartbeat"),
+    "i": ("retrysafe_redis_py", "first", "retrysafe, Redis via redis-py, first-time keys"),
+    "j": ("retrysafe_postgres_unbatched", "first", "retrysafe, PostgreSQL, no group commit"),
 }
 TARGETS = {"b": ("a", 0.7), "c": ("a", 0.9), "e": ("a", 0.35), "f": ("a", 0.65)}
 # (variant, other variant, minimum ratio) between two middlewares on the same store
@@ -92,7 +100,7 @@ def store_namespace(code: str, pg_url: str, redis_url: str) -> Iterator[dict[str
     """A fresh PostgreSQL schema or Redis prefix for one run (environment for the app),
     removed afterwards."""
     tag = uuid.uuid4().hex[:12]
-    if code == "e":
+    if code in ("e", "j"):
         import psycopg
 
         schema = f"rs_bench_{tag}"
@@ -101,7 +109,7 @@ def store_namespace(code: str, pg_url: str, redis_url: str) -> Iterator[dict[str
         finally:
             with psycopg.connect(pg_url, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    elif code in ("f", "g"):
+    elif code in ("f", "g", "i"):
         import redis
 
         prefix = f"rs-bench:{tag}:"
@@ -128,7 +136,8 @@ def run_variant(
     factory, mode, _ = VARIANTS[code]
     port = free_port()
     db = workdir / f"{code}-{uuid.uuid4().hex[:8]}.db"
-    env = dict(os.environ, BENCH_DB=str(db), PYTHONPATH=str(ROOT), **store_env)
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    env = dict(os.environ, BENCH_DB=str(db), PYTHONPATH=path, **store_env)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -197,8 +206,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--variants", default="abcd")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--postgres", default=PG_URL, help="PostgreSQL URL for (e)")
-    parser.add_argument("--redis", default=REDIS_URL, help="Redis URL for (f) and (g)")
+    parser.add_argument("--postgres", default=PG_URL, help="PostgreSQL URL for (e) and (j)")
+    parser.add_argument("--redis", default=REDIS_URL, help="Redis URL for (f), (g) and (i)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk")

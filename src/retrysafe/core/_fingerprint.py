@@ -15,6 +15,14 @@ A fingerprint is the SHA-256 of:
   (``{"a":1,"a":2}``) is not canonicalised: parsers disagree on which member wins, so its raw
   bytes are hashed. Malformed JSON and every other body are compared byte for byte.
 
+Speed: with orjson installed (``pip install retrysafe[fast]``) the canonical body is encoded by
+orjson, which writes the same bytes as the standard library for every value it accepts: sorted
+keys (code-point order is UTF-8 byte order), the same escapes, integers up to 64 bits. It is
+handed no float (those keep the standard library's ``repr``), and whatever it refuses (larger
+integers, lone surrogates, deep nesting) falls back to the standard library, so a body's
+fingerprint never depends on whether orjson is installed
+(``tests/property/test_same_bytes_as_before.py`` proves it against the implementation before).
+
 The hashed bytes are ``[prefix] method NUL path NUL query NUL body``. For ``application/json``,
 the common case, the media type is implied and there is no prefix, so such a request keeps the
 fingerprint earlier versions gave it (unless it repeats a query parameter or a JSON member).
@@ -32,6 +40,11 @@ import math
 from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
+
+try:  # optional: the fast encoder of canonical bodies (see the module docstring)
+    import orjson
+except ImportError:  # pragma: no cover - the fallback is tested with orjson patched out
+    orjson = None  # type: ignore[assignment]
 
 __all__ = ["canonical_body", "fingerprint", "is_json_content_type"]
 
@@ -61,6 +74,15 @@ class _InexactNumberError(ValueError):
     """A JSON number that a float cannot hold exactly (a ValueError: it falls back to bytes)."""
 
 
+class _Float(float):
+    """A JSON number with a fraction or an exponent. orjson refuses to encode it (a float
+    subclass under ``OPT_PASSTHROUGH_SUBCLASS``), so a body holding one is encoded by the
+    standard library, whose ``float.__repr__`` is the canonical form (orjson writes ``1e16``
+    where ``repr`` writes ``1e+16``)."""
+
+    __slots__ = ()
+
+
 def _exact_float(text: str) -> float:
     # Called only for numbers with a fraction or an exponent. A float that does not hold the
     # literal exactly would merge different requests ("1e400" and "2e400" both become
@@ -72,16 +94,22 @@ def _exact_float(text: str) -> float:
         repr(value) != text and decimal.Decimal(repr(value)) != decimal.Decimal(text)
     ):
         raise _InexactNumberError(text)
-    return value
+    return _Float(value)
 
 
-# Integers stay exact in Python whatever their size, so only floats need the check.
-_STRICT_JSON = json.JSONDecoder(object_pairs_hook=_no_duplicate_members, parse_float=_exact_float)
+# Integers stay exact in Python whatever their size, so only floats need the check. NaN and
+# Infinity (which the standard library reads and writes) become _Float too: orjson would write
+# them as null.
+_STRICT_JSON = json.JSONDecoder(
+    object_pairs_hook=_no_duplicate_members, parse_float=_exact_float, parse_constant=_Float
+)
 
 
 def _media_type(content_type: str | None) -> str:
     if not content_type:
         return ""
+    if content_type == _IMPLIED_MEDIA_TYPE:  # the common case, as most clients send it
+        return content_type
     return content_type.split(";", 1)[0].strip().lower()
 
 
@@ -123,9 +151,21 @@ def _canonical_json(body: bytes) -> bytes:
         parsed = _STRICT_JSON.decode(body.decode(encoding, "surrogatepass"))
     except (ValueError, RecursionError):  # includes UnicodeDecodeError, _DuplicateMemberError
         return body
+    if orjson is not None:
+        try:
+            encoded: bytes = orjson.dumps(parsed, option=_ORJSON_OPTIONS)
+        except TypeError:  # a float, an integer beyond 64 bits, a lone surrogate, deep nesting
+            pass
+        else:
+            return encoded
     # surrogatepass: "\ud800" is valid JSON text but a lone surrogate, which strict UTF-8
     # refuses to encode.
     return _CANONICAL_JSON.encode(parsed).encode("utf-8", "surrogatepass")
+
+
+# Sorted keys; subclasses of built-in types (our _Float) go to ``default``, which is unset, so
+# orjson raises TypeError (orjson.JSONEncodeError) for them instead of encoding them its way.
+_ORJSON_OPTIONS = 0 if orjson is None else orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 def fingerprint(
@@ -155,28 +195,27 @@ def fingerprint(
     Returns:
         64 lower-case hex digits.
     """
-    media = _media_type(content_type)
-    h = hashlib.sha256()
-    if media != _IMPLIED_MEDIA_TYPE:
-        encoded = media.encode("utf-8", "surrogateescape")
-        h.update(b"media-type\x00%d\x00%b" % (len(encoded), encoded))
+    media = content_type if content_type == _IMPLIED_MEDIA_TYPE else _media_type(content_type)
     raw_path = path.encode("utf-8", "surrogateescape")
-    if b"\x00" in raw_path:
-        # ASGI servers percent-decode the path, so it can hold NUL, the separator below: its
-        # length goes first, so "/a\0b=1" cannot pass for "/a" with query "b=1". A lower-case
-        # prefix, which no upper-cased method can start with; paths without NUL keep the
-        # layout (and the fingerprints) they always had.
-        h.update(b"path\x00%d\x00" % len(raw_path))
-    h.update(method.upper().encode("ascii", "replace"))
-    h.update(b"\x00")
-    h.update(raw_path)
-    h.update(b"\x00")
     if query:
         # surrogateescape both ways: "%FF" and "%FE" stay two bytes instead of both decoding
         # to U+FFFD; valid UTF-8 round-trips exactly as before.
         pairs = parse_qsl(query, keep_blank_values=True, errors="surrogateescape")
         pairs.sort(key=_by_name)  # stable: repeated names keep their order
-        h.update(urlencode(pairs, errors="surrogateescape").encode("ascii"))
-    h.update(b"\x00")
+        raw_query = urlencode(pairs, errors="surrogateescape").encode("ascii")
+    else:
+        raw_query = b""
+    # Everything before the body in one piece (the body, up to 1 MiB, is not copied).
+    head = b"%b\x00%b\x00%b\x00" % (method.upper().encode("ascii", "replace"), raw_path, raw_query)
+    if b"\x00" in raw_path:
+        # ASGI servers percent-decode the path, so it can hold NUL, the separator below: its
+        # length goes first, so "/a\0b=1" cannot pass for "/a" with query "b=1". A lower-case
+        # prefix, which no upper-cased method can start with; paths without NUL keep the
+        # layout (and the fingerprints) they always had.
+        head = b"path\x00%d\x00" % len(raw_path) + head
+    if media != _IMPLIED_MEDIA_TYPE:
+        encoded = media.encode("utf-8", "surrogateescape")
+        head = b"media-type\x00%d\x00%b" % (len(encoded), encoded) + head
+    h = hashlib.sha256(head)
     h.update(_canonical_json(body) if body and _is_json_media(media) else body)
     return h.hexdigest()

@@ -119,8 +119,4 @@ def key_hash(scope: str, key: str) -> str:
 
     The raw key never reaches SQL text or a Redis key pattern (SPEC §2).
     """
-    h = hashlib.sha256()
-    h.update(scope.encode("utf-8"))
-    h.update(b"\x00")
-    h.update(key.encode("utf-8"))
-    return h.hexdigest()
+    return hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()

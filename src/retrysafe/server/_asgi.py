@@ -157,28 +157,36 @@ class IdempotencyMiddleware:
             if declared > engine.max_body_size:
                 await self._too_large(send, method, path, started)
                 return
-        try:
-            body = await _read_body(receive, engine.max_body_size)
-        except _ClientGone:
-            engine.log_decision("disconnect", method, path, 0, started)
-            return
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            body = message.get("body", b"")  # the common case: the whole body in one message
+            if len(body) > engine.max_body_size:
+                body = None
+        else:
+            try:
+                body = await _read_body(message, receive, engine.max_body_size)
+            except _ClientGone:
+                engine.log_decision("disconnect", method, path, 0, started)
+                return
         if body is None:
             await self._too_large(send, method, path, started)
             return
 
-        headers: dict[str, str]
-        if engine.scope is scope_from_authorization:
-            # The default scope reads Authorization only: no need to decode every header.
-            headers = {}
-            if authorization is not None:
-                headers["authorization"] = authorization.decode("latin-1")
+        owner: str
+        if engine.scope is not scope_from_authorization:
+            owner = engine.scope(
+                {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            )
+        elif authorization is None:
+            owner = ""  # what the default scope says without Authorization
         else:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            # The default scope reads Authorization only: no need to decode every header.
+            owner = scope_from_authorization({"authorization": authorization.decode("latin-1")})
         query = scope.get("query_string", b"").decode("latin-1")
         req = RequestState(
             method,
             path,
-            key_hash(engine.scope(headers), check.key),
+            key_hash(owner, check.key),
             fingerprint(method, path, query, body, content_type),
             started,
         )
@@ -209,14 +217,12 @@ class IdempotencyMiddleware:
         responder = _Responder(engine, self.store, req, send, self._begin_effect)
         scope[SCOPE_KEY] = responder.state  # lets the app say "outcome unknown"
         try:
-            await self.app(scope, _BodyReceive(body, responder.wait_end), responder.send)
+            # The responder is the app's send (a callable: no bound method per request).
+            await self.app(scope, _BodyReceive(body, responder), responder)
         except BaseException as exc:
             await responder.abort(exc)
             raise
-        if not responder.finalized:
-            # The app returned without finishing its response (an app bug, or an app that
-            # gave up): release if nothing had started, else the outcome is unknown.
-            await responder.abort(None)
+        await responder.close()
 
     async def _too_large(self, send: Send, method: str, path: str, started: float) -> None:
         answer = self._engine.body_too_large()
@@ -225,20 +231,36 @@ class IdempotencyMiddleware:
 
 
 class _Responder(Claimant):
-    """Per-request: renews the lease while the app runs, forwards the response, keeps a copy,
-    and records it before the end of the answer leaves (SPEC §3).
+    """Per-request: the app's ``send``. Renews the lease while the app runs, forwards the
+    response, keeps a copy, and records it before the end of the answer leaves (SPEC §3).
 
     * Record before answer: the start message waits for the first body message; a body
       message that ends the response (``more_body`` false), or that completes a declared
       ``Content-Length``, waits until the key is completed. If the record cannot land the
       client gets 503 ``store-unavailable`` instead (or, when part of a streamed answer already
       left, the connection is cut before its end) and the record is retried in the background.
+    * The record starts once the app has returned (:meth:`close`), so the app's frames are
+      gone before the store round trip instead of living through it (fewer objects for the
+      garbage collector to walk); an app that goes on after its answer (background tasks) has
+      it recorded and sent meanwhile, from the next event-loop iteration on. The ASGI call
+      never returns before the answer is sent or replaced.
     * Client gone: a ``send`` that fails because the client left is swallowed; the app runs on
       and its whole answer is captured and recorded, so the retry gets the replay. The app's
       ``receive`` never reports the disconnect before the response ends.
     """
 
-    __slots__ = ("_ended", "answered", "beat", "gone", "held", "length", "sent", "wrapped")
+    __slots__ = (
+        "_ended",
+        "_recording",
+        "_soon",
+        "answered",
+        "beat",
+        "gone",
+        "held",
+        "length",
+        "sent",
+        "wrapped",
+    )
 
     def __init__(
         self,
@@ -256,6 +278,8 @@ class _Responder(Claimant):
         self.length = -1  # the declared Content-Length, or -1
         self._ended: asyncio.Event | None = None
         self.answered = False  # the end of the answer reached the server (or was replaced)
+        self._soon: asyncio.Handle | None = None  # the record, due at the next loop iteration
+        self._recording: asyncio.Task[None] | None = None  # the record, started meanwhile
         self.beat: AsyncHeartbeat = self.heartbeat(AsyncHeartbeat, self._renew)
 
     async def _renew(self) -> bool:
@@ -274,7 +298,8 @@ class _Responder(Claimant):
             await self._ended.wait()
         return _DISCONNECT
 
-    async def send(self, message: Message) -> None:
+    async def __call__(self, message: Message) -> None:
+        """The app's ``send``."""
         kind = message["type"]
         if kind == "http.response.body":
             if self.finalized:
@@ -289,7 +314,10 @@ class _Responder(Claimant):
                 return
             capture.complete = True
             self.held.append(message)
-            await self._finalize()
+            # The end waits for the record, which starts when the app returns (close()) or,
+            # if it goes on first, at the next loop iteration (_record_meanwhile).
+            self.end()
+            self._soon = asyncio.get_running_loop().call_soon(self._record_meanwhile)
         elif kind == "http.response.start":
             capture = self.capture
             capture.status = message["status"]
@@ -330,8 +358,28 @@ class _Responder(Claimant):
         if self._ended is not None:
             self._ended.set()
 
+    def _record_meanwhile(self) -> None:
+        """The app went on after the end of its answer: record and send it meanwhile."""
+        self._soon = None
+        self._recording = asyncio.get_running_loop().create_task(self._finalize())
+
+    async def close(self) -> None:
+        """The app returned: record and send its answer (or wait for that to finish); an
+        answer the app never finished releases the key, or keeps it claimed as
+        outcome-unknown when it had started (SPEC §4)."""
+        soon = self._soon
+        if soon is not None:
+            soon.cancel()
+            self._soon = None
+            await self._finalize()
+        elif self._recording is not None:
+            await self._recording
+        elif not self.finalized:
+            # The app returned without finishing its response (an app bug, or an app that
+            # gave up): release if nothing had started, else the outcome is unknown.
+            await self.abort(None)
+
     async def _finalize(self) -> None:
-        self.finalized = True
         beat = self.beat
         beat.bounded = False  # the handler is done; only its record may still be pending
         state = self.state
@@ -402,10 +450,13 @@ class _Responder(Claimant):
 
     async def abort(self, exc: BaseException | None) -> None:
         """The app raised (``exc``) or returned without ending its response: release the key,
-        or keep it claimed as outcome-unknown when the response had started (SPEC §4)."""
+        or keep it claimed as outcome-unknown when the response had started (SPEC §4). An
+        answer that had ended before the app raised is recorded and sent (:meth:`close`)."""
         if self.finalized:
+            if self._soon is not None or self._recording is not None:
+                await self.close()
             return
-        self.finalized = True
+        self.end()
         self._answered_now()
         self.held = []  # the end of an unfinished answer never leaves
         kept = False
@@ -423,11 +474,12 @@ class _Responder(Claimant):
 
 
 class _BodyReceive:
-    """``receive`` that first hands the app the buffered body, then defers to ``after``."""
+    """``receive`` that first hands the app the buffered body, then defers to ``after``: the
+    server's ``receive``, or a responder's :meth:`_Responder.wait_end`."""
 
     __slots__ = ("after", "body", "sent")
 
-    def __init__(self, body: bytes, after: Receive) -> None:
+    def __init__(self, body: bytes, after: Receive | _Responder) -> None:
         self.body = body
         self.after = after
         self.sent = False
@@ -436,7 +488,10 @@ class _BodyReceive:
         if not self.sent:
             self.sent = True
             return {"type": "http.request", "body": self.body, "more_body": False}
-        return await self.after()
+        after = self.after
+        if isinstance(after, _Responder):
+            return await after.wait_end()
+        return await after()
 
 
 def _content_length(headers: Any) -> int:
@@ -449,8 +504,9 @@ def _content_length(headers: Any) -> int:
     return -1
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None when it exceeds ``limit`` bytes.
+async def _read_body(message: Message, receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, starting with its first ``message``, or None when it exceeds
+    ``limit`` bytes.
 
     Raises:
         _ClientGone: the client disconnected first.
@@ -458,7 +514,6 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         chunk = message.get("body", b"")
@@ -469,6 +524,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
+        message = await receive()
     if len(chunks) == 1:
         return chunks[0]
     return b"".join(chunks)

@@ -205,13 +205,18 @@ class Capture:
             self.chunks.append(chunk)
 
 
+def _after_the_end() -> Any:
+    """``state["begin_effect"]`` once the response ended."""
+    raise ConfigurationError("transaction() called after the response ended", option="transaction")
+
+
 class Claimant:
     """What the ASGI responder and the WSGI run share while a request holds its claim: the
     engine and store, the request, the copy of its answer, the state dict the app sees under
     ``SCOPE_KEY`` ("outcome unknown", ``transaction()``), and the heartbeat's callbacks. The
     drivers add only their I/O (STYLE: build and decide once, let the faces do the I/O)."""
 
-    __slots__ = ("_opener", "capture", "engine", "finalized", "req", "state", "store")
+    __slots__ = ("capture", "engine", "finalized", "req", "state", "store")
 
     def __init__(self, engine: Engine, store: Any, req: RequestState, opener: Any) -> None:
         self.engine = engine
@@ -219,15 +224,17 @@ class Claimant:
         self.req = req
         self.capture = Capture(engine.max_replay_size)
         self.finalized = False
-        self._opener = opener
-        self.state: dict[str, Any] = {"begin_effect": self._begin_effect}
+        # The store's opener itself (made once per middleware), never a method of this
+        # claimant: the state dict is the claimant's own, and a bound method in it would be a
+        # reference cycle, keeping every finished request (a dozen objects) in memory until
+        # the garbage collector found it.
+        self.state: dict[str, Any] = {"begin_effect": opener}
 
-    def _begin_effect(self) -> Any:
-        if self.finalized:
-            raise ConfigurationError(
-                "transaction() called after the response ended", option="transaction"
-            )
-        return self._opener()
+    def end(self) -> None:
+        """The response ended (or was given up): nothing more belongs to it, and
+        ``transaction()`` may no longer open the handler's transaction."""
+        self.finalized = True
+        self.state["begin_effect"] = _after_the_end
 
     def heartbeat(self, kind: Any, renew: Any) -> Any:
         """Start ``kind`` (:class:`~retrysafe._heartbeat.AsyncHeartbeat` or ``Heartbeat``)

@@ -260,7 +260,7 @@ class _Run(Claimant):
     def finalize(self) -> Verdict:
         """The response is complete: complete the key (or release it, per SPEC §4) before its
         end leaves; when the record cannot land, keep recording it in a background thread."""
-        self.finalized = True
+        self.end()
         self.capture.complete = True
         beat = self.beat
         beat.bounded = False
@@ -296,7 +296,7 @@ class _Run(Claimant):
         outcome-unknown when the response had started (SPEC §4)."""
         if self.finalized:
             return
-        self.finalized = True
+        self.end()
         kept = False
         try:
             if "effect" in self.state:

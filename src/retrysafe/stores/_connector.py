@@ -35,7 +35,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractContextManager, contextmanager
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from typing import (
     Any,
@@ -206,44 +206,36 @@ def drive(op: Generator[_R, Any, _T], execute: Callable[[_R], Any]) -> _T:
     """Run ``op`` to its end, answering each request with ``execute(request)``. An exception
     from ``execute`` is thrown into the operation (it may handle it) and, if not handled,
     propagates. Requests are :class:`Exec` for the SQL connectors; the Redis key store drives
-    its own requests (script calls) with the same two functions."""
-    done, value = _step(op, True, None)
-    while not done:
-        done, value = _step(op, *_attempt(execute, value))
-    result: _T = value
-    return result
+    its own requests (script calls) with the same two functions. (A plain loop: it runs for
+    every statement of every store, so it allocates nothing per step.)"""
+    try:
+        request = op.send(None)
+        while True:
+            try:
+                value = execute(request)
+            except Exception as exc:
+                request = op.throw(exc)
+            else:
+                request = op.send(value)
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
 
 
 async def adrive(op: Generator[_R, Any, _T], execute: Callable[[_R], Awaitable[Any]]) -> _T:
     """:func:`drive` with an async ``execute``."""
-    done, value = _step(op, True, None)
-    while not done:
-        done, value = _step(op, *(await _aattempt(execute, value)))
-    result: _T = value
-    return result
-
-
-def _step(op: Generator[Any, Any, Any], ok: bool, value: Any) -> tuple[bool, Any]:
-    """Send ``value`` (or throw it, when not ``ok``) into ``op``: ``(False, next request)`` or
-    ``(True, the op's return value)``."""
     try:
-        return False, op.send(value) if ok else op.throw(value)
+        request = op.send(None)
+        while True:
+            try:
+                value = await execute(request)
+            except Exception as exc:
+                request = op.throw(exc)
+            else:
+                request = op.send(value)
     except StopIteration as stop:
-        return True, stop.value
-
-
-def _attempt(execute: Callable[[_R], Any], request: _R) -> tuple[bool, Any]:
-    try:
-        return True, execute(request)
-    except Exception as exc:
-        return False, exc
-
-
-async def _aattempt(execute: Callable[[_R], Awaitable[Any]], request: _R) -> tuple[bool, Any]:
-    try:
-        return True, await execute(request)
-    except Exception as exc:
-        return False, exc
+        result: _T = stop.value
+        return result
 
 
 class Transaction(Protocol):
@@ -454,9 +446,9 @@ def async_op(
 
     async def method(self: _HasAsyncConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         c = self.connector
-        return await c.run(
-            lambda: fn(c.clock, *args, **kwargs), atomic=atomic, skippable=skippable
-        )
+        # A partial, not a lambda: one object per call instead of a function and its cells.
+        op = partial(fn, c.clock, *args, **kwargs)
+        return await c.run(op, atomic=atomic, skippable=skippable)
 
     method.__name__ = fn.__name__
     method.__doc__ = fn.__doc__

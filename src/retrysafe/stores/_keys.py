@@ -12,7 +12,8 @@ operations on a sync and an async :mod:`connector <retrysafe.stores._connector>`
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from retrysafe._exceptions import ConfigurationError, StoreError
@@ -30,7 +31,7 @@ from retrysafe.stores._connector import (
     sync_op,
 )
 
-__all__ = ["AsyncSQLKeyStore", "KeyEffect", "SQLKeyStore"]
+__all__ = ["AsyncSQLKeyStore", "KeyEffect", "SQLKeyStore", "claimed_record", "headers_json"]
 
 #: The columns every statement returning a row reads, in the order the row converter
 #: unpacks them (``{key_columns}`` in the statement files).
@@ -52,6 +53,37 @@ _CLAIM, _GET, _TAKE_OVER = _SQL["claim_key"], _SQL["get_key"], _SQL["take_over_k
 _COMPLETE, _RELEASE, _EXTEND = _SQL["complete_key"], _SQL["release_key"], _SQL["extend_key_lease"]
 _PURGE = _SQL["purge_keys"]
 _STATES = {state.value: state for state in KeyState}
+
+
+def headers_json(headers: Sequence[tuple[str, str]]) -> str:
+    """A stored response's headers as every key store keeps them: the JSON text
+    ``json.dumps([[name, value], ...])`` writes, byte for byte, built without the encoder's
+    per-call setup (each name and value is quoted by the same C function ``json.dumps`` uses)."""
+    try:
+        return (
+            "["
+            + ", ".join(
+                f"[{encode_basestring_ascii(k)}, {encode_basestring_ascii(v)}]" for k, v in headers
+            )
+            + "]"
+        )
+    except TypeError:  # not (str, str) pairs: let json say what it makes of them
+        return json.dumps([list(p) for p in headers])
+
+
+def claimed_record(
+    key_hash: str, fingerprint: str, token: Any, lease_expires_at: Any, expires_at: Any
+) -> KeyRecord:
+    """The record a claim just wrote, from what the store returned of it (token and times, as
+    the driver's types: numbers, or Redis's bytes)."""
+    return KeyRecord(
+        key_hash,
+        fingerprint,
+        KeyState.RUNNING,
+        int(token),
+        float(lease_expires_at),
+        float(expires_at),
+    )
 
 
 def _record(row: tuple[Any, ...]) -> KeyRecord:
@@ -85,16 +117,7 @@ def claim(
     for _ in range(RACE_LIMIT):
         row = yield one(_CLAIM, params)
         if row is not None:
-            token, lease_expires_at, expires_at = row
-            record = KeyRecord(
-                key_hash,
-                fingerprint,
-                KeyState.RUNNING,
-                int(token),
-                float(lease_expires_at),
-                float(expires_at),
-            )
-            return True, record
+            return True, claimed_record(key_hash, fingerprint, *row)
         row = yield one(_GET, params)
         if row is not None:
             return False, _record(row)
@@ -123,7 +146,7 @@ def complete(
         "key_hash": key_hash,
         "token": fencing_token,
         "status": response.status,
-        "headers": json.dumps([list(p) for p in response.headers]),
+        "headers": headers_json(response.headers),
         "body": response.body,
         "replayable": response.replayable,
         "now": caller_now(clock, now),

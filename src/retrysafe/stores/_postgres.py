@@ -13,6 +13,14 @@ statement uses ``extract(epoch FROM statement_timestamp())`` — so replicas who
 apart still agree on when a lease or a key expired. ``clock="caller"`` honours the ``now``
 argument instead (the contract tests drive time by hand with it).
 
+Group commit (the key store's async face, the ASGI middleware's): the operations issued during one
+event-loop iteration run together on one pool connection, in one transaction, their statements
+pipelined (psycopg pipeline mode): one round trip per step of the operations and one ``COMMIT``
+for all of them, instead of a pool checkout, a round trip and a commit each. Every operation gets
+its own result, and only after the ``COMMIT``. A statement that fails rolls the batch back and
+its operations run again one by one, each on its own, so each gets its own answer; a connection
+that fails mid-batch fails every operation of it as unavailable (as it would fail one).
+
 A store recovers by itself: when an operation finds its connection closed by the server (a
 restart, a failover, ``pg_terminate_backend``), that operation fails as unavailable and the pool's
 other idle connections are checked at once (:meth:`psycopg_pool.ConnectionPool.check`), so the
@@ -48,7 +56,7 @@ from retrysafe.stores._connector import (
     split_statements,
 )
 from retrysafe.stores._connector import _load as load_sql
-from retrysafe.stores._keys import KeyEffect, SQLKeyStore
+from retrysafe.stores._keys import AsyncSQLKeyStore, KeyEffect, SQLKeyStore
 from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
@@ -141,6 +149,64 @@ async def _afetch(cur: psycopg.AsyncCursor[Any], fetch: str) -> Any:
     if fetch == "all":
         return await cur.fetchall()
     return cur.rowcount
+
+
+#: One operation waiting for its batch: its factory, its caller's future, whether it may be
+#: skipped once that caller has gone (see :class:`~retrysafe.stores._connector.AsyncConnector`).
+_Queued = tuple[Callable[[], Op[Any]], "asyncio.Future[Any]", bool]
+
+
+def _lock_order(item: tuple[int, Exec]) -> tuple[str, str]:
+    """The order a step's statements run in: by statement, then by key hash, so that batches
+    of concurrent processes lock the rows of one statement in the same order and never wait
+    on each other in a cycle."""
+    request = item[1]
+    return request.statement.name, str(request.params.get("key_hash", ""))
+
+
+async def _drive_batch(
+    conn: psycopg.AsyncConnection[Any], ops: list[Callable[[], Op[Any]]]
+) -> list[tuple[bool, Any]]:
+    """Drive ``ops`` together in one transaction: every operation's next statement is sent in
+    one pipeline, the results are read after one sync, and each operation gets its result and
+    yields its next statement, until all are done. Returns one ``(ok, result or the
+    operation's own error)`` per operation, in order.
+
+    Raises:
+        psycopg.Error: a statement (or the COMMIT) failed; the transaction was rolled back.
+    """
+    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(ops)
+    pending: list[tuple[int, Exec]] = []
+
+    def advance(i: int, gen: Op[Any], ok: bool, value: Any) -> None:
+        try:
+            request = gen.send(value) if ok else gen.throw(value)
+        except StopIteration as stop:
+            outcomes[i] = (True, stop.value)
+        except Exception as exc:  # the operation's own error: only its caller sees it
+            outcomes[i] = (False, exc)
+        else:
+            pending.append((i, request))
+
+    gens = [op() for op in ops]
+    for i, gen in enumerate(gens):
+        advance(i, gen, True, None)
+    async with conn.pipeline() as pipeline, conn.transaction():
+        while pending:
+            step = sorted(pending, key=_lock_order)
+            pending = []
+            cursors = []
+            for _, request in step:
+                parts = request.statement.parts["postgres"]
+                cur = conn.cursor()
+                await cur.execute(parts[0], request.params, prepare=True)
+                for part in parts[1:]:
+                    await conn.execute(part, request.params, prepare=True)
+                cursors.append(cur)
+            await pipeline.sync()  # one round trip for the whole step
+            for (i, request), cur in zip(step, cursors, strict=True):
+                advance(i, gens[i], True, await _afetch(cur, request.fetch))
+    return outcomes
 
 
 class PostgresOptions(TypedDict, total=False):
@@ -440,16 +506,26 @@ class AsyncPostgresConnector:
 
     The pool belongs to the event loop that first uses the face; used from another loop the face
     opens a new pool there. Close it with :meth:`aclose`.
+
+    Args:
+        connector: the sync connector whose database and pool settings it shares.
+        group_commit: run the operations of one event-loop iteration together (see the module
+            docstring); atomic operations always run on their own. Needs libpq's pipeline mode
+            (libpq >= 14, which psycopg[binary] bundles); without it operations run one by one.
     """
 
     dialect = "postgres"
 
-    def __init__(self, connector: PostgresConnector) -> None:
+    def __init__(self, connector: PostgresConnector, *, group_commit: bool = False) -> None:
         self._sync = connector
         self.clock: Clock = connector.clock
         self._pool: psycopg_pool.AsyncConnectionPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
+        self.group_commit = group_commit and psycopg.AsyncPipeline.is_supported()
+        self._queue: list[_Queued] = []
+        self._queue_loop: asyncio.AbstractEventLoop | None = None
+        self._batches: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -499,14 +575,93 @@ class AsyncPostgresConnector:
     async def run(
         self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
     ) -> _T:
-        async with self._connection() as conn:
-            return await _drive_async(conn, op(), atomic)
+        if not self.group_commit or atomic:
+            async with self._connection() as conn:
+                return await _drive_async(conn, op(), atomic)
+        loop = asyncio.get_running_loop()
+        if loop is not self._queue_loop:
+            # A loop that stopped before flushing left its queue behind: nobody awaits it.
+            self._queue = []
+            self._queue_loop = loop
+        future: asyncio.Future[_T] = loop.create_future()
+        if not self._queue:
+            loop.call_soon(self._flush)
+        self._queue.append((op, future, skippable))
+        return await future
+
+    def _flush(self) -> None:
+        """Start the batch of this event-loop iteration's operations (group commit)."""
+        queue, self._queue = self._queue, []
+        batch = [q for q in queue if not (q[2] and q[1].cancelled())]
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._run_batch(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+
+    async def _run_batch(self, batch: list[_Queued]) -> None:
+        if len(batch) == 1:
+            await self._run_alone(batch[0])
+            return
+        try:
+            async with self._connection() as conn:
+                outcomes = await _drive_batch(conn, [q[0] for q in batch])
+        except StoreUnavailableError as exc:
+            # The connection failed (or none came): whether the COMMIT landed is unknown, so
+            # nothing is run again; every operation fails as it would have alone.
+            for _, future, _ in batch:
+                _deliver(future, False, exc)
+            return
+        except Exception:
+            # A statement failed (or something else did) and the transaction rolled back:
+            # nothing of the batch took effect. Each operation runs again on its own, so each
+            # gets its own answer.
+            for queued in batch:
+                await self._run_alone(queued)
+            return
+        except BaseException:  # cancelled (the loop is closing): nobody gets a result
+            for _, future, _ in batch:
+                _deliver(future, False, None)
+            raise
+        for (_, future, _), (ok, value) in zip(batch, outcomes, strict=True):
+            _deliver(future, ok, value)
+
+    async def _run_alone(self, queued: _Queued) -> None:
+        op, future, skippable = queued
+        if skippable and future.cancelled():
+            return
+        try:
+            async with self._connection() as conn:
+                result = await _drive_async(conn, op(), False)
+        except Exception as exc:
+            _deliver(future, False, exc)
+        except BaseException:
+            _deliver(future, False, None)
+            raise
+        else:
+            _deliver(future, True, result)
 
     async def aclose(self) -> None:
-        """Close this face's pool. Idempotent."""
+        """Close this face's pool (after the batches under way). Idempotent."""
+        if self._queue and self._queue_loop is asyncio.get_running_loop():
+            self._flush()  # operations queued this iteration run first, on the pool
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+
+def _deliver(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Hand one operation's outcome to its caller (``value`` None with ``ok`` False: the batch
+    was cancelled, and so is the caller's wait)."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    elif value is None:
+        future.cancel()
+    else:
+        future.set_exception(value)
 
 
 class PostgresStore(SQLKeyStore):
@@ -568,3 +723,9 @@ class PostgresStore(SQLKeyStore):
         """Open a transaction for a handler's own writes (SPEC §4 transactional mode): see
         :meth:`PostgresConnector.begin`."""
         return KeyEffect(self.connector.begin())
+
+    def asyncio_key_store(self) -> AsyncSQLKeyStore:
+        """A new :class:`~retrysafe.stores.AsyncKeyStore` face with group commit (see the
+        module docstring): its own pool, bound to the event loop that first uses it; close it
+        with ``aclose()``."""
+        return AsyncSQLKeyStore(AsyncPostgresConnector(self.connector, group_commit=True))

@@ -15,8 +15,10 @@ its SHA-256 ``key_hash``):
   slot and every script touches keys of a single slot (a prefix with braces is refused on a
   cluster for that reason). The layout is the same on one server and on a cluster.
 
-Every primitive is one Lua script (registered once, run with ``EVALSHA``), so claims and the
-fenced complete/release/take-over/extend are atomic on the server. On a cluster the scripts run
+Every primitive is one Lua script (run with ``EVALSHA``; a server that lost its script cache gets
+the script itself once, ``EVAL``), so claims and the fenced complete/release/take-over/extend are
+atomic on the server, and each is one round trip: a claim returns the new claim or, when the key
+is taken, the record that answers the request. On a cluster the scripts run
 through redis-py's cluster clients (``redis.cluster.RedisCluster`` and its asyncio twin), which
 route each call by its keys' slot and follow ``MOVED`` / ``ASK`` redirections; everything else
 (scripts, key layout, arguments, decoding, error translation) is written once for both kinds.
@@ -29,12 +31,20 @@ host can lose about the last second of claims and completions; with no AOF (RDB 
 nothing) a restart loses everything since the last snapshot. A lost record is a forgotten key:
 its repeat runs the handler again. Eviction is worse — see :meth:`RedisStore.check_eviction`.
 
+The async face (the ASGI middleware's) talks to one server over
+:mod:`~retrysafe.stores._redis_wire` when hiredis is installed (``pip install retrysafe[redis]``
+brings it) and the URL is plain ``redis://``: one pipelined connection per event loop, several
+times cheaper per command than redis-py's asyncio client. A cluster, TLS or other connection
+options use redis-py's asyncio clients. Either way the operations, scripts, arguments, decoding
+and error translation are the ones below.
+
 redis-py is imported only when this module is (``pip install retrysafe[redis]``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import warnings
@@ -49,6 +59,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import (
     AskError,
     ClusterError,
+    NoScriptError,
     RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
@@ -62,7 +73,14 @@ from retrysafe._exceptions import (
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._connector import adrive, drive
+from retrysafe.stores._keys import claimed_record, headers_json
 from retrysafe.stores._url_check import CLUSTER_SCHEMES, parse_cluster_url
+
+try:  # the lean async transport needs hiredis (in the redis extra)
+    from retrysafe.stores._redis_wire import RedisWire, wire_options
+except ImportError:  # pragma: no cover - exercised by the no-hiredis test
+    RedisWire = None  # type: ignore[assignment,misc]
+    wire_options = None  # type: ignore[assignment]
 
 __all__ = ["RedisStore"]
 
@@ -104,6 +122,7 @@ end
 """
 
 # KEYS: record, counter. ARGV: now, fingerprint, lease, keep (s), keep_ms, counter_ms.
+# Returns {0, the record's HGETALL} when the key is taken, else {1, token, lease, expiry}.
 _CLAIM = (
     _NOW
     + """
@@ -117,12 +136,13 @@ if tok <= old then
   tok = old + 1
   redis.call('SET', KEYS[2], tok)
 end
+local lease, keep = f(now + tonumber(ARGV[3])), f(now + tonumber(ARGV[4]))
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'st', 'running', 'tok', tostring(tok),
-  'lease', f(now + tonumber(ARGV[3])), 'exp', f(now + tonumber(ARGV[4])))
+  'lease', lease, 'exp', keep)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
-return {1, redis.call('HGETALL', KEYS[1])}
+return {1, tok, lease, keep}
 """
 )
 
@@ -204,6 +224,12 @@ _SCRIPTS = {
     "purge": _PURGE,
 }
 
+#: The SHA1 of each script, as EVALSHA names it (redis-py's Script computes the same).
+_SHAS = {
+    name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+    for name, src in _SCRIPTS.items()
+}
+
 _STATES = {state.value: state for state in KeyState}
 _SAFE_POLICIES = frozenset({"noeviction"})
 
@@ -271,8 +297,10 @@ def _claim(
     s: RedisStore, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
 ) -> _RedisOp[tuple[bool, KeyRecord]]:
     args = s._claim_args(fingerprint, now, lease, retention)
-    claimed, flat = yield s._script("claim", key_hash, args, one_key=False)
-    return bool(claimed), cast(KeyRecord, _record(key_hash, flat))
+    reply = yield s._script("claim", key_hash, args, one_key=False)
+    if reply[0]:  # {1, token, lease, expiry}
+        return True, claimed_record(key_hash, fingerprint, *reply[1:])
+    return False, cast(KeyRecord, _record(key_hash, reply[1]))
 
 
 def _take_over(
@@ -429,6 +457,11 @@ class RedisStore:
         self._scripts: dict[str, Script] = {
             name: self._r.register_script(src) for name, src in _SCRIPTS.items()
         }
+        #: The lean transport's connection options, or None when redis-py serves the async
+        #: face (a cluster, TLS, other options, or no hiredis).
+        self._wire_options: dict[str, Any] | None = None
+        if not self.cluster and wire_options is not None:
+            self._wire_options = wire_options(url)
         if check:
             self._call(self._r.ping)
             if not self.cluster:
@@ -500,8 +533,8 @@ class RedisStore:
     def _script(self, name: str, key_hash: str, args: Sequence[Any], *, one_key: bool) -> _Call:
         """The request that runs script ``name`` on ``key_hash``'s record (and, unless
         ``one_key``, its fencing-token counter: both keys hash to one slot)."""
-        keys = self._keys(key_hash)[:1] if one_key else self._keys(key_hash)
-        return _Call(name, keys, list(args))
+        keys = self._keys(key_hash)
+        return _Call(name, keys[:1] if one_key else keys, list(args))
 
     def _masters(self) -> list[tuple[str, redis.Redis]]:
         """``(host:port, client)`` of every master: the server itself, or each cluster
@@ -600,7 +633,7 @@ class RedisStore:
             _ms(retention),
             _ms(retention + self.token_ttl),
             response.status,
-            json.dumps([list(p) for p in response.headers]),
+            headers_json(response.headers),
             response.body,
             "1" if response.replayable else "0",
         ]
@@ -678,6 +711,7 @@ class AsyncRedisKeys:
         self._s = store
         self._client: AsyncClient | None = None
         self._scripts: dict[str, AsyncScript] = {}
+        self._wire: RedisWire | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _ready(self) -> tuple[AsyncClient, dict[str, AsyncScript]]:
@@ -703,14 +737,48 @@ class AsyncRedisKeys:
             raise self._s._translate(exc) from exc
 
     async def _execute(self, call: _Call) -> Any:
-        """Run one request of an operation on the ``redis.asyncio`` client."""
-        client, scripts = await self._ready()
-        if call.script is None:
-            return await self._await(client.hgetall(call.keys[0]))
-        return await self._await(scripts[call.script](keys=call.keys, args=call.args))
+        """Run one request of an operation: on the lean transport when it serves this
+        store's URL, else on the ``redis.asyncio`` client."""
+        wire = self._wire
+        if wire is None or self._loop is not asyncio.get_running_loop():
+            if self._s._wire_options is None:
+                client, scripts = await self._ready()
+                if call.script is None:
+                    return await self._await(client.hgetall(call.keys[0]))
+                return await self._await(scripts[call.script](keys=call.keys, args=call.args))
+            wire = self._wire_of_this_loop()
+        try:
+            keys = call.keys
+            if call.script is None:
+                flat = await wire.call(("HGETALL", keys[0]))
+                it = iter(flat)
+                return dict(zip(it, it, strict=True))
+            try:
+                sha = _SHAS[call.script]
+                return await wire.call(("EVALSHA", sha, len(keys), *keys, *call.args))
+            except NoScriptError:  # the server's script cache was flushed: send the script
+                src = _SCRIPTS[call.script]
+                return await wire.call(("EVAL", src, len(keys), *keys, *call.args))
+        except redis.RedisError as exc:
+            raise self._s._translate(exc) from exc
+
+    def _wire_of_this_loop(self) -> RedisWire:
+        """A new lean transport for the running event loop (see :mod:`._redis_wire`)."""
+        assert RedisWire is not None and self._s._wire_options is not None
+        options = self._s._options
+        wire = RedisWire(
+            self._s._wire_options,
+            timeout=options["socket_timeout"],
+            connect_timeout=options["socket_connect_timeout"],
+        )
+        self._wire, self._loop = wire, asyncio.get_running_loop()
+        return wire
 
     async def aclose(self) -> None:
         """Close this face's client. Idempotent."""
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            await wire.aclose()
         client, self._client = self._client, None
         if client is not None:
             # aclose() since redis 5; close() before (and in older type stubs).
