@@ -880,3 +880,40 @@ def test_engine_asks_for_identity_coding() -> None:
 
     asyncio.run(main())
     assert b"accept-encoding: identity" in seen[0].lower()
+
+
+def test_a_transports_own_httpx_error_keeps_its_name_and_its_row(
+    outbox: Outbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller's transport raising its own subclass of an httpx error is recorded under that
+    name, in the row of its base class (a read error: sent, retried with the same key), and
+    is not logged as an unexpected error."""
+
+    class FlakyRead(httpx.ReadError):
+        pass
+
+    class Refusing(httpx.ConnectError):
+        pass
+
+    calls = [0]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise FlakyRead("lost mid-answer", request=request)
+        if calls[0] == 2:
+            raise Refusing("refused", request=request)
+        return httpx.Response(201, json={})
+
+    job = outbox.submit("http://api.invalid/posts", json={})
+    with caplog.at_level("WARNING", logger="retrysafe.client"):
+        run(outbox, transport=httpx.MockTransport(handler))
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    attempts = outbox.attempts(job.id)
+    assert [(a.error_type, a.outcome) for a in attempts] == [
+        ("FlakyRead", "transport_error"),
+        ("Refusing", "connect_error"),
+        (None, "success"),
+    ]
+    assert {a.key for a in attempts} == {job.key}
+    assert "unexpected error" not in caplog.text
