@@ -76,6 +76,7 @@ CASES = [
             "--lease",
             "--heartbeat",
             "--max-run-time",
+            "--metrics",
         )
     ],
     # reconcile
@@ -134,6 +135,7 @@ CASES = [
     case("webhooks", "dlq", "purge", "--yes", "--older-than", V, name="--older-than"),
     # webhooks worker
     case("webhooks", "worker", "--until-idle", "--concurrency", V, name="--concurrency"),
+    case("webhooks", "worker", "--until-idle", "--metrics", V, name="--metrics"),
     # migrate, agents
     case("migrate", "--schema", V, name="--schema", valid=("nan", "inf")),  # identifiers
     case("agents", "runs", "--limit", V, name="--limit"),

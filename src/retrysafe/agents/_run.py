@@ -100,6 +100,8 @@ class AgentRun:
         max_attempts: attempts allowed per logical call over every process (None: unlimited).
         retry_unknown: re-send calls whose outcome is unknown, with their same key.
         owner: this process's claimant name (host:pid:random).
+        telemetry: where write calls (executed, replayed, unknown, failed) and budget
+            refusals are reported, or None.
     """
 
     def __init__(
@@ -109,7 +111,11 @@ class AgentRun:
         *,
         retry_unknown: bool = False,
         clock: Callable[[], float] = time.time,
+        telemetry: Any = None,
     ) -> None:
+        from retrysafe.observability._telemetry import telemetry_of
+
+        self.telemetry = telemetry_of(telemetry)
         self.store: AgentStore = agent_store(store)
         self.id = record.id
         self.max_steps = record.max_steps
@@ -176,6 +182,7 @@ def start_run(
     *,
     max_steps: int | None = None,
     max_attempts: int | None = None,
+    telemetry: Any = None,
 ) -> AgentRun:
     """Start a new agent run and record it in ``store``.
 
@@ -188,6 +195,9 @@ def start_run(
             :class:`~retrysafe.BudgetExceededError` (``kind="steps"``). None: unlimited.
         max_attempts: attempts allowed per logical call, summed over every process
             (``kind="attempts"``). None: unlimited.
+        telemetry: a :class:`~retrysafe.observability.Prometheus`, an
+            :class:`~retrysafe.observability.OpenTelemetry` or a list of both (write calls
+            by outcome, budget refusals, a span per write call).
 
     Raises:
         AgentError: ``run_id`` exists already (use :func:`resume_run`).
@@ -205,10 +215,12 @@ def start_run(
         raise AgentError(
             f"agent run {rid!r} exists already; resume it with resume_run()", run_id=rid
         )
-    return AgentRun(s, record)
+    return AgentRun(s, record, telemetry=telemetry)
 
 
-def resume_run(store: Any, run_id: str, *, retry_unknown: bool = False) -> AgentRun:
+def resume_run(
+    store: Any, run_id: str, *, retry_unknown: bool = False, telemetry: Any = None
+) -> AgentRun:
     """Resume an agent run, e.g. in a new process after a crash.
 
     Calls the run recorded keep their keys and results: replaying the agent loop returns the
@@ -222,6 +234,7 @@ def resume_run(store: Any, run_id: str, *, retry_unknown: bool = False) -> Agent
         retry_unknown: re-send UNKNOWN write calls when they are repeated, with their same key
             (safe when the remote API dedupes by ``Idempotency-Key``); by default a repeat
             raises :class:`~retrysafe.OutcomeUnknownError` instead.
+        telemetry: as for :func:`start_run`.
 
     Raises:
         RunNotFoundError: no run with that id in the store.
@@ -234,4 +247,4 @@ def resume_run(store: Any, run_id: str, *, retry_unknown: bool = False) -> Agent
             run_id=run_id,
         )
     s.interrupt_agent_calls(run_id, now=time.time())
-    return AgentRun(s, record, retry_unknown=retry_unknown)
+    return AgentRun(s, record, retry_unknown=retry_unknown, telemetry=telemetry)

@@ -262,6 +262,7 @@ class _Flow:
         self.recorded = False
         self.fenced_out = False
         self._guard = threading.Lock()
+        self.started = time.perf_counter()
         if self.run is None:
             return
         bound = bind_arguments(spec.signature, spec.name, args, kwargs)
@@ -329,6 +330,7 @@ class _Flow:
             self.token = 0  # a repeated read runs again, without touching its audit row
             return "run", None
         if row.state is AgentCallState.SUCCEEDED:
+            self._report("replayed", row.key)
             if row.result_json is None:
                 raise ToolCallFailedError(
                     f"call {row.key} of {spec.name!r} succeeded but its result was not "
@@ -349,7 +351,17 @@ class _Flow:
             )
         if run.retry_unknown:  # UNKNOWN: re-send it with its key only when asked to
             return "take_over", (row.fencing_token, True)
+        self._report("unknown", row.key)
         raise self._unknown(row)
+
+    def _report(self, outcome: str, key: str) -> None:
+        """A write call's outcome to the run's telemetry: ``executed``, ``replayed``,
+        ``unknown`` (recorded now, or found recorded) or ``failed``."""
+        run = self.run
+        if run is not None and run.telemetry is not None and self.spec.kind == "write":
+            run.telemetry.agent_call(
+                self.spec.name, outcome, time.perf_counter() - self.started, key
+            )
 
     def _reused(self, row: AgentCall) -> CallIdReusedError:
         """A recorded call under this key that is another tool or other arguments.
@@ -412,6 +424,8 @@ class _Flow:
     def _budget_error(self, reason: str, kind: str, row: AgentCall) -> BudgetExceededError:
         run = self.run
         assert run is not None
+        if run.telemetry is not None:
+            run.telemetry.budget_refusal(kind)
         limit = (run.max_steps if kind == "steps" else run.max_attempts) or 0
         return BudgetExceededError(
             f"agent run {run.id!r}: {reason}; call {row.key} of {self.spec.name!r} refused",
@@ -590,6 +604,8 @@ class _Flow:
             self.recorded = True
         if not ok:
             self.fenced_out = True
+        elif state in _REPORTED:
+            self._report(_REPORTED[state], call.key)
         return ok
 
     def succeeded(self, result: Any) -> None:
@@ -630,6 +646,14 @@ class _Flow:
         if self.spec.kind == "write" and self.call is not None and self.token and retryable:
             return self._unknown(self.get())
         return exc
+
+
+#: The telemetry outcome of a write call's recorded final state.
+_REPORTED = {
+    AgentCallState.SUCCEEDED: "executed",
+    AgentCallState.UNKNOWN: "unknown",
+    AgentCallState.FAILED: "failed",
+}
 
 
 def _fingerprint(call: AgentCall) -> str:

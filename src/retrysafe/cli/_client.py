@@ -37,8 +37,10 @@ from retrysafe.cli._common import (
     errors,
     fail,
     json_option,
+    metrics_option,
     opened_store,
     print_table,
+    serving_metrics,
     store_option,
 )
 from retrysafe.client import DEAD_LETTER_STATES, Attempt, Job, JobState, Outbox, RetryPolicy
@@ -287,12 +289,27 @@ def finish(stats: WorkerStats, code: int | None, *, until_idle: bool, what: str)
 
 
 class _JsonLines(logging.Handler):
+    """The workers' stdout when it is not a terminal: one JSON object per line, an
+    ``attempt`` event per recorded attempt, every other retrysafe line (warnings, the metrics
+    address, store outages) as ``{"ts", "level", "logger", "message"}``."""
+
+    def __init__(self, *, attempts_of: str = "retrysafe.client") -> None:
+        super().__init__()
+        self.attempts_of = attempts_of  # whose attempt lines are this command's events
+
     def emit(self, record: logging.LogRecord) -> None:
         data = getattr(record, "retrysafe", None)
-        line = {"level": record.levelname.lower(), "message": record.getMessage()}
+        if isinstance(data, dict) and record.name != self.attempts_of:
+            return  # another layer's line for the same attempt (the webhook worker's outbox)
+        line: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if isinstance(data, dict):
             line = {"event": "attempt", **data}
-        click.echo(json.dumps(line, sort_keys=True))
+        click.echo(json.dumps(line, sort_keys=True, default=str))
 
 
 @click.command(
@@ -341,6 +358,7 @@ class _JsonLines(logging.Handler):
     "2 × timeout).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
+@metrics_option
 @json_option
 def worker(
     store: str,
@@ -353,6 +371,7 @@ def worker(
     heartbeat: float | None,
     max_run_time: float | None,
     until_idle: bool,
+    metrics_address: str | None,
     as_json: bool,
 ) -> None:
     """Deliver outbox jobs until stopped (SIGTERM: in-flight attempts finish, exit 143;
@@ -360,17 +379,20 @@ def worker(
     waited out."""
     policy = _policy(attempts, timeout, wait_initial, wait_max)
     _check_lease_timing(lease, heartbeat, max_run_time)
-    log = logging.getLogger("retrysafe.client")
+    log = logging.getLogger("retrysafe")  # the worker's lines, and its store's and metrics'
     tty = sys.stdout.isatty() and not as_json
     live: Any = None
     handler: logging.Handler | None = None
     old_level = logging.NOTSET
-    with _outbox(store, policy) as outbox:
+    with _outbox(store, policy) as outbox, serving_metrics(
+        metrics_address, outbox.store
+    ) as metrics:
         w = outbox.worker(
             concurrency=concurrency,
             lease=lease,
             heartbeat=heartbeat,
             max_run_time=max_run_time,
+            telemetry=metrics,
             **outage_bound(until_idle),
         )
         if tty:

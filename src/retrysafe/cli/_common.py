@@ -61,10 +61,12 @@ __all__ = [
     "exit_code_of",
     "fail",
     "json_option",
+    "metrics_option",
     "no_store_message",
     "opened_store",
     "parse_listen",
     "print_table",
+    "serving_metrics",
     "store_option",
 ]
 
@@ -449,3 +451,70 @@ def check_port_free(host: str, port: int) -> None:
             if exc.errno == errno.EADDRINUSE:
                 fail(f"cannot listen on {host}:{port}: the port is already in use")
             fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+# ---------------------------------------------------------------------- --metrics
+def metrics_option(fn: _F) -> _F:
+    """``--metrics HOST:PORT``: serve Prometheus metrics while the command runs."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value, option="--metrics")  # before anything is opened
+        return value
+
+    return click.option(
+        "--metrics",
+        "metrics_address",
+        metavar="HOST:PORT",
+        default=None,
+        callback=check,
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics while running (needs "
+        "pip install 'retrysafe[metrics]'; keep it on loopback or a private network).",
+    )(fn)
+
+
+@contextmanager
+def serving_metrics(address: str | None, store: Any) -> Iterator[Any]:
+    """Serve ``/metrics`` on ``address`` for the duration of the block and yield the
+    :class:`~retrysafe.observability.Prometheus` to pass as ``telemetry=`` (None without an
+    address). Its registry is the command's own, with the process, platform and garbage
+    collector metrics of prometheus-client beside retrysafe's, and a
+    :class:`~retrysafe.observability.StoreCollector` reading ``store`` (an opened store, not
+    closed here) at each scrape.
+
+    Exits 2 with one line: an unparsable address, prometheus-client missing, a port in use or
+    an address that is not this machine's (nothing is left running).
+    """
+    if address is None:
+        yield None
+        return
+    host, port = parse_listen(address, option="--metrics")
+    try:
+        import prometheus_client as prom
+    except ImportError:
+        fail(
+            "--metrics: prometheus-client is not installed: pip install 'retrysafe[metrics]'",
+            EXIT_USAGE,
+        )
+    from retrysafe.observability import Prometheus, serve_metrics
+
+    registry = prom.CollectorRegistry()
+    prom.ProcessCollector(registry=registry)
+    prom.PlatformCollector(registry=registry)
+    prom.GCCollector(registry=registry)
+    metrics = Prometheus(registry)
+    try:
+        server = serve_metrics(host, port, metrics=metrics, store=store)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            fail(f"--metrics: cannot listen on {address}: the port is already in use", EXIT_USAGE)
+        fail(f"--metrics: cannot listen on {address}: {exc.strerror or exc}", EXIT_USAGE)
+    import logging
+
+    logging.getLogger("retrysafe.metrics").info(
+        "metrics listening", extra={"metrics": server.url}
+    )
+    try:
+        yield metrics
+    finally:
+        server.close()

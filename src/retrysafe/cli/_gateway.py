@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Iterator
@@ -17,7 +18,9 @@ from retrysafe.cli._common import (
     clip,
     errors,
     fail,
+    metrics_option,
     parse_listen,
+    serving_metrics,
     store_option,
 )
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
@@ -153,6 +156,7 @@ _FLAGS = {
     is_flag=True,
     help="Accept --store memory:// (for tests only: a restart forgets every key).",
 )
+@metrics_option
 @click.option(
     "--log-level",
     default="info",
@@ -177,6 +181,7 @@ def gateway(
     in_progress_wait: float,
     fail_open: bool,
     allow_memory_store: bool,
+    metrics_address: str | None,
     log_level: str,
 ) -> None:
     """Run a reverse proxy that gives UPSTREAM idempotency keys.
@@ -268,34 +273,49 @@ def gateway(
             fail_open=fail_open,
         )
     check_port_free(host, port)  # before the store: a taken port creates no store either
+    if metrics_address is not None:
+        metrics_host, metrics_port = parse_listen(metrics_address, option="--metrics")
+        if (metrics_host, metrics_port) == (host, port):
+            raise click.BadParameter(
+                f"{metrics_address} is the gateway's own --listen address", param_hint="--metrics"
+            )
+        check_port_free(metrics_host, metrics_port)
 
     stopper = _Stopper()
     with Signals(on_signal=stopper) as signals:
         with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
             key_store = open_store(store)
         try:
-            app = IdempotencyMiddleware(proxy, store=key_store, config=config)
-            server = stopper.server = _server(
-                uvicorn.Config(
-                    app,
-                    host=host,
-                    port=port,
-                    log_level="warning",
-                    log_config=None,  # uvicorn's own lines go through the JSON handler too
-                    access_log=False,
-                    lifespan="on",
-                    # The upstream's own Date and Server headers pass through; not a second.
-                    server_header=False,
-                    date_header=False,
-                    timeout_graceful_shutdown=_GRACE,
+            with serving_metrics(metrics_address, key_store) as metrics:
+                if metrics is not None:
+                    config = dataclasses.replace(config, telemetry=metrics)
+                app = IdempotencyMiddleware(proxy, store=key_store, config=config)
+                server = stopper.server = _server(
+                    uvicorn.Config(
+                        app,
+                        host=host,
+                        port=port,
+                        log_level="warning",
+                        # uvicorn's own lines go through the JSON handler too.
+                        log_config=None,
+                        access_log=False,
+                        lifespan="on",
+                        # The upstream's own Date and Server headers pass through.
+                        server_header=False,
+                        date_header=False,
+                        timeout_graceful_shutdown=_GRACE,
+                    )
                 )
-            )
-            if signals.received is None:
-                logging.getLogger("retrysafe.gateway").info(
-                    "gateway listening",
-                    extra={"listen": f"{host}:{port}", "upstream": proxy.upstream, "store": store},
-                )
-                server.run()
+                if signals.received is None:
+                    logging.getLogger("retrysafe.gateway").info(
+                        "gateway listening",
+                        extra={
+                            "listen": f"{host}:{port}",
+                            "upstream": proxy.upstream,
+                            "store": store,
+                        },
+                    )
+                    server.run()
         finally:
             key_store.close()
     if signals.received is not None:

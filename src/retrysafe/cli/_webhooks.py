@@ -38,8 +38,10 @@ from retrysafe.cli._common import (
     errors,
     fail,
     json_option,
+    metrics_option,
     opened_store,
     print_table,
+    serving_metrics,
     store_option,
 )
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
@@ -539,28 +541,38 @@ def dlq_purge(
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending.")
 @_allow_option
+@metrics_option
 @json_option
 def worker(
-    store: str, concurrency: int, until_idle: bool, allow_private: bool, as_json: bool
+    store: str,
+    concurrency: int,
+    until_idle: bool,
+    allow_private: bool,
+    metrics_address: str | None,
+    as_json: bool,
 ) -> None:
     """Deliver webhooks; one JSON line per attempt (event, endpoint, attempt, status,
     latency, outcome) on stdout, and a last line with the totals (--json changes nothing:
     the output is JSON lines already). SIGTERM: in-flight attempts finish, exit 143; Ctrl-C:
     in-flight deliveries released, exit 130."""
-    log = logging.getLogger("retrysafe.webhooks")
-    handler = _JsonLines()
+    log = logging.getLogger("retrysafe")  # deliveries, and the worker's, store's, metrics' lines
+    handler = _JsonLines(attempts_of="retrysafe.webhooks")
     log.addHandler(handler)
     old = log.level
     log.setLevel(logging.INFO)
     try:
-        with _hooks(store, allow_private) as hooks:
+        with _hooks(store, allow_private) as hooks, serving_metrics(
+            metrics_address, hooks.outbox.store
+        ) as metrics:
             for endpoint, exc in hooks.refused_endpoints():
                 click.echo(
                     f"retrysafe: warning: endpoint {endpoint.id} will not be delivered to: "
                     f"{exc} (pass --allow-private to this worker too)",
                     err=True,
                 )
-            w = hooks.worker(concurrency=concurrency, **outage_bound(until_idle))
+            w = hooks.worker(
+                concurrency=concurrency, telemetry=metrics, **outage_bound(until_idle)
+            )
             try:
                 stats, code = serve(w, until_idle=until_idle)
             finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,7 @@ from retrysafe.client._models import Attempt, Job, JobState, NewJob
 from retrysafe.client._policy import RetryPolicy, count, seconds
 from retrysafe.client._store import StoreArg, open_outbox_store
 from retrysafe.client._worker import ReconcileReport, Worker, areconcile
+from retrysafe.observability._telemetry import Telemetry, telemetry_of
 
 __all__ = ["DEAD_LETTER_STATES", "AsyncOutbox", "Outbox"]
 
@@ -48,6 +50,11 @@ class Outbox:
             delivers (:meth:`worker`) and reconciles (default ``"default"``); 1–64 characters
             of ``a-z 0-9 _ . -``. Several queues can share one store: a worker never claims
             another queue's jobs (webhook deliveries live in the ``"webhooks"`` queue).
+        telemetry: a :class:`~retrysafe.observability.Prometheus`, an
+            :class:`~retrysafe.observability.OpenTelemetry` or a list of both. Each
+            submission's trace context (OpenTelemetry: a span, child of the current one) is
+            stored with the job as ``traceparent``, so every attempt of the job joins one
+            trace; workers and reconciles made here report to it too.
 
     Raises:
         ConfigurationError: a malformed store URL, a missing directory, a store without an
@@ -61,8 +68,10 @@ class Outbox:
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
         queue: str = DEFAULT_QUEUE,
+        telemetry: Telemetry | Sequence[Telemetry] | None = None,
     ) -> None:
         self.queue = check_queue(queue)
+        self.telemetry = telemetry_of(telemetry)
         self.store, self._owns_store = open_outbox_store(store)
         self.policy = policy or RetryPolicy()
         self._clock = clock
@@ -137,6 +146,12 @@ class Outbox:
             now=now,
             queue=self.queue,
         )
+        if self.telemetry is not None:
+            traced = self.telemetry.job_submitted(self.queue, new.method, new.url)
+            if traced:
+                names = {name.lower() for name, _ in traced}
+                kept = tuple((k, v) for k, v in new.headers if k.lower() not in names)
+                new = replace(new, headers=kept + tuple(traced))
         return new, now
 
     def _submitted(self, new: NewJob, created: bool, job: Job) -> Job:
@@ -298,6 +313,7 @@ class Outbox:
         options.setdefault("policy", self.policy)
         options.setdefault("clock", self._clock)
         options.setdefault("queue", self.queue)
+        options.setdefault("telemetry", self.telemetry)
         return Worker(self.store, **options)
 
     def reconcile(self, **options: Any) -> ReconcileReport:
@@ -305,6 +321,7 @@ class Outbox:
         :func:`retrysafe.client.reconcile`)."""
         options.setdefault("policy", self.policy)
         options.setdefault("queue", self.queue)
+        options.setdefault("telemetry", self.telemetry)
         return asyncio.run(areconcile(self.store, **options))
 
     def close(self) -> None:
@@ -334,8 +351,9 @@ class AsyncOutbox:
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
         queue: str = DEFAULT_QUEUE,
+        telemetry: Telemetry | Sequence[Telemetry] | None = None,
     ) -> None:
-        self._sync = Outbox(store, policy=policy, clock=clock, queue=queue)
+        self._sync = Outbox(store, policy=policy, clock=clock, queue=queue, telemetry=telemetry)
         self.store = self._sync.store
         self.policy = self._sync.policy
         self.queue = self._sync.queue
@@ -387,6 +405,7 @@ class AsyncOutbox:
     async def reconcile(self, **options: Any) -> ReconcileReport:
         options.setdefault("policy", self.policy)
         options.setdefault("queue", self.queue)
+        options.setdefault("telemetry", self._sync.telemetry)
         return await areconcile(self.store, **options)
 
     async def aclose(self) -> None:

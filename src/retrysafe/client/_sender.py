@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from retrysafe._wire import AddressGuard
     from retrysafe.client._policy import RetryPolicy
+    from retrysafe.observability._telemetry import Telemetry
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "SendResult", "make_engine", "send_attempt"]
 
@@ -75,6 +76,10 @@ class SendResult:
     detail: str | None
 
 
+#: Headers an attempt's trace replaces (with the key's, which every attempt sets itself).
+_TRACED = frozenset({"idempotency-key", "traceparent", "tracestate"})
+
+
 def make_engine(
     policy: RetryPolicy,
     *,
@@ -106,6 +111,7 @@ async def send_attempt(
     *,
     timeout: float,
     clock: Callable[[], float] = time.time,
+    telemetry: Telemetry | None = None,
 ) -> SendResult:
     """Send one attempt of ``job`` with its key and classify what happened.
 
@@ -114,13 +120,41 @@ async def send_attempt(
         job: the leased job.
         timeout: total seconds for the attempt, connect to last body byte.
         clock: Unix-seconds clock (for ``started_at`` and HTTP-date ``Retry-After``).
+        telemetry: traces the attempt (its span, and the trace context it sends in
+            ``traceparent`` instead of any stored one).
 
     Returns:
         A :class:`SendResult`. Never raises for network or HTTP trouble; cancellation
         (``asyncio.CancelledError``) propagates.
     """
-    headers = [(k, v) for k, v in job.headers if k.lower() != "idempotency-key"]
+    trace = None if telemetry is None else telemetry.attempt_started(job)
+    if trace is None:
+        headers = [(k, v) for k, v in job.headers if k.lower() != "idempotency-key"]
+        headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
+        return await _send(engine, job, headers, timeout, clock)
+    # The attempt's own trace context replaces the stored one (the submission's), whatever
+    # headers the propagator uses (traceparent, tracestate, baggage, b3, ...).
+    traced = list(trace.headers())
+    replaced = _TRACED | {name.lower() for name, _ in traced}
+    headers = [(k, v) for k, v in job.headers if k.lower() not in replaced]
+    headers.extend(traced)
     headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
+    try:
+        result = await _send(engine, job, headers, timeout, clock)
+    except asyncio.CancelledError:
+        trace.cancelled()
+        raise
+    trace.end(result)
+    return result
+
+
+async def _send(
+    engine: Engine,
+    job: Job,
+    headers: list[tuple[str, str]],
+    timeout: float,
+    clock: Callable[[], float],
+) -> SendResult:
     started = clock()
     t0 = time.perf_counter()
     try:

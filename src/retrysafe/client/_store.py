@@ -67,6 +67,7 @@ __all__ = [
     "insert_job",
     "job_from_row",
     "job_ids_with_prefix",
+    "job_stats",
     "list_attempts",
     "list_jobs",
     "next_due",
@@ -450,6 +451,20 @@ def count_jobs(clock: Clock, *, queue: str) -> Op[dict[JobState, int]]:
     return counts
 
 
+def job_stats(clock: Clock, *, now: float) -> Op[list[tuple[str, JobState, int, float]]]:
+    """Every queue's jobs by state: ``(queue, state, count, age)`` rows, ``age`` the seconds
+    since the oldest of them was created (on the store's clock: the server's on PostgreSQL,
+    ``now`` on SQLite), 0.0 at least. States without jobs have no row. One statement: what
+    the metrics collector reads at each scrape."""
+    rows = yield all_rows(_SQL["job_stats"], {})
+    out: list[tuple[str, JobState, int, float]] = []
+    for queue, state, n, oldest, server_now in rows:
+        at = now if server_now is None else float(server_now)
+        age = 0.0 if oldest is None else max(0.0, at - float(oldest))
+        out.append((str(queue), JobState(state), int(n), age))
+    return out
+
+
 def next_due(clock: Clock, *, queue: str) -> Op[float | None]:
     """The earliest time (this host's clock) a job of ``queue`` becomes claimable, or None."""
     row = yield one(_SQL["next_due"], {"queue": queue})
@@ -543,6 +558,7 @@ class SQLOutboxStore(OnConnector):
     list_jobs = sync_op(list_jobs)
     list_attempts = sync_op(list_attempts)
     count_jobs = sync_op(count_jobs)
+    job_stats = sync_op(job_stats)
     next_due = sync_op(next_due)
     purge_jobs = sync_op(purge_jobs)
 

@@ -52,6 +52,8 @@ from retrysafe.core import (
     equal_jitter,
     lease_timing,
 )
+from retrysafe.observability._telemetry import Telemetry, telemetry_of
+from retrysafe.observability._timed import store_kind, timed_store
 
 if TYPE_CHECKING:
     import httpx
@@ -490,6 +492,10 @@ class Worker:
             unavailable before :meth:`serve` gives up with
             :class:`~retrysafe.StoreUnavailableError` (default 60, on the worker's clock);
             None waits for ever. A run without ``until_idle`` always waits for the store.
+        telemetry: a :class:`~retrysafe.observability.Prometheus`, an
+            :class:`~retrysafe.observability.OpenTelemetry` or a list of both: every attempt
+            (its span, its outcome and status class), retry-budget deferral and store
+            operation is reported to it. Default None.
 
     Raises:
         ConfigurationError: bad concurrency/poll interval/grace/queue name/store outage
@@ -522,8 +528,10 @@ class Worker:
         attempt_hooks: AttemptHooksFactory | None = None,
         queue: str = DEFAULT_QUEUE,
         store_outage_limit: float | timedelta | None = DEFAULT_STORE_OUTAGE_LIMIT,
+        telemetry: Telemetry | Sequence[Telemetry] | None = None,
     ) -> None:
         self.queue = check_queue(queue)
+        self._telemetry = telemetry_of(telemetry)
         self.store_outage_limit = (
             None
             if store_outage_limit is None
@@ -541,7 +549,9 @@ class Worker:
         self.grace = seconds(grace, "grace", allow_zero=True)
         self.store, self._owns_store = open_outbox_store(store)
         # The async face serve() runs on (closed when it returns; it reopens if run again).
-        self._astore = self.store.asyncio_outbox_store()
+        self._astore = timed_store(
+            self.store.asyncio_outbox_store(), self._telemetry, store_kind(self.store)
+        )
         self._budgets = None if budget is None else _Budgets(budget)
         self._transport = transport
         self._guard = address_guard
@@ -807,6 +817,8 @@ class Worker:
                         lease, state=JobState.PENDING, due_at=due_at, error=None, now=now
                     )
                     self.stats.deferred += 1
+                    if self._telemetry is not None:
+                        self._telemetry.budget_deferral(self.queue)
                     logger.debug(
                         "job=%s deferred by the retry budget of %s", job.id, job.destination
                     )
@@ -825,7 +837,11 @@ class Worker:
                 self._not_recorded(job, "before its attempt started")
                 return
             result = await send_attempt(
-                client, job, timeout=self.policy.timeout_s, clock=self._clock
+                client,
+                job,
+                timeout=self.policy.timeout_s,
+                clock=self._clock,
+                telemetry=self._telemetry,
             )
             lease.settle()
             if lease.is_lost():
@@ -958,6 +974,8 @@ class Worker:
         else:
             s.retries_scheduled += 1
         _log_attempt(recorded, step)
+        if self._telemetry is not None:
+            self._telemetry.attempt_recorded(self.queue, job.method, recorded, step.state.value)
         if hooks is not None:
             await hooks.attempted(job, recorded, step)
         if self._on_attempt is not None:
@@ -1042,6 +1060,7 @@ async def areconcile(
     address_guard: AddressGuard | None = None,
     clock: Callable[[], float] = time.time,
     queue: str = DEFAULT_QUEUE,
+    telemetry: Telemetry | Sequence[Telemetry] | None = None,
 ) -> ReconcileReport:
     """Re-send the UNKNOWN jobs of one queue once each with their **same key** (SPEC §5).
 
@@ -1070,6 +1089,8 @@ async def areconcile(
         address_guard: the SSRF guard, as the worker's.
         clock: Unix-seconds clock.
         queue: the queue whose UNKNOWN jobs are re-sent (default ``"default"``).
+        telemetry: as the worker's: every reconcile attempt is traced (in its job's trace)
+            and counted by the state it ended in.
 
     Raises:
         ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string, a bad
@@ -1082,8 +1103,9 @@ async def areconcile(
     queue = check_queue(queue)
     if isinstance(ids, str):
         raise ConfigurationError("ids must be a list of job ids, not a string", option="ids")
+    tel = telemetry_of(telemetry)
     outbox_store, owned = open_outbox_store(store)
-    astore = outbox_store.asyncio_outbox_store()
+    astore = timed_store(outbox_store.asyncio_outbox_store(), tel, store_kind(outbox_store))
     timing = lease_timing(DEFAULT_LEASE, max_run_time=_max_run_time(None, policy))
     outage = _StoreOutage(outbox_store.url, base=0.05, rng=random.Random(), clock=clock)
     try:
@@ -1117,7 +1139,7 @@ async def areconcile(
                 async with sem:
                     try:
                         result = await send_attempt(
-                            client, job, timeout=policy.timeout_s, clock=clock
+                            client, job, timeout=policy.timeout_s, clock=clock, telemetry=tel
                         )
                     except asyncio.CancelledError:
                         now = clock()
@@ -1170,6 +1192,9 @@ async def areconcile(
                 if recorded is not None:
                     counts[state] += 1
                     _log_attempt(recorded, Step(state, end, 0.0, attempt.counted, "reconcile"))
+                    if tel is not None:
+                        tel.attempt_recorded(queue, job.method, recorded, state.value)
+                        tel.reconciled(queue, state.value)
                 if final is not None:
                     finals.append(final)
 

@@ -21,6 +21,7 @@ from retrysafe.core import (
     key_hash,
     scope_from_authorization,
 )
+from retrysafe.observability._timed import store_kind, timed_store
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
     FENCED,
@@ -102,7 +103,9 @@ class IdempotencyMiddleware:
             self.store = as_async_key_store(self._owned)
         else:
             self.store = as_async_key_store(store)
-        self._begin_effect = effect_opener(self._owned if isinstance(store, str) else store)
+        original = self._owned if isinstance(store, str) else store
+        self._begin_effect = effect_opener(original)
+        self.store = timed_store(self.store, self.config.telemetry, store_kind(original))
         self._engine = Engine(self.config)
         self._methods = self._engine.protected_methods
 

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.core import LeaseTiming, lease_timing, scope_from_authorization
@@ -108,6 +109,10 @@ class IdempotencyConfig:
         store_retry_after: whole seconds advertised in ``Retry-After`` on 503 (default 1;
             0–3600, an ``int`` or a whole-second ``timedelta``).
         clock: returns Unix time in seconds (default :func:`time.time`); inject one in tests.
+        telemetry: a :class:`~retrysafe.observability.Prometheus`, an
+            :class:`~retrysafe.observability.OpenTelemetry`, or a list of both: every decision,
+            lease renewal and store operation is reported to it (docs/observability.md).
+            Default None: nothing is measured.
 
     Raises:
         ConfigurationError: a duration or size that is not positive or not finite, a lease
@@ -137,8 +142,12 @@ class IdempotencyConfig:
     fail_open: bool = False
     store_retry_after: int | timedelta = 1
     clock: Callable[[], float] = time.time
+    telemetry: Any = None
 
     def __post_init__(self) -> None:
+        from retrysafe.observability._telemetry import telemetry_of
+
+        object.__setattr__(self, "telemetry", telemetry_of(self.telemetry))
         if isinstance(self.protected_methods, str):
             raise ConfigurationError(
                 "protected_methods must be a collection of method names, not a string",

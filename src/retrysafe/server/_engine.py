@@ -42,6 +42,7 @@ from retrysafe.core import (
     releases_unfinished,
     should_store,
 )
+from retrysafe.observability._telemetry import EVENTS, Telemetry, decision_label
 from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
 from retrysafe.testing import waited
 
@@ -292,6 +293,7 @@ class Engine:
         "retention",
         "scope",
         "store_server_errors",
+        "telemetry",
         "timing",
         "wait",
     )
@@ -315,6 +317,7 @@ class Engine:
         self.key_reused_status = config.key_reused_status
         self.fail_open = config.fail_open
         self.clock = config.clock
+        self.telemetry: Telemetry | None = config.telemetry
         names = DEFAULT_REPLAY_HEADERS | frozenset(config.replay_headers)
         self._replay_str = names
         self._replay_bytes = frozenset(n.encode("latin-1") for n in names)
@@ -500,6 +503,8 @@ class Engine:
             (req.key_hash, req.token),
             {"now": self.clock(), "lease": self.lease},
         )
+        if self.telemetry is not None:
+            self.telemetry.lease_renewal("renewed" if ok else "lost")
         return bool(ok)
 
     def lease_lost(self, req: RequestState) -> None:
@@ -534,6 +539,8 @@ class Engine:
 
     def renewal_failed(self, req: RequestState, exc: BaseException) -> None:
         """A renewal raised (store hiccup); the next heartbeat tries again."""
+        if self.telemetry is not None:
+            self.telemetry.lease_renewal("failed")
         self.log_request(
             "renewal-failed",
             req,
@@ -775,7 +782,23 @@ class Engine:
         level: int = logging.INFO,
         **fields: Any,
     ) -> None:
-        """One structured line on ``retrysafe.server``: ``decision=<name>`` plus fields."""
+        """One structured line on ``retrysafe.server``: ``decision=<name>`` plus fields, and
+        the same decision reported to the telemetry (a request's decision, or an event beside
+        it: :data:`~retrysafe.observability._telemetry.EVENTS`)."""
+        t = self.telemetry
+        if t is not None:
+            if decision in EVENTS:
+                if decision != "renewal-failed":  # counted as a renewal (renewal_failed)
+                    t.server_event(decision)
+            else:
+                t.server_decision(
+                    decision_label(decision, fields.get("claim")),
+                    method=method,
+                    path=path,
+                    status=status,
+                    seconds=time.perf_counter() - started,
+                    key_hash=key_hash,
+                )
         if not log.isEnabledFor(level):
             return
         extra = {

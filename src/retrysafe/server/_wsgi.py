@@ -13,6 +13,7 @@ from typing import Any
 from retrysafe._exceptions import ConfigurationError, StoreError, StoreUnavailableError
 from retrysafe._heartbeat import Heartbeat
 from retrysafe.core import InvalidKey, Keyed, MissingKey, Problem, fingerprint, key_hash
+from retrysafe.observability._timed import timed_store
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
     FENCED,
@@ -85,7 +86,7 @@ class WSGIIdempotencyMiddleware:
             raise ConfigurationError(
                 f"{store!r} is not a sync KeyStore; WSGI needs one", option="store"
             )
-        self.store = store
+        self.store = timed_store(store, self.config.telemetry)
         self._begin_effect = effect_opener(store)
         self._engine = Engine(self.config)
         self._methods = self._engine.protected_methods

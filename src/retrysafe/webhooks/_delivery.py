@@ -21,10 +21,11 @@ import random
 from collections.abc import Callable, Sequence
 
 from retrysafe._exceptions import WebhookError
-from retrysafe.client._models import Attempt, Job
+from retrysafe.client._models import Attempt, Job, JobState
 from retrysafe.client._policy import Step
 from retrysafe.client._sender import SendResult
 from retrysafe.core import AttemptOutcome
+from retrysafe.observability._telemetry import Telemetry
 from retrysafe.webhooks._admin import log_disabled
 from retrysafe.webhooks._endpoints import active_secrets
 from retrysafe.webhooks._models import AsyncWebhookStore, WebhookEndpoint, WebhookStore
@@ -89,6 +90,8 @@ class WebhookAttempts:
         clock: Unix-seconds clock.
         rng: jitter source of the schedules.
         face: the async face to use instead of the store's own.
+        telemetry: where each delivery's outcome (by endpoint id) and each automatic
+            disabling (by reason) is reported, or None.
     """
 
     def __init__(
@@ -99,7 +102,9 @@ class WebhookAttempts:
         clock: Callable[[], float],
         rng: random.Random,
         face: AsyncWebhookStore | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        self.telemetry = telemetry
         self.policy = policy
         self.clock = clock
         self.rng = rng
@@ -221,6 +226,8 @@ class DeliveryAttempt:
         event_id, endpoint_id = self._context[0], self._context[1].id
         _log_attempt(event_id, endpoint_id, job.id, attempt, step)
         a = self._attempts
+        if a.telemetry is not None:
+            a.telemetry.webhook_delivery(endpoint_id, delivery_outcome(attempt, step))
         if attempt.outcome == AttemptOutcome.SUCCESS.value:
             if self._failing:
                 await a.astore.reset_endpoint_failures(endpoint_id)
@@ -229,7 +236,9 @@ class DeliveryAttempt:
             return
         now = a.clock()
         if disables_endpoint(attempt.status):
-            await self._disable(endpoint_id, f"410 Gone at attempt {attempt.number}", now)
+            await self._disable(
+                endpoint_id, f"410 Gone at attempt {attempt.number}", now, kind="gone"
+            )
             return
         run = await a.astore.record_endpoint_failure(endpoint_id, now=now)
         if run is None:
@@ -245,12 +254,27 @@ class DeliveryAttempt:
             disable_window=a.policy.disable_window_s,
         ):
             reason = f"{failures} consecutive failed attempts over {_span(now - first_at)}"
-            await self._disable(endpoint_id, reason, now)
+            await self._disable(endpoint_id, reason, now, kind="failures")
 
-    async def _disable(self, endpoint_id: str, reason: str, now: float) -> None:
-        astore = self._attempts.astore
-        if await astore.set_endpoint_enabled(endpoint_id, enabled=False, reason=reason, now=now):
+    async def _disable(self, endpoint_id: str, reason: str, now: float, *, kind: str) -> None:
+        a = self._attempts
+        if await a.astore.set_endpoint_enabled(endpoint_id, enabled=False, reason=reason, now=now):
             log_disabled(endpoint_id, reason)
+            if a.telemetry is not None:
+                a.telemetry.endpoint_disabled(kind)
+
+
+def delivery_outcome(attempt: Attempt, step: Step) -> str:
+    """The ``outcome`` label of a delivery attempt: ``delivered`` (2xx), ``retrying`` (it
+    will be sent again), ``cancelled`` (parked: the endpoint is disabled) or ``failed`` (it
+    went to the dead-letter queue, UNKNOWN or REJECTED)."""
+    if attempt.outcome == AttemptOutcome.SUCCESS.value:
+        return "delivered"
+    if step.state is JobState.PENDING:
+        return "retrying"
+    if step.state is JobState.CANCELLED:
+        return "cancelled"
+    return "failed"
 
 
 def _span(seconds: float) -> str:

@@ -29,6 +29,7 @@ from retrysafe.client._outbox import Outbox
 from retrysafe.client._policy import RetryPolicy, seconds
 from retrysafe.client._store import StoreArg
 from retrysafe.client._worker import Worker
+from retrysafe.observability._telemetry import telemetry_of
 from retrysafe.webhooks._admin import EndpointAdmin
 from retrysafe.webhooks._delivery import WebhookAttempts
 from retrysafe.webhooks._dispatch import DEAD_LETTER_STATES, MISSED_STATES, QUEUE, Dispatcher
@@ -197,6 +198,7 @@ class Webhooks:
             policy=self.policy,
             clock=options["clock"],
             rng=options.get("rng") or random.Random(),
+            telemetry=telemetry_of(options.get("telemetry")),
         )
         return Worker(self.outbox.store, queue=QUEUE, attempt_hooks=attempts, **options)
 

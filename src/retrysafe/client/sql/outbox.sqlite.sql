@@ -187,6 +187,14 @@ FROM outbox_attempts WHERE job_id = :job_id ORDER BY number;
 
 SELECT state, count(*) FROM outbox_jobs WHERE queue = :queue GROUP BY state;
 
+-- name: job_stats
+
+-- Every queue's jobs by state, with the creation time of the oldest one in each, and the
+-- clock they are measured on (NULL: the caller's, which SQLite always uses): the
+-- metrics collector's one statement per scrape (a scan of the table; no per-queue round trips).
+SELECT queue, state, count(*), min(created_at), NULL
+FROM outbox_jobs GROUP BY queue, state;
+
 -- name: next_due
 
 -- The earliest time a job of :queue becomes claimable (due PENDING, or IN_FLIGHT lease
