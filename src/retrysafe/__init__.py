@@ -20,6 +20,7 @@ from retrysafe._exceptions import (
     WebhookIdReusedError,
     WebhookVerificationError,
 )
+from retrysafe._logging import logging_config
 from retrysafe.client import (
     AsyncOutbox,
     Job,
@@ -90,6 +91,7 @@ __all__ = [
     "Webhooks",
     "Worker",
     "__version__",
+    "logging_config",
     "open_store",
     "reconcile",
     "resume_run",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-__all__ = ["JSONFormatter", "configure_json_logging"]
+__all__ = ["JSONFormatter", "configure_json_logging", "logging_config"]
 
 # Attributes every LogRecord has; everything else came from ``extra``.
 _STANDARD = frozenset(
@@ -52,6 +52,58 @@ def configure_json_logging(
     log.setLevel(level)
     log.propagate = False
     return handler
+
+
+#: The loggers each server logs on (uvicorn's "uvicorn" covers "uvicorn.error").
+_SERVER_LOGGERS = {
+    "uvicorn": ("uvicorn", "uvicorn.access"),
+    "gunicorn": ("gunicorn.error", "gunicorn.access"),
+}
+
+
+def logging_config(
+    level: str = "INFO", *, servers: Sequence[str] = ("uvicorn", "gunicorn")
+) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` dictionary that prints retrysafe's lines (the
+    middleware's decision per request, the worker's attempts, warnings) as JSON on stderr at
+    ``level``, and the loggers of the ``servers`` named (uvicorn's and gunicorn's error and
+    access logs) as JSON lines too, at INFO; other loggers (your own) are left as they are.
+
+    Use it as ``uvicorn.run(app, log_config=retrysafe.logging_config())``, gunicorn's
+    ``logconfig_dict``, or write it to a file for ``--log-config`` (``examples/logging.json``
+    is this dictionary).
+
+    Raises:
+        ConfigurationError: ``level`` is not a logging level name.
+    """
+    from retrysafe._exceptions import ConfigurationError
+
+    name = str(level).upper()
+    if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigurationError(
+            f"level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {level!r}",
+            option="level",
+        )
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"retrysafe_json": {"()": "retrysafe._logging.JSONFormatter"}},
+        "handlers": {
+            "retrysafe_stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "retrysafe_json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            "retrysafe": {"handlers": ["retrysafe_stderr"], "level": name, "propagate": False},
+            **{
+                logger: {"handlers": ["retrysafe_stderr"], "level": "INFO", "propagate": False}
+                for server in servers
+                for logger in _SERVER_LOGGERS.get(server, (server,))
+            },
+        },
+    }
 
 
 def logging_snapshot(*names: str) -> Callable[[], None]:

@@ -1,0 +1,81 @@
+"""Logs: the ready logging config shows the middleware's decision lines as JSON under
+uvicorn, and the workers' output is one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import retrysafe
+from retrysafe import ConfigurationError
+from retrysafe._serving import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_file_is_the_ready_config() -> None:
+    """``examples/logging.json`` is ``retrysafe.logging_config()``, byte for byte in value."""
+    shipped = json.loads((ROOT / "examples" / "logging.json").read_text())
+    assert shipped == retrysafe.logging_config()
+
+
+@pytest.mark.parametrize("level", ["loud", "", "5"])
+def test_a_bad_level_is_refused(level: str) -> None:
+    """``logging_config(level=…)`` that is not a level name raises ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        retrysafe.logging_config(level)
+
+
+def test_uvicorn_with_the_example_config_logs_each_decision_as_a_json_line(
+    tmp_path: Path,
+) -> None:
+    """``uvicorn app:app --log-config examples/logging.json``: a first request and its retry
+    give a ``decision`` line each (new work stored, then a replay) as JSON on stderr."""
+    (tmp_path / "app.py").write_text(
+        "from starlette.applications import Starlette\n"
+        "from starlette.responses import JSONResponse\n"
+        "from starlette.routing import Route\n"
+        "from retrysafe import IdempotencyMiddleware\n"
+        "async def charge(request):\n"
+        "    return JSONResponse({'ok': True}, 201)\n"
+        "app = IdempotencyMiddleware(\n"
+        "    Starlette(routes=[Route('/charge', charge, methods=['POST'])]),\n"
+        f"    'sqlite:///{tmp_path}/keys.db')\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--port", str(port),
+         "--log-config", str(ROOT / "examples" / "logging.json")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                first = httpx.post(f"http://127.0.0.1:{port}/charge", json={},
+                                   headers={"Idempotency-Key": "log-1"})  # fmt: skip
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        again = httpx.post(f"http://127.0.0.1:{port}/charge", json={},
+                           headers={"Idempotency-Key": "log-1"})  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    assert (first.status_code, again.status_code) == (201, 201)
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    decisions = [d["decision"] for d in lines if d.get("logger") == "retrysafe.server"]
+    assert decisions == ["stored", "replay"], err
+    assert any(d.get("logger", "").startswith("uvicorn") for d in lines), err
+    assert all("log-1" not in json.dumps(d) for d in lines)  # the raw key is never logged
