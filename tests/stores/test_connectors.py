@@ -243,7 +243,11 @@ def test_every_feature_names_the_same_statements_in_both_dialects() -> None:
     from retrysafe.webhooks import _store as webhooks
 
     for package, feature, columns in (
-        ("retrysafe.stores", "keys", {"key_columns": keys.KEY_COLUMNS}),
+        (
+            "retrysafe.stores",
+            "keys",
+            {"key_columns": keys.KEY_COLUMNS, "entry_columns": keys.ENTRY_COLUMNS},
+        ),
         ("retrysafe.client", "outbox", {"job_columns": outbox.JOB_COLUMNS}),
         ("retrysafe.webhooks", "webhooks", {"endpoint_columns": webhooks.ENDPOINT_COLUMNS}),
         (

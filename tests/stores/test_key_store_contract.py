@@ -8,8 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from retrysafe import ConfigurationError
 from retrysafe.core import KeyState, StoredResponse
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store
+from retrysafe.stores._base import KeyAdmin
 
 H = "a" * 64
 FP = "f" * 64
@@ -277,3 +279,188 @@ async def test_concurrent_async_claims_have_one_winner(key_store: KeyStore) -> N
         await _aclose(store)
     assert [claimed for claimed, _ in results].count(True) == 1
     assert {rec.fencing_token for _, rec in results} == {1}
+
+
+# ---------------------------------------------------------------------- KeyAdmin (retrysafe keys)
+def _admin(store: KeyStore) -> KeyAdmin:
+    """The store's operator primitives (every store of the package offers them)."""
+    assert isinstance(store, KeyAdmin)
+    return store
+
+
+def _keeps_tombstones(store: KeyStore) -> bool:
+    """Redis forgets a released record at once; the other stores keep a tombstone."""
+    return getattr(store, "dialect", "") != "redis"
+
+
+def _hash(i: int) -> str:
+    return f"{i:064x}"
+
+
+def test_every_store_offers_the_operator_primitives(key_store: KeyStore) -> None:
+    """Each store is a KeyAdmin: list_keys, find_keys and evict."""
+    assert isinstance(key_store, KeyAdmin)
+
+
+def test_list_keys_is_newest_first_and_carries_no_bodies(key_store: KeyStore) -> None:
+    """Records come newest claim first with their stored answer's status, headers and body
+    size, but never the body itself."""
+    for i in range(3):
+        key_store.claim(_hash(i), FP, now=NOW + i, lease=10, retention=100)
+    key_store.complete(_hash(1), 1, RESP, now=NOW + 3, retention=100)
+    listed = _admin(key_store).list_keys(now=NOW + 4)
+    assert [e.key_hash for e in listed] == [_hash(2), _hash(1), _hash(0)]
+    assert [e.created_at for e in listed] == [NOW + 2, NOW + 1, NOW]
+    done = listed[1]
+    assert (done.state, done.status, done.headers) == ("completed", 201, RESP.headers)
+    assert (done.body_size, done.body, done.fingerprint, done.fencing_token) == (
+        len(RESP.body),
+        None,
+        FP,
+        1,
+    )
+    running = listed[0]
+    assert (running.state, running.status, running.body_size) == ("running", None, None)
+    assert (running.lease_expires_at, running.expires_at) == (NOW + 12, NOW + 102)
+
+
+def test_list_keys_pages_by_keyset_without_gaps_or_repeats(key_store: KeyStore) -> None:
+    """Pages of 3 continued from the previous page's last entry list all 8 records exactly
+    once, in order, ties on the claim time broken by key hash."""
+    for i in range(8):
+        key_store.claim(_hash(i), FP, now=NOW + i // 2, lease=10, retention=100)
+    admin = _admin(key_store)
+    seen: list[str] = []
+    page = admin.list_keys(now=NOW, limit=3)
+    for _ in range(4):  # 3 + 3 + 2, then an empty page; a page that repeats fails below
+        assert len(page) <= 3
+        seen += [e.key_hash for e in page]
+        if not page:
+            break
+        page = admin.list_keys(now=NOW, limit=3, after=page[-1])
+    assert seen == [_hash(i) for i in (7, 6, 5, 4, 3, 2, 1, 0)]
+
+
+def test_list_keys_filters_by_the_state_a_record_has_now(key_store: KeyStore) -> None:
+    """running, completed, released and expired select disjoint records: an expired one is
+    expired whatever was stored, a released one (a tombstone) is listed where the store keeps
+    it."""
+    running, completed, released, expired = (_hash(i) for i in range(4))
+    key_store.claim(running, FP, now=NOW, lease=10, retention=100)
+    key_store.claim(completed, FP, now=NOW, lease=10, retention=100)
+    key_store.complete(completed, 1, RESP, now=NOW, retention=100)
+    key_store.claim(released, FP, now=NOW, lease=10, retention=100)
+    key_store.release(released, 1)
+    key_store.claim(expired, FP, now=NOW - 100, lease=10, retention=50)
+    admin = _admin(key_store)
+
+    def hashes(*states: str) -> set[str]:
+        return {e.key_hash for e in admin.list_keys(now=NOW, states=states)}
+
+    assert hashes("running") == {running}
+    assert hashes("completed") == {completed}
+    assert hashes("expired") == {expired}
+    assert hashes("released") == ({released} if _keeps_tombstones(key_store) else set())
+    assert hashes("running", "expired") == {running, expired}
+    everything = {e.key_hash: e.state for e in admin.list_keys(now=NOW)}
+    assert everything.pop(released, "released") == "released"
+    assert everything == {running: "running", completed: "completed", expired: "expired"}
+
+
+def test_list_keys_refuses_a_bad_limit_or_state(key_store: KeyStore) -> None:
+    """limit < 1 and an unknown state are ConfigurationErrors naming the option."""
+    admin = _admin(key_store)
+    with pytest.raises(ConfigurationError) as bad_limit:
+        admin.list_keys(now=NOW, limit=0)
+    assert bad_limit.value.option == "limit"
+    with pytest.raises(ConfigurationError) as bad_state:
+        admin.list_keys(now=NOW, states=["done"])
+    assert bad_state.value.option == "states" and "done" in str(bad_state.value)
+
+
+def test_find_keys_by_whole_hash_or_prefix(key_store: KeyStore) -> None:
+    """A whole hash finds its record with the body; a prefix of two records finds both (in
+    hash order); an empty, non-hex or unknown prefix finds none."""
+    a, b = "ab" + "0" * 62, "ab" + "1" * 62
+    for h in (a, b, "cd" + "0" * 62):
+        key_store.claim(h, FP, now=NOW, lease=10, retention=100)
+    key_store.complete(a, 1, RESP, now=NOW, retention=100)
+    admin = _admin(key_store)
+    (found,) = admin.find_keys(a, now=NOW)
+    assert (found.key_hash, found.state, found.body, found.body_size) == (
+        a,
+        "completed",
+        RESP.body,
+        len(RESP.body),
+    )
+    assert [e.key_hash for e in admin.find_keys("ab", now=NOW)] == [a, b]
+    assert [e.key_hash for e in admin.find_keys("ab1", now=NOW)] == [b]
+    assert admin.find_keys("ab", now=NOW, limit=1)[0].key_hash == a
+    assert admin.find_keys("", now=NOW) == []
+    assert admin.find_keys("ef", now=NOW) == []
+    assert admin.find_keys("a%", now=NOW) == []
+    assert admin.find_keys("*", now=NOW) == []
+
+
+def test_claim_records_when_the_record_was_claimed(key_store: KeyStore) -> None:
+    """created_at is the claim's time; a take-over keeps it; a claim after expiry writes a new
+    record with a new time."""
+    admin = _admin(key_store)
+    _, rec = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    assert admin.find_keys(H, now=NOW)[0].created_at == NOW
+    taken = key_store.take_over(H, rec.fencing_token, now=NOW + 20, lease=10)
+    assert taken is not None
+    assert admin.find_keys(H, now=NOW + 20)[0].created_at == NOW
+    key_store.claim(H, FP, now=NOW + 100, lease=10, retention=100)
+    assert admin.find_keys(H, now=NOW + 100)[0].created_at == NOW + 100
+
+
+def test_evict_forgets_a_completed_key_and_the_next_claim_runs_again(
+    key_store: KeyStore,
+) -> None:
+    """Evicting a completed record makes it read as absent; the next claim succeeds with a
+    larger token (the request would run the handler again)."""
+    _, rec = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    key_store.complete(H, rec.fencing_token, RESP, now=NOW, retention=100)
+    assert _admin(key_store).evict(H, rec.fencing_token)
+    assert key_store.get(H) is None
+    claimed, again = key_store.claim(H, FP, now=NOW + 1, lease=10, retention=100)
+    assert claimed and again.fencing_token > rec.fencing_token and again.response is None
+
+
+def test_evict_with_a_token_that_changed_changes_nothing(key_store: KeyStore) -> None:
+    """After a take-over the token an operator read is stale: evict returns False and the
+    record stays as it is."""
+    _, rec = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    taken = key_store.take_over(H, rec.fencing_token, now=NOW + 10, lease=10)
+    assert taken is not None
+    assert not _admin(key_store).evict(H, rec.fencing_token)
+    assert key_store.get(H) == taken
+
+
+def test_an_evicted_owner_matches_no_fenced_write(key_store: KeyStore) -> None:
+    """A running record evicted under its owner: the owner's complete, extend, release and
+    take-over change nothing, before and after a new claim, whose token is larger (SPEC §3
+    fencing)."""
+    _, owner = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    assert _admin(key_store).evict(H, owner.fencing_token)
+    t = owner.fencing_token
+    assert not key_store.complete(H, t, RESP, now=NOW + 1, retention=100)
+    assert not key_store.extend_lease(H, t, now=NOW + 1, lease=10)
+    assert not key_store.release(H, t)
+    assert key_store.take_over(H, t, now=NOW + 50, lease=10) is None
+    claimed, new = key_store.claim(H, FP, now=NOW + 2, lease=10, retention=100)
+    assert claimed and new.fencing_token > t
+    assert not key_store.complete(H, t, RESP, now=NOW + 3, retention=100)
+    assert key_store.get(H) == new
+
+
+def test_evict_of_an_absent_or_released_key_is_false(key_store: KeyStore) -> None:
+    """Nothing to forget: an unknown key hash, or a key released already."""
+    admin = _admin(key_store)
+    assert not admin.evict(H, 1)
+    _, rec = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    assert key_store.release(H, rec.fencing_token)
+    assert not admin.evict(H, rec.fencing_token)
+    claimed, again = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    assert claimed and again.fencing_token > rec.fencing_token

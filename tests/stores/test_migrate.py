@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from retrysafe import SchemaError
 from retrysafe.cli import cli
+from retrysafe.stores import SCHEMA_VERSION
 
 
 def _migrate(*args: str) -> tuple[int, str, str]:
@@ -58,14 +59,18 @@ def _set_version(args: list[str], version: int) -> None:
 
 
 def test_migrate_creates_the_schema_then_is_a_no_op(store_args: list[str]) -> None:
-    """On an empty store migrate creates version 1; a second run changes nothing."""
+    """On an empty store migrate creates the current version; a second run changes nothing."""
     code, out, err = _migrate(*store_args, "--json")
     assert code == 0, err
     first = json.loads(out)
-    assert (first["action"], first["from_version"], first["to_version"]) == ("created", None, 1)
+    assert (first["action"], first["from_version"], first["to_version"]) == (
+        "created",
+        None,
+        SCHEMA_VERSION,
+    )
     code, out, err = _migrate(*store_args)
     assert code == 0, err
-    assert "version 1; nothing to do" in out
+    assert f"version {SCHEMA_VERSION}; nothing to do" in out
 
 
 def test_migrate_refuses_a_newer_schema_version(store_args: list[str]) -> None:
@@ -74,7 +79,8 @@ def test_migrate_refuses_a_newer_schema_version(store_args: list[str]) -> None:
     _set_version(store_args, 99)
     code, out, err = _migrate(*store_args)
     assert code == 1 and out == ""
-    assert "schema version 99" in err and "up to 1" in err and "retrysafe migrate" in err
+    assert "schema version 99" in err and f"up to {SCHEMA_VERSION}" in err
+    assert "retrysafe migrate" in err
 
 
 def test_migrate_adds_the_outbox_tables_to_an_older_postgres_schema(
@@ -217,8 +223,66 @@ def test_an_older_schema_version_is_upgraded(store_args: list[str]) -> None:
     assert (report["action"], report["from_version"], report["to_version"]) == (
         "upgraded",
         0,
-        1,
+        SCHEMA_VERSION,
     )
+
+
+def _to_version_1(args: list[str]) -> None:
+    """Turn a current store into the version-1 layout: no idempotency_keys.created_at."""
+    store = args[1]
+    drop = "ALTER TABLE {}idempotency_keys DROP COLUMN created_at"
+    if store.startswith("sqlite:"):
+        conn = sqlite3.connect(store[len("sqlite:///") :])
+        with conn:
+            conn.execute(drop.format(""))
+        conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(store, autocommit=True) as pg:
+            pg.execute(drop.format(args[3] + ".").encode())
+    _set_version(args, 1)
+
+
+def _open(args: list[str], **options: Any) -> Any:
+    from retrysafe.stores import open_store
+
+    if not args[1].startswith("sqlite:"):
+        options["schema"] = args[3]
+    return open_store(args[1], **options)
+
+
+def test_a_version_1_store_is_upgraded_by_migrate_and_keeps_its_keys(
+    store_args: list[str],
+) -> None:
+    """A version-1 store (idempotency_keys without created_at) is refused by a store opened
+    without create, naming `retrysafe migrate`; migrate adds the column (version 1 -> 2),
+    the key claimed before reads back with no claim time, and claims after it record one."""
+    from retrysafe.stores._base import KeyAdmin
+
+    old, new = "a" * 64, "b" * 64
+    assert _migrate(*store_args)[0] == 0
+    with _open(store_args) as store:
+        store.claim(old, "f" * 64, now=1000.0, lease=10, retention=1e9)
+    _to_version_1(store_args)
+    with pytest.raises(SchemaError, match=r"older schema \(version 1.*retrysafe migrate"):
+        _open(store_args, create=False)
+    code, out, err = _migrate(*store_args, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["action"], report["from_version"], report["to_version"]) == (
+        "upgraded",
+        1,
+        SCHEMA_VERSION,
+    )
+    assert f"upgraded the schema from version 1 to {SCHEMA_VERSION}" in report["message"]
+    with _open(store_args, create=False) as store:
+        assert store.claim(new, "f" * 64, now=2000.0, lease=10, retention=1e9)[0]
+        assert store.get(old) is not None
+        admin: KeyAdmin = store
+        listed = admin.list_keys(now=3000.0)
+    assert [(e.key_hash, e.created_at is None) for e in listed] == [(new, False), (old, True)]
+    assert "nothing to do" in _migrate(*store_args)[1]
 
 
 def test_of_concurrent_migrations_one_creates_and_the_others_find_nothing_to_do(

@@ -22,7 +22,7 @@ from retrysafe import (
     SchemaError,
     StoreUnavailableError,
 )
-from retrysafe.stores import PostgresStore, RedisStore, open_store
+from retrysafe.stores import SCHEMA_VERSION, PostgresStore, RedisStore, open_store
 
 from .conftest import open_test_store
 
@@ -158,7 +158,7 @@ def test_postgres_newer_schema_version_is_refused(pg_url: str, pg_schema: str) -
         conn.execute(
             f"UPDATE {pg_schema}.retrysafe_meta SET value = '99' WHERE name = 'schema_version'"
         )
-    with pytest.raises(SchemaError, match=r"version 99.*up to 1.*Upgrade"):
+    with pytest.raises(SchemaError, match=rf"version 99.*up to {SCHEMA_VERSION}.*Upgrade"):
         PostgresStore(pg_url, schema=pg_schema)
 
 

@@ -29,6 +29,7 @@ _COMMANDS: dict[str, str] = {
     "gateway": "retrysafe.cli._gateway:gateway",
     "dlq": "retrysafe.cli._client:dlq",
     "jobs": "retrysafe.cli._client:jobs",
+    "keys": "retrysafe.cli._keys:keys",
     "migrate": "retrysafe.cli._migrate:migrate",
     "reconcile": "retrysafe.cli._client:reconcile_command",
     "webhooks": "retrysafe.cli._webhooks:webhooks",

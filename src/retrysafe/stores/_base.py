@@ -10,19 +10,31 @@ Times are Unix seconds (float). ``lease`` and ``retention`` are durations in sec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from retrysafe._exceptions import ConfigurationError
 from retrysafe.core import KeyRecord, StoredResponse
 
 __all__ = [
+    "ENTRY_STATES",
     "AsyncKeyStore",
     "Effect",
     "HasAsyncKeyStore",
     "HasEffects",
+    "KeyAdmin",
+    "KeyEntry",
     "KeyStore",
     "SyncKeysFace",
+    "check_limit",
+    "entry_position",
+    "listed_states",
+    "page_of",
 ]
+
+#: The states a :class:`KeyEntry` can have, in the order ``retrysafe keys`` lists them.
+ENTRY_STATES = ("running", "completed", "released", "expired")
 
 
 @runtime_checkable
@@ -103,6 +115,165 @@ class KeyStore(Protocol):
     def close(self) -> None:
         """Release connections. Idempotent."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    """One stored idempotency-key record as an operator inspects it (``retrysafe keys``):
+    what the store holds, tombstones included, and never the raw key or its scope.
+
+    Attributes:
+        key_hash: SHA-256 hex of (scope, key) (:func:`retrysafe.core.key_hash`).
+        state: ``"running"`` or ``"completed"`` as stored; ``"released"`` for a tombstone
+            (released by its owner, or evicted: it reads as absent and only keeps the token
+            sequence; Redis forgets a released record at once, so it never lists one);
+            ``"expired"`` once ``expires_at`` passed by the store's clock, whatever was stored
+            (it reads as absent; a purge, or Redis's TTL, removes it).
+        fingerprint: SHA-256 hex of the request that claimed it (``""`` for a tombstone).
+        fencing_token: the record's fencing token (what :meth:`KeyAdmin.evict` compares).
+        lease_expires_at: Unix seconds when a running claim may be taken over.
+        expires_at: Unix seconds when the retention ends.
+        created_at: Unix seconds of the claim that wrote this record (a claim after expiry
+            or release writes a new record); None for records claimed before the store had
+            the column (SQL schema version 1, or an older retrysafe on Redis).
+        status: the stored HTTP status once completed, else None.
+        headers: the stored replayable headers, ``(lower-case name, value)`` pairs.
+        body_size: bytes of the stored body once completed, else None.
+        replayable: False when the answer was larger than the replay limit (no body kept).
+        body: the stored body; only :meth:`KeyAdmin.find_keys` reads it (None from
+            :meth:`KeyAdmin.list_keys`: a page never carries bodies).
+    """
+
+    key_hash: str
+    state: str
+    fingerprint: str
+    fencing_token: int
+    lease_expires_at: float
+    expires_at: float
+    created_at: float | None
+    status: int | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    body_size: int | None = None
+    replayable: bool = True
+    body: bytes | None = None
+
+
+@runtime_checkable
+class KeyAdmin(Protocol):
+    """What an operator needs of a key store (``retrysafe keys list|show|evict``): read
+    records without the raw key, and forget one. Every store of this package offers it; it is
+    not part of :class:`KeyStore`, which the middleware needs, so a third-party store need
+    not implement it.
+
+    Contract:
+
+    * Reads are not one snapshot of the store: records claimed, completed or purged while a
+      page is read may appear in either form or be missed (on Redis a record's fields and its
+      body size are two commands). Act on what you read only through ``evict``, which
+      checks it.
+    * ``evict`` is a compare-and-swap on the fencing token the caller read: it forgets the
+      record only while it is still that record (same token), whatever its state, and the
+      key's token history stays (a tombstone; Redis: the per-key counter), exactly as after
+      ``release``. So the next claim runs the handler again with a larger token, and an owner
+      still running under the evicted token (or an earlier one) matches no fenced write: its
+      ``complete``, ``release``, ``extend_lease`` and ``take_over`` change nothing.
+    """
+
+    def list_keys(
+        self,
+        *,
+        now: float,
+        limit: int = 100,
+        states: Collection[str] | None = None,
+        after: KeyEntry | None = None,
+    ) -> list[KeyEntry]:
+        """Up to ``limit`` records, newest claim first (records without ``created_at``
+        last, then by key hash), without bodies.
+
+        Args:
+            now: Unix seconds, for ``"expired"`` (ignored by stores on the server's clock).
+            limit: the most entries returned (≥ 1).
+            states: the :data:`ENTRY_STATES` to return (None: all).
+            after: the last entry of the previous page (keyset pagination: the page holds
+                the entries that sort after it).
+
+        Raises:
+            ConfigurationError: ``limit`` < 1 or an unknown state.
+
+        SQL stores sort with a scan (no index on ``created_at``: a claim updates no more
+        indexes for it); Redis runs ``SCAN`` over the store's prefix (never ``KEYS``) and
+        sorts in the client. Both are for a person at a prompt, not for the request path.
+        """
+        ...
+
+    def find_keys(self, prefix: str, *, now: float, limit: int = 2) -> list[KeyEntry]:
+        """Up to ``limit`` records (bodies included) whose key hash starts with ``prefix``
+        (lower-case hex, compared literally; a whole 64-digit hash is one lookup), in hash
+        order: none, the one, or ``limit`` of an ambiguous prefix. An empty prefix names
+        none."""
+        ...
+
+    def evict(self, key_hash: str, fencing_token: int) -> bool:
+        """Forget the record of ``key_hash`` if its token is still ``fencing_token`` (see
+        the contract above). False when it is absent, already released, or changed (claimed
+        again, taken over) since it was read: nothing is changed then."""
+        ...
+
+
+def check_limit(limit: int) -> int:
+    """``limit`` of a :class:`KeyAdmin` read, checked once for every store.
+
+    Raises:
+        ConfigurationError: it is not a whole number ≥ 1.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError("limit must be an integer >= 1", option="limit")
+    return limit
+
+
+def listed_states(states: Collection[str] | None, limit: int) -> frozenset[str]:
+    """The states a :meth:`KeyAdmin.list_keys` call asks for, its arguments checked once for
+    every store.
+
+    Raises:
+        ConfigurationError: ``limit`` is not a whole number ≥ 1, or a state is not one of
+            :data:`ENTRY_STATES`.
+    """
+    check_limit(limit)
+    if states is None:
+        return frozenset(ENTRY_STATES)
+    odd = sorted(set(states) - set(ENTRY_STATES))
+    if odd:
+        raise ConfigurationError(
+            f"unknown key states {odd}; the states are {', '.join(ENTRY_STATES)}",
+            option="states",
+        )
+    return frozenset(states)
+
+
+def entry_position(entry: KeyEntry) -> tuple[float, str]:
+    """Where ``entry`` sorts in :meth:`KeyAdmin.list_keys` (descending): its claim time
+    (0 when unknown), then its key hash. The keyset a page continues from."""
+    return (0.0 if entry.created_at is None else entry.created_at, entry.key_hash)
+
+
+def page_of(
+    entries: Collection[KeyEntry],
+    *,
+    limit: int,
+    states: frozenset[str],
+    after: KeyEntry | None,
+) -> list[KeyEntry]:
+    """One :meth:`KeyAdmin.list_keys` page of ``entries`` (every record), for the stores
+    that sort in the client (memory, Redis) as the SQL stores' ``list_keys`` statement does."""
+    start = None if after is None else entry_position(after)
+    chosen = [
+        e
+        for e in entries
+        if e.state in states and (start is None or entry_position(e) < start)
+    ]
+    chosen.sort(key=entry_position, reverse=True)
+    return chosen[:limit]
 
 
 @runtime_checkable

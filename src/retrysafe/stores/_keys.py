@@ -12,18 +12,20 @@ operations on a sync and an async :mod:`connector <retrysafe.stores._connector>`
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.core import RACE_LIMIT, KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._base import KeyEntry, check_limit, entry_position, listed_states
 from retrysafe.stores._connector import (
     Clock,
     OnAsyncConnector,
     OnConnector,
     Op,
     Statements,
+    all_rows,
     async_op,
     caller_now,
     count,
@@ -48,10 +50,34 @@ KEY_COLUMNS = (
     "replayable",
 )
 
-_SQL = Statements("retrysafe.stores", "keys", columns={"key_columns": KEY_COLUMNS})
+#: The columns of a :class:`~retrysafe.stores.KeyEntry` row (``{entry_columns}``), followed
+#: in each inspection statement by the body's size, whether the retention ended and (find_*)
+#: the body: :func:`_entry` unpacks them in this order.
+ENTRY_COLUMNS = (
+    "key_hash",
+    "state",
+    "fingerprint",
+    "fencing_token",
+    "lease_expires_at",
+    "expires_at",
+    "created_at",
+    "status",
+    "headers",
+    "replayable",
+)
+
+_SQL = Statements(
+    "retrysafe.stores",
+    "keys",
+    columns={"key_columns": KEY_COLUMNS, "entry_columns": ENTRY_COLUMNS},
+)
 _CLAIM, _GET, _TAKE_OVER = _SQL["claim_key"], _SQL["get_key"], _SQL["take_over_key"]
 _COMPLETE, _RELEASE, _EXTEND = _SQL["complete_key"], _SQL["release_key"], _SQL["extend_key_lease"]
 _PURGE = _SQL["purge_keys"]
+_LIST, _FIND, _FIND_PREFIX = _SQL["list_keys"], _SQL["find_key"], _SQL["find_keys_by_prefix"]
+_EVICT = _SQL["evict_key"]
+#: Hex digits of a whole key hash (SHA-256): a prefix this long is one index lookup.
+_HASH_LENGTH = 64
 _STATES = {state.value: state for state in KeyState}
 
 
@@ -100,6 +126,26 @@ def _record(row: tuple[Any, ...]) -> KeyRecord:
         lease_expires_at=float(lease_exp),
         expires_at=float(exp),
         response=response,
+    )
+
+
+def _entry(row: tuple[Any, ...]) -> KeyEntry:
+    (key_hash, state, fp, token, lease_exp, exp, created, status, headers, replayable) = row[:10]
+    body_size, expired = row[10], row[11]
+    body = row[12] if len(row) > 12 else None
+    return KeyEntry(
+        key_hash=key_hash,
+        state="expired" if expired else state,
+        fingerprint=fp,
+        fencing_token=int(token),
+        lease_expires_at=float(lease_exp),
+        expires_at=float(exp),
+        created_at=None if created is None else float(created),
+        status=None if status is None else int(status),
+        headers=tuple((str(k), str(v)) for k, v in json.loads(headers or "[]")),
+        body_size=None if status is None else int(body_size or 0),
+        replayable=bool(replayable),
+        body=None if body is None else bytes(body),
     )
 
 
@@ -185,6 +231,47 @@ def purge_keys(clock: Clock, *, now: float, batch: int = 1000) -> Op[int]:
             return total
 
 
+def list_keys(
+    clock: Clock,
+    *,
+    now: float,
+    limit: int = 100,
+    states: Collection[str] | None = None,
+    after: KeyEntry | None = None,
+) -> Op[list[KeyEntry]]:
+    """See :meth:`~retrysafe.stores.KeyAdmin.list_keys`: one statement (a scan and a top-N
+    sort)."""
+    wanted = listed_states(states, limit)
+    created, key_hash = (None, None) if after is None else entry_position(after)
+    params = {
+        "now": caller_now(clock, now),
+        "limit": limit,
+        "after_created": created,
+        "after_hash": key_hash,
+        **{state: state in wanted for state in ("running", "completed", "released", "expired")},
+    }
+    rows = yield all_rows(_LIST, params)
+    return [_entry(row) for row in rows]
+
+
+def find_keys(clock: Clock, prefix: str, *, now: float, limit: int = 2) -> Op[list[KeyEntry]]:
+    """See :meth:`~retrysafe.stores.KeyAdmin.find_keys`."""
+    check_limit(limit)
+    params = {"key_hash": prefix, "prefix": prefix, "now": caller_now(clock, now), "limit": limit}
+    if len(prefix) == _HASH_LENGTH:
+        row = yield one(_FIND, params)
+        return [] if row is None else [_entry(row)]
+    rows = yield all_rows(_FIND_PREFIX, params)
+    return [_entry(row) for row in rows]
+
+
+def evict(clock: Clock, key_hash: str, fencing_token: int) -> Op[bool]:
+    """See :meth:`~retrysafe.stores.KeyAdmin.evict`: one fenced ``UPDATE`` leaving a
+    tombstone."""
+    changed: int = yield count(_EVICT, {"key_hash": key_hash, "token": fencing_token})
+    return changed == 1
+
+
 def _token(
     clock: Clock, key_hash: str, token: int, now: float, *, lease: float
 ) -> Mapping[str, Any]:
@@ -197,7 +284,8 @@ class SQLKeyStore(OnConnector):
     (the base of :class:`~retrysafe.stores.SQLiteStore` and
     :class:`~retrysafe.stores.PostgresStore`).
 
-    Concurrency contract: see :class:`~retrysafe.stores.KeyStore`.
+    Concurrency contract: see :class:`~retrysafe.stores.KeyStore` and, for the operator's
+    primitives, :class:`~retrysafe.stores._base.KeyAdmin`.
     """
 
     claim = sync_op(claim)
@@ -207,6 +295,10 @@ class SQLKeyStore(OnConnector):
     extend_lease = sync_op(extend_lease)
     get = sync_op(get)
     purge_keys = sync_op(purge_keys)
+    # KeyAdmin (retrysafe keys)
+    list_keys = sync_op(list_keys)
+    find_keys = sync_op(find_keys)
+    evict = sync_op(evict)
 
     def close(self) -> None:
         """Close every connection. Idempotent."""

@@ -5,8 +5,9 @@ Layout (``prefix`` defaults to ``"retrysafe:"``; the raw idempotency key is neve
 its SHA-256 ``key_hash``):
 
 * ``{prefix}k:{<key_hash>}`` — a hash per record: ``fp``, ``st`` (running/completed), ``tok``,
-  ``lease``, ``exp`` (Unix seconds), and once completed ``status``, ``headers`` (JSON),
-  ``body``, ``rep``. It carries a native TTL (``PEXPIRE``) of the retention, so Redis drops
+  ``lease``, ``exp``, ``ct`` (the claim's time; absent on records an older retrysafe wrote;
+  all times Unix seconds), and once completed ``status``, ``headers`` (JSON), ``body``,
+  ``rep``. It carries a native TTL (``PEXPIRE``) of the retention, so Redis drops
   expired keys by itself; ``purge_keys`` only sweeps records whose ``exp`` passed early.
 * ``{prefix}t:{<key_hash>}`` — the key hash's fencing-token counter (``INCR``). It outlives the
   record by ``token_ttl`` seconds (default 7 days), so a key claimed again after its record
@@ -48,7 +49,15 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, TypeVar, cast
 
 import redis
@@ -72,6 +81,7 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
+from retrysafe.stores._base import KeyEntry, check_limit, listed_states, page_of
 from retrysafe.stores._connector import adrive, drive
 from retrysafe.stores._keys import claimed_record, headers_json
 from retrysafe.stores._url_check import CLUSTER_SCHEMES, parse_cluster_url
@@ -139,7 +149,7 @@ end
 local lease, keep = f(now + tonumber(ARGV[3])), f(now + tonumber(ARGV[4]))
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'st', 'running', 'tok', tostring(tok),
-  'lease', lease, 'exp', keep)
+  'lease', lease, 'exp', keep, 'ct', f(now))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return {1, tok, lease, keep}
@@ -215,6 +225,15 @@ return 0
 """
 )
 
+# KEYS: record. ARGV: token. Forgets the record an operator looked at (whatever its state) if
+# it still has that token; the counter stays, so the next claim's token is larger (as after a
+# release) and the evicted owner's fenced writes match nothing.
+_EVICT = """
+if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
 _SCRIPTS = {
     "claim": _CLAIM,
     "take_over": _TAKE_OVER,
@@ -222,7 +241,11 @@ _SCRIPTS = {
     "release": _RELEASE,
     "extend": _EXTEND,
     "purge": _PURGE,
+    "evict": _EVICT,
 }
+
+#: The record fields a listing reads (everything but the body, whose size HSTRLEN gives).
+_ENTRY_FIELDS = ("st", "fp", "tok", "lease", "exp", "ct", "status", "headers", "rep")
 
 #: The SHA1 of each script, as EVALSHA names it (redis-py's Script computes the same).
 _SHAS = {
@@ -276,6 +299,41 @@ def _from_fields(key_hash: str, fields: dict[str, bytes]) -> KeyRecord | None:
         lease_expires_at=float(fields["lease"]),
         expires_at=float(fields["exp"]),
         response=response,
+    )
+
+
+def _entry(
+    key_hash: str,
+    fields: Mapping[str, bytes | None],
+    *,
+    now: float,
+    body_size: int | None,
+    body: bytes | None = None,
+) -> KeyEntry | None:
+    """A record's :class:`~retrysafe.stores._base.KeyEntry`, or None when it vanished (its
+    TTL fired, it was released) between the scan and the read."""
+    st = fields.get("st")
+    if st is None:
+        return None
+    exp, created, status = fields.get("exp"), fields.get("ct"), fields.get("status")
+    completed = st == b"completed" and status is not None
+    return KeyEntry(
+        key_hash=key_hash,
+        state="expired" if float(exp or 0) <= now else st.decode(),
+        fingerprint=(fields.get("fp") or b"").decode(),
+        fencing_token=int(fields.get("tok") or 0),
+        lease_expires_at=float(fields.get("lease") or 0),
+        expires_at=float(exp or 0),
+        created_at=None if created is None else float(created),
+        status=int(status) if completed and status is not None else None,
+        headers=tuple(
+            (str(k), str(v)) for k, v in json.loads(fields.get("headers") or b"[]")
+        )
+        if completed
+        else (),
+        body_size=(body_size or 0) if completed else None,
+        replayable=fields.get("rep") != b"0",
+        body=body if completed else None,
     )
 
 
@@ -677,6 +735,109 @@ class RedisStore:
                 if cursor == 0:
                     break
         return total
+
+    # ------------------------------------------------------------------ KeyAdmin
+    def _store_now(self, now: float) -> float:
+        """``now`` on this store's clock: the caller's, or Redis's ``TIME``."""
+        if self.clock == "caller":
+            return float(now)
+        client = self._masters()[0][1]
+        seconds, micros = self._call(client.time)
+        return float(seconds) + float(micros) / 1_000_000
+
+    def _hash_of(self, name: bytes | str) -> str | None:
+        """The key hash in a record key's name (``{prefix}k:{<hash>}``), or None when the
+        name is not one of this store's records (another prefix that starts like ours)."""
+        text = name.decode() if isinstance(name, bytes) else name
+        head = f"{self.prefix}k:{{"
+        inner = text[len(head) : -1]
+        if not (text.startswith(head) and text.endswith("}")) or not _is_hash(inner):
+            return None
+        return inner
+
+    def _scan(self, match: str, *, body: bool, now: float) -> list[KeyEntry]:
+        """Every record whose key matches ``match`` (``SCAN`` on every master, in batches,
+        each batch read in one pipelined round trip)."""
+        found: list[KeyEntry] = []
+        for _, client in self._masters():
+            cursor: int = 0
+            while True:
+                cursor, names = self._call(client.scan, cursor, match=match, count=1000)
+                hashes = [(n, h) for n in names if (h := self._hash_of(n)) is not None]
+                if hashes:
+                    pipe = client.pipeline(transaction=False)
+                    for name, _ in hashes:
+                        pipe.hmget(name, _ENTRY_FIELDS)
+                        pipe.hstrlen(name, "body")
+                        if body:
+                            pipe.hget(name, "body")
+                    replies = self._call(pipe.execute)
+                    step = 3 if body else 2
+                    for i, (_, key_hash) in enumerate(hashes):
+                        values, size = replies[i * step], replies[i * step + 1]
+                        entry = _entry(
+                            key_hash,
+                            dict(zip(_ENTRY_FIELDS, values, strict=True)),
+                            now=now,
+                            body_size=int(size),
+                            body=replies[i * step + 2] if body else None,
+                        )
+                        if entry is not None:
+                            found.append(entry)
+                if cursor == 0:
+                    break
+        return found
+
+    def list_keys(
+        self,
+        *,
+        now: float,
+        limit: int = 100,
+        states: Collection[str] | None = None,
+        after: KeyEntry | None = None,
+    ) -> list[KeyEntry]:
+        """See :meth:`~retrysafe.stores._base.KeyAdmin.list_keys`: ``SCAN`` of this store's
+        prefix on every master (never ``KEYS``), each batch read in one pipelined round
+        trip, sorted in the client. A released record is gone on Redis, so none is
+        ``"released"``."""
+        wanted = listed_states(states, limit)
+        entries = self._scan(
+            f"{_glob_escape(self.prefix)}k:*", body=False, now=self._store_now(now)
+        )
+        return page_of(entries, limit=limit, states=wanted, after=after)
+
+    def find_keys(self, prefix: str, *, now: float, limit: int = 2) -> list[KeyEntry]:
+        """See :meth:`~retrysafe.stores._base.KeyAdmin.find_keys`: a whole hash is one
+        ``HGETALL``; a shorter prefix (hex digits only: no glob character can reach the
+        pattern) is a ``SCAN`` of the prefix's records."""
+        check_limit(limit)
+        if not prefix or not _is_hash(prefix, whole=False):
+            return []
+        at = self._store_now(now)
+        if len(prefix) == 64:
+            fields = _decoded(self._call(self._r.hgetall, self._keys(prefix)[0]))
+            body = fields.get("body")
+            entry = _entry(
+                prefix, fields, now=at, body_size=None if body is None else len(body), body=body
+            )
+            return [] if entry is None else [entry]
+        match = f"{_glob_escape(self.prefix)}k:{{{prefix}*"
+        found = self._scan(match, body=True, now=at)
+        return sorted(found, key=lambda e: e.key_hash)[:limit]
+
+    def evict(self, key_hash: str, fencing_token: int) -> bool:
+        """See :meth:`~retrysafe.stores._base.KeyAdmin.evict`: one script (``DEL`` if the
+        token still matches; the token counter stays)."""
+        call = self._script("evict", key_hash, [fencing_token], one_key=True)
+        return bool(self._execute(call) == 1)
+
+
+def _is_hash(text: str, *, whole: bool = True) -> bool:
+    """Is ``text`` a key hash (64 lower-case hex digits) or, unless ``whole``, a start of one?"""
+    return (len(text) == 64 or not whole) and len(text) <= 64 and set(text) <= _HEX
+
+
+_HEX = frozenset("0123456789abcdef")
 
 
 def _glob_escape(text: str) -> str:

@@ -3,10 +3,11 @@ or migrate, and say what was done.
 
 The layout of every feature is one versioned unit per dialect (``sql/schema.<dialect>.sql``);
 its tables are the ``CREATE TABLE IF NOT EXISTS`` names of that file, so a table dropped by hand
-is found and re-created like a missing feature's. A connector reads the state (:class:`State`),
-calls :func:`schema_check` (refuse, or "migrate needed"), and migrates under its dialect's lock,
-re-reading the state there so that of two processes migrating at once one creates and the other
-finds nothing to do (:func:`schema_action` says which).
+is found and re-created like a missing feature's; a column a later version adds to an existing
+table is in :data:`ADDED_COLUMNS`, and an upgrade adds it where it is missing. A connector reads
+the state (:class:`State`), calls :func:`schema_check` (refuse, or "migrate needed"), and
+migrates under its dialect's lock, re-reading the state there so that of two processes migrating
+at once one creates and the other finds nothing to do (:func:`schema_action` says which).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from retrysafe._exceptions import SchemaError
 
 __all__ = [
+    "ADDED_COLUMNS",
     "SCHEMA_VERSION",
     "Migration",
     "State",
@@ -30,7 +32,19 @@ __all__ = [
 ]
 
 #: The schema version this release writes and understands.
-SCHEMA_VERSION = 1
+#:
+#: 1. keys, outbox, webhooks, agent runs;
+#: 2. ``idempotency_keys.created_at``: when the record's claim was made (``retrysafe keys``
+#:    lists keys newest first); NULL for records claimed before the upgrade.
+SCHEMA_VERSION = 2
+
+#: Columns added to a table after the table was first released: ``(table, column, block)``.
+#: A table created by the current layout has them already; upgrading adds each one the table
+#: lacks: PostgreSQL in its layout script (``ADD COLUMN IF NOT EXISTS``), SQLite by running
+#: ``block`` of ``sql/schema.sqlite.sql`` when the table has no such column.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("idempotency_keys", "created_at", "add_keys_created_at"),
+)
 
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)", re.IGNORECASE)
 
@@ -105,7 +119,7 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
     elif state.version < SCHEMA_VERSION:
         what = f"an older schema (version {state.version}; this retrysafe writes {SCHEMA_VERSION})"
     else:
-        what = "schema version 1 without the tables " + ", ".join(state.missing)
+        what = f"schema version {state.version} without the tables " + ", ".join(state.missing)
     raise SchemaError(
         f"{where} has {what} (run `retrysafe migrate --store URL`, or open it with "
         "create=True)",

@@ -47,6 +47,7 @@ from retrysafe.stores._connector import (
 from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
 from retrysafe.stores._schema import (
+    ADDED_COLUMNS,
     SCHEMA_VERSION,
     Migration,
     State,
@@ -409,6 +410,10 @@ class SQLiteConnector(Transactions):
             def apply() -> None:
                 for stmt in split_statements(_SCHEMA["schema"]):
                     conn.execute(stmt)
+                for table, column, block in ADDED_COLUMNS:  # no ADD COLUMN IF NOT EXISTS
+                    have = conn.execute(_SCHEMA["table_columns"], {"table": table}).fetchall()
+                    if column not in {str(row[0]) for row in have}:
+                        conn.execute(_SCHEMA[block])
                 conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 
             # BEGIN IMMEDIATE is the lock: a second migration waits for the first.

@@ -39,8 +39,14 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     status           integer,
     headers          text,
     body             bytea,
-    replayable       boolean NOT NULL DEFAULT true
+    replayable       boolean NOT NULL DEFAULT true,
+    -- When this record's claim was made (schema version 2; NULL for records claimed before
+    -- the upgrade). Written by claim_key in the same statement; deliberately not indexed, so
+    -- a claim updates no more indexes than before (`retrysafe keys list` sorts by a scan).
+    created_at       double precision
 );
+-- The upgrade of a version-1 table (stores/_schema.py ADDED_COLUMNS); a no-op on a new one.
+ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS created_at double precision;
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at);
 
 -- name: get_schema_version

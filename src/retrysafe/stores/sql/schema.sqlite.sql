@@ -25,7 +25,11 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     status           INTEGER,
     headers          TEXT,
     body             BLOB,
-    replayable       INTEGER NOT NULL DEFAULT 1
+    replayable       INTEGER NOT NULL DEFAULT 1,
+    -- When this record's claim was made (schema version 2; NULL for records claimed before
+    -- the upgrade). Written by claim_key in the same statement; deliberately not indexed, so
+    -- a claim updates no more indexes than before (`retrysafe keys list` sorts by a scan).
+    created_at       REAL
 );
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at);
 CREATE TABLE IF NOT EXISTS outbox_jobs (
@@ -142,6 +146,14 @@ CREATE TABLE IF NOT EXISTS agent_calls (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS agent_calls_run ON agent_calls (run_id, created_at);
 CREATE INDEX IF NOT EXISTS agent_calls_tool ON agent_calls (run_id, tool, signature);
+
+-- name: add_keys_created_at
+-- Upgrade to version 2 (stores/_schema.py ADDED_COLUMNS). SQLite has no ADD COLUMN IF NOT
+-- EXISTS: the store runs this only when the table lacks the column (table_columns below).
+ALTER TABLE idempotency_keys ADD COLUMN created_at REAL;
+
+-- name: table_columns
+SELECT name FROM pragma_table_info(:table);
 
 -- name: list_tables
 SELECT name FROM sqlite_master WHERE type = 'table';
