@@ -17,7 +17,7 @@ __all__ = ["JSONFormatter", "configure_json_logging", "logging_config"]
 # Attributes every LogRecord has; everything else came from ``extra``.
 _STANDARD = frozenset(
     logging.LogRecord("x", 0, "x", 0, "x", None, None).__dict__.keys()
-    | {"message", "asctime", "taskName"}
+    | {"message", "asctime", "taskName", "color_message"}  # uvicorn's ANSI copy of msg
 )
 
 
@@ -67,7 +67,8 @@ def logging_config(
     """A ``logging.config.dictConfig`` dictionary that prints retrysafe's lines (the
     middleware's decision per request, the worker's attempts, warnings) as JSON on stderr at
     ``level``, and the loggers of the ``servers`` named (uvicorn's and gunicorn's error and
-    access logs) as JSON lines too, at INFO; other loggers (your own) are left as they are.
+    access logs) as JSON lines too, at INFO; any other logger's warnings and errors reach the
+    root logger, which prints them as JSON lines too.
 
     Use it as ``uvicorn.run(app, log_config=retrysafe.logging_config())``, gunicorn's
     ``logconfig_dict``, or write it to a file for ``--log-config`` (``examples/logging.json``
@@ -95,6 +96,9 @@ def logging_config(
                 "stream": "ext://sys.stderr",
             }
         },
+        # A root of its own: gunicorn merges this dictionary into its defaults key by key,
+        # and its root logger's handler would be gone.
+        "root": {"handlers": ["retrysafe_stderr"], "level": "WARNING"},
         "loggers": {
             "retrysafe": {"handlers": ["retrysafe_stderr"], "level": name, "propagate": False},
             **{

@@ -79,3 +79,45 @@ def test_uvicorn_with_the_example_config_logs_each_decision_as_a_json_line(
     assert decisions == ["stored", "replay"], err
     assert any(d.get("logger", "").startswith("uvicorn") for d in lines), err
     assert all("log-1" not in json.dumps(d) for d in lines)  # the raw key is never logged
+
+
+def test_gunicorn_with_the_example_config_logs_each_decision_as_a_json_line(
+    tmp_path: Path,
+) -> None:
+    """``gunicorn app:app --log-config-json examples/logging.json`` (a WSGI app behind the
+    WSGI middleware) starts, and a request and its retry give a decision line each as JSON."""
+    (tmp_path / "app.py").write_text(
+        "from retrysafe import WSGIIdempotencyMiddleware\n"
+        "def charge(environ, start_response):\n"
+        "    start_response('201 Created', [('Content-Type', 'application/json')])\n"
+        "    return [b'{\"ok\": true}']\n"
+        f"app = WSGIIdempotencyMiddleware(charge, 'sqlite:///{tmp_path}/keys.db')\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "app:app", "--bind", f"127.0.0.1:{port}",
+         "--workers", "1", "--log-config-json", str(ROOT / "examples" / "logging.json")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = httpx.post(f"http://127.0.0.1:{port}/charge", content=b"{}",
+                                   headers={"Idempotency-Key": "g-1"})  # fmt: skip
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        again = httpx.post(f"http://127.0.0.1:{port}/charge", content=b"{}",
+                           headers={"Idempotency-Key": "g-1"})  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert (first.status_code, again.status_code) == (201, 201), err
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    decisions = [d["decision"] for d in lines if d.get("logger") == "retrysafe.server"]
+    assert decisions == ["stored", "replay"], err
+    assert any(d.get("logger", "").startswith("gunicorn") for d in lines), err

@@ -86,6 +86,11 @@ def get(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def _jobs(samples: dict[Any, float], store: str, state: str) -> float:
+    """``retrysafe_outbox_jobs`` of the default queue in ``state``."""
+    return get(samples, "retrysafe_outbox_jobs", store=store, queue="default", state=state)
+
+
 @pytest.fixture
 def endpoint() -> Iterator[str]:
     """A real endpoint: 503 on the first request of each key, 201 after; /charge: 201."""
@@ -114,10 +119,7 @@ def test_worker_metrics_move_as_jobs_are_delivered(tmp_path: Path, endpoint: str
     proc = _start("worker", "--store", db, "--metrics", f"127.0.0.1:{port}", "--wait-initial",
                   "0.01", "--wait-max", "0.02")  # fmt: skip
     try:
-        samples = scrape_until(
-            port, proc,
-            lambda s: get(s, "retrysafe_outbox_jobs", queue="default", state="succeeded") == 3,
-        )  # fmt: skip
+        samples = scrape_until(port, proc, lambda s: _jobs(s, "sqlite", "succeeded") == 3)
     finally:
         code, err = _stop(proc)
     assert code == 143, err
@@ -125,7 +127,9 @@ def test_worker_metrics_move_as_jobs_are_delivered(tmp_path: Path, endpoint: str
     assert get(samples, a, queue="default", outcome="server_error", status_class="5xx") == 3
     assert get(samples, a, queue="default", outcome="success", status_class="2xx") == 3
     assert get(samples, "retrysafe_store_up", store="sqlite") == 1.0
-    assert get(samples, "retrysafe_outbox_jobs", queue="default", state="pending") == 0
+    assert (
+        get(samples, "retrysafe_outbox_jobs", store="sqlite", queue="default", state="pending") == 0
+    )
     assert ("process_cpu_seconds_total", ()) in samples  # the process collector is there too
 
 
@@ -196,24 +200,31 @@ def test_two_workers_on_one_postgresql_outbox_report_the_same_job_gauges(
              for p in ports]  # fmt: skip
     try:
         scrapes = [
-            scrape_until(port, proc, lambda s: get(
-                s, "retrysafe_outbox_jobs", queue="default", state="pending") == 4)
+            scrape_until(port, proc, lambda s: _jobs(s, "postgresql", "pending") == 4)
             for port, proc in zip(ports, procs, strict=True)
-        ]  # fmt: skip
+        ]
     finally:
         results = [_stop(p) for p in procs]
     for state in ("pending", "in_flight", "succeeded", "unknown"):
-        counts = {get(s, "retrysafe_outbox_jobs", queue="default", state=state) for s in scrapes}
+        counts = {
+            get(s, "retrysafe_outbox_jobs", store="postgresql", queue="default", state=state)
+            for s in scrapes
+        }
         assert len(counts) == 1, (state, counts)
     assert [get(s, "retrysafe_store_up", store="postgresql") for s in scrapes] == [1.0, 1.0]
     assert [code for code, _ in results] == [143, 143], results
 
 
 # ---------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("command", [["worker"], ["webhooks", "worker"]])
-def test_metrics_on_a_port_in_use_exits_2_with_one_line(
-    tmp_path: Path, command: list[str]
-) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["worker"],
+        ["webhooks", "worker"],
+        ["gateway", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:{free}"],
+    ],
+)
+def test_metrics_on_a_port_in_use_exits_2_with_one_line(tmp_path: Path, command: list[str]) -> None:
     """A port already taken: exit 2, one error line naming --metrics, nothing left running."""
     db = f"sqlite:///{tmp_path}/o.db"
     Outbox(db).close()
@@ -221,7 +232,8 @@ def test_metrics_on_a_port_in_use_exits_2_with_one_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(_cli(*command, "--store", db, "--metrics", f"127.0.0.1:{port}"),
+        args = [a.format(free=free_port()) for a in command]
+        done = subprocess.run(_cli(*args, "--store", db, "--metrics", f"127.0.0.1:{port}"),
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -229,7 +241,20 @@ def test_metrics_on_a_port_in_use_exits_2_with_one_line(
     assert "--metrics" in lines[0] and "already in use" in lines[0]
 
 
-@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:99999", "127.0.0.1:", ":9464"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "nonsense",
+        "127.0.0.1:99999",
+        "127.0.0.1:",
+        ":9464",
+        "127.0.0.1:0",
+        "127.0.0.1:\u0669\u0664\u0667\u0669",  # Arabic-Indic digits are not a port
+        "http://127.0.0.1:9474",
+        " 127.0.0.1:9478",
+        "127.0.0.1:9464/metrics",
+    ],
+)
 def test_an_unparsable_metrics_address_exits_2(tmp_path: Path, address: str) -> None:
     """`--metrics` that is not HOST:PORT: exit 2, the message names the option."""
     db = f"sqlite:///{tmp_path}/o.db"
@@ -240,12 +265,25 @@ def test_an_unparsable_metrics_address_exits_2(tmp_path: Path, address: str) -> 
     assert "--metrics" in done.stderr
 
 
-def test_gateway_refuses_metrics_on_its_own_listen_address(tmp_path: Path) -> None:
-    """`--metrics` equal to `--listen`: exit 2 before anything starts."""
-    port = free_port()
+@pytest.mark.parametrize(
+    ("listen", "metrics"),
+    [
+        ("127.0.0.1:{p}", "127.0.0.1:{p}"),
+        ("127.0.0.1:{p}", "localhost:{p}"),
+        ("127.0.0.1:{p}", "0.0.0.0:{p}"),
+        ("0.0.0.0:{p}", "127.0.0.1:{p}"),
+        ("127.0.0.1:{p}", "127.0.0.1:0{p}"),
+    ],
+)
+def test_gateway_refuses_metrics_on_its_own_listen_address(
+    tmp_path: Path, listen: str, metrics: str
+) -> None:
+    """`--metrics` naming the socket of `--listen`, however spelled: exit 2 before anything
+    starts."""
+    port = str(free_port())
     done = subprocess.run(
-        _cli("gateway", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
-             "--store", f"sqlite:///{tmp_path}/k.db", "--metrics", f"127.0.0.1:{port}"),
+        _cli("gateway", "--upstream", "http://127.0.0.1:9", "--listen", listen.format(p=port),
+             "--store", f"sqlite:///{tmp_path}/k.db", "--metrics", metrics.format(p=port)),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

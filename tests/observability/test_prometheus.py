@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -393,12 +393,21 @@ def test_the_collector_reads_job_states_and_backlog_ages(tmp_path: Path) -> None
     StoreCollector(store, registry=registry, clock=lambda: t0 + 120.0)
     assert value(registry, "retrysafe_store_up", store="sqlite") == 1.0
     jobs = "retrysafe_outbox_jobs"
-    assert value(registry, jobs, queue="default", state="pending") == 1.0
-    assert value(registry, jobs, queue="default", state="unknown") == 1.0
-    assert registry.get_sample_value(jobs, {"queue": "default", "state": "succeeded"}) == 0.0
+    assert value(registry, jobs, store="sqlite", queue="default", state="pending") == 1.0
+    assert value(registry, jobs, store="sqlite", queue="default", state="unknown") == 1.0
+    assert (
+        registry.get_sample_value(
+            jobs, {"store": "sqlite", "queue": "default", "state": "succeeded"}
+        )
+        == 0.0
+    )
     age = "retrysafe_outbox_oldest_job_age_seconds"
-    assert value(registry, age, queue="default", state="unknown") == pytest.approx(120.0)
-    assert value(registry, age, queue="default", state="pending") == pytest.approx(120.0)
+    assert value(registry, age, store="sqlite", queue="default", state="unknown") == pytest.approx(
+        120.0
+    )
+    assert value(registry, age, store="sqlite", queue="default", state="pending") == pytest.approx(
+        120.0
+    )
     store.close()
 
 
@@ -410,7 +419,8 @@ def test_an_empty_store_still_reports_the_default_queue(tmp_path: Path) -> None:
     StoreCollector(store, registry=registry)
     assert (
         registry.get_sample_value(
-            "retrysafe_outbox_oldest_job_age_seconds", {"queue": "default", "state": "unknown"}
+            "retrysafe_outbox_oldest_job_age_seconds",
+            {"store": "sqlite", "queue": "default", "state": "unknown"},
         )
         == 0.0
     )
@@ -461,7 +471,9 @@ def test_a_key_store_reports_store_up(redis_url: str, redis_prefix: str) -> None
     StoreCollector(store, registry=registry)
     assert value(registry, "retrysafe_store_up", store="redis") == 1.0
     assert (
-        registry.get_sample_value("retrysafe_outbox_jobs", {"queue": "default", "state": "pending"})
+        registry.get_sample_value(
+            "retrysafe_outbox_jobs", {"store": "redis", "queue": "default", "state": "pending"}
+        )
         is None
     )
     store.close()
@@ -470,8 +482,9 @@ def test_a_key_store_reports_store_up(redis_url: str, redis_prefix: str) -> None
 def test_serve_metrics_on_a_port_in_use_raises_and_leaves_nothing_registered() -> None:
     """Binding a taken port raises OSError and unregisters the store collector again."""
     registry = CollectorRegistry()
-    with serve_metrics("127.0.0.1", 0, metrics=registry) as first, pytest.raises(
-        OSError, match="in use"
+    with (
+        serve_metrics("127.0.0.1", 0, metrics=registry) as first,
+        pytest.raises(OSError, match="in use"),
     ):
         serve_metrics("127.0.0.1", first.port, metrics=registry, store="memory://")
     assert registry.get_sample_value("retrysafe_store_up", {"store": "memory"}) is None
@@ -481,8 +494,9 @@ def test_serve_metrics_on_a_port_in_use_raises_and_leaves_nothing_registered() -
 def test_webhook_deliveries_and_a_gone_endpoint_are_counted(
     registry: CollectorRegistry, tmp_path: Path, endpoint: tuple[str, _Endpoint]
 ) -> None:
-    """Deliveries count by endpoint id and outcome; a 410 disables the endpoint (counted as
-    ``gone``) and the collector shows it disabled, its delivery in the dead-letter queue."""
+    """Deliveries count by endpoint id and outcome; a 410 disables the endpoint once (counted
+    as ``gone`` once, however many of its deliveries see the 410) and the collector shows it
+    disabled, its delivery in the dead-letter queue."""
     from retrysafe.webhooks import SVIX, Schedule, WebhookPolicy, Webhooks
 
     url, _ = endpoint
@@ -493,18 +507,27 @@ def test_webhook_deliveries_and_a_gone_endpoint_are_counted(
     with Webhooks(store, policy=policy, allow_private=True) as hooks:
         ok = hooks.add_endpoint(url + "/ok", event_types=["order.paid"])
         gone = hooks.add_endpoint(url + "/gone", event_types=["order.paid"])
-        hooks.send("order.paid", {"id": 1})
-        hooks.worker(telemetry=metrics, budget=None).run_until_idle()
+        for i in range(3):  # three deliveries to the gone endpoint: it is disabled once
+            hooks.send("order.paid", {"id": i})
+        hooks.worker(telemetry=metrics, budget=None, concurrency=8).run_until_idle()
     d = "retrysafe_webhook_deliveries_total"
-    assert value(registry, d, endpoint_id=ok.id, outcome="retrying") == 1.0
-    assert value(registry, d, endpoint_id=ok.id, outcome="delivered") == 1.0
-    assert value(registry, d, endpoint_id=gone.id, outcome="failed") == 1.0
+    assert value(registry, d, endpoint_id=ok.id, outcome="retrying") == 3.0
+    assert value(registry, d, endpoint_id=ok.id, outcome="delivered") == 3.0
+    assert value(registry, d, endpoint_id=gone.id, outcome="failed") >= 1.0
     assert value(registry, "retrysafe_webhook_endpoints_disabled_total", reason="gone") == 1.0
     scrape = CollectorRegistry()
     StoreCollector(store, registry=scrape)
-    assert value(scrape, "retrysafe_webhook_endpoints", state="disabled", reason="gone") == 1.0
-    assert value(scrape, "retrysafe_webhook_endpoints", state="enabled", reason="") == 1.0
-    assert value(scrape, "retrysafe_webhook_dead_letters") >= 1.0
+    assert (
+        value(
+            scrape, "retrysafe_webhook_endpoints", store="sqlite", state="disabled", reason="gone"
+        )
+        == 1.0
+    )
+    assert (
+        value(scrape, "retrysafe_webhook_endpoints", store="sqlite", state="enabled", reason="")
+        == 1.0
+    )
+    assert value(scrape, "retrysafe_webhook_dead_letters", store="sqlite") >= 1.0
     store.close()
 
 
@@ -540,3 +563,124 @@ def test_agent_write_calls_and_budget_refusals_are_counted(
     assert value(registry, c, tool="create_ticket", outcome="replayed") == 1.0
     assert value(registry, "retrysafe_agent_budget_refusals_total", kind="steps") == 1.0
     assert tickets == ["printer on fire"]
+
+
+# ---------------------------------------------------------------------- a scrape never stalls
+class _StuckKeyStore:
+    """A key store whose reads block until released (a store that stopped answering)."""
+
+    url = "memory://stuck"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.reads = 0
+
+    def get(self, key_hash: str) -> None:
+        self.reads += 1
+        self.release.wait(30)
+
+
+def test_a_store_that_does_not_answer_is_down_after_the_timeout() -> None:
+    """A read that does not return within ``timeout``: the scrape answers store_up 0 after
+    the timeout, the next scrape at once without piling a second read on the store, and
+    store_up 1 once the store answers again."""
+    store = _StuckKeyStore()
+    registry = CollectorRegistry()
+    StoreCollector(store, registry=registry, timeout=0.2)
+    t0 = time.monotonic()
+    assert value(registry, "retrysafe_store_up", store="memory") == 0.0
+    assert 0.2 <= time.monotonic() - t0 < 5
+    t1 = time.monotonic()
+    assert value(registry, "retrysafe_store_up", store="memory") == 0.0
+    assert time.monotonic() - t1 < 0.2 and store.reads == 1  # no second read started
+    store.release.set()
+    wait_for(lambda: value(registry, "retrysafe_store_up", store="memory") == 1.0)
+
+
+def test_a_locked_postgresql_table_does_not_stall_the_scrape(pg_url: str, pg_schema: str) -> None:
+    """Another session holds an exclusive lock on the jobs table: the scrape answers within
+    its timeout with store_up 0, and with the jobs once the lock is gone."""
+    import psycopg
+
+    store = PostgresStore(pg_url, schema=pg_schema)
+    registry = CollectorRegistry()
+    StoreCollector(store, registry=registry, timeout=0.5)
+    with psycopg.connect(pg_url) as locker:
+        locker.execute(f'LOCK TABLE "{pg_schema}".outbox_jobs IN ACCESS EXCLUSIVE MODE')
+        t0 = time.monotonic()
+        assert value(registry, "retrysafe_store_up", store="postgresql") == 0.0
+        assert time.monotonic() - t0 < 5
+        locker.rollback()
+    wait_for(lambda: value(registry, "retrysafe_store_up", store="postgresql") == 1.0)
+    store.close()
+
+
+def test_a_url_of_a_store_that_is_down_at_start_up_is_reported_down(tmp_path: Path) -> None:
+    """A collector built while its store is unreachable still builds; scrapes say store_up 0;
+    a missing SQLite file is never created by a scrape."""
+    registry = CollectorRegistry()
+    collector = StoreCollector(
+        {"pg": "postgresql://nobody@127.0.0.1:1/none", "file": f"sqlite:///{tmp_path}/no.db"},
+        registry=registry,
+        timeout=5,
+    )
+    assert value(registry, "retrysafe_store_up", store="pg") == 0.0
+    assert value(registry, "retrysafe_store_up", store="file") == 0.0
+    assert not (tmp_path / "no.db").exists()
+    collector.close()
+
+
+def test_a_deleted_sqlite_file_is_not_recreated_by_a_scrape(tmp_path: Path) -> None:
+    """The database file is deleted under a running process: a scrape (a new thread's
+    connection) reports store_up 0 and does not create an empty file in its place."""
+    import os
+
+    path = tmp_path / "o.db"
+    store = SQLiteStore(path)
+    registry = CollectorRegistry()
+    StoreCollector(store, registry=registry)
+    os.remove(path)
+    assert value(registry, "retrysafe_store_up", store="sqlite") == 0.0
+    assert not path.exists()
+    store.close()
+
+
+def test_one_collector_reads_several_stores_and_a_second_one_is_refused(tmp_path: Path) -> None:
+    """Two stores in one collector are labelled by name (one valid exposition); a second
+    collector on the same registry raises ConfigurationError instead of duplicating series."""
+    registry = CollectorRegistry()
+    keys, app = SQLiteStore(tmp_path / "k.db"), SQLiteStore(tmp_path / "a.db")
+    with Outbox(app) as outbox:
+        outbox.submit("http://127.0.0.1:9/x", json={})
+    StoreCollector({"keys": keys, "app": app}, registry=registry)
+    jobs = "retrysafe_outbox_jobs"
+    assert value(registry, jobs, store="app", queue="default", state="pending") == 1.0
+    assert value(registry, jobs, store="keys", queue="default", state="pending") == 0.0
+    with pytest.raises(ConfigurationError, match="one StoreCollector per registry"):
+        StoreCollector(keys, registry=registry)
+    text = generate_latest(registry).decode()
+    assert text.count("# TYPE retrysafe_store_up gauge") == 1
+    keys.close()
+    app.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "5"])
+def test_a_bad_collector_timeout_is_refused(bad: Any, tmp_path: Path) -> None:
+    """``timeout`` that is not positive finite seconds: ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        StoreCollector(f"sqlite:///{tmp_path}/o.db", timeout=bad)
+
+
+def test_the_asgi_metrics_app_runs_alone_under_uvicorn_with_its_lifespan(
+    registry: CollectorRegistry,
+) -> None:
+    """``metrics_asgi_app`` as the whole app (uvicorn's lifespan on), and routed at
+    ``/metrics`` in a Starlette app: both answer a real scrape."""
+    metrics = Prometheus(registry)
+    metrics.server_event("client-gone")
+    with ServerThread(metrics_asgi_app(metrics), lifespan="on") as alone:
+        assert "retrysafe_server_events_total" in httpx.get(alone.url + "/metrics").text
+    routed = Starlette(routes=[Route("/metrics", metrics_asgi_app(metrics))])
+    with ServerThread(routed) as server:
+        r = httpx.get(server.url + "/metrics")
+    assert r.status_code == 200 and "retrysafe_server_events_total" in r.text

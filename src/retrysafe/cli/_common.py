@@ -433,24 +433,34 @@ def print_table(*renderables: Any) -> None:
 def parse_listen(value: str, *, option: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` → ``(host, port)``; a usage error names the option."""
     host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if (
+        not sep
+        or not host
+        or not (port_text.isascii() and port_text.isdigit())
+        or not 0 < int(port_text) < 65536
+        or any(c.isspace() or c in "/?#@" for c in host)
+    ):
         raise click.BadParameter(
             f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8080)", param_hint=option
         )
     return host.strip("[]"), int(port_text)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Exit with a clear message when ``host:port`` cannot be bound (in use, bad address)."""
+def check_port_free(
+    host: str, port: int, *, option: str | None = None, code: int = EXIT_FAILED
+) -> None:
+    """Exit ``code`` with a clear message (naming ``option`` when given) when ``host:port``
+    cannot be bound (in use, bad address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    where = f"{option}: " if option else ""
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                fail(f"cannot listen on {host}:{port}: the port is already in use")
-            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+                fail(f"{where}cannot listen on {host}:{port}: the port is already in use", code)
+            fail(f"{where}cannot listen on {host}:{port}: {exc.strerror or exc}", code)
 
 
 # ---------------------------------------------------------------------- --metrics
@@ -474,7 +484,7 @@ def metrics_option(fn: _F) -> _F:
 
 
 @contextmanager
-def serving_metrics(address: str | None, store: Any) -> Iterator[Any]:
+def serving_metrics(address: str | None, store: Any, *, log: bool = False) -> Iterator[Any]:
     """Serve ``/metrics`` on ``address`` for the duration of the block and yield the
     :class:`~retrysafe.observability.Prometheus` to pass as ``telemetry=`` (None without an
     address). Its registry is the command's own, with the process, platform and garbage
@@ -482,8 +492,10 @@ def serving_metrics(address: str | None, store: Any) -> Iterator[Any]:
     :class:`~retrysafe.observability.StoreCollector` reading ``store`` (an opened store, not
     closed here) at each scrape.
 
-    Exits 2 with one line: an unparsable address, prometheus-client missing, a port in use or
-    an address that is not this machine's (nothing is left running).
+    Says where on stderr (``log``: as a JSON log line on ``retrysafe.metrics``, for a
+    command whose stderr is JSON lines). Exits 2 with one line: an unparsable address,
+    prometheus-client missing, a port in use or an address that is not this machine's
+    (nothing is left running).
     """
     if address is None:
         yield None
@@ -509,11 +521,14 @@ def serving_metrics(address: str | None, store: Any) -> Iterator[Any]:
         if exc.errno == errno.EADDRINUSE:
             fail(f"--metrics: cannot listen on {address}: the port is already in use", EXIT_USAGE)
         fail(f"--metrics: cannot listen on {address}: {exc.strerror or exc}", EXIT_USAGE)
-    import logging
+    if log:  # a command whose stderr is JSON lines (the gateway)
+        import logging
 
-    logging.getLogger("retrysafe.metrics").info(
-        "metrics listening", extra={"metrics": server.url}
-    )
+        logging.getLogger("retrysafe.metrics").info(
+            "metrics listening", extra={"metrics": server.url}
+        )
+    else:
+        click.echo(f"retrysafe: metrics at {server.url}", err=True)
     try:
         yield metrics
     finally:

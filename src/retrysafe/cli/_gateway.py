@@ -275,18 +275,22 @@ def gateway(
     check_port_free(host, port)  # before the store: a taken port creates no store either
     if metrics_address is not None:
         metrics_host, metrics_port = parse_listen(metrics_address, option="--metrics")
-        if (metrics_host, metrics_port) == (host, port):
+        # The same socket however it is spelled (localhost, 0.0.0.0, a wildcard --listen).
+        if reaches_listener(
+            metrics_host, metrics_port, listen_host=host, listen_port=port
+        ) or reaches_listener(host, port, listen_host=metrics_host, listen_port=metrics_port):
             raise click.BadParameter(
-                f"{metrics_address} is the gateway's own --listen address", param_hint="--metrics"
+                f"{metrics_address} is the gateway's own --listen address {listen}",
+                param_hint="--metrics",
             )
-        check_port_free(metrics_host, metrics_port)
+        check_port_free(metrics_host, metrics_port, option="--metrics", code=2)
 
     stopper = _Stopper()
     with Signals(on_signal=stopper) as signals:
         with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
             key_store = open_store(store)
         try:
-            with serving_metrics(metrics_address, key_store) as metrics:
+            with serving_metrics(metrics_address, key_store, log=True) as metrics:
                 if metrics is not None:
                     config = dataclasses.replace(config, telemetry=metrics)
                 app = IdempotencyMiddleware(proxy, store=key_store, config=config)

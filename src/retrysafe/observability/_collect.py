@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from retrysafe._exceptions import ConfigurationError
@@ -47,123 +47,241 @@ def disabled_reason_class(reason: str | None) -> str:
     return "operator"
 
 
-class StoreCollector:
-    """A Prometheus collector that reads retrysafe's store at each scrape.
+class _Source:
+    """One store a collector reads: opened from its URL on first use (in the reading thread;
+    a store that is down at start-up is only reported down), read by at most one thread at
+    a time."""
 
-    Gauges: ``retrysafe_store_up{store}`` (1 when the store answered this scrape),
-    ``retrysafe_store_scrape_duration_seconds{store}``, and on stores with an outbox
-    ``retrysafe_outbox_jobs{queue,state}``, ``retrysafe_outbox_oldest_job_age_seconds{queue,
-    state}`` (seconds since the oldest PENDING, IN_FLIGHT or UNKNOWN job was created; 0 when
-    there is none), ``retrysafe_webhook_dead_letters`` (webhook deliveries UNKNOWN or
-    REJECTED) and ``retrysafe_webhook_endpoints{state,reason}``. A key store (Redis, memory)
-    reports ``retrysafe_store_up`` only, probed with one read.
-
-    Args:
-        store: a store object or URL (a URL is opened here and closed by :meth:`close`).
-        registry: where to register (default: none; call ``registry.register(collector)``);
-            :func:`~retrysafe.observability.serve_metrics` registers it for you.
-        clock: Unix-seconds clock (ages on SQLite are measured with it).
-
-    Raises:
-        ConfigurationError: prometheus-client is missing; a malformed store URL.
-    """
-
-    def __init__(
-        self, store: Any, *, registry: Any = None, clock: Any = time.time
-    ) -> None:
-        self._prom = prometheus_client()
+    def __init__(self, name: str, store: Any) -> None:
+        self.name = name
+        self._url = store if isinstance(store, str) else None
+        self._store = None if isinstance(store, str) else store
         self._owned: Any = None
-        if isinstance(store, str):
-            from retrysafe.stores import open_store
-
-            self._owned = store = open_store(store)
-        self._store: Any = store
-        self._lock = threading.Lock()
-        self._clock = clock
-        self.kind = store_kind(store)
-        if registry is not None:
-            registry.register(self)
+        self._busy = threading.Lock()  # held by the read in flight, if any
 
     def close(self) -> None:
-        """Close the store this collector opened from a URL. Idempotent."""
         owned, self._owned = self._owned, None
         if owned is not None:
             with contextlib.suppress(Exception):
                 owned.close()
 
+    def _opened(self) -> Any:
+        if self._store is not None:
+            return self._store
+        if self._owned is None:
+            from retrysafe.stores import open_store
+
+            assert self._url is not None
+            # Never create anything: a scrape of a missing store reports it down.
+            sql = self._url.split(":", 1)[0].lower() in ("sqlite", "postgresql", "postgres")
+            self._owned = open_store(self._url, **({"create": False} if sql else {}))
+        return self._owned
+
+    def read(self, clock: Any, timeout: float) -> tuple[bool, Any]:
+        """``(True, (job rows or None, endpoint counts or None))``, or ``(False, why)`` when
+        the store raised, or did not answer within ``timeout`` seconds. A read that timed out
+        goes on in its thread; until it ends, later scrapes report the store down at once
+        instead of piling up more reads on it."""
+        if not self._busy.acquire(blocking=False):
+            return False, "the previous scrape's read of this store has not returned yet"
+        box: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                box.append((True, _read(self._opened(), clock)))
+            except Exception as exc:
+                box.append((False, repr(exc)))
+            finally:
+                self._busy.release()
+
+        thread = threading.Thread(target=run, name=f"retrysafe-scrape-{self.name}", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if not box:
+            return False, f"no answer within {timeout:g} s"
+        return box[0]
+
+
+_GAUGES = (
+    ("retrysafe_store_up", "1 when the store answered this scrape's reads in time, else 0.",
+     ("store",)),
+    ("retrysafe_store_scrape_duration_seconds",
+     "Seconds the store took to answer this scrape's reads (the timeout when it did not).",
+     ("store",)),
+    ("retrysafe_outbox_jobs",
+     "Outbox jobs by queue and state (read from the store at scrape time).",
+     ("store", "queue", "state")),
+    ("retrysafe_outbox_oldest_job_age_seconds",
+     "Seconds since the oldest job in this queue and state was created (0: none).",
+     ("store", "queue", "state")),
+    ("retrysafe_webhook_dead_letters",
+     "Webhook deliveries in the dead-letter queue (UNKNOWN or REJECTED).", ("store",)),
+    ("retrysafe_webhook_endpoints",
+     "Webhook endpoints by state (enabled, disabled) and why disabled (gone, failures, "
+     "registered, operator).", ("store", "state", "reason")),
+)  # fmt: skip
+
+
+class StoreCollector:
+    """A Prometheus collector that reads retrysafe's stores at each scrape.
+
+    Gauges, each labelled ``store`` (the store's name): ``retrysafe_store_up`` (1 when the
+    store answered this scrape's reads within ``timeout``), ``retrysafe_store_scrape_duration_
+    seconds``, and on stores with an outbox ``retrysafe_outbox_jobs{queue,state}``,
+    ``retrysafe_outbox_oldest_job_age_seconds{queue,state}`` (seconds since the oldest
+    PENDING, IN_FLIGHT or UNKNOWN job was created; 0 when there is none; the ``default`` queue
+    is always reported), ``retrysafe_webhook_dead_letters`` (webhook deliveries UNKNOWN or
+    REJECTED) and ``retrysafe_webhook_endpoints{state,reason}``. A key store (Redis, memory)
+    reports ``retrysafe_store_up`` only, probed with one read.
+
+    A store that is down, locked or slow never fails or stalls the scrape: after ``timeout``
+    seconds it is reported ``retrysafe_store_up 0`` (its other gauges absent) and a warning
+    is logged; the read that did not return goes on in its thread, and later scrapes report
+    the store down at once until it returns.
+
+    Args:
+        store: a store object or URL, or a mapping ``{name: store or URL}`` to read several
+            (one collector per registry: the families are shared). A URL is opened at the
+            first scrape, never created, and closed by :meth:`close`; a store object is the
+            caller's to close.
+        registry: where to register (default: none; call ``registry.register(collector)``);
+            :func:`~retrysafe.observability.serve_metrics` registers it for you.
+        clock: Unix-seconds clock (ages on SQLite are measured with it).
+        timeout: seconds a scrape waits for each store (default 5, under Prometheus' default
+            scrape timeout of 10 s).
+
+    Raises:
+        ConfigurationError: prometheus-client is missing; an empty mapping, a name that is not
+            a string, a timeout that is not positive; the registry already has these gauges
+            (a second collector: pass several stores to one instead).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        registry: Any = None,
+        clock: Any = time.time,
+        timeout: float = 5.0,
+    ) -> None:
+        self._prom = prometheus_client()
+        if isinstance(store, Mapping):
+            if not store or not all(isinstance(k, str) and k for k in store):
+                raise ConfigurationError(
+                    "store must be a store, a URL, or a non-empty {name: store} mapping",
+                    option="store",
+                )
+            self._sources = [_Source(name, s) for name, s in store.items()]
+        else:
+            self._sources = [_Source(_store_name(store), store)]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+            0 < timeout < float("inf")
+        ):
+            raise ConfigurationError(f"timeout must be positive seconds, not {timeout!r}",
+                                     option="timeout")  # fmt: skip
+        self._timeout = float(timeout)
+        self._clock = clock
+        if registry is not None:
+            try:
+                registry.register(self)
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"cannot register the store collector: {exc} (one StoreCollector per "
+                    "registry: give it a {name: store} mapping to read several stores)",
+                    option="registry",
+                ) from None
+
+    @property
+    def kind(self) -> str:
+        """The ``store`` label of the first store."""
+        return self._sources[0].name
+
+    def close(self) -> None:
+        """Close the stores this collector opened from URLs. Idempotent."""
+        for source in self._sources:
+            source.close()
+
     def describe(self) -> list[Any]:
-        # Nothing at registration time: collect() must not run (and touch the store) then.
-        return []
+        """The gauge names, without touching a store (so a registry refuses a second
+        collector of the same names instead of serving a broken exposition)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        return [GaugeMetricFamily(name, doc, labels=list(labels)) for name, doc, labels in _GAUGES]
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily as gauge
-        up = gauge("retrysafe_store_up", "1 when the store answered this scrape, else 0.",
-                   labels=["store"])
-        took = gauge("retrysafe_store_scrape_duration_seconds",
-                     "Seconds the store took to answer this scrape's reads.", labels=["store"])
-        t0 = time.perf_counter()
-        families: list[Any] = []
-        with self._lock:  # scrapes in parallel would only queue on the store
-            try:
-                families = self._read(gauge)
-                ok = True
-            except Exception as exc:  # the scrape answers; the store is reported down
-                log.warning("metrics scrape: the store did not answer: %r", exc)
-                ok = False
-        up.add_metric([self.kind], 1.0 if ok else 0.0)
-        took.add_metric([self.kind], time.perf_counter() - t0)
-        yield up
-        yield took
-        yield from families
+        from prometheus_client.core import GaugeMetricFamily
 
-    def _read(self, gauge: Any) -> list[Any]:
-        store = self._store
-        from retrysafe.client._store import SQLOutboxStore, outbox_store
+        fam = {
+            name: GaugeMetricFamily(name, doc, labels=list(labels))
+            for name, doc, labels in _GAUGES
+        }
+        for source in self._sources:
+            t0 = time.perf_counter()
+            ok, found = source.read(self._clock, self._timeout)
+            fam["retrysafe_store_up"].add_metric([source.name], 1.0 if ok else 0.0)
+            fam["retrysafe_store_scrape_duration_seconds"].add_metric(
+                [source.name], time.perf_counter() - t0
+            )
+            if not ok:
+                log.warning("metrics scrape: store %s did not answer: %s", source.name, found)
+                continue
+            rows, endpoints = found
+            if rows is not None:
+                _add_jobs(fam, source.name, rows, endpoints is not None)
+            if endpoints is not None:
+                for (state, reason), n in sorted(endpoints.items()):
+                    fam["retrysafe_webhook_endpoints"].add_metric(
+                        [source.name, state, reason], float(n)
+                    )
+        yield from (f for f in fam.values() if f.samples)
 
-        try:
-            outbox = outbox_store(store)
-        except ConfigurationError:
-            outbox = None
-        if not isinstance(outbox, SQLOutboxStore):
-            probe = getattr(store, "get", None)
-            if probe is None:
-                raise ConfigurationError(f"cannot probe store {store!r}", option="store")
-            probe("0" * 64)  # a key store: one read says it answers
-            return []
-        rows = outbox.job_stats(now=self._clock())
-        jobs = gauge("retrysafe_outbox_jobs", "Outbox jobs by queue and state (read from "
-                     "the store at scrape time).", labels=["queue", "state"])
-        ages = gauge("retrysafe_outbox_oldest_job_age_seconds",
-                     "Seconds since the oldest job in this queue and state was created "
-                     "(0: none); alert on state=\"unknown\" and state=\"pending\".",
-                     labels=["queue", "state"])
-        by_queue: dict[str, dict[JobState, tuple[int, float]]] = {}
-        for queue, state, n, age in rows:
-            by_queue.setdefault(queue, {})[state] = (n, age)
-        by_queue.setdefault(_DEFAULT_QUEUE, {})  # always there, so alerts never see "absent"
-        dead = 0
-        for queue in sorted(by_queue):
-            seen = by_queue[queue]
-            for state in JobState:
-                n, age = seen.get(state, (0, 0.0))
-                jobs.add_metric([queue, state.value], float(n))
-                if state in AGED_STATES:
-                    ages.add_metric([queue, state.value], age)
-                if queue == _WEBHOOKS_QUEUE and state in _DEAD_LETTERS:
-                    dead += n
-        out = [jobs, ages]
-        endpoints = _endpoints(store)
-        if endpoints is not None:
-            dlq = gauge("retrysafe_webhook_dead_letters",
-                        "Webhook deliveries in the dead-letter queue (UNKNOWN or REJECTED).")
-            dlq.add_metric([], float(dead))
-            ep = gauge("retrysafe_webhook_endpoints",
-                       "Webhook endpoints by state (enabled, disabled) and why disabled "
-                       "(gone, failures, registered, operator).", labels=["state", "reason"])
-            for (ep_state, reason), n in sorted(endpoints.items()):
-                ep.add_metric([ep_state, reason], float(n))
-            out += [dlq, ep]
-        return out
+
+def _store_name(store: Any) -> str:
+    if isinstance(store, str):
+        scheme = store.split(":", 1)[0].lower()
+        if scheme.startswith("postgres"):
+            return "postgresql"
+        return "redis" if scheme.startswith("redis") or scheme.startswith("rediss") else scheme
+    return store_kind(store)
+
+
+def _read(store: Any, clock: Any) -> tuple[Any, Any]:
+    """What one scrape reads of ``store``: job rows and endpoint counts (None when the
+    store has no outbox / no webhooks; a key store is probed with one read)."""
+    from retrysafe.client._store import SQLOutboxStore, outbox_store
+
+    try:
+        outbox = outbox_store(store)
+    except ConfigurationError:
+        outbox = None
+    if not isinstance(outbox, SQLOutboxStore):
+        probe = getattr(store, "get", None)
+        if probe is None:
+            raise ConfigurationError(f"cannot probe store {store!r}", option="store")
+        probe("0" * 64)  # a key store: one read says it answers
+        return None, None
+    return outbox.job_stats(now=clock()), _endpoints(store)
+
+
+def _add_jobs(fam: dict[str, Any], name: str, rows: Any, webhooks: bool) -> None:
+    by_queue: dict[str, dict[JobState, tuple[int, float]]] = {}
+    for queue, state, n, age in rows:
+        by_queue.setdefault(queue, {})[state] = (n, age)
+    by_queue.setdefault(_DEFAULT_QUEUE, {})  # always there, so alerts never see "absent"
+    dead = 0
+    for queue in sorted(by_queue):
+        seen = by_queue[queue]
+        for state in JobState:
+            n, age = seen.get(state, (0, 0.0))
+            fam["retrysafe_outbox_jobs"].add_metric([name, queue, state.value], float(n))
+            if state in AGED_STATES:
+                fam["retrysafe_outbox_oldest_job_age_seconds"].add_metric(
+                    [name, queue, state.value], age
+                )
+            if queue == _WEBHOOKS_QUEUE and state in _DEAD_LETTERS:
+                dead += n
+    if webhooks:
+        fam["retrysafe_webhook_dead_letters"].add_metric([name], float(dead))
 
 
 def _endpoints(store: Any) -> dict[tuple[str, str], int] | None:

@@ -160,7 +160,8 @@ class OpenTelemetry(BaseTelemetry):
 
     Raises:
         ConfigurationError: ``opentelemetry-api`` is not installed (``option="telemetry"``),
-            or a provider or propagator is not one (``option`` names the argument).
+            or a provider or propagator is not one, or a provider given here raises when
+            asked for its tracer or meter (``option`` names the argument).
     """
 
     def __init__(
@@ -184,10 +185,20 @@ class OpenTelemetry(BaseTelemetry):
         _check(propagator, "propagator", ("inject", "extract"))
         from retrysafe import __version__
 
-        self._tracer: Tracer = trace.get_tracer(
-            SCOPE, __version__, tracer_provider, schema_url=SCHEMA_URL
-        )
-        meter = metrics.get_meter(SCOPE, __version__, meter_provider, schema_url=SCHEMA_URL)
+        try:
+            self._tracer: Tracer = trace.get_tracer(
+                SCOPE, __version__, tracer_provider, schema_url=SCHEMA_URL
+            )
+        except Exception as exc:  # a provider that cannot give a tracer: say which, now
+            raise ConfigurationError(
+                f"tracer_provider.get_tracer() failed: {exc!r}", option="tracer_provider"
+            ) from exc
+        try:
+            meter = metrics.get_meter(SCOPE, __version__, meter_provider, schema_url=SCHEMA_URL)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"meter_provider.get_meter() failed: {exc!r}", option="meter_provider"
+            ) from exc
         self._client_duration = _histogram(
             meter, "http.client.request.duration", "Duration of HTTP client requests."
         )

@@ -23,10 +23,32 @@ def _registry(metrics: Prometheus | Any | None) -> Any:
 
 
 def metrics_asgi_app(metrics: Prometheus | Any | None = None) -> Any:
-    """An ASGI app answering every GET with the registry of ``metrics`` (a
+    """An ASGI app answering every HTTP request with the registry of ``metrics`` (a
     :class:`Prometheus`, a ``CollectorRegistry``, or None: the global one) in Prometheus'
-    text format (OpenMetrics when the scraper asks for it); mount it at ``/metrics``."""
-    return prometheus_client().make_asgi_app(registry=_registry(metrics))
+    text format (OpenMetrics when the scraper asks for it). Route ``/metrics`` to it
+    (Starlette: ``Route("/metrics", metrics_asgi_app(m))``; a ``Mount`` answers only
+    ``/metrics/``), or serve it alone (it completes the lifespan protocol)."""
+    return _MetricsApp(prometheus_client().make_asgi_app(registry=_registry(metrics)))
+
+
+class _MetricsApp:
+    """The ASGI app of :func:`metrics_asgi_app` (an object, not a function, so that
+    Starlette's ``Route`` calls it as an ASGI app rather than as a request handler)."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] == "http":
+            await self._app(scope, receive, send)
 
 
 def metrics_wsgi_app(metrics: Prometheus | Any | None = None) -> Any:

@@ -213,7 +213,16 @@ class SQLiteConnector(Transactions):
         self._closed = False
         #: What opening did to the schema (``retrysafe migrate`` reports it).
         self.migration = Migration("none", SCHEMA_VERSION)
+        #: Set once the file exists with its schema: later connections open it ``mode=rw``,
+        #: so a file deleted under a running process is reported unavailable, never silently
+        #: re-created empty (a metrics scrape's thread, a new worker thread).
+        file_uri = None
+        if path != ":memory:" and not path.startswith("file:"):
+            file_uri = "file:" + quote(str(Path(path).expanduser().resolve())) + "?mode=rw"
+        # Without create a missing file is not created either (it would be an empty database).
+        self._rw_uri: str | None = None if create else file_uri
         self._ensure_schema(create and not readonly)
+        self._rw_uri = file_uri
 
     def __repr__(self) -> str:
         return f"SQLiteConnector({self.path!r})"
@@ -262,11 +271,13 @@ class SQLiteConnector(Transactions):
         # file is writable again. Asked before and after opening: a file that changed in between
         # is marked too; any other read-only connection is dropped by its first failed write.
         writable = self._file_writable()
+        rw = self._rw_uri
         conn = sqlite3.connect(
-            self.path,
+            self.path if rw is None else rw,
             timeout=busy_timeout,
             isolation_level=None,  # autocommit: each statement is its own transaction
             check_same_thread=False,
+            uri=rw is not None,
         )
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -405,6 +416,13 @@ class SQLiteConnector(Transactions):
     # ------------------------------------------------------------------ schema
     def _ensure_schema(self, create: bool) -> None:
         where = f"SQLite store {self.url}"
+        if not create and self._rw_uri is not None and not os.path.exists(self.path):
+            # Not created empty (mode=rw): a missing file is a store without a schema.
+            raise SchemaError(
+                f"{where} has no retrysafe schema: the file does not exist (run `retrysafe "
+                "migrate --store URL`, or open it with create=True)",
+                store=self.url,
+            )
 
         def run(conn: sqlite3.Connection) -> Migration:
             def apply() -> None:

@@ -258,7 +258,10 @@ class DeliveryAttempt:
 
     async def _disable(self, endpoint_id: str, reason: str, now: float, *, kind: str) -> None:
         a = self._attempts
-        if await a.astore.set_endpoint_enabled(endpoint_id, enabled=False, reason=reason, now=now):
+        disabled = await a.astore.set_endpoint_enabled(
+            endpoint_id, enabled=False, reason=reason, now=now, only_if_enabled=True
+        )
+        if disabled:  # None: already disabled (by another attempt of this run, or by hand)
             log_disabled(endpoint_id, reason)
             if a.telemetry is not None:
                 a.telemetry.endpoint_disabled(kind)

@@ -178,8 +178,18 @@ class WebhookStore(Protocol):
         ...
 
     def set_endpoint_enabled(
-        self, endpoint_id: str, *, enabled: bool, reason: str | None, now: float
-    ) -> WebhookEndpoint | None: ...
+        self,
+        endpoint_id: str,
+        *,
+        enabled: bool,
+        reason: str | None,
+        now: float,
+        only_if_enabled: bool = False,
+    ) -> WebhookEndpoint | None:
+        """Enable or disable the endpoint (disabling parks its PENDING deliveries); the
+        endpoint, or None when it does not exist or, with ``only_if_enabled``, was already
+        disabled (an automatic disabling happens once, however many attempts ask for it)."""
+        ...
 
     def record_endpoint_failure(
         self, endpoint_id: str, *, now: float
@@ -246,7 +256,13 @@ class AsyncWebhookStore(Protocol):
     async def delivery_context(self, job_id: str) -> tuple[str, WebhookEndpoint] | None: ...
 
     async def set_endpoint_enabled(
-        self, endpoint_id: str, *, enabled: bool, reason: str | None, now: float
+        self,
+        endpoint_id: str,
+        *,
+        enabled: bool,
+        reason: str | None,
+        now: float,
+        only_if_enabled: bool = False,
     ) -> WebhookEndpoint | None: ...
 
     async def record_endpoint_failure(

@@ -165,13 +165,20 @@ def update_endpoint(
 
 
 def set_endpoint_enabled(
-    clock: Clock, endpoint_id: str, *, enabled: bool, reason: str | None, now: float
+    clock: Clock,
+    endpoint_id: str,
+    *,
+    enabled: bool,
+    reason: str | None,
+    now: float,
+    only_if_enabled: bool = False,
 ) -> Op[WebhookEndpoint | None]:
     params = {
         "id": endpoint_id,
         "enabled": bool(enabled),
         "reason": reason,
         "now": caller_now(clock, now),
+        "only_if_enabled": bool(only_if_enabled),
     }
     row = yield one(_SQL["set_endpoint_enabled"], params)
     if row is None:

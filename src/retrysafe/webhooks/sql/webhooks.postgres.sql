@@ -46,12 +46,13 @@ RETURNING {endpoint_columns};
 
 -- name: set_endpoint_enabled
 
--- Enabling or disabling starts a new failure run.
+-- Enabling or disabling starts a new failure run. only_if_enabled: change it only while it
+-- is enabled (an automatic disabling lands once, whatever number of attempts ask for it).
 UPDATE webhook_endpoints
 SET enabled = %(enabled)s::boolean, disabled_reason = %(reason)s::text, failure_count = 0,
     first_failure_at = NULL,
     updated_at = coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)
-WHERE id = %(id)s
+WHERE id = %(id)s AND (NOT %(only_if_enabled)s::boolean OR enabled)
 RETURNING {endpoint_columns};
 
 -- name: record_endpoint_failure

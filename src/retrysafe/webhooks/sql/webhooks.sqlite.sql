@@ -36,11 +36,12 @@ RETURNING {endpoint_columns};
 
 -- name: set_endpoint_enabled
 
--- Enabling or disabling starts a new failure run.
+-- Enabling or disabling starts a new failure run. :only_if_enabled: change it only while it
+-- is enabled (an automatic disabling lands once, whatever number of attempts ask for it).
 UPDATE webhook_endpoints
 SET enabled = :enabled, disabled_reason = :reason, failure_count = 0,
     first_failure_at = NULL, updated_at = :now
-WHERE id = :id
+WHERE id = :id AND (NOT :only_if_enabled OR enabled)
 RETURNING {endpoint_columns};
 
 -- name: record_endpoint_failure
