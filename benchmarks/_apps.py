@@ -39,6 +39,20 @@ def retrysafe_sqlite() -> Any:
     return IdempotencyMiddleware(_endpoint(), store=SQLiteStore(os.environ["BENCH_DB"]))
 
 
+def retrysafe_sqlite_metrics() -> Any:
+    """(k) as (b), with Prometheus metrics on (a registry of its own): what telemetry costs."""
+    from prometheus_client import CollectorRegistry
+
+    from retrysafe import IdempotencyMiddleware, SQLiteStore
+    from retrysafe.observability import Prometheus
+
+    return IdempotencyMiddleware(
+        _endpoint(),
+        store=SQLiteStore(os.environ["BENCH_DB"]),
+        telemetry=Prometheus(CollectorRegistry()),
+    )
+
+
 def retrysafe_sqlite_no_heartbeat() -> Any:
     """(h) as (b), with lease renewal switched off: isolates what the heartbeat costs."""
     import retrysafe.server._asgi as asgi

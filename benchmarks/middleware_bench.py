@@ -12,6 +12,7 @@ Variants, each served by one uvicorn process (one core) and loaded by wrk (the o
   (h) as (b) with lease renewal switched off      -- what the heartbeat costs: (b) vs (h)
   (i) as (f) on redis-py's asyncio client         -- what the lean Redis transport gives: (f) vs (i)
   (j) as (e) without group commit                 -- what group commit gives: (e) vs (j)
+  (k) as (b) with Prometheus metrics on           -- what telemetry costs: (b) vs (k)
 
 Each (e)/(j) run gets a fresh PostgreSQL schema and each (f)/(g)/(i) run a unique Redis key prefix,
 removed after the run. ``--postgres`` / ``--redis`` name the servers (defaults: the
@@ -28,6 +29,7 @@ Needs wrk (Debian: ``apt-get install -y wrk``) and the bench extra
     python benchmarks/middleware_bench.py --variants aefg --rounds 3 --duration 6
     python benchmarks/middleware_bench.py --variants abh --rounds 5 --duration 6
     python benchmarks/middleware_bench.py --variants afi --rounds 3 --duration 6
+    python benchmarks/middleware_bench.py --variants abk --rounds 5 --duration 6
 
 The apps are imported from this checkout (its ``src`` comes first on the servers' path), so a
 copy of the tree benchmarks itself, whatever is installed.
@@ -67,10 +69,11 @@ VARIANTS = {
     "h": ("retrysafe_sqlite_no_heartbeat", "first", "retrysafe, SQLite, first-time, no heartbeat"),
     "i": ("retrysafe_redis_py", "first", "retrysafe, Redis via redis-py, first-time keys"),
     "j": ("retrysafe_postgres_unbatched", "first", "retrysafe, PostgreSQL, no group commit"),
+    "k": ("retrysafe_sqlite_metrics", "first", "retrysafe, SQLite, first-time, metrics on"),
 }
 TARGETS = {"b": ("a", 0.7), "c": ("a", 0.9), "e": ("a", 0.35), "f": ("a", 0.65)}
 # (variant, other variant, minimum ratio) between two middlewares on the same store
-HEAD_TO_HEAD = [("b", "d", 4.0), ("f", "g", 1.5), ("b", "h", 0.97)]
+HEAD_TO_HEAD = [("b", "d", 4.0), ("f", "g", 1.5), ("b", "h", 0.97), ("k", "b", 0.95)]
 PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
