@@ -11,7 +11,7 @@ import pytest
 from retrysafe import ConfigurationError
 from retrysafe.core import KeyState, StoredResponse
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store
-from retrysafe.stores._base import KeyAdmin
+from retrysafe.stores._base import KeyAdmin, KeyPosition
 
 H = "a" * 64
 FP = "f" * 64
@@ -341,6 +341,20 @@ def test_list_keys_pages_by_keyset_without_gaps_or_repeats(key_store: KeyStore) 
     assert seen == [_hash(i) for i in (7, 6, 5, 4, 3, 2, 1, 0)]
 
 
+def test_list_keys_continues_from_a_position_whose_record_is_gone(key_store: KeyStore) -> None:
+    """A page continues from a KeyPosition (claim time, key hash) even after the record at
+    that position was purged: the keyset names a place in the order, not a record."""
+    for i in range(4):
+        key_store.claim(_hash(i), FP, now=NOW + i, lease=10, retention=100 if i != 2 else 5)
+    admin = _admin(key_store)
+    first = admin.list_keys(now=NOW + 3, limit=2)
+    assert [e.key_hash for e in first] == [_hash(3), _hash(2)]
+    assert key_store.purge_keys(now=NOW + 50) >= 1  # _hash(2)'s retention ended at NOW + 7
+    assert admin.find_keys(_hash(2), now=NOW + 50) == []
+    rest = admin.list_keys(now=NOW + 50, after=KeyPosition(NOW + 2, _hash(2)))
+    assert [e.key_hash for e in rest] == [_hash(1), _hash(0)]
+
+
 def test_list_keys_filters_by_the_state_a_record_has_now(key_store: KeyStore) -> None:
     """running, completed, released and expired select disjoint records: an expired one is
     expired whatever was stored, a released one (a tombstone) is listed where the store keeps
@@ -464,3 +478,29 @@ def test_evict_of_an_absent_or_released_key_is_false(key_store: KeyStore) -> Non
     assert not admin.evict(H, rec.fencing_token)
     claimed, again = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
     assert claimed and again.fencing_token > rec.fencing_token
+
+
+def test_an_evicted_key_reads_as_released_until_its_retention_ends(key_store: KeyStore) -> None:
+    """On every store (Redis too: a marker) an evicted record is found, and listed, as
+    released with its token and claim time; a second evict is False; a new claim is what the
+    key reads as again; a purge after the retention removes the evicted one."""
+    admin = _admin(key_store)
+    _, rec = key_store.claim(H, FP, now=NOW, lease=10, retention=100)
+    key_store.complete(H, rec.fencing_token, RESP, now=NOW, retention=100)
+    assert admin.evict(H, rec.fencing_token)
+    (found,) = admin.find_keys(H, now=NOW + 1)
+    assert (found.state, found.fencing_token, found.created_at) == ("released", 1, NOW)
+    assert (found.status, found.body, found.fingerprint) == (None, None, "")
+    assert [e.key_hash for e in admin.find_keys(H[:8], now=NOW + 1)] == [H]
+    assert [e.key_hash for e in admin.list_keys(now=NOW + 1, states=["released"])] == [H]
+    assert not admin.evict(H, rec.fencing_token)
+    assert key_store.get(H) is None
+    claimed, again = key_store.claim(H, FP, now=NOW + 2, lease=10, retention=100)
+    assert claimed and again.fencing_token > rec.fencing_token
+    (now_found,) = admin.find_keys(H, now=NOW + 3)
+    assert (now_found.state, now_found.fencing_token) == ("running", again.fencing_token)
+    assert [e.state for e in admin.list_keys(now=NOW + 3)] == ["running"]
+    assert admin.evict(H, again.fencing_token)
+    key_store.purge_keys(now=NOW + 500)
+    assert admin.find_keys(H, now=NOW + 500) == []
+    assert admin.list_keys(now=NOW + 500) == []

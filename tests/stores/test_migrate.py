@@ -73,6 +73,30 @@ def test_migrate_creates_the_schema_then_is_a_no_op(store_args: list[str]) -> No
     assert f"version {SCHEMA_VERSION}; nothing to do" in out
 
 
+def test_migrate_names_the_postgres_schema_it_migrated(request: pytest.FixtureRequest) -> None:
+    """`migrate --schema X` says which schema its line is about (every schema of a database
+    has the same URL), in the line and as ``schema`` in JSON; SQLite has none (null)."""
+    args = _pg_args(request)
+    code, out, err = _migrate(*args)
+    assert code == 0, err
+    assert out.startswith("postgresql://") and f" (schema {args[3]!r}): created" in out
+    code, out, err = _migrate(*args, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["schema"] == args[3]
+    assert report["message"].startswith(f"{report['store']} (schema {args[3]!r}): ")
+    sqlite_url = _sqlite_url(request.getfixturevalue("tmp_path"))
+    code, out, err = _migrate("--store", sqlite_url, "--json")
+    assert code == 0 and json.loads(out)["schema"] is None, err
+
+
+def test_migrate_refuses_a_redis_url_whose_path_is_not_a_database(redis_url: str) -> None:
+    """`migrate --store redis://host:port/abc` would connect to database 0: exit 2 naming
+    --store, as every malformed URL."""
+    code, out, err = _migrate("--store", redis_url.rsplit("/", 1)[0] + "/abc")
+    assert code == 2 and out == ""
+    assert err.startswith("retrysafe: error: --store: ") and "database number" in err
+
+
 def test_migrate_refuses_a_newer_schema_version(store_args: list[str]) -> None:
     """A schema from a newer retrysafe: exit 1, naming both versions and `retrysafe migrate`."""
     assert _migrate(*store_args)[0] == 0

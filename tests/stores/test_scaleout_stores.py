@@ -286,6 +286,30 @@ def test_postgres_url_without_a_database_is_refused(url: str) -> None:
         PostgresStore(url)
 
 
+@pytest.mark.parametrize(
+    "path", ["/abc", "/0/extra", "/1x", "/-1", "/0.5", "/%31"], ids=lambda p: p[1:] or "empty"
+)
+def test_a_redis_url_whose_path_is_not_a_database_number_is_refused(path: str) -> None:
+    """redis-py reads a path that is not a number as database 0, silently: open_store and
+    RedisStore refuse it before connecting (the password never echoed)."""
+    url = f"redis://:secret@127.0.0.1:6379{path}"
+    with pytest.raises(ConfigurationError, match="is not a database number") as info:
+        open_store(url)
+    assert info.value.option == "store" and "secret" not in str(info.value)
+    with pytest.raises(ConfigurationError, match="is not a database number"):
+        RedisStore(url, check=False)
+
+
+@pytest.mark.parametrize("path", ["", "/", "/0", "/1", "/15"])
+def test_a_redis_url_with_no_path_or_a_database_number_opens(path: str) -> None:
+    """No path and ``/`` mean database 0; ``/N`` is database N."""
+    store = RedisStore(f"redis://127.0.0.1:6379{path}", check=False)
+    try:
+        assert store.where.endswith(f"/{path.strip('/') or 0}")
+    finally:
+        store.close()
+
+
 def test_store_without_an_outbox_never_shows_the_password(redis_url: str) -> None:
     """Opening an outbox on Redis fails with the URL's password redacted."""
     from retrysafe import Outbox

@@ -18,9 +18,12 @@ exit codes are docs/cli.md's (:mod:`retrysafe.cli._common`).
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
+import logging
 import math
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -31,7 +34,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from retrysafe._exceptions import InvalidKeyError
+from retrysafe._exceptions import ConfigurationError, InvalidKeyError, StoreError
 from retrysafe.cli._common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -63,7 +66,7 @@ from retrysafe.core import (
     parse_key,
     scope_from_authorization,
 )
-from retrysafe.stores._base import ENTRY_STATES, KeyAdmin, KeyEntry
+from retrysafe.stores._base import ENTRY_STATES, KeyAdmin, KeyEntry, KeyPosition
 
 __all__ = ["keys"]
 
@@ -74,6 +77,11 @@ _MEANING = (
     "evicting a key makes the store forget it: the next request with this key runs the "
     "handler again, so its effect happens again"
 )
+#: The most candidates an ambiguous --hash names.
+_CANDIDATES = 10
+#: The loggers of the drivers: their own lines (a pool discarding a broken connection) would
+#: come before the one error line of a command; the error says what matters.
+_DRIVER_LOGGERS = ("psycopg", "psycopg_pool", "redis")
 
 
 class KeyStoreURL(StoreURL):
@@ -90,7 +98,21 @@ class KeyStoreURL(StoreURL):
                 "`retrysafe keys` runs in a process of its own and can never see them; give "
                 f"the store the middleware uses ({self.examples()})"
             )
-        return super().problem(url)
+        problem = super().problem(url)
+        if problem is None and canonical_scheme(url) == "redis":
+            from retrysafe.stores._url_check import check_redis_url
+
+            try:  # a path that is not /N would silently be database 0
+                check_redis_url(url)
+            except ConfigurationError as exc:
+                return str(exc)
+        return problem
+
+
+def _shown_value(value: Any) -> str:
+    """A bad value for an error line: its two ends when long, counted in characters of the
+    value itself (not of its repr)."""
+    return repr(clip(value, 80)) if isinstance(value, str) else clip(repr(value), 80)
 
 
 class KeyHash(StrParamType):
@@ -102,12 +124,43 @@ class KeyHash(StrParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or self._HEX.fullmatch(value) is None:
             self.fail(
-                f"{clip(repr(value), 80)} is not a key hash (1–64 hex digits, e.g. the first "
-                "12 that `keys list` shows)",
+                f"{_shown_value(value)} is not a key hash (1–64 hex digits, e.g. the first "
+                "16 that `keys list` shows)",
                 param,
                 ctx,
             )
         return value.lower()
+
+
+class PageCursor(StrParamType):
+    """``--after``: where the previous page of ``keys list`` ended, as it printed it
+    (``next`` in JSON): ``CREATED:HASH``, the last key's claim time in Unix seconds (0 when
+    unknown) and its whole key hash. It names a place in the order, not a key, so it still
+    works when that key was evicted, expired or purged since."""
+
+    name = "cursor"
+    _FORM = re.compile(r"([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?):([0-9a-fA-F]{64})")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, KeyPosition):
+            return value
+        found = self._FORM.fullmatch(value) if isinstance(value, str) else None
+        created = float(found.group(1)) if found else math.nan
+        if found is None or not math.isfinite(created):
+            self.fail(
+                f"{_shown_value(value)} is not a page cursor: give the `--after` value the "
+                "previous page printed (`next` in --json), CREATED:HASH — the last key's "
+                "claim time in Unix seconds and its whole 64-digit hash",
+                param,
+                ctx,
+            )
+        return KeyPosition(created, found.group(2).lower())
+
+
+def cursor_of(entry: KeyEntry) -> str:
+    """The ``--after`` cursor that continues after ``entry`` (:class:`PageCursor`)."""
+    created = 0.0 if entry.created_at is None else entry.created_at
+    return f"{created!r}:{entry.key_hash}"
 
 
 class KeyPrefix(StrParamType):
@@ -118,7 +171,7 @@ class KeyPrefix(StrParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or len(value) > 200 or not value.isprintable():
             self.fail(
-                f"{clip(repr(value), 80)} is not a key prefix (at most 200 printable "
+                f"{_shown_value(value)} is not a key prefix (at most 200 printable "
                 f"characters, like the default {_DEFAULT_PREFIX!r})",
                 param,
                 ctx,
@@ -174,8 +227,9 @@ def _key_options(fn: Any) -> Any:
         envvar="RETRYSAFE_AUTHORIZATION",
         default=None,
         metavar="VALUE",
-        help="The Authorization value of the key's requests, exactly as sent (the default "
-        "scope is its SHA-256); env RETRYSAFE_AUTHORIZATION keeps it out of `ps` and history.",
+        help="The Authorization value of the key's requests, as sent (spaces and tabs around "
+        "it are dropped, as HTTP drops them; the default scope is its SHA-256); env "
+        "RETRYSAFE_AUTHORIZATION keeps it out of `ps` and history.",
     )(fn)
     return click.argument("key", required=False)(fn)
 
@@ -229,6 +283,9 @@ def _target(
     elif authorization is not None:
         if any(c in authorization for c in "\r\n\0"):
             fail("--authorization: a header value cannot contain CR, LF or NUL", EXIT_USAGE)
+        # HTTP drops the optional whitespace around a field value (RFC 9110 §5.5): the
+        # middleware never sees it, so neither is it part of the scope here.
+        authorization = authorization.strip(" \t")
         # The middleware hashes the header's bytes read as latin-1; a terminal sends UTF-8.
         wire = authorization.encode("utf-8", "surrogateescape").decode("latin-1")
         how, owner = "for the given --authorization", scope_from_authorization(
@@ -239,28 +296,111 @@ def _target(
     return _Target(key_hash(owner, parsed), f"{clip(parsed, 80)!r} {how}", by_key=True)
 
 
-def _not_found(target: _Target, where: str) -> str:
+@dataclass(frozen=True)
+class _Where:
+    """The store a command looks at, as every line of ``keys`` names it: the URL without its
+    password, and the PostgreSQL schema or the Redis key prefix the keys are under (a wrong
+    one finds nothing, so it is always said)."""
+
+    url: str
+    schema: str | None = None
+    prefix: str | None = None
+
+    def __str__(self) -> str:
+        if self.schema is not None:
+            return f"{self.url} (schema {self.schema!r})"
+        if self.prefix is not None:
+            return f"{self.url} (prefix {self.prefix!r})"
+        return self.url
+
+    def fields(self) -> dict[str, Any]:
+        """The store in --json output: ``store``, and ``schema`` or ``prefix``."""
+        out: dict[str, Any] = {"store": self.url}
+        if self.schema is not None:
+            out["schema"] = self.schema
+        if self.prefix is not None:
+            out["prefix"] = self.prefix
+        return out
+
+    def elsewhere(self) -> str:
+        """What a not-found line adds: where else the keys may be ("" for SQLite)."""
+        if self.schema is not None:
+            return (
+                f"the middleware's tables may be in another schema than {self.schema!r} "
+                "(give it with --schema)"
+            )
+        if self.prefix is not None:
+            return (
+                f"the middleware's store may use another key prefix than {self.prefix!r} "
+                "(give it with --prefix)"
+            )
+        return ""
+
+    def why_absent(self) -> str:
+        """Why a key the store once held can be absent from it now."""
+        if self.prefix is not None:  # Redis forgets a released record at once
+            return "the key was never recorded, was released after a 5xx, or its retention ended"
+        return "the key was never recorded, or was purged after its retention ended"
+
+    def migrate_command(self) -> str:
+        """The `retrysafe migrate` command line for this store."""
+        command = f"retrysafe migrate --store {shlex.quote(self.url)}"
+        if self.schema is not None and self.schema != "public":
+            command += f" --schema {self.schema}"
+        return command
+
+    def restate(self, exc: StoreError) -> str:
+        """``exc``'s message as a ``keys`` line: the store named as :meth:`__str__` names it
+        (a store names itself its own way: ``PostgreSQL store at host:port/db``), and the
+        real ``retrysafe migrate`` command instead of the library's advice (``--store URL``,
+        ``create=True``)."""
+        message = str(exc)
+        address = exc.store.partition("://")[2]
+        heads = [exc.store]
+        if address:
+            heads += [
+                f"PostgreSQL store {address} (schema {self.schema!r})",
+                f"PostgreSQL store at {address}",
+                f"PostgreSQL store {address}",
+                f"Redis Cluster store at {address}",
+                f"Redis store at {address}",
+                f"SQLite store {exc.store}",
+            ]
+        for head in heads:
+            if head and message.startswith(head):
+                message = f"{self}{message[len(head):]}"
+                break
+        message = message.replace(", or open it with create=True", "")
+        return message.replace("`retrysafe migrate --store URL`", f"`{self.migrate_command()}`")
+
+
+def _not_found(target: _Target, where: _Where) -> str:
+    elsewhere = where.elsewhere()
     if not target.by_key:
-        return f"no key {target.shown} in {where}"
+        also = f"{elsewhere}, or " if elsewhere else ""
+        return f"no key {target.shown} in {where}: {also}{where.why_absent()}"
     return (
         f"no key {target.shown} in {where}: the scope is part of a key's identity (the store "
         "keeps SHA-256 of scope and key), so give it as the middleware derives it: "
         "--authorization with the request's Authorization value exactly, or --scope with "
-        "what your scope function returns; or the key was never recorded, was released by "
-        "a 5xx, or was purged"
+        f"what your scope function returns; {elsewhere + '; ' if elsewhere else ''}or "
+        f"{where.why_absent()}"
     )
 
 
-def _resolve(admin: KeyAdmin, target: _Target, where: str, now: float) -> KeyEntry:
+def _resolve(admin: KeyAdmin, target: _Target, where: _Where, now: float) -> KeyEntry:
     """The one record ``target`` names (exit 1 when none, or when a hash prefix matches
-    several)."""
-    found = admin.find_keys(target.lookup, now=now, limit=2)
+    several: the line names up to :data:`_CANDIDATES` of them)."""
+    found = admin.find_keys(target.lookup, now=now, limit=_CANDIDATES + 1)
     if not found:
         fail(_not_found(target, where), EXIT_FAILED)
     if len(found) > 1:
+        shown = ", ".join(e.key_hash[:16] for e in found[:_CANDIDATES])
+        more = f" and more (it names the first {_CANDIDATES})" if len(found) > _CANDIDATES else ""
+        count = f"more than {_CANDIDATES}" if more else str(len(found))
         fail(
-            f"--hash: prefix {target.lookup!r} is ambiguous: it matches "
-            f"{', '.join(e.key_hash[:16] for e in found)} and maybe more; give more digits",
+            f"--hash: prefix {target.lookup!r} is ambiguous: it matches {count} keys: "
+            f"{shown}{more}; give more digits",
             EXIT_FAILED,
         )
     return found[0]
@@ -268,12 +408,42 @@ def _resolve(admin: KeyAdmin, target: _Target, where: str, now: float) -> KeyEnt
 
 # ---------------------------------------------------------------------- the store
 @contextmanager
+def _quiet_drivers() -> Iterator[None]:
+    """Keep the drivers' own log lines (psycopg's pool discarding a broken connection,
+    retrying a connection) off stderr while a command runs: the command's one error line
+    says what failed. Restored afterwards."""
+    saved = []
+    for name in _DRIVER_LOGGERS:
+        logger = logging.getLogger(name)
+        quiet = logging.NullHandler()
+        saved.append((logger, logger.propagate, quiet))
+        logger.addHandler(quiet)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, propagate, quiet in saved:
+            logger.removeHandler(quiet)
+            logger.propagate = propagate
+
+
+@contextmanager
+def _restated(where: _Where) -> Iterator[None]:
+    """Store errors inside name the store as ``where`` does (:meth:`_Where.restate`)."""
+    try:
+        yield
+    except StoreError as exc:
+        exc.args = (where.restate(exc),)
+        raise
+
+
+@contextmanager
 def _key_admin(
     url: str, *, write: bool, schema: str | None, prefix: str | None
-) -> Iterator[tuple[KeyAdmin, str]]:
+) -> Iterator[tuple[KeyAdmin, _Where]]:
     """The store ``url`` names and how to show it, opened as every command opens stores (it
     must exist; SQLite read-only for a reader; no schema created). Store errors inside become
-    one line (exit 1)."""
+    one line (exit 1), with no driver log lines before it."""
     from retrysafe import stores
     from retrysafe.stores._url_check import redact_url
 
@@ -282,19 +452,23 @@ def _key_admin(
         fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
     if prefix is not None and scheme not in ("redis", "redis+cluster"):
         fail("--prefix: only a redis:// store has a key prefix", EXIT_USAGE)
-    with errors(url, _FLAGS):
-        if scheme == "postgresql":
-            opened: Any = closing(
-                stores.open_store(url, schema=schema or "public", create=False)
-            )
-        elif scheme in ("redis", "redis+cluster"):
-            opened = closing(stores.open_store(url, prefix=prefix or _DEFAULT_PREFIX))
+    if scheme == "postgresql":
+        where = _Where(redact_url(url), schema=schema or "public")
+    elif scheme in ("redis", "redis+cluster"):
+        where = _Where(redact_url(url), prefix=prefix or _DEFAULT_PREFIX)
+    else:
+        where = _Where(redact_url(url))
+    with errors(url, _FLAGS), _quiet_drivers(), _restated(where):
+        if where.schema is not None:
+            opened: Any = closing(stores.open_store(url, schema=where.schema, create=False))
+        elif where.prefix is not None:
+            opened = closing(stores.open_store(url, prefix=where.prefix))
         else:
             opened = opened_store(url, write=write)
         with opened as store:
             if not isinstance(store, KeyAdmin):  # pragma: no cover - every store offers it
-                fail(f"--store: {redact_url(url)} cannot list its keys", EXIT_USAGE)
-            yield store, redact_url(url)
+                fail(f"--store: {where} cannot list its keys", EXIT_USAGE)
+            yield store, where
 
 
 # ---------------------------------------------------------------------- output
@@ -303,7 +477,16 @@ def _emit(data: Any) -> None:
 
 
 def _when(ts: float | None) -> str:
-    return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    """Local time with its UTC offset, to the second: ``2026-12-01 14:03:12+01:00``."""
+    if ts is None:
+        return ""
+    if not math.isfinite(ts):
+        return "never"
+    try:
+        moment = dt.datetime.fromtimestamp(ts, dt.timezone.utc).astimezone()
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:g} (Unix seconds)"
+    return moment.isoformat(sep=" ", timespec="seconds")
 
 
 def _relative(ts: float, now: float) -> str:
@@ -318,6 +501,30 @@ def _relative(ts: float, now: float) -> str:
         units = ((left // 86400, "d"), (left % 86400 // 3600, "h"), (left % 3600 // 60, "m"))
         text = " ".join(f"{n}{unit}" for n, unit in units if n)
     return f"in {text}" if delta >= 0 else f"{text} ago"
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _visible(text: str, *, keep: str = "") -> str:
+    """``text`` with every character a terminal would act on or not show — control
+    characters (ESC, BEL, CR, …) and the other non-printable ones (``str.isprintable``) —
+    written as an escape (``\\x1b``, ``\\u200b``), except those in ``keep``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
+
+
+def _cell(text: str) -> Any:
+    """Stored text (or text naming a store) for a table: a rich ``Text``, so ``[…]`` is never
+    read as markup, with its control characters shown escaped."""
+    from rich.text import Text
+
+    return Text(_visible(text))
 
 
 def _next_attempt(entry: KeyEntry, now: float) -> tuple[str, str]:
@@ -360,19 +567,23 @@ def _next_attempt(entry: KeyEntry, now: float) -> tuple[str, str]:
 
 
 def _entry_dict(entry: KeyEntry, now: float, *, body: bool = False) -> dict[str, Any]:
+    """A record in --json output: what the store holds, as stored (times in Unix seconds);
+    ``lease_expires_at`` only while it is running (null otherwise: a finished record's last
+    lease means nothing), ``replayable`` only once an answer is stored (else null)."""
     nxt, _ = _next_attempt(entry, now)
+    answered = entry.status is not None
     out: dict[str, Any] = {
         "key_hash": entry.key_hash,
         "state": entry.state,
         "fingerprint": entry.fingerprint,
         "fencing_token": entry.fencing_token,
         "created_at": entry.created_at,
-        "lease_expires_at": entry.lease_expires_at,
+        "lease_expires_at": entry.lease_expires_at if entry.state == "running" else None,
         "expires_at": entry.expires_at,
         "status": entry.status,
         "headers": [list(p) for p in entry.headers],
         "body_size": entry.body_size,
-        "replayable": entry.replayable,
+        "replayable": entry.replayable if answered else None,
         "next_attempt": nxt,
     }
     if body:
@@ -392,7 +603,7 @@ def _size(n: int | None) -> str:
 def _keys_table(entries: list[KeyEntry], title: str, now: float) -> Any:
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=_cell(title))
     table.add_column("key hash", no_wrap=True, min_width=16)
     table.add_column("state", no_wrap=True)
     for col in ("created", "expires", "status", "body", "token", "next attempt"):
@@ -418,6 +629,10 @@ def _show_table(entry: KeyEntry, now: float) -> Any:
     table.add_column("field", no_wrap=True)
     table.add_column("value", overflow="fold")
     lease = f"{_when(entry.lease_expires_at)} ({_relative(entry.lease_expires_at, now)})"
+    if entry.status is None:
+        replayable = "-"
+    else:
+        replayable = "yes" if entry.replayable else "no (the answer exceeded the limit)"
     rows = [
         ("state", entry.state),
         ("next attempt", _next_attempt(entry, now)[1]),
@@ -432,14 +647,49 @@ def _show_table(entry: KeyEntry, now: float) -> Any:
         ("expires", f"{_when(entry.expires_at)} ({_relative(entry.expires_at, now)})"),
         ("status", "" if entry.status is None else str(entry.status)),
         ("body size", _size(entry.body_size)),
-        ("replayable", "yes" if entry.replayable else "no (the answer exceeded the limit)"),
+        ("replayable", replayable),
     ]
     for name, value in [*rows, *((f"header {k}", v) for k, v in entry.headers)]:
-        table.add_row(name, value)
+        table.add_row(_cell(name), _cell(value))
     return table
 
 
+def _print_body(body: bytes) -> None:
+    """``keys show --body`` after the table: to a pipe or a file the stored bytes exactly; on
+    a terminal the text with its control characters shown escaped (a stored ``ESC ]0;…``
+    would retitle the terminal, colour codes would recolour it), saying so."""
+    sys.stdout.flush()
+    if not sys.stdout.isatty():
+        binary = click.get_binary_stream("stdout")
+        binary.write(body)
+        binary.flush()
+        return
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        click.echo(f"body: {len(body)} bytes, not UTF-8 (--json gives body_base64)")
+        return
+    shown = _visible(text, keep="\n\t")
+    if shown != text:
+        click.echo(
+            f"body: {len(body)} bytes, control characters shown escaped (as \\x1b); "
+            "--json (body_base64) or a pipe gives the bytes as stored:"
+        )
+    click.echo(shown)
+
+
 # ---------------------------------------------------------------------- commands
+_FORCE_HELP = (
+    "Evict a running key whose lease is live too. Its handler keeps running but can no "
+    "longer record anything (its lease renewals and its completion are fenced off): its own "
+    "client gets 409 request-in-progress instead of the answer, and the next request with "
+    "the key (that client's retry, or one sent while the handler still runs) runs the "
+    "handler again, so the effect can happen twice (with server.transaction() the fenced "
+    "handler's writes are rolled back instead). A running key whose lease ended (its "
+    "process died) needs no --force."
+)
+
+
 @click.group("keys", epilog=epilog())
 def keys() -> None:
     """Inspect and evict the idempotency keys the middleware stored (sqlite, postgresql,
@@ -454,17 +704,18 @@ def keys() -> None:
     "states",
     multiple=True,
     type=click.Choice(ENTRY_STATES),
-    help="Only keys in this state (repeatable): running, completed, released (evicted or "
-    "released after a 5xx; not kept on Redis) or expired (retention ended).",
+    help="Only keys in this state (repeatable): running, completed, released (evicted, or "
+    "released after a 5xx; Redis keeps only evicted ones) or expired (retention ended).",
 )
 @click.option("--limit", type=_LIMIT, default=100, show_default=True, help="Most keys.")
 @click.option(
     "--after",
     "after",
-    type=KeyHash(),
+    type=PageCursor(),
     default=None,
-    metavar="HASH",
-    help="Continue after this key (the last hash of the previous page).",
+    metavar="CURSOR",
+    help="Continue where the previous page ended: the cursor it printed (`next` in --json), "
+    "CREATED:HASH; it still works when that key is gone since.",
 )
 @json_option
 def keys_list(
@@ -473,30 +724,37 @@ def keys_list(
     prefix: str | None,
     states: tuple[str, ...],
     limit: int,
-    after: str | None,
+    after: KeyPosition | None,
     as_json: bool,
 ) -> None:
     """List stored keys, newest claim first: their hash (never the key or its scope), state,
     times, stored status and what the next attempt with the key would get."""
     now = time.time()
     with _key_admin(store, write=False, schema=schema, prefix=prefix) as (admin, where):
-        start = None
-        if after is not None:
-            start = _resolve(admin, _Target(after, f"with hash {after!r}"), where, now)
-        found = admin.list_keys(now=now, limit=limit, states=states or None, after=start)
-    more = found[-1].key_hash if len(found) == limit else None
+        found = admin.list_keys(now=now, limit=limit, states=states or None, after=after)
+    more = cursor_of(found[-1]) if len(found) == limit else None
     if as_json:
-        _emit({"store": where, "keys": [_entry_dict(e, now) for e in found], "next": more})
+        _emit({**where.fields(), "keys": [_entry_dict(e, now) for e in found], "next": more})
         return
     print_table(_keys_table(found, f"keys in {where} ({len(found)}, newest first)", now))
     if more is not None:
-        click.echo(f"more keys: continue with --after {more[:16]}")
+        click.echo(f"more keys: continue with --after {more}")
+    elif not found and not states and after is None and where.elsewhere():
+        click.echo(f"no keys in {where}: {where.elsewhere()}")
 
 
-@keys.command("show", epilog=epilog("(no such key, or a hash prefix of several);"))
+@keys.command(
+    "show", epilog=epilog("for show: no such key, or a hash prefix that matches several;")
+)
 @_store_options
 @_key_options
-@click.option("--body", "with_body", is_flag=True, help="Also print the stored body.")
+@click.option(
+    "--body",
+    "with_body",
+    is_flag=True,
+    help="Also print the stored body: to a pipe as stored, on a terminal with control "
+    "characters shown escaped.",
+)
 @json_option
 def keys_show(
     store: str,
@@ -517,34 +775,24 @@ def keys_show(
     with _key_admin(store, write=False, schema=schema, prefix=prefix) as (admin, where):
         entry = _resolve(admin, target, where, now)
     if as_json:
-        _emit({"store": where, **_entry_dict(entry, now, body=with_body)})
+        _emit({**where.fields(), **_entry_dict(entry, now, body=with_body)})
         return
     print_table(_show_table(entry, now))
     if with_body and entry.body is not None:
-        try:
-            text = entry.body.decode("utf-8")
-        except UnicodeDecodeError:
-            click.echo(f"body: {len(entry.body)} bytes, not UTF-8 (--json gives body_base64)")
-        else:
-            click.echo(text)
+        _print_body(entry.body)
 
 
 @keys.command(
     "evict",
     epilog=epilog(
-        "(no such key; a running key without --force; the key changed meanwhile; the "
-        "question answered no);"
+        "for evict: no such key, a running key whose lease is live without --force, the "
+        "key changed meanwhile, or the question answered no;"
     ),
 )
 @_store_options
 @_key_options
 @click.option("--yes", is_flag=True, help="Do not ask (needed when stdin is not a terminal).")
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Evict a running key too (its handler may still be running: a retry would run the "
-    "effect a second time alongside it).",
-)
+@click.option("--force", is_flag=True, help=_FORCE_HELP)
 @json_option
 def keys_evict(
     store: str,
@@ -560,7 +808,8 @@ def keys_evict(
 ) -> None:
     """Forget one stored key, so that the next request with it runs the handler again — its
     effect happens again (use it when the stored answer is wrong, e.g. after fixing a bug
-    that answered 4xx). Asks first (or --yes); refuses a running key unless --force."""
+    that answered 4xx). Asks first (or --yes); refuses a running key whose lease is live
+    unless --force. A key released already is nothing to evict (exit 0)."""
     target = _target(key, authorization, scope, hash_prefix)
     if not yes and not sys.stdin.isatty():
         fail(
@@ -573,12 +822,11 @@ def keys_evict(
         entry = _resolve(admin, target, where, now)
         short = entry.key_hash[:16]
         if entry.state == "released":
-            message = (
-                f"key {short} is released already: the next request with it runs the handler"
-            )
-            _report(as_json, where, entry, evicted=False, message=message)
+            message = _nothing_to_evict(short)
+            _report(as_json, where, entry.key_hash, "released", evicted=False, message=message)
             return
-        if entry.state == "running" and not force:
+        held = entry.state == "running" and _next_attempt(entry, now)[0] == "in-progress"
+        if held and not force:
             lease = _relative(entry.lease_expires_at, now)
             fail(
                 f"key {short} is running (a handler holds its lease, {lease}): evicting it "
@@ -591,25 +839,66 @@ def keys_evict(
             if not click.confirm(f"Evict key {short} ({entry.state})?", err=True):
                 fail("not evicted (answered no); nothing was changed", EXIT_FAILED)
         if not admin.evict(entry.key_hash, entry.fencing_token):
-            fail(
-                f"key {short} changed while evicting it (claimed again or taken over): "
-                "nothing was evicted; look at it again with `retrysafe keys show`",
-                EXIT_FAILED,
-            )
+            now_held = admin.find_keys(entry.key_hash, now=time.time(), limit=1)
+            current = now_held[0] if now_held else None
+            if current is not None and current.state not in ("released", "expired"):
+                fail(
+                    f"key {short} changed while evicting it (claimed again or taken over): "
+                    "nothing was evicted; look at it again with `retrysafe keys show`",
+                    EXIT_FAILED,
+                )
+            # Another evictor (or the owner's release, a purge) was first: nothing is left.
+            state = None if current is None else current.state
+            message = _nothing_to_evict(short, state)
+            _report(as_json, where, entry.key_hash, state, evicted=False, message=message)
+            return
+    if held:
+        what = (
+            "; the handler still running under it can no longer record its answer, so its "
+            "client gets 409 request-in-progress"
+        )
+    elif entry.state == "running":
+        what = "; its lease had ended, so no handler held it"
+    else:
+        what = ""
     message = (
-        f"evicted key {short} ({entry.state}): the next request with this key runs the "
-        "handler again, and its effect happens again"
+        f"evicted key {short} ({entry.state}){what}: the next request with this key runs "
+        "the handler again, and its effect happens again"
     )
-    _report(as_json, where, entry, evicted=True, message=message)
+    _report(as_json, where, entry.key_hash, entry.state, evicted=True, message=message)
 
 
-def _report(as_json: bool, where: str, entry: KeyEntry, *, evicted: bool, message: str) -> None:
+def _nothing_to_evict(short: str, state: str | None = "released") -> str:
+    """The line of an evict that finds nothing left to forget (exit 0): the key is
+    released already (evicted, or released after a 5xx), its retention ended, or it is gone
+    (purged)."""
+    if state == "released":
+        now = f"key {short} is released already"
+    elif state == "expired":
+        now = f"the retention of key {short} ended meanwhile"
+    else:
+        now = f"key {short} is gone meanwhile (purged, or its retention ended)"
+    return f"{now}: nothing to evict; the next request with it runs the handler"
+
+
+def _report(
+    as_json: bool,
+    where: _Where,
+    key_hash: str,
+    state: str | None,
+    *,
+    evicted: bool,
+    message: str,
+) -> None:
+    """The result of evict: its line, or with --json the store, the key hash, the state the
+    key was evicted in (or, when nothing was evicted, has now: null when it is gone),
+    whether it was evicted, and the line."""
     if as_json:
         _emit(
             {
-                "store": where,
-                "key_hash": entry.key_hash,
-                "state": entry.state,
+                **where.fields(),
+                "key_hash": key_hash,
+                "state": state,
                 "evicted": evicted,
                 "message": message,
             }

@@ -3,8 +3,10 @@
 SQLite and PostgreSQL keep their schema version in the ``retrysafe_meta`` table; every command
 refuses a version newer than it understands. ``migrate`` creates a missing schema, upgrades an
 older one (every statement is ``CREATE … IF NOT EXISTS``, so a second run changes nothing),
-and exits 1 on a newer one. Redis has no schema: nothing to migrate. It is the one command
-that creates a store; every other refuses one that does not exist and names this command.
+and exits 1 on a newer one. Redis has no schema: nothing to migrate. Besides ``retrysafe
+gateway`` (which, like the middleware, creates its key store on first start), it is the one
+command that creates a store; every other refuses one that does not exist and names this
+command.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ __all__ = ["migrate"]
 
 @dataclass(frozen=True)
 class MigrateReport:
-    """What ``migrate`` did: ``action`` is created, upgraded, none or not-applicable."""
+    """What ``migrate`` did: ``action`` is created, upgraded, none or not-applicable;
+    ``schema`` is the PostgreSQL schema it looked at (None for other stores)."""
 
     store: str
+    schema: str | None
     dialect: str
     action: str
     from_version: int | None
@@ -57,6 +61,10 @@ def _sql(url: str, schema: str) -> MigrateReport:
         where = connector.url
     finally:
         opened.close()
+    in_schema = schema if dialect == "postgresql" else None
+    # The schema is part of where the tables are: a line without it would read the same
+    # for every schema of the database.
+    shown = where if in_schema is None else f"{where} (schema {in_schema!r})"
     after = SCHEMA_VERSION
     if done.action == "created":
         msg = f"created the retrysafe schema, version {after}"
@@ -66,7 +74,9 @@ def _sql(url: str, schema: str) -> MigrateReport:
         msg = f"upgraded the schema from version {done.from_version} to {after}"
     else:
         msg = f"schema is at version {after}; nothing to do"
-    return MigrateReport(where, dialect, done.action, done.from_version, after, f"{where}: {msg}")
+    return MigrateReport(
+        where, in_schema, dialect, done.action, done.from_version, after, f"{shown}: {msg}"
+    )
 
 
 class SchemaName(StrParamType):
@@ -88,7 +98,9 @@ class SchemaName(StrParamType):
 
 @click.command(
     "migrate",
-    epilog=epilog("(a schema newer than this retrysafe, a store that cannot be reached);"),
+    epilog=epilog(
+        "for migrate: a schema newer than this retrysafe, or a store that cannot be reached;"
+    ),
 )
 @store_option(schemes=KEY_STORES)
 @click.option(
@@ -119,6 +131,7 @@ def migrate(store: str, schema: str, as_json: bool) -> None:
             open_store(store).close()
             report = MigrateReport(
                 redact_url(store),
+                None,
                 scheme,
                 "not-applicable",
                 None,

@@ -9,7 +9,7 @@ unit tests only (unsafe: a restart forgets every key). Open any of them from a U
 
 from typing import TYPE_CHECKING, Any
 
-from retrysafe.stores._base import AsyncKeyStore, KeyAdmin, KeyEntry, KeyStore
+from retrysafe.stores._base import AsyncKeyStore, KeyAdmin, KeyEntry, KeyPosition, KeyStore
 from retrysafe.stores._memory import MemoryStore
 from retrysafe.stores._sqlite import SCHEMA_VERSION, SQLiteStore
 from retrysafe.stores._url import as_async_key_store, open_store
@@ -37,6 +37,7 @@ __all__ = [
     "AsyncKeyStore",
     "KeyAdmin",
     "KeyEntry",
+    "KeyPosition",
     "KeyStore",
     "MemoryStore",
     "PostgresStore",

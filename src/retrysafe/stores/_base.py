@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from retrysafe._exceptions import ConfigurationError
 from retrysafe.core import KeyRecord, StoredResponse
@@ -25,6 +25,7 @@ __all__ = [
     "HasEffects",
     "KeyAdmin",
     "KeyEntry",
+    "KeyPosition",
     "KeyStore",
     "SyncKeysFace",
     "check_limit",
@@ -126,12 +127,15 @@ class KeyEntry:
         key_hash: SHA-256 hex of (scope, key) (:func:`retrysafe.core.key_hash`).
         state: ``"running"`` or ``"completed"`` as stored; ``"released"`` for a tombstone
             (released by its owner, or evicted: it reads as absent and only keeps the token
-            sequence; Redis forgets a released record at once, so it never lists one);
+            sequence; Redis forgets a record its owner released at once, so it lists only
+            evicted ones, whose marker it keeps until their retention ends);
             ``"expired"`` once ``expires_at`` passed by the store's clock, whatever was stored
             (it reads as absent; a purge, or Redis's TTL, removes it).
         fingerprint: SHA-256 hex of the request that claimed it (``""`` for a tombstone).
         fencing_token: the record's fencing token (what :meth:`KeyAdmin.evict` compares).
-        lease_expires_at: Unix seconds when a running claim may be taken over.
+        lease_expires_at: Unix seconds when a running claim may be taken over (for a
+            completed or released record: the last lease it had, which no longer means
+            anything).
         expires_at: Unix seconds when the retention ends.
         created_at: Unix seconds of the claim that wrote this record (a claim after expiry
             or release writes a new record); None for records claimed before the store had
@@ -158,6 +162,22 @@ class KeyEntry:
     body: bytes | None = None
 
 
+class KeyPosition(NamedTuple):
+    """Where a record sorts in :meth:`KeyAdmin.list_keys` (descending: newest claim first,
+    then the larger key hash): the keyset a page continues from. It names a place in the
+    order, not a record, so a page can continue after a record that was evicted, expired or
+    purged since the previous page was read.
+
+    Attributes:
+        created_at: the record's claim time in Unix seconds (0 when it is unknown: records
+            claimed before the store recorded claim times sort last).
+        key_hash: the record's key hash (64 lower-case hex digits).
+    """
+
+    created_at: float
+    key_hash: str
+
+
 @runtime_checkable
 class KeyAdmin(Protocol):
     """What an operator needs of a key store (``retrysafe keys list|show|evict``): read
@@ -177,6 +197,10 @@ class KeyAdmin(Protocol):
       ``release``. So the next claim runs the handler again with a larger token, and an owner
       still running under the evicted token (or an earlier one) matches no fenced write: its
       ``complete``, ``release``, ``extend_lease`` and ``take_over`` change nothing.
+    * An evicted record reads as ``"released"`` afterwards on every store (``find_keys``,
+      ``list_keys``) until its retention ends — the SQL stores' tombstone; on Redis a marker
+      the eviction leaves beside the record, with the record's remaining TTL — so a second
+      evictor, or a person looking again, sees "released already", not "no such key".
     """
 
     def list_keys(
@@ -185,7 +209,7 @@ class KeyAdmin(Protocol):
         now: float,
         limit: int = 100,
         states: Collection[str] | None = None,
-        after: KeyEntry | None = None,
+        after: KeyEntry | KeyPosition | None = None,
     ) -> list[KeyEntry]:
         """Up to ``limit`` records, newest claim first (records without ``created_at``
         last, then by key hash), without bodies.
@@ -194,8 +218,9 @@ class KeyAdmin(Protocol):
             now: Unix seconds, for ``"expired"`` (ignored by stores on the server's clock).
             limit: the most entries returned (≥ 1).
             states: the :data:`ENTRY_STATES` to return (None: all).
-            after: the last entry of the previous page (keyset pagination: the page holds
-                the entries that sort after it).
+            after: the last entry of the previous page, or its :class:`KeyPosition`
+                (keyset pagination: the page holds the entries that sort after it; the
+                record itself need not exist any more).
 
         Raises:
             ConfigurationError: ``limit`` < 1 or an unknown state.
@@ -251,10 +276,13 @@ def listed_states(states: Collection[str] | None, limit: int) -> frozenset[str]:
     return frozenset(states)
 
 
-def entry_position(entry: KeyEntry) -> tuple[float, str]:
+def entry_position(entry: KeyEntry | KeyPosition) -> KeyPosition:
     """Where ``entry`` sorts in :meth:`KeyAdmin.list_keys` (descending): its claim time
-    (0 when unknown), then its key hash. The keyset a page continues from."""
-    return (0.0 if entry.created_at is None else entry.created_at, entry.key_hash)
+    (0 when unknown), then its key hash. The keyset a page continues from; a
+    :class:`KeyPosition` is returned as it is."""
+    if isinstance(entry, KeyPosition):
+        return entry
+    return KeyPosition(0.0 if entry.created_at is None else entry.created_at, entry.key_hash)
 
 
 def page_of(
@@ -262,7 +290,7 @@ def page_of(
     *,
     limit: int,
     states: frozenset[str],
-    after: KeyEntry | None,
+    after: KeyEntry | KeyPosition | None,
 ) -> list[KeyEntry]:
     """One :meth:`KeyAdmin.list_keys` page of ``entries`` (every record), for the stores
     that sort in the client (memory, Redis) as the SQL stores' ``list_keys`` statement does."""

@@ -18,7 +18,13 @@ from typing import Any
 
 from retrysafe._exceptions import ConfigurationError, StoreError
 from retrysafe.core import RACE_LIMIT, KeyRecord, KeyState, StoredResponse
-from retrysafe.stores._base import KeyEntry, check_limit, entry_position, listed_states
+from retrysafe.stores._base import (
+    KeyEntry,
+    KeyPosition,
+    check_limit,
+    entry_position,
+    listed_states,
+)
 from retrysafe.stores._connector import (
     Clock,
     OnAsyncConnector,
@@ -237,7 +243,7 @@ def list_keys(
     now: float,
     limit: int = 100,
     states: Collection[str] | None = None,
-    after: KeyEntry | None = None,
+    after: KeyEntry | KeyPosition | None = None,
 ) -> Op[list[KeyEntry]]:
     """See :meth:`~retrysafe.stores.KeyAdmin.list_keys`: one statement (a scan and a top-N
     sort)."""

@@ -15,6 +15,7 @@ from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._base import (
     AsyncKeyStore,
     KeyEntry,
+    KeyPosition,
     SyncKeysFace,
     check_limit,
     listed_states,
@@ -173,7 +174,7 @@ class MemoryStore:
         now: float,
         limit: int = 100,
         states: Collection[str] | None = None,
-        after: KeyEntry | None = None,
+        after: KeyEntry | KeyPosition | None = None,
     ) -> list[KeyEntry]:
         """See :meth:`~retrysafe.stores._base.KeyAdmin.list_keys`."""
         wanted = listed_states(states, limit)

@@ -11,10 +11,17 @@ its SHA-256 ``key_hash``):
   expired keys by itself; ``purge_keys`` only sweeps records whose ``exp`` passed early.
 * ``{prefix}t:{<key_hash>}`` — the key hash's fencing-token counter (``INCR``). It outlives the
   record by ``token_ttl`` seconds (default 7 days), so a key claimed again after its record
-  expired still gets a larger token than any owner that might still be running. The braces are
-  a hash tag: a cluster hashes only ``<key_hash>``, so both keys of one key hash sit in one
-  slot and every script touches keys of a single slot (a prefix with braces is refused on a
-  cluster for that reason). The layout is the same on one server and on a cluster.
+  expired still gets a larger token than any owner that might still be running.
+* ``{prefix}e:{<key_hash>}`` — the marker an operator's :meth:`RedisStore.evict` leaves: a hash
+  of the evicted record's ``st`` (``released``), ``tok``, ``lease``, ``exp`` and ``ct``, with
+  the record's remaining TTL, so ``retrysafe keys`` shows an evicted key as released (as the
+  SQL stores' tombstone does) until its retention would have ended. Only the operator's
+  commands read it; the middleware's scripts never touch it (a claim writes the record beside
+  it, and the record, when there is one, is what a key reads as).
+
+The braces are a hash tag: a cluster hashes only ``<key_hash>``, so every key of one key hash
+sits in one slot and every script touches keys of a single slot (a prefix with braces is
+refused on a cluster for that reason). The layout is the same on one server and on a cluster.
 
 Every primitive is one Lua script (run with ``EVALSHA``; a server that lost its script cache gets
 the script itself once, ``EVAL``), so claims and the fenced complete/release/take-over/extend are
@@ -81,10 +88,10 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe.core import KeyRecord, KeyState, StoredResponse
-from retrysafe.stores._base import KeyEntry, check_limit, listed_states, page_of
+from retrysafe.stores._base import KeyEntry, KeyPosition, check_limit, listed_states, page_of
 from retrysafe.stores._connector import adrive, drive
 from retrysafe.stores._keys import claimed_record, headers_json
-from retrysafe.stores._url_check import CLUSTER_SCHEMES, parse_cluster_url
+from retrysafe.stores._url_check import CLUSTER_SCHEMES, check_redis_url, parse_cluster_url
 
 try:  # the lean async transport needs hiredis (in the redis extra)
     from retrysafe.stores._redis_wire import RedisWire, wire_options
@@ -225,12 +232,22 @@ return 0
 """
 )
 
-# KEYS: record. ARGV: token. Forgets the record an operator looked at (whatever its state) if
-# it still has that token; the counter stays, so the next claim's token is larger (as after a
-# release) and the evicted owner's fenced writes match nothing.
+# KEYS: record, eviction marker. ARGV: token. Forgets the record an operator looked at
+# (whatever its state) if it still has that token; the counter stays, so the next claim's token
+# is larger (as after a release) and the evicted owner's fenced writes match nothing. The
+# marker keeps the record's token and times, as released, for the rest of its TTL: what
+# `retrysafe keys` shows of an evicted key (a second evict then says "released already").
 _EVICT = """
-if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+local cur = redis.call('HMGET', KEYS[1], 'tok', 'lease', 'exp', 'ct')
+if cur[1] ~= ARGV[1] then return 0 end
+local ttl = redis.call('PTTL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
+if ttl > 0 then
+  redis.call('HSET', KEYS[2], 'st', 'released', 'tok', cur[1], 'lease', cur[2] or '0',
+    'exp', cur[3] or '0')
+  if cur[4] then redis.call('HSET', KEYS[2], 'ct', cur[4]) end
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
 return 1
 """
 
@@ -505,6 +522,7 @@ class RedisStore:
                 redis.cluster.RedisCluster, startup_nodes=nodes, **self._options
             )
         else:
+            check_redis_url(url)
             try:
                 self._r = redis.Redis.from_url(url, **self._options)
             except ValueError as exc:
@@ -538,6 +556,10 @@ class RedisStore:
     # ------------------------------------------------------------------ helpers
     def _keys(self, key_hash: str) -> list[str]:
         return [f"{self.prefix}k:{{{key_hash}}}", f"{self.prefix}t:{{{key_hash}}}"]
+
+    def _marker(self, key_hash: str) -> str:
+        """The name of ``key_hash``'s eviction marker (see the module's layout)."""
+        return f"{self.prefix}e:{{{key_hash}}}"
 
     def _now(self, now: float) -> str:
         return repr(float(now)) if self.clock == "caller" else ""
@@ -713,15 +735,16 @@ class RedisStore:
     get = _sync(_get)
 
     def purge_keys(self, *, now: float, batch: int = 1000) -> int:
-        """Delete records whose ``exp`` passed. Redis's native TTL already drops expired
-        records by itself; this sweep (``SCAN`` in batches of ``batch``, one script per key,
+        """Delete records (and eviction markers) whose ``exp`` passed. Redis's native TTL
+        already drops expired ones by itself; this sweep (``SCAN`` in batches of ``batch``, one
+        script per key,
         pipelined; on a cluster on every master in turn) catches records whose ``exp`` passed
         before their TTL fired. A slot migrating during the sweep makes it raise
         :class:`~retrysafe.StoreUnavailableError`; run it again later."""
         if batch < 1:
             raise ConfigurationError("batch must be >= 1", option="batch")
         total = 0
-        match = f"{_glob_escape(self.prefix)}k:*"
+        match = f"{_glob_escape(self.prefix)}[ke]:*"  # records and eviction markers
         arg = self._now(now)
         for _, client in self._masters():  # a cluster: every master holds its own slots
             cursor: int = 0
@@ -745,20 +768,23 @@ class RedisStore:
         seconds, micros = self._call(client.time)
         return float(seconds) + float(micros) / 1_000_000
 
-    def _hash_of(self, name: bytes | str) -> str | None:
-        """The key hash in a record key's name (``{prefix}k:{<hash>}``), or None when the
-        name is not one of this store's records (another prefix that starts like ours)."""
+    def _hash_of(self, name: bytes | str) -> tuple[str, bool] | None:
+        """The key hash in the name of a record (``{prefix}k:{<hash>}``) or of an eviction
+        marker (``{prefix}e:{<hash>}``), and whether it is the record; None when the name is
+        neither of this store's (another prefix that starts like ours)."""
         text = name.decode() if isinstance(name, bytes) else name
-        head = f"{self.prefix}k:{{"
-        inner = text[len(head) : -1]
-        if not (text.startswith(head) and text.endswith("}")) or not _is_hash(inner):
-            return None
-        return inner
+        for kind in ("k", "e"):
+            head = f"{self.prefix}{kind}:{{"
+            inner = text[len(head) : -1]
+            if text.startswith(head) and text.endswith("}") and _is_hash(inner):
+                return inner, kind == "k"
+        return None
 
     def _scan(self, match: str, *, body: bool, now: float) -> list[KeyEntry]:
-        """Every record whose key matches ``match`` (``SCAN`` on every master, in batches,
-        each batch read in one pipelined round trip)."""
-        found: list[KeyEntry] = []
+        """Every record (or, for a key hash without one, eviction marker) whose name matches
+        ``match`` (``SCAN`` on every master, in batches, each batch read in one pipelined
+        round trip)."""
+        found: dict[str, tuple[bool, KeyEntry]] = {}
         for _, client in self._masters():
             cursor: int = 0
             while True:
@@ -773,7 +799,7 @@ class RedisStore:
                             pipe.hget(name, "body")
                     replies = self._call(pipe.execute)
                     step = 3 if body else 2
-                    for i, (_, key_hash) in enumerate(hashes):
+                    for i, (_, (key_hash, is_record)) in enumerate(hashes):
                         values, size = replies[i * step], replies[i * step + 1]
                         entry = _entry(
                             key_hash,
@@ -782,11 +808,13 @@ class RedisStore:
                             body_size=int(size),
                             body=replies[i * step + 2] if body else None,
                         )
-                        if entry is not None:
-                            found.append(entry)
+                        # A record is what its key reads as; a marker only stands in for
+                        # an evicted record that was not claimed again.
+                        if entry is not None and (is_record or key_hash not in found):
+                            found[key_hash] = (is_record, entry)
                 if cursor == 0:
                     break
-        return found
+        return [entry for _, entry in found.values()]
 
     def list_keys(
         self,
@@ -794,42 +822,50 @@ class RedisStore:
         now: float,
         limit: int = 100,
         states: Collection[str] | None = None,
-        after: KeyEntry | None = None,
+        after: KeyEntry | KeyPosition | None = None,
     ) -> list[KeyEntry]:
         """See :meth:`~retrysafe.stores._base.KeyAdmin.list_keys`: ``SCAN`` of this store's
         prefix on every master (never ``KEYS``), each batch read in one pipelined round
-        trip, sorted in the client. A released record is gone on Redis, so none is
-        ``"released"``."""
+        trip, sorted in the client. A record its owner released is gone on Redis; an
+        evicted one is ``"released"`` (its marker) until its retention ends."""
         wanted = listed_states(states, limit)
         entries = self._scan(
-            f"{_glob_escape(self.prefix)}k:*", body=False, now=self._store_now(now)
+            f"{_glob_escape(self.prefix)}[ke]:*", body=False, now=self._store_now(now)
         )
         return page_of(entries, limit=limit, states=wanted, after=after)
 
     def find_keys(self, prefix: str, *, now: float, limit: int = 2) -> list[KeyEntry]:
         """See :meth:`~retrysafe.stores._base.KeyAdmin.find_keys`: a whole hash is one
-        ``HGETALL``; a shorter prefix (hex digits only: no glob character can reach the
-        pattern) is a ``SCAN`` of the prefix's records."""
+        ``HGETALL`` (of the record, else of its eviction marker); a shorter prefix (hex
+        digits only: no glob character can reach the pattern) is a ``SCAN`` of the prefix's
+        records and markers."""
         check_limit(limit)
         if not prefix or not _is_hash(prefix, whole=False):
             return []
         at = self._store_now(now)
         if len(prefix) == 64:
-            fields = _decoded(self._call(self._r.hgetall, self._keys(prefix)[0]))
-            body = fields.get("body")
-            entry = _entry(
-                prefix, fields, now=at, body_size=None if body is None else len(body), body=body
-            )
-            return [] if entry is None else [entry]
-        match = f"{_glob_escape(self.prefix)}k:{{{prefix}*"
+            for name in (self._keys(prefix)[0], self._marker(prefix)):
+                fields = _decoded(self._call(self._r.hgetall, name))
+                body = fields.get("body")
+                entry = _entry(
+                    prefix,
+                    fields,
+                    now=at,
+                    body_size=None if body is None else len(body),
+                    body=body,
+                )
+                if entry is not None:
+                    return [entry]
+            return []
+        match = f"{_glob_escape(self.prefix)}[ke]:{{{prefix}*"
         found = self._scan(match, body=True, now=at)
         return sorted(found, key=lambda e: e.key_hash)[:limit]
 
     def evict(self, key_hash: str, fencing_token: int) -> bool:
         """See :meth:`~retrysafe.stores._base.KeyAdmin.evict`: one script (``DEL`` if the
-        token still matches; the token counter stays)."""
-        call = self._script("evict", key_hash, [fencing_token], one_key=True)
-        return bool(self._execute(call) == 1)
+        token still matches, leaving the eviction marker; the token counter stays)."""
+        keys = [self._keys(key_hash)[0], self._marker(key_hash)]
+        return bool(self._execute(_Call("evict", keys, [fencing_token])) == 1)
 
 
 def _is_hash(text: str, *, whole: bool = True) -> bool:

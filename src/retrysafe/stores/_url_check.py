@@ -12,6 +12,7 @@ __all__ = [
     "CLUSTER_SCHEMES",
     "ClusterURL",
     "check_postgres_url",
+    "check_redis_url",
     "parse_cluster_url",
     "redact_url",
 ]
@@ -62,6 +63,35 @@ def check_postgres_url(url: str) -> None:
         "postgresql://user@host:5432/dbname",
         option="store",
     )
+
+
+_REDIS_DB = re.compile(r"/?|/[0-9]+")
+
+
+def check_redis_url(url: str) -> None:
+    """Refuse a ``redis://`` / ``rediss://`` URL whose path is not a database number.
+
+    redis-py reads the path as the database and silently falls back to database 0 when it is
+    not a number (``/abc``, ``/0/extra``), so a typo would point the store at another
+    database than the one meant. The path must be empty, ``/`` (database 0) or ``/N`` (N a
+    whole number); a ``?db=N`` option is left to redis-py.
+
+    Raises:
+        ConfigurationError: the path is anything else, or the URL cannot be parsed. The
+            message never shows the password.
+    """
+    try:
+        path = urlsplit(url).path
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"malformed Redis URL {redact_url(url)!r}: {exc}", option="store"
+        ) from None
+    if _REDIS_DB.fullmatch(path) is None:
+        raise ConfigurationError(
+            f"malformed Redis URL {redact_url(url)!r}: the path {path!r} is not a database "
+            "number; expected redis://host:6379/N (N a whole number, default 0)",
+            option="store",
+        )
 
 
 @dataclass(frozen=True)
