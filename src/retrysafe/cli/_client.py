@@ -3,7 +3,7 @@
 Human tables (rich) by default, ``--json`` for scripts; errors are one line on stderr
 (``retrysafe: error: …``) and the exit codes of docs/cli.md (:mod:`retrysafe.cli._common`):
 0 done, 1 failed or work left undone (jobs still UNKNOWN), 2 usage or bad input, 130 / 143
-stopped by SIGINT / SIGTERM. No command creates a store (``retrysafe migrate`` does): reading
+stopped by SIGINT / SIGTERM. No command here creates a store (``retrysafe migrate`` does): reading
 commands open a SQLite store read-only, and every command refuses a store that does not exist.
 """
 

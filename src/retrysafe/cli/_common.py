@@ -13,7 +13,8 @@ The convention (docs/cli.md):
 * ``--store`` lists exactly the schemes the command supports and refuses any other, a
   directory, a missing directory and a file that is not a SQLite database before anything is
   opened (:func:`store_option`); a command never creates a store, except ``retrysafe migrate``
-  (:func:`opened_store`);
+  (:func:`opened_store`) and ``retrysafe gateway`` (which, like the middleware, creates its key
+  store on first start);
 * tables use the terminal's width, and are not wrapped when output is not a terminal
   (:func:`print_table`).
 """
@@ -360,8 +361,9 @@ def opened_store(url: str, *, write: bool) -> Iterator[Any]:
     """The store ``url`` names, for a command that only reads (``write=False``: a SQLite file
     is opened read-only) or that changes it; either way it must exist: a SQLite file that does
     not exist is refused (exit 2, with the hint to run ``retrysafe migrate``) and a database
-    without retrysafe's tables is a SchemaError naming ``retrysafe migrate`` (exit 1). Only
-    ``retrysafe migrate`` creates a store.
+    without retrysafe's tables is a SchemaError naming ``retrysafe migrate`` (exit 1). It never
+    creates one (``retrysafe migrate`` does; the gateway, like the middleware, creates its key
+    store itself).
 
     Call it inside :func:`errors` (store errors become error lines).
     """
