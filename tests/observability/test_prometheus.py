@@ -684,3 +684,31 @@ def test_the_asgi_metrics_app_runs_alone_under_uvicorn_with_its_lifespan(
     with ServerThread(routed) as server:
         r = httpx.get(server.url + "/metrics")
     assert r.status_code == 200 and "retrysafe_server_events_total" in r.text
+
+
+def test_an_agent_write_call_with_an_unknown_outcome_is_counted_unknown(
+    registry: CollectorRegistry, tmp_path: Path
+) -> None:
+    """A write tool whose every attempt fails retryably ends UNKNOWN: counted ``unknown``
+    once, and a repeat that finds it recorded UNKNOWN (not run again) is ``unknown`` too."""
+    from retrysafe import OutcomeUnknownError
+
+    metrics = Prometheus(registry)
+    sent: list[str] = []
+
+    @tool(kind="write", name="send_email", attempts=2, wait_initial=0.001, wait_max=0.002)
+    def send_email(to: str) -> str:
+        sent.append(to)
+        raise ConnectionError("the answer was lost")
+
+    store = SQLiteStore(tmp_path / "a.db")
+    run = start_run(store, "run-u", telemetry=metrics)
+    with run, run.step(1), pytest.raises(OutcomeUnknownError):
+        send_email("ops@example.com")
+    with run, run.step(1), pytest.raises(OutcomeUnknownError):
+        send_email("ops@example.com")
+    store.close()
+    assert sent == ["ops@example.com", "ops@example.com"]  # two attempts, then never again
+    c = "retrysafe_agent_write_calls_total"
+    assert value(registry, c, tool="send_email", outcome="unknown") == 2.0
+    assert value(registry, c, tool="send_email", outcome="executed") == 0.0
