@@ -34,6 +34,8 @@ from .conftest import Script, Step
         "http:///nohost",
         "http://exa mple.test/",
         "http://example.test:99999/",
+        "http://example.test:0/",
+        "https://127.0.0.1:00/x",
     ],
 )
 def test_non_http_url_is_refused_at_submit(outbox: Outbox, url: str) -> None:

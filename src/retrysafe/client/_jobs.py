@@ -101,9 +101,12 @@ def _check_url(url: object) -> str:
     shown = shown_url(url)
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a bad port
+        port = parts.port  # raises ValueError for a bad port
     except ValueError as exc:
         raise ConfigurationError(f"url {shown!r} is malformed: {exc}", option="url") from None
+    if port == 0:  # no server listens on port 0: every attempt would fail to connect
+        raise ConfigurationError(f"url {shown!r} names port 0, which no server listens on",
+                                 option="url")  # fmt: skip
     if parts.scheme not in ("http", "https"):
         raise ConfigurationError(
             f"url {shown!r} is not http(s); the outbox only sends http:// and https:// requests",
