@@ -248,6 +248,10 @@ class _StoreOutage:
             return result
 
 
+#: Seconds a cancelled worker waits for a claim already sent, to give its jobs back.
+_CLAIM_WAIT = 5.0
+
+
 def _max_run_time(value: float | timedelta | None, policy: RetryPolicy) -> float | timedelta:
     """The worker's ``max_run_time``: the default (an hour, at least twice the timeout) or
     ``value``, which :func:`~retrysafe.core.lease_timing` then validates.
@@ -744,13 +748,20 @@ class Worker:
         """Claim what is due and start it; return how long to wait (None: idle, stop)."""
         free = self.concurrency - len(tasks)
         if free > 0:
-            claimed = await self._astore.claim_jobs(
-                queue=self.queue,
-                token=uuid.uuid4().hex,
-                now=self._clock(),
-                lease=self.lease,
-                limit=free,
+            claim = asyncio.ensure_future(
+                self._astore.claim_jobs(
+                    queue=self.queue,
+                    token=uuid.uuid4().hex,
+                    now=self._clock(),
+                    lease=self.lease,
+                    limit=free,
+                )
             )
+            try:
+                claimed = await asyncio.shield(claim)
+            except asyncio.CancelledError:
+                await self._give_back_claim(claim)
+                raise
             for job in claimed:
                 self.stats.claimed += 1
                 task = asyncio.create_task(self._process(client, job))
@@ -905,6 +916,20 @@ class Worker:
                     error=f"worker error: {exc!r}",
                     now=now,
                 )
+
+    async def _give_back_claim(self, claim: asyncio.Future[list[Job]]) -> None:
+        """Cancelled (Ctrl-C) while a claim was on its way: the claim may have landed in the
+        store all the same. Wait for it (up to :data:`_CLAIM_WAIT` seconds) and release what
+        it took, PENDING with the same key, instead of leaving it IN_FLIGHT until its lease
+        ends."""
+        try:
+            claimed = await asyncio.wait_for(asyncio.shield(claim), _CLAIM_WAIT)
+        except BaseException:  # not known in time (or failed): the leases will expire
+            claim.cancel()
+            return
+        for job in claimed:
+            if job.lease_token is not None:
+                await self._release_now(job, job.lease_token, "cancelled before its attempt")
 
     def _not_recorded(self, job: Job, when: str) -> None:
         self.stats.lease_lost += 1
