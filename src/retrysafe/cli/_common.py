@@ -109,12 +109,21 @@ _MAX_MESSAGE = 600
 def epilog(*lines: str) -> str:
     """The ``--help`` epilog of a command: its exit statuses (the convention, plus ``lines``
     that say what 1 means for it)."""
-    extra = "".join(f" {line}" for line in lines)
+    extra = "".join(f" {_meaning(line)}" for line in lines)
     return (
         "Exit status: 0 done; 1 failed or left work undone;"
         f"{extra} 2 usage or bad input (nothing changed); 130 / 143 stopped by SIGINT / "
         "SIGTERM. See docs/cli.md."
     )
+
+
+def _meaning(line: str) -> str:
+    """What 1 means for one command, as a clause of the epilog: ``(no such job);`` reads
+    ``here: no such job;`` (a bare parenthesis after a semicolon reads as a stray)."""
+    text = line.strip().rstrip(";").strip()
+    if text.startswith("(") and text.endswith(")"):
+        text = "here: " + text[1:-1]
+    return text + ";"
 
 
 def clip(text: str, limit: int = _MAX_MESSAGE) -> str:
