@@ -35,7 +35,11 @@ class JSONFormatter(logging.Formatter):
             if name not in _STANDARD and not name.startswith("_"):
                 doc[name] = value
         if record.exc_info and record.exc_info[0] is not None:
-            doc["error"] = self.formatException(record.exc_info).splitlines()[-1]
+            exc = record.exc_info[1]
+            doc["error"] = (
+                f"{type(exc).__name__}: {exc}" if exc is not None else str(record.exc_info[0])
+            )
+            doc["traceback"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str, separators=(",", ":"))
 
 

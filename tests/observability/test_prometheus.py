@@ -712,3 +712,19 @@ def test_an_agent_write_call_with_an_unknown_outcome_is_counted_unknown(
     c = "retrysafe_agent_write_calls_total"
     assert value(registry, c, tool="send_email", outcome="unknown") == 2.0
     assert value(registry, c, tool="send_email", outcome="executed") == 0.0
+
+
+def test_several_stores_that_do_not_answer_are_waited_for_once_not_each() -> None:
+    """Two stuck stores in one collector: the scrape takes one timeout, not two (they are
+    read at once), and reports both down."""
+    a, b = _StuckKeyStore(), _StuckKeyStore()
+    registry = CollectorRegistry()
+    StoreCollector({"a": a, "b": b}, registry=registry, timeout=0.5)
+    t0 = time.monotonic()
+    text = generate_latest(registry).decode()
+    took = time.monotonic() - t0
+    a.release.set()
+    b.release.set()
+    assert 'retrysafe_store_up{store="a"} 0.0' in text
+    assert 'retrysafe_store_up{store="b"} 0.0' in text
+    assert took < 0.9, took

@@ -77,13 +77,14 @@ class _Source:
             self._owned = open_store(self._url, **({"create": False} if sql else {}))
         return self._owned
 
-    def read(self, clock: Any, timeout: float) -> tuple[bool, Any]:
-        """``(True, (job rows or None, endpoint counts or None))``, or ``(False, why)`` when
-        the store raised, or did not answer within ``timeout`` seconds. A read that timed out
-        goes on in its thread; until it ends, later scrapes report the store down at once
-        instead of piling up more reads on it."""
+    def start(self, clock: Any) -> tuple[threading.Event, list[tuple[bool, Any]]] | None:
+        """Start this scrape's read in its own thread: ``(done, box)``, the box holding
+        ``(True, (job rows or None, endpoint counts or None))`` or ``(False, why)`` once done
+        is set; None when the previous scrape's read has not returned yet (the store is then
+        reported down at once, instead of piling up more reads on it)."""
         if not self._busy.acquire(blocking=False):
-            return False, "the previous scrape's read of this store has not returned yet"
+            return None
+        done = threading.Event()
         box: list[tuple[bool, Any]] = []
 
         def run() -> None:
@@ -93,13 +94,10 @@ class _Source:
                 box.append((False, repr(exc)))
             finally:
                 self._busy.release()
+                done.set()
 
-        thread = threading.Thread(target=run, name=f"retrysafe-scrape-{self.name}", daemon=True)
-        thread.start()
-        thread.join(timeout)
-        if not box:
-            return False, f"no answer within {timeout:g} s"
-        return box[0]
+        threading.Thread(target=run, name=f"retrysafe-scrape-{self.name}", daemon=True).start()
+        return done, box
 
 
 _GAUGES = (
@@ -134,8 +132,9 @@ class StoreCollector:
     REJECTED) and ``retrysafe_webhook_endpoints{state,reason}``. A key store (Redis, memory)
     reports ``retrysafe_store_up`` only, probed with one read.
 
-    A store that is down, locked or slow never fails or stalls the scrape: after ``timeout``
-    seconds it is reported ``retrysafe_store_up 0`` (its other gauges absent) and a warning
+    A store that is down, locked or slow never fails or stalls the scrape: the stores are read
+    at once, and after ``timeout`` seconds one that has not answered is reported
+    ``retrysafe_store_up 0`` (its other gauges absent) and a warning
     is logged; the read that did not return goes on in its thread, and later scrapes report
     the store down at once until it returns.
 
@@ -215,9 +214,20 @@ class StoreCollector:
             name: GaugeMetricFamily(name, doc, labels=list(labels))
             for name, doc, labels in _GAUGES
         }
-        for source in self._sources:
-            t0 = time.perf_counter()
-            ok, found = source.read(self._clock, self._timeout)
+        # Every store is read at once, all within one timeout (not one timeout each).
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self._timeout
+        reads = [(source, source.start(self._clock)) for source in self._sources]
+        for source, started in reads:
+            ok: bool = False
+            found: Any = "the previous scrape's read of this store has not returned yet"
+            if started is not None:
+                done, box = started
+                done.wait(max(0.0, deadline - time.monotonic()))
+                if box:
+                    ok, found = box[0]
+                else:
+                    found = f"no answer within {self._timeout:g} s"
             fam["retrysafe_store_up"].add_metric([source.name], 1.0 if ok else 0.0)
             fam["retrysafe_store_scrape_duration_seconds"].add_metric(
                 [source.name], time.perf_counter() - t0
