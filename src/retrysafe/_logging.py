@@ -35,11 +35,13 @@ class JSONFormatter(logging.Formatter):
             if name not in _STANDARD and not name.startswith("_"):
                 doc[name] = value
         if record.exc_info and record.exc_info[0] is not None:
+            # The exception's type and whole message; no traceback: a line per event stays
+            # one line an operator can read (a shutdown cancelling requests is not a crash).
             exc = record.exc_info[1]
             doc["error"] = (
                 f"{type(exc).__name__}: {exc}" if exc is not None else str(record.exc_info[0])
             )
-            doc["traceback"] = self.formatException(record.exc_info)
+
         return json.dumps(doc, default=str, separators=(",", ":"))
 
 
