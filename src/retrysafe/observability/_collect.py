@@ -172,7 +172,7 @@ class StoreCollector:
                 )
             self._sources = [_Source(name, s) for name, s in store.items()]
         else:
-            self._sources = [_Source(_store_name(store), store)]
+            self._sources = [_Source(store_kind(store), store)]
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
             0 < timeout < float("inf")
         ):
@@ -189,11 +189,6 @@ class StoreCollector:
                     "registry: give it a {name: store} mapping to read several stores)",
                     option="registry",
                 ) from None
-
-    @property
-    def kind(self) -> str:
-        """The ``store`` label of the first store."""
-        return self._sources[0].name
 
     def close(self) -> None:
         """Close the stores this collector opened from URLs. Idempotent."""
@@ -244,15 +239,6 @@ class StoreCollector:
                         [source.name, state, reason], float(n)
                     )
         yield from (f for f in fam.values() if f.samples)
-
-
-def _store_name(store: Any) -> str:
-    if isinstance(store, str):
-        scheme = store.split(":", 1)[0].lower()
-        if scheme.startswith("postgres"):
-            return "postgresql"
-        return "redis" if scheme.startswith("redis") or scheme.startswith("rediss") else scheme
-    return store_kind(store)
 
 
 def _read(store: Any, clock: Any) -> tuple[Any, Any]:

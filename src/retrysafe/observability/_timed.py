@@ -21,23 +21,31 @@ _UNTIMED = frozenset(
 
 
 def store_kind(store: object) -> str:
-    """``sqlite``, ``postgresql``, ``redis`` or ``memory`` for retrysafe's stores (their
-    faces included), else the class name in lower case: the ``store`` label."""
+    """The ``store`` label: ``sqlite``, ``postgresql``, ``redis`` (clusters too) or
+    ``memory`` for a store URL or one of retrysafe's stores (their faces included), else the
+    class name in lower case."""
+    if isinstance(store, str):
+        return _url_kind(store) or store.split(":", 1)[0].lower()
     for probe in (store, getattr(store, "_store", None), getattr(store, "connector", None)):
-        if probe is None:
-            continue
         url = getattr(probe, "url", None)
-        if isinstance(url, str) and ":" in url:
-            scheme = url.split(":", 1)[0].lower()
-            if scheme.startswith("postgres"):
-                return "postgresql"
-            if scheme in ("sqlite", "redis", "rediss", "memory"):
-                return "redis" if scheme == "rediss" else scheme
+        if isinstance(url, str):
+            kind = _url_kind(url)
+            if kind is not None:
+                return kind
     name = type(store).__name__.lower()
     for kind in ("sqlite", "postgres", "redis", "memory"):
         if kind in name:
             return "postgresql" if kind == "postgres" else kind
     return name
+
+
+def _url_kind(url: str) -> str | None:
+    scheme = url.split(":", 1)[0].lower()
+    if scheme.startswith("postgres"):
+        return "postgresql"
+    if scheme.startswith("redis"):  # redis, rediss, redis+cluster, rediss+cluster
+        return "redis"
+    return scheme if scheme in ("sqlite", "memory") else None
 
 
 def _error(exc: BaseException) -> str:
