@@ -728,3 +728,26 @@ def test_several_stores_that_do_not_answer_are_waited_for_once_not_each() -> Non
     assert 'retrysafe_store_up{store="a"} 0.0' in text
     assert 'retrysafe_store_up{store="b"} 0.0' in text
     assert took < 0.9, took
+
+
+@pytest.mark.parametrize(
+    ("reason", "label"),
+    [
+        ("410 Gone at attempt 3", "gone"),
+        ("50 consecutive failed attempts over 5.0 days", "failures"),
+        ("registered disabled", "registered"),
+        ("maintenance until Friday", "operator"),
+        (None, "operator"),
+    ],
+)
+def test_a_disabled_endpoints_reason_gets_its_label(reason: str | None, label: str) -> None:
+    """The ``reason`` label is read back from the reasons the delivery code writes (its
+    constants), and anything an operator wrote is ``operator``."""
+    from retrysafe.observability._collect import disabled_reason_class
+    from retrysafe.webhooks._delivery import FAILURES_REASON, GONE_REASON
+
+    assert (
+        GONE_REASON in "410 Gone at attempt 3"
+        and FAILURES_REASON in "50 consecutive failed attempts"
+    )
+    assert disabled_reason_class(reason) == label

@@ -37,10 +37,12 @@ def disabled_reason_class(reason: str | None) -> str:
     """The ``reason`` label of a disabled webhook endpoint: ``gone`` (the receiver answered
     410), ``failures`` (disabled after consecutive failures), ``registered`` (created
     disabled), or ``operator`` (disabled by hand, whatever it says)."""
-    text = (reason or "").lower()
-    if text.startswith("410"):
+    from retrysafe.webhooks._delivery import FAILURES_REASON, GONE_REASON
+
+    text = reason or ""
+    if text.startswith(GONE_REASON):
         return "gone"
-    if "consecutive failed" in text:
+    if FAILURES_REASON in text:
         return "failures"
     if text == "registered disabled":
         return "registered"

@@ -38,7 +38,7 @@ from retrysafe.webhooks._policy import (
 )
 from retrysafe.webhooks._signing import signature_header
 
-__all__ = ["DeliveryAttempt", "RateLimits", "WebhookAttempts"]
+__all__ = ["FAILURES_REASON", "GONE_REASON", "DeliveryAttempt", "RateLimits", "WebhookAttempts"]
 
 logger = logging.getLogger("retrysafe.webhooks")
 
@@ -48,6 +48,11 @@ _NOT_FAILED = {AttemptOutcome.SUCCESS.value, AttemptOutcome.IN_PROGRESS.value}
 #: the delivery, or it was deleted): at worst that attempt reserves a new slot.
 STALE_SLOT = 60.0
 
+
+#: How the reasons of automatic disabling read (the metrics' ``reason`` label is read back
+#: from them: :func:`retrysafe.observability._collect.disabled_reason_class`).
+GONE_REASON = "410 Gone"
+FAILURES_REASON = "consecutive failed attempts"
 
 class RateLimits:
     """Per-endpoint attempt spacing in one worker process (GCRA, :func:`rate_gate`).
@@ -237,7 +242,7 @@ class DeliveryAttempt:
         now = a.clock()
         if disables_endpoint(attempt.status):
             await self._disable(
-                endpoint_id, f"410 Gone at attempt {attempt.number}", now, kind="gone"
+                endpoint_id, f"{GONE_REASON} at attempt {attempt.number}", now, kind="gone"
             )
             return
         run = await a.astore.record_endpoint_failure(endpoint_id, now=now)
@@ -253,7 +258,7 @@ class DeliveryAttempt:
             disable_after=a.policy.disable_after,
             disable_window=a.policy.disable_window_s,
         ):
-            reason = f"{failures} consecutive failed attempts over {_span(now - first_at)}"
+            reason = f"{failures} {FAILURES_REASON} over {_span(now - first_at)}"
             await self._disable(endpoint_id, reason, now, kind="failures")
 
     async def _disable(self, endpoint_id: str, reason: str, now: float, *, kind: str) -> None:
