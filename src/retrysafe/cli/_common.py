@@ -469,9 +469,14 @@ def check_port_free(
         try:
             s.bind((host, port))
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                fail(f"{where}cannot listen on {host}:{port}: the port is already in use", code)
-            fail(f"{where}cannot listen on {host}:{port}: {exc.strerror or exc}", code)
+            _cannot_listen(f"{where}cannot listen on {host}:{port}", exc, code)
+
+
+def _cannot_listen(what: str, exc: OSError, code: int) -> NoReturn:
+    """Exit ``code`` with ``what`` and why the address could not be bound."""
+    if exc.errno == errno.EADDRINUSE:
+        fail(f"{what}: the port is already in use", code)
+    fail(f"{what}: {exc.strerror or exc}", code)
 
 
 # ---------------------------------------------------------------------- --metrics
@@ -529,9 +534,7 @@ def serving_metrics(address: str | None, store: Any, *, log: bool = False) -> It
     try:
         server = serve_metrics(host, port, metrics=metrics, store=store)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            fail(f"--metrics: cannot listen on {address}: the port is already in use", EXIT_USAGE)
-        fail(f"--metrics: cannot listen on {address}: {exc.strerror or exc}", EXIT_USAGE)
+        _cannot_listen(f"--metrics: cannot listen on {address}", exc, EXIT_USAGE)
     if log:  # a command whose stderr is JSON lines (the gateway)
         import logging
 
