@@ -31,6 +31,7 @@ _COMMANDS: dict[str, str] = {
     "jobs": "retrysafe.cli._client:jobs",
     "keys": "retrysafe.cli._keys:keys",
     "migrate": "retrysafe.cli._migrate:migrate",
+    "proof": "retrysafe.cli._proof:proof",
     "reconcile": "retrysafe.cli._client:reconcile_command",
     "webhooks": "retrysafe.cli._webhooks:webhooks",
     "worker": "retrysafe.cli._client:worker",

@@ -1,0 +1,417 @@
+"""``retrysafe proof``: the chaos matrix, naive beside protected, written as a table and a chart."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from retrysafe._exceptions import RetrysafeError
+from retrysafe.cli._common import errors, fail
+from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
+
+if TYPE_CHECKING:
+    from retrysafe.proof import ProofResult
+
+__all__ = ["proof"]
+
+# Mirrors retrysafe.proof's limits (not imported here: `retrysafe --help` stays fast).
+_MAX_JOBS = 1_000_000
+_MAX_SEED = 2**32 - 1
+_FLAGS = {name: f"--{name}" for name in ("jobs", "store", "scenarios", "out", "concurrency")}
+# Children get this long to stop after a signal before the process kills them and exits.
+_STOP_GRACE = SHUTDOWN_SECONDS + 5.0
+_POLL = 0.05
+
+
+def _scenario_help() -> str:
+    from retrysafe.proof._scenarios import SCENARIOS
+
+    return ", ".join(s.name for s in SCENARIOS)
+
+
+@click.command()
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1, max=_MAX_JOBS),
+    default=1000,
+    show_default=True,
+    help="Operations per scenario, for each client.",
+)
+@click.option(
+    "--store",
+    default="sqlite",
+    show_default=True,
+    metavar="sqlite|URL",
+    help=(
+        "sqlite (files in a temporary directory) or postgresql://user@host/db (each pass "
+        "gets its own schema, dropped after it; needs retrysafe[postgres])."
+    ),
+)
+@click.option(
+    "--scenarios",
+    default="all",
+    show_default=True,
+    metavar="NAMES",
+    help="Comma-separated scenarios to run (see --list), or all.",
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default="retrysafe-proof",
+    show_default=True,
+    help="Directory for proof.json, proof.md and the chart; refused if it holds files.",
+)
+@click.option("--force", is_flag=True, help="Write into --out even if it holds files.")
+@click.option(
+    "--chart",
+    type=click.Choice(["svg", "png", "none"]),
+    default="svg",
+    show_default=True,
+    help="Chart format (needs pip install 'retrysafe[proof]').",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, _MAX_SEED),
+    default=7,
+    show_default=True,
+    help="Seed of the faults (same seed, same faults).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1, max=1024),
+    default=32,
+    show_default=True,
+    help="Requests in flight per pass, over all its client processes.",
+)
+@click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print proof.json on stdout too (progress still goes to stderr).",
+)
+def proof(
+    jobs: int,
+    store: str,
+    scenarios: str,
+    out: str,
+    force: bool,
+    chart: str,
+    seed: int,
+    concurrency: int,
+    list_only: bool,
+    as_json: bool,
+) -> None:
+    """Run the chaos matrix: every scenario with the naive client beside retrysafe.
+
+    Scenarios: lost answers after commit at 2.5, 10 and 30 %; client processes SIGKILLed
+    over and over; the service SIGKILLed and restarted; the store locked or its
+    PostgreSQL backends terminated; a retry storm; handlers that outlive their lease.
+    Each runs on loopback against a fresh store with the same jobs and the same seeded
+    faults for both clients; UNKNOWN jobs are reconciled with their same keys after.
+
+    Writes proof.json, proof.md and proof.svg to --out. See docs/proof.md.
+
+    \b
+    Exit status:
+      0    every retrysafe row: 0 duplicated, 0 lost, every UNKNOWN recovered
+      1    a retrysafe row failed (the table says which and why), or a pass
+           could not run
+      2    bad options, an unreachable store, a non-empty --out (nothing ran)
+      130  interrupted (SIGINT): children stopped, partial results written
+      143  terminated (SIGTERM): likewise
+    """
+    from retrysafe.proof import ProofOptions, select_scenarios
+    from retrysafe.proof._scenarios import SCENARIOS
+
+    if list_only:
+        _list(SCENARIOS, as_json)
+        return
+    # Attempt and proxy log lines would drown the progress bars; errors still show.
+    for name in ("retrysafe", "psycopg", "psycopg.pool"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    command = _command_line()
+    with Signals() as signals:
+        with errors(flags=_FLAGS):
+            options = ProofOptions(
+                jobs=jobs,
+                store=store,
+                scenarios=tuple(select_scenarios(scenarios)),
+                seed=seed,
+                concurrency=concurrency,
+                command=command.strip(),
+            )
+            out_dir = _prepare_out(Path(out), force=force)
+        workdir = Path(tempfile.mkdtemp(prefix="retrysafe-proof-"))
+        try:
+            outcome = _supervise(options, signals, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result, error = outcome
+    if result is None:
+        assert error is not None
+        fail(str(error), code=2 if _is_usage(error) else 1)
+    doc = result.to_dict()
+    from retrysafe.proof._output import write_outputs
+
+    written = write_outputs(doc, out_dir, chart=None if chart == "none" else chart)  # type: ignore[arg-type]
+    err = click.get_text_stream("stderr")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        _print_table(doc)
+    for path in written.files:
+        click.echo(f"retrysafe: wrote {path}", err=True)
+    if written.chart_missing:
+        click.echo(f"retrysafe: no chart: {written.chart_missing}", err=True)
+    if signals.received is not None:
+        fail(
+            f"{signals.describe()}; children stopped, partial results written to {out_dir}",
+            code=signals.exit_code or 1,
+        )
+    if error is not None:
+        fail(f"{error}; partial results written to {out_dir}")
+    verdict = _verdict(result)
+    err.write(verdict + "\n")
+    sys.exit(0 if result.ok else 1)
+
+
+def _command_line() -> str:
+    """This command as typed, any password in a store URL redacted (it is published)."""
+    from retrysafe.stores._url_check import redact_url
+
+    def redact(word: str) -> str:
+        flag, eq, value = word.partition("=")
+        if eq and flag.startswith("--"):
+            return flag + eq + redact_url(value)
+        return redact_url(word)
+
+    words = [redact(a) if "://" in a else a for a in sys.argv[1:]]
+    if words and words[0] == "proof":
+        words = words[1:]
+    return " ".join(["retrysafe", "proof", *map(shlex.quote, words)])
+
+
+def _is_usage(error: BaseException) -> bool:
+    from retrysafe._exceptions import ConfigurationError
+
+    return isinstance(error, ConfigurationError)
+
+
+def _prepare_out(out: Path, *, force: bool) -> Path:
+    """Create ``out`` (and its parents), or check it is an empty directory (or ``force``),
+    and that files can be written there: before anything runs."""
+    from retrysafe._exceptions import ConfigurationError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigurationError(f"{out} exists and is not a directory", option="out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConfigurationError(
+            f"{out} is not empty; choose another --out, or pass --force to write into it",
+            option="out",
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".retrysafe-proof-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot write to {out}: {exc.strerror or exc}", option="out"
+        ) from exc
+    return out
+
+
+def _supervise(
+    options: Any, signals: Signals, workdir: Path
+) -> tuple[ProofResult | None, BaseException | None]:
+    """Run the proof in a thread; on a signal set its stop event, and if it has not stopped
+    in time (or a second signal comes), kill every child and return what finished.
+
+    Returns:
+        ``(result, None)`` when it finished; ``(partial result, error)`` when it was stopped
+        or a pass failed after others had finished; ``(None, error)`` when nothing ran.
+    """
+    from rich.console import Console
+
+    from retrysafe.proof import ProofStoppedError, run_proof
+    from retrysafe.proof._backend import kill_children
+
+    err = Console(stderr=True)
+    stop = threading.Event()
+    outcome: list[Any] = []
+    progress = _progress(err)
+
+    def target() -> None:
+        try:
+            outcome.append(run_proof(options, progress, workdir=workdir, stop=stop))
+        except BaseException as exc:  # handed to the main thread below
+            outcome.append(exc)
+
+    err.print(
+        f"[bold]retrysafe proof[/bold]: {len(options.scenarios)} scenarios × 2 clients, "
+        f"{options.jobs:,} operations each, store {_store_name(options.store)}, "
+        f"seed {options.seed}, concurrency {options.concurrency}",
+        highlight=False,
+    )
+    thread = threading.Thread(target=target, name="retrysafe-proof", daemon=True)
+    with progress.bars:
+        thread.start()
+        deadline: float | None = None
+        while thread.is_alive():
+            thread.join(_POLL)
+            if signals.received is None or not thread.is_alive():
+                continue
+            if deadline is None:
+                progress.note("stopping: children first, then the partial results")
+                stop.set()
+                deadline = time.monotonic() + _STOP_GRACE
+            elif signals.count > 1 or time.monotonic() > deadline:
+                kill_children()
+                thread.join(2.0)
+                break
+    if not outcome:  # forced: the runner did not return; nothing it held can be trusted
+        return None, RetrysafeError("the proof did not stop in time; its children were killed")
+    value = outcome[0]
+    if isinstance(value, ProofStoppedError):
+        return value.result, None if signals.received is not None else value
+    if isinstance(value, BaseException):
+        if isinstance(value, RetrysafeError):
+            return None, value
+        raise value
+    return value, None
+
+
+class _Progress:
+    """Progress bars on a terminal, one line per pass otherwise."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bars
+
+        self.console = console
+        self.bars = Bars(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not console.is_terminal,
+        )
+        self.tasks: dict[str, Any] = {}
+        self.started: dict[str, float] = {}
+
+    def start(self, label: str, total: int) -> None:
+        self.started[label] = time.monotonic()
+        self.tasks[label] = self.bars.add_task(label, total=total)
+
+    def advance(self, label: str, done: int) -> None:
+        self.bars.update(self.tasks[label], completed=done)
+
+    def finish(self, label: str) -> None:
+        task = self.tasks[label]
+        total = next(t.total for t in self.bars.tasks if t.id == task)
+        self.bars.update(task, completed=total)
+        if not self.console.is_terminal:
+            seconds = time.monotonic() - self.started[label]
+            self.console.print(f"{label}: done in {seconds:.1f} s", highlight=False)
+
+    def note(self, message: str) -> None:
+        self.console.print(f"[dim]{message}[/dim]", highlight=False)
+
+
+def _progress(console: Any) -> Any:
+    from retrysafe.proof import ProofProgress
+
+    class Progress(_Progress, ProofProgress):
+        pass
+
+    return Progress(console)
+
+
+def _store_name(store: str) -> str:
+    from retrysafe.stores._url_check import redact_url
+
+    return "sqlite" if store.startswith("sqlite") else redact_url(store)
+
+
+def _print_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"retrysafe proof: {doc['store']}, {doc['jobs']:,} operations each")
+    for column in (
+        "scenario",
+        "client",
+        "attempted",
+        "acked",
+        "effects",
+        "duplicated",
+        "lost",
+        "unknown",
+        "recovered",
+        "p95",
+        "ops/s",
+    ):
+        table.add_column(column, justify="left" if column in ("scenario", "client") else "right")
+    for scenario in doc["scenarios"]:
+        for client, row in scenario["rows"].items():
+            if row is None:
+                continue
+
+            def cell(name: str, *, red: bool = False, row: Any = row, client: str = client) -> str:
+                value = row.get(name)
+                if value is None:
+                    return "–"
+                text = f"{value:,}" if isinstance(value, int) else f"{value:.2f}"
+                return f"[bold red]{text}[/]" if red and value and client != "naive" else text
+
+            table.add_row(
+                scenario["name"] + (" (partial)" if scenario.get("partial") else ""),
+                client,
+                cell("attempted"),
+                cell("acknowledged"),
+                cell("effects"),
+                cell("duplicated", red=True),
+                cell("lost", red=True),
+                cell("unknown"),
+                cell("recovered"),
+                cell("p95_seconds"),
+                f"{row['ops_per_second']:,.0f}" if row.get("ops_per_second") else "–",
+            )
+    Console().print(table)
+
+
+def _verdict(result: ProofResult) -> str:
+    if result.ok:
+        return "verdict: every retrysafe row held: 0 duplicated, 0 lost, every UNKNOWN recovered"
+    return "verdict: FAILED: " + "; ".join(result.failures or ["the run did not finish"])
+
+
+def _list(scenarios: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {"name": s.name, "title": s.title, "description": s.description}
+                    for s in scenarios
+                ],
+                indent=2,
+            )
+        )
+        return
+    width = max(len(s.name) for s in scenarios)
+    for s in scenarios:
+        click.echo(f"{s.name:<{width}}  {s.title}")

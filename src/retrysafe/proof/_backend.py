@@ -1,0 +1,255 @@
+"""Where one pass of the proof keeps its state: a fresh pair of SQLite files, or a fresh
+PostgreSQL schema, created for the pass and removed after it.
+
+A :class:`Space` also knows how to take its store away (:meth:`Space.outage`): SQLite files
+locked by another process, PostgreSQL backends of the run terminated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from retrysafe._exceptions import ConfigurationError, RetrysafeError
+from retrysafe.proof._child import EFFECTS_TABLE
+from retrysafe.stores import SQLiteStore
+
+__all__ = ["Backend", "ProofError", "Space", "child_env", "kill_children"]
+
+# Every connection of a run carries this application_name (PostgreSQL), so an outage
+# terminates the run's backends and nobody else's.
+_APP_PREFIX = "retrysafe-proof-"
+
+
+class ProofError(RetrysafeError):
+    """The proof could not run a pass (a child process failed, a store misbehaved)."""
+
+
+# Every child process alive now, so a forced exit can kill them (they run in their own
+# sessions: a terminal's Ctrl-C reaches only the runner, which stops them in order).
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+def kill_children() -> None:
+    """SIGKILL every child process of every run in this process (for a forced exit)."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(OSError):
+            proc.kill()
+        _LIVE.discard(proc)
+
+
+def _register(procs: list[subprocess.Popen[bytes]]) -> None:
+    _LIVE.update(procs)
+
+
+def _sqlite_url(path: Path) -> str:
+    return "sqlite:///" + str(path)
+
+
+class Space:
+    """One pass's stores. ``store_args`` go to every child (``--store``, ``--schema``).
+
+    Attributes:
+        dir: a directory of the pass's files (effects log, naive queue files, child logs).
+        keys_args: child arguments of the service's key store.
+        outbox_args: child arguments of the outbox store.
+    """
+
+    dir: Path
+    keys_args: list[str]
+    outbox_args: list[str]
+
+    def open_outbox(self) -> Any:
+        """The outbox store, opened in this process."""
+        raise NotImplementedError
+
+    def effects(self) -> Counter[str]:
+        """Effects per operation: the plain log's lines plus the transactional table's rows."""
+        counts: Counter[str] = Counter()
+        log = self.dir / "effects.log"
+        if log.exists():
+            counts.update(line for line in log.read_text().splitlines() if line)
+        counts.update(self._table_effects())
+        return counts
+
+    def _table_effects(self) -> list[str]:
+        raise NotImplementedError
+
+    def outage(self, seconds: float) -> list[subprocess.Popen[bytes]]:
+        """Take the store away now; returns child processes that hold it away (to wait for)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Remove what the pass created (every child of the pass must have stopped)."""
+
+
+class _SQLiteSpace(Space):
+    def __init__(self, root: Path) -> None:
+        self.dir = root
+        root.mkdir(parents=True)
+        self._keys = root / "keys.db"
+        self._outbox = root / "outbox.db"
+        SQLiteStore(self._keys).close()
+        SQLiteStore(self._outbox).close()
+        with contextlib.closing(sqlite3.connect(self._keys)) as conn:
+            conn.execute(f"CREATE TABLE {EFFECTS_TABLE} (operation TEXT NOT NULL)")
+            conn.commit()
+        self.keys_args = ["--store", _sqlite_url(self._keys)]
+        self.outbox_args = ["--store", _sqlite_url(self._outbox)]
+
+    def open_outbox(self) -> Any:
+        return SQLiteStore(self._outbox)
+
+    def close(self) -> None:
+        for db in (self._keys, self._outbox):  # a 100,000-job pass leaves ~100 MB
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(str(db) + suffix).unlink()
+
+    def _table_effects(self) -> list[str]:
+        with contextlib.closing(sqlite3.connect(self._keys)) as conn:
+            return [row[0] for row in conn.execute(f"SELECT operation FROM {EFFECTS_TABLE}")]
+
+    def outage(self, seconds: float) -> list[subprocess.Popen[bytes]]:
+        holders = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "retrysafe.proof._child",
+                    "lock",
+                    "--path",
+                    str(db),
+                    "--seconds",
+                    str(seconds),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            for db in (self._keys, self._outbox)
+        ]
+        _register(holders)
+        for holder in holders:  # both files are locked before the outage counts as begun
+            assert holder.stdout is not None
+            if holder.stdout.readline().strip() != b"locked":  # it exited without the lock
+                raise ProofError("a lock holder could not lock its SQLite file")
+        return holders
+
+
+class _PostgresSpace(Space):
+    def __init__(self, root: Path, url: str, run_id: str, index: int) -> None:
+        from retrysafe.stores import open_store
+
+        self.dir = root
+        root.mkdir(parents=True)
+        self._app = f"{_APP_PREFIX}{run_id}"
+        self._url = url
+        self.schema = f"retrysafe_proof_{run_id}_{index}"
+        tagged = _with_application_name(url, self._app)
+        self._store = open_store(tagged, schema=self.schema)
+        with self._store.connector.connection() as conn:
+            conn.execute(f"CREATE TABLE {EFFECTS_TABLE} (operation TEXT NOT NULL)")
+        self.keys_args = ["--store", tagged, "--schema", self.schema]
+        self.outbox_args = self.keys_args
+
+    def open_outbox(self) -> Any:
+        return self._store
+
+    def _table_effects(self) -> list[str]:
+        with self._store.connector.connection() as conn:
+            rows = conn.execute(f"SELECT operation FROM {EFFECTS_TABLE}").fetchall()
+        return [row[0] for row in rows]
+
+    def outage(self, seconds: float) -> list[subprocess.Popen[bytes]]:
+        import psycopg
+
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (self._app,),
+            )
+        return []
+
+    def close(self) -> None:
+        import psycopg
+
+        self._store.close()
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+def _with_application_name(url: str, name: str) -> str:
+    joiner = "&" if "?" in url else "?"
+    return f"{url}{joiner}application_name={name}"
+
+
+class Backend:
+    """The run's store: ``"sqlite"`` (files under the run's directory) or a PostgreSQL URL.
+
+    Args:
+        store: ``"sqlite"`` or ``postgresql://…`` / ``postgres://…``.
+        root: a directory for the run's files.
+
+    Raises:
+        ConfigurationError: an unsupported store, or a PostgreSQL server that cannot be
+            reached or refuses the connection (checked before anything starts).
+    """
+
+    def __init__(self, store: str, root: Path) -> None:
+        self.root = root
+        self.run_id = secrets.token_hex(3)
+        self._spaces = 0
+        self.url: str | None = None
+        if store == "sqlite" or store.startswith("sqlite:"):
+            self.kind = "sqlite"
+        elif store.startswith(("postgresql://", "postgres://")):
+            self.kind = "postgresql"
+            self.url = store
+            _check_postgres(store)
+        else:
+            raise ConfigurationError(
+                f"--store {store!r}: expected sqlite or a postgresql://… URL", option="store"
+            )
+
+    def space(self, name: str) -> Space:
+        """A fresh space for one pass, named after it."""
+        self._spaces += 1
+        root = self.root / f"{self._spaces:02d}-{name}"
+        if self.url is None:
+            return _SQLiteSpace(root)
+        return _PostgresSpace(root, self.url, self.run_id, self._spaces)
+
+
+def _check_postgres(url: str) -> None:
+    from retrysafe.stores._url_check import redact_url
+
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the PostgreSQL proof needs psycopg: pip install 'retrysafe[postgres]'",
+            option="store",
+        ) from exc
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigurationError(
+            f"--store {redact_url(url)}: cannot connect: {reason}", option="store"
+        ) from exc
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every child: this one, with this process's ``sys.path`` first."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
