@@ -9,6 +9,7 @@ connection and read the key's row from ``idempotency_keys``.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sqlite3
 import subprocess
@@ -454,3 +455,46 @@ def test_asgi_store_without_sql_is_an_error() -> None:
     )
     assert answer.status_code == 418
     assert "PostgresStore" in answer.text
+
+
+def test_asgi_commits_are_not_starved_by_handlers_waiting_for_the_lock(tmp_path: Path) -> None:
+    """SQLite, ASGI, handlers that open their transaction with ``asyncio.to_thread``: more
+    concurrent requests than the loop's default executor has threads. Each handler waits
+    there for the write lock that another request's open transaction holds; the holder's
+    commit runs on the middleware's own threads, so it ends and releases the lock, and every
+    request commits: no 503 store-unavailable after a busy timeout."""
+    import asyncio
+
+    store = SQLiteStore(tmp_path / "keys.db", busy_timeout=1.0)
+    db = DB("sqlite", store, str(tmp_path / "keys.db"))
+
+    def write(scope: Any) -> None:
+        with transaction(scope) as conn:
+            conn.execute("INSERT INTO effects (note) VALUES (?)", ("one",))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await asyncio.to_thread(write, scope)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    middleware = IdempotencyMiddleware(app, store)
+    requests = 4 * (min(32, (os.cpu_count() or 1) + 4))  # the default executor's size, 4×
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=middleware)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as c:
+            answers = await asyncio.gather(
+                *(
+                    c.post("/write", json={}, headers={"Idempotency-Key": f"k-{i}"})
+                    for i in range(requests)
+                )
+            )
+        return [a.status_code for a in answers]
+
+    try:
+        statuses = asyncio.run(main())
+    finally:
+        store.close()
+    assert statuses == [201] * requests
+    assert len(db.rows()) == requests

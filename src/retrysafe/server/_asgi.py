@@ -4,9 +4,12 @@ small responder that wraps ``send``; never ``BaseHTTPMiddleware``)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -39,6 +42,24 @@ from retrysafe.server._transaction import effect_opener
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store, open_store
 
 __all__ = ["IdempotencyMiddleware"]
+
+# Transactional mode's commits run on threads of their own, never on the loop's default
+# executor: a handler that waits there for the database lock (SQLite: another request's
+# open transaction) must not take the thread the lock holder's commit needs, or every
+# commit waits out the busy timeout (seen with asyncio.to_thread handlers under load).
+_EFFECT_THREADS = 16
+_effect_pool: ThreadPoolExecutor | None = None
+_effect_pool_lock = threading.Lock()
+
+
+def _effect_executor() -> ThreadPoolExecutor:
+    global _effect_pool
+    with _effect_pool_lock:
+        if _effect_pool is None:
+            _effect_pool = ThreadPoolExecutor(
+                _EFFECT_THREADS, thread_name_prefix="retrysafe-effect-commit"
+            )
+        return _effect_pool
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -435,13 +456,16 @@ class _Responder(Claimant):
         """Transactional mode: commit or roll back the handler's transaction (in a thread:
         its connection blocks), then release the key if that is what is left to do."""
         engine = self.engine
-        verdict, reason = await asyncio.to_thread(
-            engine.end_effect,
+        verdict, reason = await asyncio.get_running_loop().run_in_executor(
+            _effect_executor(),
+            functools.partial(
+                engine.end_effect,
             self.req,
             self.capture,
             self.state["effect"],
-            unknown=unknown,
-            doomed=bool(self.state.get("effect_failed")),
+                unknown=unknown,
+                doomed=bool(self.state.get("effect_failed")),
+            ),
         )
         if reason is not None:
             error = reason if exc is None else exc
