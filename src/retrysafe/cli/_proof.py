@@ -133,6 +133,7 @@ def proof(
       143  terminated (SIGTERM): likewise
     """
     from retrysafe.proof import ProofOptions, select_scenarios
+    from retrysafe.proof._backend import check_store
     from retrysafe.proof._scenarios import SCENARIOS
 
     if list_only:
@@ -152,6 +153,7 @@ def proof(
                 concurrency=concurrency,
                 command=command.strip(),
             )
+            check_store(store)  # an unreachable PostgreSQL: refused before --out is touched
             out_dir = _prepare_out(Path(out), force=force)
         workdir = Path(tempfile.mkdtemp(prefix="retrysafe-proof-"))
         try:

@@ -21,7 +21,7 @@ from retrysafe._exceptions import ConfigurationError, RetrysafeError
 from retrysafe.proof._child import EFFECTS_TABLE
 from retrysafe.stores import SQLiteStore
 
-__all__ = ["Backend", "ProofError", "Space", "child_env", "kill_children"]
+__all__ = ["Backend", "ProofError", "Space", "check_store", "child_env", "kill_children"]
 
 # Every connection of a run carries this application_name (PostgreSQL), so an outage
 # terminates the run's backends and nobody else's.
@@ -207,17 +207,8 @@ class Backend:
         self.root = root
         self.run_id = secrets.token_hex(3)
         self._spaces = 0
-        self.url: str | None = None
-        if store == "sqlite" or store.startswith("sqlite:"):
-            self.kind = "sqlite"
-        elif store.startswith(("postgresql://", "postgres://")):
-            self.kind = "postgresql"
-            self.url = store
-            _check_postgres(store)
-        else:
-            raise ConfigurationError(
-                f"--store {store!r}: expected sqlite or a postgresql://… URL", option="store"
-            )
+        self.kind = check_store(store)
+        self.url = None if self.kind == "sqlite" else store
 
     def space(self, name: str) -> Space:
         """A fresh space for one pass, named after it."""
@@ -226,6 +217,27 @@ class Backend:
         if self.url is None:
             return _SQLiteSpace(root)
         return _PostgresSpace(root, self.url, self.run_id, self._spaces)
+
+
+def check_store(store: str) -> str:
+    """``"sqlite"`` or ``"postgresql"`` for a ``--store`` value, after checking that a
+    PostgreSQL server answers.
+
+    Raises:
+        ConfigurationError: neither ``sqlite`` nor a ``postgresql://`` URL, psycopg missing,
+            or the server cannot be reached (the password never appears in the message).
+    """
+    if store == "sqlite":
+        return "sqlite"
+    if store.startswith(("postgresql://", "postgres://")):
+        _check_postgres(store)
+        return "postgresql"
+    from retrysafe.stores._url_check import redact_url
+
+    raise ConfigurationError(
+        f"--store {redact_url(store)!r}: expected sqlite or a postgresql://… URL",
+        option="store",
+    )
 
 
 def _check_postgres(url: str) -> None:

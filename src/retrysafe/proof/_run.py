@@ -44,7 +44,14 @@ from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, FaultRates, b
 from retrysafe.client import Outbox, RetryPolicy, areconcile
 from retrysafe.client._models import JobState
 from retrysafe.demo import DemoOptions, job_body, load_jobs
-from retrysafe.proof._backend import _LIVE, Backend, ProofError, child_env, kill_children
+from retrysafe.proof._backend import (
+    _LIVE,
+    Backend,
+    ProofError,
+    check_store,
+    child_env,
+    kill_children,
+)
 from retrysafe.proof._scenarios import SCENARIOS, Event, Scenario
 
 __all__ = [
@@ -72,8 +79,12 @@ SERVICE_LEASE = 2.0
 WORKER_LEASE = 2.0
 # How often the runner looks at progress, the schedule and its children (seconds).
 _TICK = 0.1
-# Reconciliation rounds (the link healed) before an UNKNOWN job counts as unrecovered.
-_RECONCILE_ROUNDS = 3
+# Seconds reconciliation keeps re-sending UNKNOWN jobs (the link healed) before one counts
+# as unrecovered: a killed service's keys answer 409 until their lease ends and are then
+# taken over; several leases' worth, as an operator would reconcile again later.
+_RECONCILE_FOR = 6 * SERVICE_LEASE
+# Seconds between two reconciliation rounds.
+_RECONCILE_PAUSE = 0.5
 # A child that keeps failing on its own (not killed by the run) stops the pass.
 _MAX_UNEXPECTED_EXITS = 5
 # Seconds a child gets to exit after SIGTERM before SIGKILL.
@@ -127,6 +138,10 @@ class ProofOptions:
             )
         if not self.scenarios:
             raise ConfigurationError("no scenario to run", option="scenarios")
+        if not isinstance(self.store, str) or not (
+            self.store == "sqlite" or self.store.startswith(("postgresql://", "postgres://"))
+        ):
+            check_store(str(self.store))  # raises, naming what is expected
         if self.concurrency < 1:
             raise ConfigurationError("--concurrency must be at least 1", option="concurrency")
         if self.attempts < 1:
@@ -276,6 +291,9 @@ def _failures(scenario: Scenario, row: dict[str, Any], options: ProofOptions) ->
     ):
         if row[name]:
             reasons.append(f"{row[name]:,} {what}")
+    if row.get("unrecovered_last_answer"):
+        seen = ", ".join(f"{n} × {a}" for a, n in row["unrecovered_last_answer"].items())
+        reasons.append(f"the unrecovered jobs' last answers: {seen}")
     if row["max_attempts"] is not None and row["max_attempts"] > options.attempts:
         reasons.append(f"a job made {row['max_attempts']} attempts (limit {options.attempts})")
     if scenario.event is not Event.NONE and not row["faults"].get(scenario.event.value):
@@ -681,12 +699,13 @@ class _Pass:
                 "with their same keys"
             )
         remaining = list(unknown)
-        for round_ in range(_RECONCILE_ROUNDS):
-            if not remaining:
-                break
+        self.reconcile_rounds = 0
+        give_up = time.monotonic() + _RECONCILE_FOR
+        while remaining and (not self.reconcile_rounds or time.monotonic() < give_up):
             self._check_stop()
-            if round_:
-                time.sleep(SERVICE_LEASE)
+            if self.reconcile_rounds:
+                time.sleep(_RECONCILE_PAUSE)
+            self.reconcile_rounds += 1
             asyncio.run(
                 areconcile(
                     store,
@@ -701,7 +720,10 @@ class _Pass:
 
         reconciled = set(unknown)
         beliefs = []
+        unrecovered: Counter[str] = Counter()
         for job in _all_jobs(outbox, None, len(self.bodies)):
+            if job.state is JobState.UNKNOWN:
+                unrecovered[str(job.last_status or job.last_outcome)] += 1
             operation = json.loads(job.body)["operation"]
             state = _BELIEF.get(job.state, BeliefState.PENDING)
             beliefs.append(
@@ -721,9 +743,13 @@ class _Pass:
         if self.backend.kind == "sqlite":
             store.close()
         report = build_report(beliefs, _retrying(self.space.effects))
-        return self._row(
+        row = self._row(
             report, seconds, unknown=len(unknown), max_attempts=max_attempts, deferred=deferred
         )
+        row["reconcile_rounds"] = self.reconcile_rounds
+        if unrecovered:  # what the last re-send saw, for the failure's reason
+            row["unrecovered_last_answer"] = dict(unrecovered)
+        return row
 
     # ------------------------------------------------------------------ the row
     def _row(
@@ -789,13 +815,13 @@ def _storm(rates: FaultRates) -> FaultRates:
 def _bodies(
     jobs: Sequence[dict[str, Any]], client: str, scenario: Scenario, seed: int
 ) -> list[dict[str, Any]]:
-    """The pass's bodies: the same jobs for both clients, the same seeded slow handlers."""
+    """The pass's bodies: the same jobs for both clients, the same seeded slow handlers
+    (``slow_share`` of them, at least one, so a small run has its slow handler too)."""
     bodies = [job_body(job, client) for job in jobs]
     if scenario.slow_share:
-        rng = random.Random(f"{seed}:slow")
-        for body in bodies:
-            if rng.random() < scenario.slow_share:
-                body["work_seconds"] = scenario.slow_seconds
+        count = max(1, round(scenario.slow_share * len(bodies)))
+        for index in random.Random(f"{seed}:slow").sample(range(len(bodies)), count):
+            bodies[index]["work_seconds"] = scenario.slow_seconds
     return bodies
 
 

@@ -62,7 +62,7 @@ class Scenario:
     clients: int = 1
     transactional: bool = False
     slow_share: float = 0.0
-    slow_seconds: float = 5.0
+    slow_seconds: float = 3.5
 
     @property
     def mode(self) -> str:
@@ -139,7 +139,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="long-handler",
         title="handlers that outlive their lease",
-        description="0.5 % of the handlers take 5 s: longer than the service's 2 s lease and "
+        description="0.5 % of the handlers take 3.5 s: longer than the service's 2 s lease and "
         "the client's 2 s timeout. The middleware renews the lease while they run, so retries "
         "get 409 and then the replay, never a second run.",
         slow_share=0.005,

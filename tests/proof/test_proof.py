@@ -1,0 +1,237 @@
+"""The proof matrix, small: every scenario on SQLite, the store-bound ones on PostgreSQL too.
+
+Real processes throughout: the service under uvicorn, worker and naive client processes,
+SIGKILLs, lock holders, terminated PostgreSQL backends. Each scenario must show the protected
+row at 0 duplicated, 0 lost, every UNKNOWN recovered, with its scheduled fault injected; the
+naive client must show duplicates where the faults make them certain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrysafe.proof import (
+    SCENARIOS,
+    ProofOptions,
+    ProofStoppedError,
+    run_proof,
+    select_scenarios,
+)
+
+JOBS = 80
+
+# Scenarios whose faults make naive duplicates certain even in a small run.
+NAIVE_DUPLICATES = {"loss-10", "loss-30", "retry-storm", "long-handler"}
+
+
+def _run(tmp_path: Path, name: str, store: str = "sqlite") -> dict[str, Any]:
+    options = ProofOptions(jobs=JOBS, store=store, scenarios=tuple(select_scenarios(name)))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_proof(options, workdir=work)
+    doc = result.to_dict()
+    assert doc["version"] == 1 and not doc["partial"]
+    json.dumps(doc)  # the document is JSON
+    return doc
+
+
+def _check(doc: dict[str, Any], name: str) -> None:
+    (scenario,) = doc["scenarios"]
+    protected, naive = scenario["rows"]["retrysafe"], scenario["rows"]["naive"]
+    assert scenario["failures"] == [], scenario
+    assert doc["ok"] is True
+    assert protected["operations"] == naive["operations"] == JOBS
+    assert protected["effects"] == JOBS  # one effect per operation, none missing
+    assert protected["duplicated"] == 0 and protected["lost"] == 0
+    assert protected["still_unknown"] == 0
+    assert protected["recovered"] == protected["unknown"]
+    assert protected["acknowledged"] == JOBS
+    assert protected["max_attempts"] <= doc["attempts"]
+    assert protected["attempted"] >= JOBS and naive["attempted"] >= 1
+    event = next(s.event.value for s in SCENARIOS if s.name == name)
+    if event != "none":
+        assert protected["faults"][event] >= 1 and naive["faults"][event] >= 1
+    if name in NAIVE_DUPLICATES:
+        assert naive["duplicated"] > 0, naive
+        assert naive["effects"] > JOBS
+
+
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
+def test_scenario_on_sqlite(tmp_path: Path, name: str) -> None:
+    _check(_run(tmp_path, name), name)
+
+
+@pytest.mark.parametrize("name", ["service-kill", "store-outage"])
+def test_scenario_on_postgres(tmp_path: Path, name: str, pg_url: str) -> None:
+    doc = _run(tmp_path, name, pg_url)
+    _check(doc, name)
+    assert doc["store"] == "postgresql"
+
+
+def test_a_postgres_pass_drops_its_schema(tmp_path: Path, pg_url: str) -> None:
+    import psycopg
+
+    from retrysafe.proof._backend import Backend
+
+    space = Backend(pg_url, tmp_path).space("check")
+    schema = space.schema  # type: ignore[attr-defined]
+    query = "SELECT count(*) FROM pg_namespace WHERE nspname = %s"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute(query, (schema,)).fetchone() == (1,)
+        space.close()
+        assert conn.execute(query, (schema,)).fetchone() == (0,)
+
+
+def test_a_failed_protected_row_fails_the_run(tmp_path: Path) -> None:
+    """The verdict is computed, not assumed: a row with a duplicate or an unrecovered
+    UNKNOWN fails its scenario and the run."""
+    from retrysafe.proof._run import _failures
+
+    scenario = next(s for s in SCENARIOS if s.name == "worker-kills")
+    options = ProofOptions(jobs=10)
+    row = {
+        "duplicated": 1,
+        "lost": 0,
+        "still_unknown": 2,
+        "rejected": 0,
+        "failed": 0,
+        "max_attempts": 6,
+        "faults": {},
+    }
+    reasons = _failures(scenario, row, options)
+    assert "1 duplicated effects" in reasons
+    assert "2 jobs still UNKNOWN after reconciliation" in reasons
+    assert any("6 attempts" in r for r in reasons)
+    assert any("never happened" in r for r in reasons)
+
+
+def test_stop_returns_a_partial_result(tmp_path: Path) -> None:
+    import threading
+
+    stop = threading.Event()
+    timer = threading.Timer(2.0, stop.set)
+    timer.start()
+    options = ProofOptions(jobs=20_000, scenarios=tuple(select_scenarios("loss-2.5")))
+    started = time.monotonic()
+    with pytest.raises(ProofStoppedError) as caught:
+        run_proof(options, workdir=tmp_path, stop=stop)
+    timer.cancel()
+    assert time.monotonic() - started < 20
+    doc = caught.value.result.to_dict()
+    assert doc["partial"] is True and doc["ok"] is False
+    assert doc["scenarios"][0]["partial"] is True
+
+
+# ----------------------------------------------------------------------------- the CLI
+def _cli(*args: str, cwd: Path, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "retrysafe", "proof", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--scenarios", "loss-99"], "unknown scenario 'loss-99'"),
+        (["--scenarios", "loss-10,,worker-kills"], "names no scenario"),
+        (["--scenarios", ""], "names no scenario"),
+        (["--jobs", "0"], "--jobs"),
+        (["--jobs", "-5"], "--jobs"),
+        (["--jobs", "ten"], "--jobs"),
+        (["--store", "redis://127.0.0.1:6379/0"], "expected sqlite or a postgresql"),
+        (["--store", "postgresql://nobody:secret@127.0.0.1:1/none"], "cannot connect"),
+        (["--chart", "gif"], "--chart"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_runs(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    done = _cli(*args, "--out", "out", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert needle in done.stderr
+    assert "secret" not in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing written, not even the directory
+
+
+def test_non_empty_out_is_refused_unless_forced(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    done = _cli("--jobs", "5", "--scenarios", "loss-2.5", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 2 and "not empty" in done.stderr and "--force" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (tmp_path / "file").write_text("")
+    done = _cli("--out", "file", cwd=tmp_path)
+    assert done.returncode == 2 and "is a file" in done.stderr
+
+
+def test_cli_writes_the_table_and_the_chart(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    done = _cli(
+        "--jobs", "30", "--scenarios", "loss-30", "--out", str(out), "--force", "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc == json.loads((out / "proof.json").read_text())
+    assert doc["command"].startswith("retrysafe proof --jobs 30 --scenarios loss-30")
+    assert (
+        "| `loss-30`" in (out / "proof.md").read_text()
+        or "loss-30" in (out / "proof.md").read_text()
+    )
+    assert (out / "proof.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+    assert (out / "notes.txt").read_text() == "mine"  # --force writes beside, deletes nothing
+    assert "verdict: every retrysafe row held" in done.stderr
+
+
+def test_list(tmp_path: Path) -> None:
+    done = _cli("--list", "--json", cwd=tmp_path)
+    assert done.returncode == 0
+    assert [s["name"] for s in json.loads(done.stdout)] == [s.name for s in SCENARIOS]
+    done = _cli("--list", cwd=tmp_path)
+    assert done.returncode == 0 and "retry-storm" in done.stdout
+
+
+def test_ctrl_c_stops_children_and_writes_partial_results(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}  # the run's files (and children's args) live here
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "proof", "--jobs", "50000", "--out", "out"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp.glob("retrysafe-proof-*/*/naive-0.done")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "partial results written" in err
+    doc = json.loads((tmp_path / "out" / "proof.json").read_text())
+    assert doc["partial"] is True and doc["ok"] is False
+    assert "PARTIAL" in (tmp_path / "out" / "proof.md").read_text()
+    left = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "children of the stopped run are still running"
+    assert not list(tmp.iterdir())  # its working files removed
