@@ -27,7 +27,10 @@ __all__ = ["proof"]
 # Mirrors retrysafe.proof's limits (not imported here: `retrysafe --help` stays fast).
 _MAX_JOBS = 1_000_000
 _MAX_SEED = 2**32 - 1
-_FLAGS = {name: f"--{name}" for name in ("jobs", "store", "scenarios", "out", "concurrency")}
+_FLAGS = {
+    name: f"--{name}"
+    for name in ("jobs", "store", "scenarios", "out", "concurrency", "restart-command")
+}
 # Children get this long to stop after a signal before the process kills them and exits.
 _STOP_GRACE = SHUTDOWN_SECONDS + 5.0
 _POLL = 0.05
@@ -94,6 +97,16 @@ def _scenario_help() -> str:
     show_default=True,
     help="Requests in flight per pass, over all its client processes.",
 )
+@click.option(
+    "--restart-command",
+    default=None,
+    metavar="CMD",
+    help=(
+        "PostgreSQL only: a command that restarts the server (e.g. 'pg_ctlcluster 15 main "
+        "restart'); the store-outage scenario's second outage runs it. Default: backends "
+        "are terminated, the server is never restarted."
+    ),
+)
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
 @click.option(
     "--json",
@@ -110,6 +123,7 @@ def proof(
     chart: str,
     seed: int,
     concurrency: int,
+    restart_command: str | None,
     list_only: bool,
     as_json: bool,
 ) -> None:
@@ -152,6 +166,7 @@ def proof(
                 seed=seed,
                 concurrency=concurrency,
                 command=command.strip(),
+                restart_command=restart_command,
             )
             check_store(store)  # an unreachable PostgreSQL: refused before --out is touched
             out_dir = _prepare_out(Path(out), force=force)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from retrysafe._exceptions import ConfigurationError, RetrysafeError
+from retrysafe._exceptions import ConfigurationError, RetrysafeError, StoreUnavailableError
 from retrysafe.proof._child import EFFECTS_TABLE
 from retrysafe.stores import SQLiteStore
 
@@ -83,8 +84,24 @@ class Space:
         raise NotImplementedError
 
     def outage(self, seconds: float) -> list[subprocess.Popen[bytes]]:
-        """Take the store away now; returns child processes that hold it away (to wait for)."""
+        """Take the store away now; returns child processes that hold it away (to wait for).
+
+        Raises:
+            StoreUnavailableError: the outage could not be started (nothing was done).
+        """
         raise NotImplementedError
+
+    def restart(self, command: str) -> list[subprocess.Popen[bytes]]:
+        """Start ``command`` (split like a shell does), which restarts the database server;
+        returns it as the process to wait for."""
+        proc = subprocess.Popen(
+            shlex.split(command),
+            stdout=subprocess.DEVNULL,
+            stderr=(self.dir / "restart.log").open("ab"),
+            stdin=subprocess.DEVNULL,
+        )
+        _register([proc])
+        return [proc]
 
     def close(self) -> None:
         """Remove what the pass created (every child of the pass must have stopped)."""
@@ -170,12 +187,15 @@ class _PostgresSpace(Space):
     def outage(self, seconds: float) -> list[subprocess.Popen[bytes]]:
         import psycopg
 
-        with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = %s AND pid <> pg_backend_pid()",
-                (self._app,),
-            )
+        try:
+            with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                    (self._app,),
+                )
+        except psycopg.Error as exc:  # e.g. the server is restarting: no outage this time
+            raise StoreUnavailableError(f"cannot terminate the run's backends: {exc}") from exc
         return []
 
     def close(self) -> None:
