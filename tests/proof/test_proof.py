@@ -153,7 +153,9 @@ def _cli(*args: str, cwd: Path, **kw: Any) -> subprocess.CompletedProcess[str]:
         (["--jobs", "-5"], "--jobs"),
         (["--jobs", "ten"], "--jobs"),
         (["--store", "redis://127.0.0.1:6379/0"], "expected sqlite or a postgresql"),
-        (["--store", "postgresql://nobody:secret@127.0.0.1:1/none"], "cannot connect"),
+        (["--store", "postgresql://nobody:secret@127.0.0.1:notaport/test"], "--store"),
+        (["--store", "postgresql://"], "--store"),
+        (["--restart-command", "true"], "--restart-command"),
         (["--chart", "gif"], "--chart"),
     ],
 )
@@ -165,6 +167,15 @@ def test_bad_input_is_refused_before_anything_runs(
     assert needle in done.stderr
     assert "secret" not in done.stderr
     assert not (tmp_path / "out").exists()  # nothing written, not even the directory
+
+
+def test_an_unreachable_postgres_fails_before_anything_runs(tmp_path: Path) -> None:
+    """A server that does not answer is found by trying: exit 1 (docs/cli.md), not 2."""
+    done = _cli("--store", "postgresql://nobody:secret@127.0.0.1:1/none", "--out", "out",
+                cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "cannot connect" in done.stderr and "secret" not in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_non_empty_out_is_refused_unless_forced(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeError, StoreUnavailableError
 from retrysafe.proof._child import EFFECTS_TABLE
@@ -244,8 +245,10 @@ def check_store(store: str) -> str:
     PostgreSQL server answers.
 
     Raises:
-        ConfigurationError: neither ``sqlite`` nor a ``postgresql://`` URL, psycopg missing,
-            or the server cannot be reached (the password never appears in the message).
+        ConfigurationError: neither ``sqlite`` nor a ``postgresql://`` URL, a URL that
+            libpq cannot parse, or psycopg missing.
+        StoreUnavailableError: the server cannot be reached or refuses the connection.
+        The password never appears in a message.
     """
     if store == "sqlite":
         return "sqlite"
@@ -261,8 +264,9 @@ def check_store(store: str) -> str:
 
 
 def _check_postgres(url: str) -> None:
-    from retrysafe.stores._url_check import redact_url
+    from retrysafe.stores._url_check import check_postgres_url, redact_url
 
+    check_postgres_url(url)  # the checks every command makes: ConfigurationError
     try:
         import psycopg
     except ImportError as exc:
@@ -275,9 +279,14 @@ def _check_postgres(url: str) -> None:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigurationError(
-            f"--store {redact_url(url)}: cannot connect: {reason}", option="store"
-        ) from exc
+        with contextlib.suppress(ValueError):
+            secret = urlsplit(url).password
+            if secret:
+                reason = reason.replace(secret, "***")
+        message = f"--store {redact_url(url)}: cannot connect: {reason}"
+        if isinstance(exc, psycopg.OperationalError):  # down, refused, auth: found by trying
+            raise StoreUnavailableError(message, store=redact_url(url)) from exc
+        raise ConfigurationError(message, option="store") from exc  # a URL that cannot work
 
 
 def child_env() -> dict[str, str]:
