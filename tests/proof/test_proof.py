@@ -34,7 +34,11 @@ NAIVE_DUPLICATES = {"loss-10", "loss-30", "retry-storm", "long-handler"}
 
 
 def _run(tmp_path: Path, name: str, store: str = "sqlite") -> dict[str, Any]:
-    options = ProofOptions(jobs=JOBS, store=store, scenarios=tuple(select_scenarios(name)))
+    # A 1 s attempt timeout (the CLI's default is 2 s) keeps the naive client's blind retries
+    # of a 3.5 s handler short; every scenario's rule still holds: handler > lease > timeout.
+    options = ProofOptions(
+        jobs=JOBS, store=store, scenarios=tuple(select_scenarios(name)), timeout=1.0
+    )
     work = tmp_path / "work"
     work.mkdir()
     result = run_proof(options, workdir=work)

@@ -16,7 +16,7 @@ from typing import Any
 
 from retrysafe.chaos import EffectLedger
 
-__all__ = ["PublishingService"]
+__all__ = ["PublishingService", "answer_json", "read_body"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,26 +43,21 @@ class PublishingService:
     ) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         if scope["method"] != "POST" or scope["path"] != "/posts":
-            await _json(send, 404, {"error": "not found"})
+            await answer_json(send, 404, {"error": "not found"})
             return
         try:
             job = json.loads(body)
             operation = str(job["operation"])
         except (ValueError, KeyError, TypeError):
-            await _json(send, 400, {"error": "expected a JSON job with an 'operation' field"})
+            await answer_json(send, 400, {"error": "expected a JSON job with an 'operation' field"})
             return
         if self.work_seconds:
             await asyncio.sleep(self.work_seconds)
         post_id = next(self._ids)
         self.ledger.record(operation, post_id=post_id, channel=job.get("channel"))
-        await _json(
+        await answer_json(
             send,
             201,
             {"post_id": post_id, "operation": operation, "status": "published"},
@@ -70,7 +65,18 @@ class PublishingService:
         )
 
 
-async def _json(
+async def read_body(receive: Callable[[], Awaitable[Message]]) -> bytes:
+    """The whole request body, from every ``http.request`` message."""
+    body = b""
+    while True:
+        message = await receive()
+        chunk: bytes = message.get("body", b"")
+        body += chunk
+        if not message.get("more_body", False):
+            return body
+
+
+async def answer_json(
     send: Callable[[Message], Awaitable[None]],
     status: int,
     doc: dict[str, Any],

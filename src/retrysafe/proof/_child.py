@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from retrysafe.demo._service import answer_json, read_body
+
 __all__ = ["main"]
 
 Scope = MutableMapping[str, Any]
@@ -78,18 +80,13 @@ class _Posts:
     ) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         try:
             job = json.loads(body)
             operation = str(job["operation"])
             work = float(job.get("work_seconds", 0.002))
         except (ValueError, KeyError, TypeError):
-            await _answer(send, 400, {"error": "expected a JSON job with an 'operation' field"})
+            await answer_json(send, 400, {"error": "expected a JSON job with an 'operation' field"})
             return
         await asyncio.sleep(work)
         keyed = any(name == b"idempotency-key" for name, _ in scope["headers"])
@@ -98,14 +95,7 @@ class _Posts:
         else:
             self._append(operation)
         self._posts += 1
-        await _answer(send, 201, {"post_id": self._posts, "operation": operation})
-
-
-async def _answer(send: Callable[[Message], Awaitable[None]], status: int, doc: Any) -> None:
-    body = json.dumps(doc).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        await answer_json(send, 201, {"post_id": self._posts, "operation": operation})
 
 
 def _service(args: argparse.Namespace) -> None:
