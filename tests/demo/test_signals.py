@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 # A short demo with every phase: a naive pass, the outbox pass, and UNKNOWN jobs to reconcile.
 _SHORT_DEMO = [
     "--jobs", "6", "--loss-rate", "1", "--timeout", "0.3", "--attempts", "2",
@@ -86,14 +88,18 @@ def _signal_at(
     return proc.returncode, rest, stdout
 
 
-def test_sigterm_at_20_random_moments_exits_143_leaving_nothing(tmp_path: Path) -> None:
-    """20 runs in a row, each sent SIGTERM at a random moment of its run (a phase line, then
-    a random delay): every one exits 143 within 5 s with one clear line and no traceback, its
+@pytest.mark.parametrize("half", [0, 1])  # two tests, so the suite's workers share them
+def test_sigterm_at_20_random_moments_exits_143_leaving_nothing(tmp_path: Path, half: int) -> None:
+    """20 runs, each sent SIGTERM at a random moment of its run (a phase line, then a random
+    delay): every one exits 143 within 5 s with one clear line and no traceback, its
     temporary directory is gone and no process it started is left."""
     rng = random.Random(11)
-    for run in range(20):
-        after = rng.choice(_PHASE_LINES[:5] if run % 2 else _PHASE_LINES)
-        delay = rng.uniform(0.0, 0.1)
+    moments = [
+        (rng.choice(_PHASE_LINES[:5] if run % 2 else _PHASE_LINES), rng.uniform(0.0, 0.1))
+        for run in range(20)
+    ]
+    for run in range(half * 10, half * 10 + 10):
+        after, delay = moments[run]
         code, rest, stdout = _signal_at(tmp_path, f"run{run}", signal.SIGTERM, after, delay)
         where = f"run {run}: SIGTERM {delay:.3f} s after {after!r}"
         assert code == 143, f"{where}: exit {code}\n{rest}"
@@ -121,6 +127,8 @@ def test_sigterm_before_the_services_start_exits_143(tmp_path: Path) -> None:
 _STUCK_DEMO = """
 import sys, threading
 from pathlib import Path
+
+import pytest
 from retrysafe.cli._demo import _supervise
 from retrysafe.cli._signals import Signals
 

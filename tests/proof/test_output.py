@@ -132,14 +132,14 @@ def test_table_has_one_line_per_scenario_and_client_with_formatted_numbers() -> 
     rows = _table_rows(render_markdown(_doc()))
     assert len(rows) == 4
     assert [row[1] for row in rows] == ["naive", "retrysafe", "naive", "retrysafe"]
-    assert all(len(row) == 14 for row in rows)
+    assert all(len(row) == 15 for row in rows)
     naive = rows[0]
     assert naive[0] == "10 % of answers lost after commit (`loss-10`)"
     assert naive[2:10] == [
         "100,000", "112,000", "99,000", "109,876", "9,876", "0", "120", "120",
     ]  # fmt: skip
-    assert naive[10:] == ["1.20 s", "3.40 s", "160.20 s", "1,501"]
-    assert rows[1][13] == "624"
+    assert naive[11:] == ["1.20 s", "3.40 s", "160.20 s", "1,501"]
+    assert rows[1][14] == "624"
 
 
 def test_nonzero_protected_duplicates_and_losses_are_bold() -> None:
@@ -207,11 +207,11 @@ def test_partial_document_is_marked_and_missing_values_show_as_dash() -> None:
     assert markdown.splitlines()[0].endswith("— PARTIAL")
     assert "> **PARTIAL**" in markdown
     rows = _table_rows(markdown)
-    assert rows[1][10] == "–"
-    assert rows[1][13] == "–"
+    assert rows[1][11] == "–"
+    assert rows[1][14] == "–"
     assert rows[2][0].endswith("— cut short")
     assert rows[3][1] == "retrysafe"
-    assert rows[3][2:] == ["–"] * 12
+    assert rows[3][2:] == ["–"] * 13
     verdict = next(line for line in markdown.splitlines() if line.startswith("**Verdict"))
     assert verdict.startswith("**Verdict: PARTIAL.** In the 1 scenario measured")
     assert "not measured: `kill-workers`" in verdict
@@ -226,7 +226,7 @@ def test_pipes_in_text_cells_are_escaped() -> None:
     rows = _table_rows(markdown)
     assert rows[0][0] == "lost \\| reset (`loss-10`)"
     assert rows[2][1] == "odd\\|client"
-    assert all(len(row) == 14 for row in rows)
+    assert all(len(row) == 15 for row in rows)
 
 
 def test_command_with_backticks_gets_a_longer_fence() -> None:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from retrysafe._exceptions import RetrysafeError
 from retrysafe.cli._common import errors, fail
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
+from retrysafe.proof._run import _plural
 
 if TYPE_CHECKING:
     from retrysafe.proof import ProofResult
@@ -34,6 +39,8 @@ _FLAGS = {
 # Children get this long to stop after a signal before the process kills them and exits.
 _STOP_GRACE = SHUTDOWN_SECONDS + 5.0
 _POLL = 0.05
+# Held (flock) in --out while a proof writes there.
+_LOCK = ".retrysafe-proof.lock"
 
 
 def _scenario_help() -> str:
@@ -140,11 +147,13 @@ def proof(
     \b
     Exit status:
       0    every retrysafe row: 0 duplicated, 0 lost, every UNKNOWN recovered
-      1    a retrysafe row failed (the table says which and why), or a pass
-           could not run
-      2    bad options, an unreachable store, a non-empty --out (nothing ran)
+      1    a retrysafe row failed or proved nothing (the verdict says which and
+           why), a pass could not run (finished scenarios are written), or the
+           PostgreSQL server cannot be reached (nothing ran)
+      2    bad options, a non-empty --out, --out in use by another proof
+           (nothing ran)
       130  interrupted (SIGINT): children stopped, partial results written
-      143  terminated (SIGTERM): likewise
+      143  terminated (SIGTERM or SIGHUP): likewise
     """
     from retrysafe.proof import ProofOptions, select_scenarios
     from retrysafe.proof._backend import check_store
@@ -157,7 +166,9 @@ def proof(
     for name in ("retrysafe", "psycopg", "psycopg.pool"):
         logging.getLogger(name).setLevel(logging.ERROR)
     command = _command_line()
-    with Signals() as signals:
+    # A closed terminal (SIGHUP) stops the run like SIGTERM: children stopped, results kept.
+    signal.signal(signal.SIGHUP, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    with Signals() as signals, contextlib.ExitStack() as stack:
         with errors(flags=_FLAGS):
             options = ProofOptions(
                 jobs=jobs,
@@ -169,21 +180,33 @@ def proof(
                 restart_command=restart_command,
             )
             check_store(store)  # an unreachable PostgreSQL: refused before --out is touched
-            out_dir = _prepare_out(Path(out), force=force)
+            out_dir = _prepare_out(Path(out), force=force, stack=stack)
         workdir = Path(tempfile.mkdtemp(prefix="retrysafe-proof-"))
         try:
-            outcome = _supervise(options, signals, workdir)
+            result, error = _supervise(options, signals, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    result, error = outcome
-    if result is None:
-        assert error is not None
-        fail(str(error), code=2 if _is_usage(error) else 1)
-    doc = result.to_dict()
-    from retrysafe.proof._output import write_outputs
+        if result is None:
+            assert error is not None
+            fail(str(error), code=2 if _is_usage(error) else 1)
+        # Still inside the signal guard: a Ctrl-C now cannot cut the files half-written.
+        _report(result, out_dir, chart=chart, as_json=as_json, signals=signals, error=error)
 
+
+def _report(
+    result: ProofResult,
+    out_dir: Path,
+    *,
+    chart: str,
+    as_json: bool,
+    signals: Signals,
+    error: BaseException | None,
+) -> NoReturn:
+    """Write the files, print the table (or the JSON) and the verdict, and exit."""
+    from retrysafe.proof import write_outputs
+
+    doc = result.to_dict()
     written = write_outputs(doc, out_dir, chart=None if chart == "none" else chart)  # type: ignore[arg-type]
-    err = click.get_text_stream("stderr")
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -193,14 +216,15 @@ def proof(
     if written.chart_missing:
         click.echo(f"retrysafe: no chart: {written.chart_missing}", err=True)
     if signals.received is not None:
-        fail(
-            f"{signals.describe()}; children stopped, partial results written to {out_dir}",
-            code=signals.exit_code or 1,
+        what = (
+            "children stopped, partial results written"
+            if result.partial
+            else "the run had finished; its results are written"
         )
+        fail(f"{signals.describe()}; {what} to {out_dir}", code=signals.exit_code or 1)
     if error is not None:
-        fail(f"{error}; partial results written to {out_dir}")
-    verdict = _verdict(result)
-    err.write(verdict + "\n")
+        fail(f"{error}; the scenarios that finished are written to {out_dir}")
+    click.echo(_verdict(result), err=True)
     sys.exit(0 if result.ok else 1)
 
 
@@ -226,27 +250,36 @@ def _is_usage(error: BaseException) -> bool:
     return isinstance(error, ConfigurationError)
 
 
-def _prepare_out(out: Path, *, force: bool) -> Path:
+def _prepare_out(out: Path, *, force: bool, stack: contextlib.ExitStack) -> Path:
     """Create ``out`` (and its parents), or check it is an empty directory (or ``force``),
-    and that files can be written there: before anything runs."""
+    that files can be written there, and that no other proof writes there (a lock held
+    until the command ends): before anything runs."""
     from retrysafe._exceptions import ConfigurationError
 
-    if out.exists() and not out.is_dir():
-        raise ConfigurationError(f"{out} exists and is not a directory", option="out")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConfigurationError(
-            f"{out} is not empty; choose another --out, or pass --force to write into it",
-            option="out",
-        )
+    if not str(out).strip():
+        raise ConfigurationError("the output directory must not be empty", option="out")
     try:
+        if out.exists() and not out.is_dir():
+            raise ConfigurationError(f"{out} exists and is not a directory", option="out")
+        if out.is_dir() and any(p.name != _LOCK for p in out.iterdir()) and not force:
+            raise ConfigurationError(
+                f"{out} is not empty; choose another --out, or pass --force to write into it",
+                option="out",
+            )
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".retrysafe-proof-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
+        lock = stack.enter_context((out / _LOCK).open("a"))
     except OSError as exc:
         raise ConfigurationError(
             f"cannot write to {out}: {exc.strerror or exc}", option="out"
         ) from exc
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise ConfigurationError(
+            f"another retrysafe proof is writing to {out}; wait for it or choose another --out",
+            option="out",
+        ) from None
+    stack.callback(lambda: (out / _LOCK).unlink(missing_ok=True))
     return out
 
 
@@ -262,7 +295,7 @@ def _supervise(
     """
     from rich.console import Console
 
-    from retrysafe.proof import ProofStoppedError, run_proof
+    from retrysafe.proof import ProofError, ProofStoppedError, run_proof
     from retrysafe.proof._backend import kill_children
 
     err = Console(stderr=True)
@@ -277,8 +310,9 @@ def _supervise(
             outcome.append(exc)
 
     err.print(
-        f"[bold]retrysafe proof[/bold]: {len(options.scenarios)} scenarios × 2 clients, "
-        f"{options.jobs:,} operations each, store {_store_name(options.store)}, "
+        f"[bold]retrysafe proof[/bold]: {_plural(len(options.scenarios), 'scenario')} × 2 "
+        f"clients, {_plural(options.jobs, 'operation')} each, "
+        f"store {_store_name(options.store)}, "
         f"seed {options.seed}, concurrency {options.concurrency}",
         highlight=False,
     )
@@ -303,6 +337,8 @@ def _supervise(
     value = outcome[0]
     if isinstance(value, ProofStoppedError):
         return value.result, None if signals.received is not None else value
+    if isinstance(value, ProofError) and value.result is not None:
+        return value.result, value  # a pass could not run: what finished is written
     if isinstance(value, BaseException):
         if isinstance(value, RetrysafeError):
             return None, value
@@ -365,8 +401,9 @@ def _store_name(store: str) -> str:
 
 
 def _print_table(doc: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from retrysafe.cli._common import print_table
 
     table = Table(title=f"retrysafe proof: {doc['store']}, {doc['jobs']:,} operations each")
     for column in (
@@ -379,6 +416,7 @@ def _print_table(doc: dict[str, Any]) -> None:
         "lost",
         "unknown",
         "recovered",
+        "failed",
         "p95",
         "ops/s",
     ):
@@ -405,16 +443,23 @@ def _print_table(doc: dict[str, Any]) -> None:
                 cell("lost", red=True),
                 cell("unknown"),
                 cell("recovered"),
+                cell("failed"),
                 cell("p95_seconds"),
                 f"{row['ops_per_second']:,.0f}" if row.get("ops_per_second") else "–",
             )
-    Console().print(table)
+    print_table(table)
 
 
 def _verdict(result: ProofResult) -> str:
+    broken = [f"{s['name']}: {why}" for s in result.scenarios for why in s["failures"]]
+    unproven = [f"{s['name']}: {why}" for s in result.scenarios for why in s["inconclusive"]]
+    if broken:
+        return "verdict: FAILED: the guarantee broke: " + "; ".join(broken)
+    if unproven:
+        return "verdict: not proven (nothing broke, a fault never came): " + "; ".join(unproven)
     if result.ok:
         return "verdict: every retrysafe row held: 0 duplicated, 0 lost, every UNKNOWN recovered"
-    return "verdict: FAILED: " + "; ".join(result.failures or ["the run did not finish"])
+    return "verdict: the run did not finish"
 
 
 def _list(scenarios: Any, as_json: bool) -> None:

@@ -5,6 +5,14 @@
 """
 
 from retrysafe.proof._backend import ProofError
+from retrysafe.proof._output import (
+    CHART_HINT,
+    MissingExtraError,
+    Written,
+    render_chart,
+    render_markdown,
+    write_outputs,
+)
 from retrysafe.proof._run import (
     CLIENTS,
     MAX_JOBS,
@@ -17,17 +25,23 @@ from retrysafe.proof._run import (
 from retrysafe.proof._scenarios import SCENARIOS, Event, Scenario, scenario_names, select_scenarios
 
 __all__ = [
+    "CHART_HINT",
     "CLIENTS",
     "MAX_JOBS",
     "SCENARIOS",
     "Event",
+    "MissingExtraError",
     "ProofError",
     "ProofOptions",
     "ProofProgress",
     "ProofResult",
     "ProofStoppedError",
     "Scenario",
+    "Written",
+    "render_chart",
+    "render_markdown",
     "run_proof",
     "scenario_names",
     "select_scenarios",
+    "write_outputs",
 ]

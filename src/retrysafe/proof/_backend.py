@@ -17,10 +17,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeError, StoreUnavailableError
-from retrysafe.proof._child import EFFECTS_TABLE
+from retrysafe.proof._scenarios import EFFECTS_TABLE
 from retrysafe.stores import SQLiteStore
 
 __all__ = ["Backend", "ProofError", "Space", "check_store", "child_env", "kill_children"]
@@ -31,7 +31,14 @@ _APP_PREFIX = "retrysafe-proof-"
 
 
 class ProofError(RetrysafeError):
-    """The proof could not run a pass (a child process failed, a store misbehaved)."""
+    """The proof could not run a pass (a child process failed, a store misbehaved).
+
+    Attributes:
+        result: from :func:`~retrysafe.proof.run_proof`, the :class:`ProofResult` of what
+            finished before (``partial``); None elsewhere.
+    """
+
+    result: Any = None
 
 
 # Every child process alive now, so a forced exit can kill them (they run in their own
@@ -67,6 +74,8 @@ class Space:
     dir: Path
     keys_args: list[str]
     outbox_args: list[str]
+    #: Environment variables every child of the pass gets (the PostgreSQL URL).
+    env: dict[str, str] = {}  # noqa: RUF012 - replaced per instance, never mutated
 
     def open_outbox(self) -> Any:
         """The outbox store, opened in this process."""
@@ -174,8 +183,9 @@ class _PostgresSpace(Space):
         self._store = open_store(tagged, schema=self.schema)
         with self._store.connector.connection() as conn:
             conn.execute(f"CREATE TABLE {EFFECTS_TABLE} (operation TEXT NOT NULL)")
-        self.keys_args = ["--store", tagged, "--schema", self.schema]
+        self.keys_args = ["--store", "env:" + STORE_ENV, "--schema", self.schema]
         self.outbox_args = self.keys_args
+        self.env = {STORE_ENV: tagged}
 
     def open_outbox(self) -> Any:
         return self._store
@@ -258,7 +268,7 @@ def check_store(store: str) -> str:
     from retrysafe.stores._url_check import redact_url
 
     raise ConfigurationError(
-        f"--store {redact_url(store)!r}: expected sqlite or a postgresql://… URL",
+        f"{redact_url(store)!r} is neither sqlite nor a postgresql://… URL",
         option="store",
     )
 
@@ -279,14 +289,30 @@ def _check_postgres(url: str) -> None:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        with contextlib.suppress(ValueError):
-            secret = urlsplit(url).password
-            if secret:
-                reason = reason.replace(secret, "***")
-        message = f"--store {redact_url(url)}: cannot connect: {reason}"
+        for secret in _secrets(url):
+            reason = reason.replace(secret, "***")
+        message = f"{redact_url(url)}: cannot connect: {reason}"
         if isinstance(exc, psycopg.OperationalError):  # down, refused, auth: found by trying
             raise StoreUnavailableError(message, store=redact_url(url)) from exc
         raise ConfigurationError(message, option="store") from exc  # a URL that cannot work
+
+
+def _secrets(url: str) -> list[str]:
+    """The passwords a URL carries (``user:password@``, ``?password=``), to scrub."""
+    found = []
+    with contextlib.suppress(ValueError):
+        parts = urlsplit(url)
+        if parts.password:
+            found.append(parts.password)
+        for name, values in parse_qs(parts.query).items():
+            if name.lower() in ("password", "passwd", "pass", "pwd"):
+                found.extend(v for v in values if v)
+    return found
+
+
+#: The environment variable a child reads its PostgreSQL URL from: a password on a command
+#: line is visible to every local user (``ps``).
+STORE_ENV = "RETRYSAFE_PROOF_STORE_URL"
 
 
 def child_env() -> dict[str, str]:

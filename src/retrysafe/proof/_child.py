@@ -34,20 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from retrysafe.demo._service import answer_json, read_body
+from retrysafe.proof._scenarios import EFFECTS_TABLE
 
 __all__ = ["main"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 
-#: The table transactional mode writes its effects to, in the keys' database.
-EFFECTS_TABLE = "retrysafe_proof_effects"
-
 
 def open_store(url: str, schema: str | None, busy_timeout: float) -> Any:
     """The store a child works on: SQLite with ``busy_timeout``, PostgreSQL in ``schema``."""
     from retrysafe.stores import open_store as _open
 
+    if url.startswith("env:"):  # the URL is in the environment: no password in argv
+        url = os.environ[url[4:]]
     if url.startswith("sqlite:"):
         return _open(url, busy_timeout=busy_timeout)
     return _open(url, schema=schema or "public")
@@ -205,10 +205,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_with_parent() -> None:
+    """Exit once the runner is gone (SIGKILLed, or its terminal closed): a child in a
+    session of its own would otherwise go on serving, sending or holding a lock."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="retrysafe-proof-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one role (see the module docstring)."""
     import logging
 
+    _exit_with_parent()
     logging.getLogger("retrysafe").setLevel(logging.ERROR)
     args = _parser().parse_args(argv)
     {"service": _service, "worker": _worker, "naive": _naive, "lock": _lock}[args.role](args)

@@ -83,8 +83,16 @@ _CLIENTS = (_NAIVE, _PROTECTED)
 _STORES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 _COLUMNS = (
     "scenario", "client", "operations", "attempted", "acknowledged", "effects", "duplicated",
-    "lost", "unknown", "recovered", "p50", "p95", "wall", "ops/s",
+    "lost", "unknown", "recovered", "failed", "p50", "p95", "wall", "ops/s",
 )  # fmt: skip
+_LEGEND = (
+    "*attempted*: HTTP requests sent; *acknowledged*: operations the client believes"
+    " succeeded; *duplicated*: effects beyond the first per operation; *lost*: believed"
+    " succeeded without an effect, or never finished; *unknown*: jobs that ended UNKNOWN;"
+    " *recovered*: UNKNOWN jobs reconciled with their same key; *failed*: operations the"
+    " naive client gave up on; p50/p95: seconds from creation (all at the start) to the end."
+    " Every column is defined in retrysafe's docs/proof.md, \"What is counted\"."
+)
 # The protected row's cells that must be zero (or match ``unknown``); otherwise in bold.
 _MUST_BE_ZERO = ("duplicated", "lost")
 _COLORS = {_NAIVE: "#c8553d", _PROTECTED: "#2f6690"}
@@ -170,6 +178,7 @@ def render_markdown(doc: Mapping[str, Any], *, heading_level: int = 2) -> str:
         )
     parts.extend(_preamble(doc))
     parts.append(_table(scenarios))
+    parts.append(_LEGEND)
     parts.append(_verdict(doc, scenarios))
     parts.append(_faults(scenarios))
     return "\n\n".join(parts) + "\n"
@@ -237,7 +246,7 @@ def _scenario_label(scenario: Mapping[str, Any]) -> str:
 
 def _table_cells(label: str, client: str, row: Mapping[str, Any] | None) -> list[str]:
     values = _mapping(row)
-    cells = {name: _count(values.get(name)) for name in _COLUMNS[2:10]}
+    cells = {name: _count(values.get(name)) for name in _COLUMNS[2:11]}
     if client == _PROTECTED:
         for name in _MUST_BE_ZERO:
             if _positive(values.get(name)):
@@ -260,17 +269,28 @@ def _table_cells(label: str, client: str, row: Mapping[str, Any] | None) -> list
 def _verdict(doc: Mapping[str, Any], scenarios: Sequence[Mapping[str, Any]]) -> str:
     failed: list[str] = []
     unmeasured: list[str] = []
+    unproven: list[str] = []
     for index, scenario in enumerate(scenarios):
         name = _code(_name(scenario, index))
         problems = _problems(scenario)
+        doubts = _phrases(scenario.get("inconclusive"))
         if problems:
             failed.append(f"{name}: {', '.join(problems)}")
-        elif not isinstance(_mapping(scenario.get("rows")).get(_PROTECTED), Mapping):
+        elif scenario.get("partial") is True or not isinstance(
+            _mapping(scenario.get("rows")).get(_PROTECTED), Mapping
+        ):
             unmeasured.append(name)
+        elif doubts:
+            unproven.append(f"{name}: {', '.join(doubts)}")
     if failed:
         verdict = (
             f"**Verdict: FAILED.** The protected client broke the guarantee in {len(failed)} of"
             f" {_counted(len(scenarios), 'scenario')}: " + "; ".join(failed) + "."
+        )
+    elif unproven:
+        verdict = (
+            "**Verdict: not proven.** Nothing broke, but a scenario's fault never came, so it"
+            " proves nothing: " + "; ".join(unproven) + "."
         )
     elif doc.get("ok") is False and doc.get("partial") is not True:
         # A partial run is never ok; that alone is no failure of the rows that ran.
@@ -301,7 +321,10 @@ def _verdict(doc: Mapping[str, Any], scenarios: Sequence[Mapping[str, Any]]) -> 
 
 
 def _problems(scenario: Mapping[str, Any]) -> list[str]:
-    """Why a scenario failed: the run's own phrases, else what its protected row shows."""
+    """Why a scenario failed: the run's own phrases, else what its protected row shows. A
+    scenario cut short by a stop is not measured, so it has none."""
+    if scenario.get("partial") is True:
+        return []
     failures = scenario.get("failures")
     if isinstance(failures, Sequence) and not isinstance(failures, (str, bytes)):
         phrases = [_inline(phrase) for phrase in failures if phrase]
@@ -319,9 +342,15 @@ def _problems(scenario: Mapping[str, Any]) -> list[str]:
             still = unknown - recovered
     if still is not None and still > 0:
         shown.append(f"{_count(still)} UNKNOWN not recovered")
-    if not shown and scenario.get("ok") is False:
+    if not shown and scenario.get("ok") is False and not _phrases(scenario.get("inconclusive")):
         shown.append("reported not ok")
     return shown
+
+
+def _phrases(value: object) -> list[str]:
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_inline(v) for v in value if v]
+    return []
 
 
 def _naive_contrast(scenarios: Sequence[Mapping[str, Any]]) -> str:
@@ -341,7 +370,7 @@ def _naive_contrast(scenarios: Sequence[Mapping[str, Any]]) -> str:
     if not seen:
         return ""
     return (
-        " On the same jobs and faults the naive client made"
+        " On the same jobs, with the same seeded faults, the naive client made"
         f" {_counted(duplicated, 'duplicated effect')} and lost {_counted(lost, 'operation')}."
     )
 
@@ -543,6 +572,10 @@ def write_outputs(
         _write_atomic(path, text.encode("utf-8"))
         files.append(path)
     missing = None
+    for fmt in ("svg", "png"):  # a chart of an earlier run (--force) must not sit beside this one
+        if fmt != chart:
+            with contextlib.suppress(FileNotFoundError):
+                (directory / f"proof.{fmt}").unlink()
     if chart is not None:
         try:
             image = _chart_bytes(doc, chart)

@@ -26,6 +26,8 @@ import json
 import os
 import platform
 import random
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,6 +69,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+_MAX_SEED = 2**32 - 1
+_MAX_CONCURRENCY = 1024
+
 #: The most operations per scenario and client.
 MAX_JOBS = 1_000_000
 
@@ -89,8 +94,11 @@ _RECONCILE_PAUSE = 0.5
 _MAX_UNEXPECTED_EXITS = 5
 # Seconds a child gets to exit after SIGTERM before SIGKILL.
 _TERM_GRACE = 2.0
-# Seconds between two counts of the outbox's jobs for the progress bar.
+# Seconds a --restart-command may take before it is killed and counted as failed.
+_RESTART_TIMEOUT = 120.0
+# Seconds between two counts of the outbox's jobs, in passes of at least _COUNT_EVERY_FROM.
 _COUNT_EVERY = 0.5
+_COUNT_EVERY_FROM = 20_000
 # Seconds the runner's own reads wait for a store that is away.
 _STORE_PATIENCE = 30.0
 # Seconds the service gets to listen after (re)start.
@@ -138,9 +146,14 @@ class ProofOptions:
     restart_command: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.jobs, bool) or not 1 <= self.jobs <= MAX_JOBS:
+        if (
+            isinstance(self.jobs, bool)
+            or not isinstance(self.jobs, int)
+            or not 1 <= self.jobs <= MAX_JOBS
+        ):
             raise ConfigurationError(
-                f"--jobs must be between 1 and {MAX_JOBS:,}, got {self.jobs}", option="jobs"
+                f"jobs must be a whole number from 1 to {MAX_JOBS:,}, got {self.jobs!r}",
+                option="jobs",
             )
         if not self.scenarios:
             raise ConfigurationError("no scenario to run", option="scenarios")
@@ -148,19 +161,57 @@ class ProofOptions:
             self.store == "sqlite" or self.store.startswith(("postgresql://", "postgres://"))
         ):
             check_store(str(self.store))  # raises, naming what is expected
-        if self.restart_command is not None and (
-            self.store == "sqlite" or not self.restart_command.strip()
+        if self.restart_command is not None:
+            _check_restart_command(self.restart_command, self.store)
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not (0 <= self.seed <= _MAX_SEED)
         ):
             raise ConfigurationError(
-                "--restart-command restarts a PostgreSQL server: it needs a "
-                "postgresql://… --store and a command",
-                option="restart-command",
+                f"seed must be 0 … {_MAX_SEED}, got {self.seed!r}", option="seed"
             )
-        if self.concurrency < 1:
-            raise ConfigurationError("--concurrency must be at least 1", option="concurrency")
-        if self.attempts < 1:
-            raise ConfigurationError("--attempts must be at least 1", option="attempts")
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or not (1 <= self.concurrency <= _MAX_CONCURRENCY)
+        ):
+            raise ConfigurationError(
+                f"concurrency must be 1 … {_MAX_CONCURRENCY}, got {self.concurrency!r}",
+                option="concurrency",
+            )
+        if (
+            isinstance(self.attempts, bool)
+            or not isinstance(self.attempts, int)
+            or not (1 <= self.attempts <= 50)
+        ):
+            raise ConfigurationError(
+                f"attempts must be 1 … 50, got {self.attempts!r}", option="attempts"
+            )
         DemoOptions(timeout=self.timeout)  # the demo's rule for timeouts
+
+
+def _check_restart_command(command: str, store: str) -> None:
+    """A restart command needs PostgreSQL, must split like a shell line, and must name a
+    program that exists: checked before anything runs, not at the second outage."""
+    if store == "sqlite":
+        raise ConfigurationError(
+            "a restart command restarts a PostgreSQL server: it needs a postgresql://… store",
+            option="restart-command",
+        )
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{command!r} cannot be split like a shell line: {exc}", option="restart-command"
+        ) from None
+    if not argv:
+        raise ConfigurationError("the restart command is empty", option="restart-command")
+    if shutil.which(argv[0]) is None:
+        raise ConfigurationError(
+            f"{argv[0]!r} is not an executable program (on PATH or by its path)",
+            option="restart-command",
+        )
 
 
 class ProofProgress:
@@ -196,7 +247,11 @@ class ProofResult:
     @property
     def failures(self) -> list[str]:
         """``"scenario: reason"`` for every protected row that failed; empty when all held."""
-        return [f"{s['name']}: {why}" for s in self.scenarios for why in s["failures"]]
+        return [
+            f"{s['name']}: {why}"
+            for s in self.scenarios
+            for why in [*s["failures"], *s.get("inconclusive", [])]
+        ]
 
     @property
     def ok(self) -> bool:
@@ -274,8 +329,9 @@ def run_proof(
                 "description": scenario.description,
                 "mode": scenario.mode,
                 "partial": True,
-                "ok": False,
+                "ok": None,  # not measured until both passes ran
                 "failures": [],
+                "inconclusive": [],
                 "rows": {},
             }
             result.scenarios.append(entry)
@@ -283,18 +339,26 @@ def run_proof(
                 run = _Pass(scenario, client, options, backend, job_list, progress, stop)
                 entry["rows"][client] = run.run()
             entry["partial"] = False
-            entry["failures"] = _failures(scenario, entry["rows"]["retrysafe"], options)
-            entry["ok"] = not entry["failures"]
+            protected = entry["rows"]["retrysafe"]
+            entry["failures"] = _failures(protected, options)
+            entry["inconclusive"] = _unproven(scenario, entry["rows"], options)
+            entry["ok"] = not entry["failures"] and not entry["inconclusive"]
     except _Stopped:
         result.partial = True
         result.finished_at = time.time()
         raise ProofStoppedError("the proof was stopped", result) from None
+    except ProofError as exc:  # a pass could not run: what finished is kept
+        result.partial = True
+        result.finished_at = time.time()
+        exc.result = result
+        raise
     result.finished_at = time.time()
     return result
 
 
-def _failures(scenario: Scenario, row: dict[str, Any], options: ProofOptions) -> list[str]:
-    """Why the protected row fails, one phrase per reason (see :attr:`ProofResult.ok`)."""
+def _failures(row: dict[str, Any], options: ProofOptions) -> list[str]:
+    """How the protected row broke the guarantee, one phrase per reason; empty when it held
+    (see :attr:`ProofResult.ok`)."""
     reasons = []
     for name, what in (
         ("duplicated", "duplicated effects"),
@@ -310,8 +374,31 @@ def _failures(scenario: Scenario, row: dict[str, Any], options: ProofOptions) ->
         reasons.append(f"the unrecovered jobs' last answers: {seen}")
     if row["max_attempts"] is not None and row["max_attempts"] > options.attempts:
         reasons.append(f"a job made {row['max_attempts']} attempts (limit {options.attempts})")
-    if scenario.event is not Event.NONE and not row["faults"].get(scenario.event.value):
-        reasons.append(f"the scheduled fault ({scenario.event.value}) never happened")
+    return reasons
+
+
+def _unproven(
+    scenario: Scenario, rows: dict[str, dict[str, Any]], options: ProofOptions
+) -> list[str]:
+    """Why the scenario proves nothing although nothing broke: its scheduled fault never
+    reached a pass (a run too short for its schedule), or ``--restart-command`` did not
+    restart the server."""
+    reasons = []
+    if scenario.event is not Event.NONE:
+        for client, row in rows.items():
+            if not row["faults"].get(scenario.event.value):
+                reasons.append(
+                    f"the {client} pass ended before its scheduled fault "
+                    f"({scenario.event.value.replace('_', ' ')}) came; run more --jobs"
+                )
+    if scenario.event is Event.STORE_OUTAGE and options.restart_command:
+        for client, row in rows.items():
+            failed = row["faults"].get("store_restart_failed", 0)
+            if failed or not row["faults"].get("store_restart"):
+                reasons.append(
+                    f"the {client} pass's --restart-command "
+                    + ("failed" if failed else "never ran")
+                )
     return reasons
 
 
@@ -322,10 +409,13 @@ class _Stopped(Exception):
 class _Child:
     """One child process of a pass, restartable, with its output in a log file."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
         self.log = log
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False  # by the run's schedule: its exit is expected
         self.unexpected = 0
@@ -337,7 +427,7 @@ class _Child:
                 stdout=out,
                 stderr=out,
                 stdin=subprocess.DEVNULL,
-                env=child_env(),
+                env={**child_env(), **self.env},
                 start_new_session=True,  # the terminal's Ctrl-C reaches the run, not them
             )
         _LIVE.add(self.proc)
@@ -442,6 +532,7 @@ class _Pass:
         self.holders: list[subprocess.Popen[bytes]] = []
         self.service_down_until: float | None = None
         self.storm_until: float | None = None
+        self.restarts: list[tuple[subprocess.Popen[bytes], float]] = []
 
     # ------------------------------------------------------------------ whole pass
     def run(self) -> dict[str, Any]:
@@ -461,7 +552,7 @@ class _Pass:
         ]
         if self.scenario.transactional:
             service_argv.append("--transactional")
-        self.service = _Child("service", service_argv, space.dir / "service.log")
+        self.service = _Child("service", service_argv, space.dir / "service.log", space.env)
         self.rates = _rates(self.scenario, self.options)
         self.children: list[_Child] = []
         try:
@@ -547,7 +638,27 @@ class _Pass:
         if self.storm_until is not None and now >= self.storm_until:
             self.storm_until = None
             self.proxy.set_rates(self.rates)
+        self._check_restarts(now)
         self.holders = [h for h in self.holders if h.poll() is None]
+
+    def _check_restarts(self, now: float, *, wait: bool = False) -> None:
+        """A restart command that exited non-zero, or ran past its timeout (then killed),
+        counts as ``store_restart_failed``: the scenario then proves nothing about it."""
+        pending = []
+        for proc, started in self.restarts:
+            if wait:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.0, started + _RESTART_TIMEOUT - time.monotonic()))
+            code = proc.poll()
+            if code is None and (wait or now - started > _RESTART_TIMEOUT):
+                proc.kill()
+                proc.wait()
+                code = -1
+            if code is None:
+                pending.append((proc, started))
+            elif code != 0:
+                self.faults["store_restart_failed"] += 1
+        self.restarts = pending
 
     def _inject(self, now: float) -> None:
         event = self.scenario.event
@@ -565,6 +676,7 @@ class _Pass:
             command = self.options.restart_command
             if command and self.faults[event.value] == 1:  # the second outage: a restart
                 self.holders = self.space.restart(command)
+                self.restarts.extend((proc, now) for proc in self.holders)
                 self.faults["store_restart"] += 1
             else:
                 try:
@@ -579,6 +691,7 @@ class _Pass:
 
     def _end_outage(self, *, wait: bool) -> None:
         """Every fault over: the service up, the locks released, the storm ended."""
+        self._check_restarts(time.monotonic(), wait=True)
         for holder in self.holders:
             if wait:
                 holder.wait()
@@ -600,7 +713,6 @@ class _Pass:
     # ------------------------------------------------------------------ naive
     def _naive(self, url: str) -> dict[str, Any]:
         shards = self.scenario.clients
-        per = max(1, self.options.concurrency // shards)
         done_files = []
         for i in range(shards):
             jobs_file = self.space.dir / f"naive-{i}.jsonl"
@@ -621,7 +733,7 @@ class _Pass:
                         "--done",
                         str(done_file),
                         "--concurrency",
-                        str(per),
+                        str(_share(self.options.concurrency, shards, i)),
                         "--attempts",
                         str(self.options.attempts),
                         "--timeout",
@@ -662,13 +774,14 @@ class _Pass:
         store = self.space.open_outbox()
         outbox = Outbox(store, policy=policy)
         started = time.time()
-        self.progress.note(f"{self.label}: recording {len(self.bodies):,} jobs and their keys")
+        self.progress.note(
+            f"{self.label}: recording {_plural(len(self.bodies), 'job')} and their keys"
+        )
         # Each job and its key are recorded before any attempt (SPEC §2); one transaction.
         with store.transaction() as conn:
             for body in self.bodies:
                 outbox.submit(url, json=body, connection=conn)
         workers = self.scenario.clients
-        per = max(1, opts.concurrency // workers)
         stats_files = []
         for i in range(workers):
             stats = self.space.dir / f"worker-{i}.json"
@@ -682,7 +795,7 @@ class _Pass:
                         "--lease",
                         str(WORKER_LEASE),
                         "--concurrency",
-                        str(per),
+                        str(_share(opts.concurrency, workers, i)),
                         "--attempts",
                         str(opts.attempts),
                         "--timeout",
@@ -691,6 +804,7 @@ class _Pass:
                         str(stats),
                     ],
                     self.space.dir / f"worker-{i}.log",
+                    self.space.env,
                 )
             )
         for child in self.children:
@@ -702,7 +816,9 @@ class _Pass:
         def done() -> int | None:
             nonlocal counted_at, counted
             # A count over every job costs ~10 ms at 100,000 jobs: twice a second is plenty.
-            if time.monotonic() - counted_at < _COUNT_EVERY:
+            # A small pass is over in a second or two: every tick, or its schedule is missed.
+            every = _COUNT_EVERY if len(self.bodies) >= _COUNT_EVERY_FROM else 0.0
+            if time.monotonic() - counted_at < every:
                 return counted
             try:
                 counts = outbox.counts()
@@ -722,7 +838,7 @@ class _Pass:
         del delivered
         if unknown:
             self.progress.note(
-                f"{self.label}: link healed, reconciling {len(unknown):,} UNKNOWN jobs "
+                f"{self.label}: link healed, reconciling {_plural(len(unknown), 'UNKNOWN job')} "
                 "with their same keys"
             )
         remaining = list(unknown)
@@ -822,6 +938,17 @@ _BELIEF = {
     JobState.REJECTED: BeliefState.REJECTED,
     JobState.UNKNOWN: BeliefState.UNKNOWN,
 }
+
+
+def _plural(n: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``, ``100,000 jobs``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    """Process ``index``'s part of ``total`` requests in flight (the parts add up to
+    ``total``; at least one each, so 3 processes at ``--concurrency 1`` have 3)."""
+    return max(1, total // parts + (1 if index < total % parts else 0))
 
 
 def _round(value: float | None) -> float | None:

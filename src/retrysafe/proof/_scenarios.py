@@ -16,7 +16,17 @@ from dataclasses import dataclass
 
 from retrysafe._exceptions import ConfigurationError
 
-__all__ = ["SCENARIOS", "Event", "Scenario", "scenario_names", "select_scenarios"]
+__all__ = [
+    "EFFECTS_TABLE",
+    "SCENARIOS",
+    "Event",
+    "Scenario",
+    "scenario_names",
+    "select_scenarios",
+]
+
+#: The table transactional mode writes its effects to, in the keys' database.
+EFFECTS_TABLE = "retrysafe_proof_effects"
 
 
 class Event(str, enum.Enum):
@@ -167,7 +177,7 @@ def select_scenarios(names: str | None) -> list[Scenario]:
     wanted = [n.strip() for n in names.split(",")]
     if not any(wanted) or any(not n for n in wanted):
         raise ConfigurationError(
-            f"--scenarios {names!r} names no scenario; choose from: {', '.join(scenario_names())}",
+            f"{names!r} names no scenario; choose from: {', '.join(scenario_names())}",
             option="scenarios",
         )
     known = {s.name: s for s in SCENARIOS}

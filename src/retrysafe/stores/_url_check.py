@@ -24,9 +24,15 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@]*@")
 
 
+# A password given as a query parameter (libpq's ``?password=…``, Redis clients' too).
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|passwd|pass|pwd)=)[^&#]*")
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs); also for a URL
-    too malformed to parse (an unclosed IPv6 bracket): then by pattern."""
+    """``url`` with any password replaced by ``***`` (for messages and logs): the
+    ``user:password@`` part and a ``password=`` query parameter; also for a URL too malformed
+    to parse (an unclosed IPv6 bracket): then by pattern."""
+    url = _QUERY_PASSWORD.sub(r"\1***", url)
     try:
         parts = urlsplit(url)
         password = parts.password
