@@ -171,6 +171,12 @@ def test_bad_input_is_refused_before_anything_runs(
     assert not (tmp_path / "out").exists()  # nothing written, not even the directory
 
 
+def test_an_empty_out_is_refused(tmp_path: Path) -> None:
+    done = _cli("--out", "", cwd=tmp_path)
+    assert done.returncode == 2 and "must not be empty" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unreachable_postgres_fails_before_anything_runs(tmp_path: Path) -> None:
     """A server that does not answer is found by trying: exit 1 (docs/cli.md), not 2."""
     done = _cli("--store", "postgresql://nobody:secret@127.0.0.1:1/none", "--out", "out",
@@ -301,12 +307,16 @@ def test_a_fault_that_never_came_is_not_proven_rather_than_failed() -> None:
 
     scenario = next(s for s in SCENARIOS if s.name == "retry-storm")
     rows: dict[str, dict[str, Any]] = {
-        "naive": {"faults": {"storm": 1}},
-        "retrysafe": {"faults": {}},
+        "naive": {"faults": {"storm": 1, "lose_after_commit": 3}},
+        "retrysafe": {"faults": {"lose_after_commit": 3}},
     }
     reasons = _unproven(scenario, rows, ProofOptions(jobs=10))
     assert reasons == [
         "the retrysafe pass ended before its scheduled fault (storm) came; run more --jobs"
+    ]
+    loss = next(s for s in SCENARIOS if s.name == "loss-2.5")
+    assert _unproven(loss, {"naive": {"faults": {}}}, ProofOptions(jobs=5)) == [
+        "the naive pass lost no answer (too few operations for a 2.5% rate); run more --jobs"
     ]
     row = {"duplicated": 0, "lost": 0, "unknown": 0, "recovered": 0, "still_unknown": 0}
     doc = {

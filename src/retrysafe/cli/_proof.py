@@ -155,6 +155,7 @@ def proof(
       130  interrupted (SIGINT): children stopped, partial results written
       143  terminated (SIGTERM or SIGHUP): likewise
     """
+    from retrysafe._exceptions import ConfigurationError
     from retrysafe.proof import ProofOptions, select_scenarios
     from retrysafe.proof._backend import check_store
     from retrysafe.proof._scenarios import SCENARIOS
@@ -180,6 +181,8 @@ def proof(
                 restart_command=restart_command,
             )
             check_store(store)  # an unreachable PostgreSQL: refused before --out is touched
+            if not out.strip():  # Path("") would quietly be the current directory
+                raise ConfigurationError("the output directory must not be empty", option="out")
             out_dir = _prepare_out(Path(out), force=force, stack=stack)
         workdir = Path(tempfile.mkdtemp(prefix="retrysafe-proof-"))
         try:

@@ -384,6 +384,13 @@ def _unproven(
     reached a pass (a run too short for its schedule), or ``--restart-command`` did not
     restart the server."""
     reasons = []
+    if scenario.loss_rate:
+        for client, row in rows.items():
+            if not row["faults"].get("lose_after_commit"):
+                reasons.append(
+                    f"the {client} pass lost no answer (too few operations for a "
+                    f"{scenario.loss_rate:.1%} rate); run more --jobs"
+                )
     if scenario.event is not Event.NONE:
         for client, row in rows.items():
             if not row["faults"].get(scenario.event.value):
