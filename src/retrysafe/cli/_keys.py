@@ -68,7 +68,7 @@ from retrysafe.core import (
 )
 from retrysafe.stores._base import ENTRY_STATES, KeyAdmin, KeyEntry, KeyPosition
 
-__all__ = ["keys"]
+__all__ = ["KeyAdminSource", "keys"]
 
 _LIMIT = click.IntRange(min=1, max=1_000_000)
 _FLAGS = {"store": "--store", "schema": "--schema", "prefix": "--prefix", "limit": "--limit"}
@@ -437,6 +437,20 @@ def _restated(where: _Where) -> Iterator[None]:
         raise
 
 
+@dataclass(frozen=True)
+class KeyAdminSource:
+    """A key store the caller opened (``manage.py retrysafe_keys``: Django's database), passed
+    as the click context's object: the ``keys`` commands use it when ``--store`` is not given.
+
+    Attributes:
+        store: the store (a :class:`~retrysafe.stores.KeyAdmin`).
+        name: how every line names it, e.g. ``django:default (sqlite /srv/db.sqlite3)``.
+    """
+
+    store: KeyAdmin
+    name: str
+
+
 @contextmanager
 def _key_admin(
     url: str, *, write: bool, schema: str | None, prefix: str | None
@@ -447,6 +461,13 @@ def _key_admin(
     from retrysafe import stores
     from retrysafe.stores._url_check import redact_url
 
+    ctx = click.get_current_context()
+    source = ctx.find_object(KeyAdminSource)
+    if source is not None and ctx.get_parameter_source("store") is ParameterSource.DEFAULT:
+        where = _Where(source.name)
+        with errors(None, _FLAGS), _quiet_drivers(), _restated(where):
+            yield source.store, where
+        return
     scheme = canonical_scheme(url)
     if schema is not None and scheme != "postgresql":
         fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)

@@ -401,32 +401,46 @@ class PostgresConnector(Transactions):
 
     def _check_or_create(self, conn: psycopg.Connection[Any], create: bool) -> None:
         where = f"PostgreSQL store {self.where} (schema {self.schema!r})"
-
-        @contextmanager
-        def locked() -> Iterator[None]:
-            with conn.transaction():
-                # The advisory lock comes first: CREATE SCHEMA IF NOT EXISTS itself races (two
-                # creators collide on the catalog's unique index).
-                conn.execute(_SCHEMA["lock_schema"], {"schema": self.schema})
-                create_schema = sql.SQL(_SCHEMA["create_schema"].decode())
-                conn.execute(create_schema.format(schema=sql.Identifier(self.schema)))
-                yield
-
-        def apply() -> None:
-            for name in _SCRIPTS:
-                for stmt_text in split_statements(_SCHEMA[name].decode()):
-                    conn.execute(stmt_text.encode())
-            conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
-
-        self.migration = migrate(
-            where, create=create, read=lambda: _state(conn, where), locked=locked, apply=apply
-        )
+        self.migration = ensure_schema(conn, where=where, schema=self.schema, create=create)
 
     def close(self) -> None:
         """Close the sync pool. Idempotent. (Async faces close with ``aclose()``.)"""
         if not self._closed:
             self._closed = True
             self._pool.close()
+
+
+def ensure_schema(
+    conn: psycopg.Connection[Any], *, where: str, schema: str, create: bool
+) -> Migration:
+    """Check the schema in ``schema`` on ``conn`` and, with ``create``, create or upgrade it
+    under the schema's advisory lock (inside an open transaction: in a savepoint). ``where``
+    names the store in messages.
+
+    Raises:
+        SchemaError: the schema is missing or older and ``create`` is false, or it is newer
+            than this release.
+    """
+
+    @contextmanager
+    def locked() -> Iterator[None]:
+        with conn.transaction():
+            # The advisory lock comes first: CREATE SCHEMA IF NOT EXISTS itself races (two
+            # creators collide on the catalog's unique index).
+            conn.execute(_SCHEMA["lock_schema"], {"schema": schema})
+            create_schema = sql.SQL(_SCHEMA["create_schema"].decode())
+            conn.execute(create_schema.format(schema=sql.Identifier(schema)))
+            yield
+
+    def apply() -> None:
+        for name in _SCRIPTS:
+            for stmt_text in split_statements(_SCHEMA[name].decode()):
+                conn.execute(stmt_text.encode())
+        conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+    return migrate(
+        where, create=create, read=lambda: _state(conn, where), locked=locked, apply=apply
+    )
 
 
 def _state(conn: psycopg.Connection[Any], where: str) -> State:

@@ -424,26 +424,9 @@ class SQLiteConnector(Transactions):
                 store=self.url,
             )
 
-        def run(conn: sqlite3.Connection) -> Migration:
-            def apply() -> None:
-                for stmt in split_statements(_SCHEMA["schema"]):
-                    conn.execute(stmt)
-                for table, column, block in ADDED_COLUMNS:  # no ADD COLUMN IF NOT EXISTS
-                    have = conn.execute(_SCHEMA["table_columns"], {"table": table}).fetchall()
-                    if column not in {str(row[0]) for row in have}:
-                        conn.execute(_SCHEMA[block])
-                conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
-
-            # BEGIN IMMEDIATE is the lock: a second migration waits for the first.
-            return migrate(
-                where,
-                create=create,
-                read=lambda: _state(conn, where),
-                locked=lambda: _atomic(conn),
-                apply=apply,
-            )
-
-        self.migration = self.with_connection(run)
+        self.migration = self.with_connection(
+            functools.partial(ensure_schema, where=where, create=create)
+        )
 
     def close(self) -> None:
         """Close every connection this connector opened. Idempotent."""
@@ -452,6 +435,34 @@ class SQLiteConnector(Transactions):
             for holder in list(self._connections):
                 holder.close()
             self._connections.clear()
+
+
+def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migration:
+    """Check the schema on ``conn`` and, with ``create``, create or upgrade it (inside an
+    open transaction: in a savepoint). ``where`` names the store in messages.
+
+    Raises:
+        SchemaError: the schema is missing or older and ``create`` is false, or it is newer
+            than this release.
+    """
+
+    def apply() -> None:
+        for stmt in split_statements(_SCHEMA["schema"]):
+            conn.execute(stmt)
+        for table, column, block in ADDED_COLUMNS:  # no ADD COLUMN IF NOT EXISTS
+            have = conn.execute(_SCHEMA["table_columns"], {"table": table}).fetchall()
+            if column not in {str(row[0]) for row in have}:
+                conn.execute(_SCHEMA[block])
+        conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
+
+    # BEGIN IMMEDIATE is the lock: a second migration waits for the first.
+    return migrate(
+        where,
+        create=create,
+        read=lambda: _state(conn, where),
+        locked=lambda: _atomic(conn),
+        apply=apply,
+    )
 
 
 def _state(conn: sqlite3.Connection, where: str) -> State:
@@ -792,8 +803,10 @@ class SQLiteStore(SQLKeyStore):
         create: bool = True,
         readonly: bool = False,
     ) -> None:
-        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
-            0 <= busy_timeout < float("inf")
+        if (
+            isinstance(busy_timeout, bool)
+            or not isinstance(busy_timeout, int | float)
+            or not (0 <= busy_timeout < float("inf"))
         ):
             raise ConfigurationError("busy_timeout must be >= 0 seconds", option="busy_timeout")
         self.path = str(path)
