@@ -12,6 +12,7 @@ altogether is caught although the docs still show it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import types
 from pathlib import Path
@@ -34,6 +35,7 @@ PAGES = {
     "retrysafe.agents": "docs/agents.md",
     "retrysafe.chaos": "docs/chaos.md",
     "retrysafe.testing": "docs/testing.md",
+    "retrysafe.django": "docs/django.md",
 }
 
 #: The names each package's documentation shows (December 2026).
@@ -61,6 +63,7 @@ DOCUMENTED = {
     "retrysafe.chaos": {"ChaosProxy", "EffectLedger", "FaultRates", "Report", "build_report",
                         "print_reports"},
     "retrysafe.testing": {"is_testing", "no_waiting", "set_testing", "waited"},
+    "retrysafe.django": {"DjangoStore", "IdempotencyMiddleware", "mark_outcome_unknown"},
 }  # fmt: skip
 
 _IMPORT = re.compile(r"from (retrysafe(?:\.[a-z]+)?) import (?:\(([^)]*)\)|([\w, ]+))")
@@ -72,6 +75,14 @@ def _code(text: str) -> str:
     return "\n".join(_CODE.findall(text))
 
 
+def _is_submodule(package: str, name: str) -> bool:
+    """``retrysafe.agents.langgraph`` names a module (an optional integration), not an export."""
+    try:
+        return importlib.util.find_spec(f"{package}.{name}") is not None
+    except ModuleNotFoundError:  # ``package`` is a module (retrysafe.testing)
+        return False
+
+
 def documented_in_docs(module: str) -> set[str]:
     """The names of ``module`` the docs show (see the module docstring)."""
     names: set[str] = set()
@@ -81,7 +92,11 @@ def documented_in_docs(module: str) -> set[str]:
             if mod == module:
                 listed = (in_parens or on_line).replace("\n", ",").split(",")
                 names |= {n.strip() for n in listed if n.strip()}
-        names |= {name for mod, name in _QUALIFIED.findall(code) if mod == module}
+        names |= {
+            name
+            for mod, name in _QUALIFIED.findall(code)
+            if mod == module and not _is_submodule(mod, name)
+        }
     page = ROOT / PAGES[module]
     if page.exists():
         mod_obj = importlib.import_module(module)

@@ -1,0 +1,424 @@
+"""The Django idempotency middleware: the server engine (SPEC §3, §4) driven by Django's
+request/response cycle, sync or async (Django's middleware conventions).
+
+One conversation per request, written once as a generator (the engine's pattern): it yields
+*store work* (a callable that touches the database) and :data:`_VIEW` (call the rest of the
+stack); the sync face runs the work inline, the async face in Django's thread
+(``sync_to_async(thread_sensitive=True)``, where Django keeps the request's connection). The
+key's claim, completion and release are the engine's; the per-request bookkeeping is the WSGI
+driver's ``_Run`` (lease heartbeat, record before answer, transactional mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from typing import Any, cast
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, UnreadablePostError
+from django.http.response import HttpResponseBase
+
+from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
+from retrysafe.observability._timed import timed_store
+from retrysafe.server._engine import FENCED, FORWARD, Answer, Engine, RequestState, Verdict, drive
+from retrysafe.server._outcome import SCOPE_KEY
+from retrysafe.server._transaction import effect_opener
+from retrysafe.server._wsgi import _incomplete_body, _Run
+from retrysafe.stores import KeyStore, open_store
+
+from ._settings import SETTING, DjangoSettings, load_settings
+from ._store import DjangoStore
+
+__all__ = ["IdempotencyMiddleware"]
+
+#: The conversation's request to call the rest of the stack (the view).
+_VIEW = object()
+Step = Any  # a callable (store work) or _VIEW
+
+
+def _open(settings: DjangoSettings) -> KeyStore:
+    kind, where = settings.store
+    try:
+        store: Any = DjangoStore(where) if kind == "django" else open_store(where)
+    except ConfigurationError as exc:
+        raise ImproperlyConfigured(f"{SETTING}['STORE']: {exc}") from exc
+    if not isinstance(store, KeyStore):
+        raise ImproperlyConfigured(f"{SETTING}['STORE']: {store!r} is not a sync key store")
+    if settings.transactional and not isinstance(store, DjangoStore):
+        raise ImproperlyConfigured(
+            f"{SETTING}['TRANSACTIONAL']: needs STORE 'django' (or 'django:<alias>'), so the "
+            "key completes in the view's own transaction; got "
+            f"{settings.store[1].split('://')[0]}://…"
+        )
+    return store
+
+
+def _answer(answer: Answer) -> HttpResponse:
+    """The middleware's own answer (a problem or a replay) as a Django response."""
+    response = HttpResponse(answer.body, status=answer.status)
+    del response["Content-Type"]  # Django's default; the answer carries its own
+    for name, value in answer.str_headers():
+        response[name] = value
+    return response
+
+
+class _DjangoRun(_Run):
+    """The WSGI driver's per-request run (heartbeat, record before answer, transactional
+    mode), with its background work (renewals, a record retried later) on borrowed
+    connections: threads Django does not manage close what they open."""
+
+    __slots__ = ("borrowed",)
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Any,
+        req: RequestState,
+        opener: Callable[[], Any],
+        borrowed: Callable[[], AbstractContextManager[None]],
+    ) -> None:
+        self.borrowed = borrowed
+        super().__init__(engine, store, req, opener, _no_start_response)
+
+    def _renew(self) -> bool:
+        with self.borrowed():
+            return super()._renew()
+
+    def _record_later(self) -> None:
+        with self.borrowed():
+            super()._record_later()
+
+    def open_effect(self) -> None:
+        """Transactional mode: open the view's transaction before the view runs."""
+        self.state["effect"] = self.state["begin_effect"]()
+
+
+def _no_start_response(*args: Any) -> Any:  # pragma: no cover - never called
+    raise AssertionError("the Django run has no start_response")
+
+
+class IdempotencyMiddleware:
+    """Django middleware that makes protected requests safe to retry (SPEC §3, §4).
+
+    Add it to ``MIDDLEWARE`` after ``AuthenticationMiddleware`` (so a ``SCOPE`` function can
+    use ``request.user``) and configure it with the ``RETRYSAFE`` setting (see
+    :mod:`retrysafe.django`). The behaviour and the answers are those of
+    :class:`retrysafe.server.IdempotencyMiddleware`: the same engine decides. It works under
+    WSGI and ASGI (Django picks the sync or async face).
+
+    A protected request with a new key runs the view once; a repeat with the same key and
+    request gets the stored answer (``Idempotent-Replayed: true``); a repeat while the first
+    runs gets 409 ``request-in-progress``; the same key with another request 422
+    ``key-reused``; a store that fails 503 ``store-unavailable`` (nothing run). The answer is
+    recorded before it is sent.
+
+    Raises:
+        ImproperlyConfigured: (at startup, when Django builds the middleware chain) the
+            ``RETRYSAFE`` setting is invalid or names a store that cannot be opened.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        if self.async_mode:
+            markcoroutinefunction(self)
+        settings = load_settings(getattr(django_settings, SETTING, None))
+        raw_store = _open(settings)
+        self.store: Any = timed_store(raw_store, settings.config.telemetry)
+        self._engine = Engine(settings.config)
+        self._methods = self._engine.protected_methods
+        self._scope = settings.scope
+        self._transactional = settings.transactional
+        self._begin_effect = effect_opener(raw_store)
+        self._borrowed: Callable[[], AbstractContextManager[None]] = (
+            raw_store.connector.borrowed if isinstance(raw_store, DjangoStore) else nullcontext
+        )
+
+    # ------------------------------------------------------------------ the two faces
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.async_mode:
+            return self.__acall__(request)
+        if request.method not in self._methods:
+            return self.get_response(request)
+        conversation = self._conversation(request)
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = conversation.send(value) if error is None else conversation.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                value = self.get_response(request) if step is _VIEW else step()
+            except BaseException as exc:  # the conversation releases the key, re-raises
+                error = exc
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        if request.method not in self._methods:
+            return await self.get_response(request)
+        conversation = self._conversation(request)
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = conversation.send(value) if error is None else conversation.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                if step is _VIEW:
+                    value = await self.get_response(request)
+                else:
+                    value = await sync_to_async(step, thread_sensitive=True)()
+            except BaseException as exc:  # cancelled too: the conversation releases the key
+                error = exc
+
+    # ------------------------------------------------------------------ the conversation
+    def _conversation(self, request: HttpRequest) -> Generator[Step, Any, HttpResponseBase]:
+        engine = self._engine
+        started = time.perf_counter()
+        method = str(request.method)
+        path = request.path
+        header = request.META.get("HTTP_IDEMPOTENCY_KEY")
+        if header is not None and not header.isascii():
+            # Headers arrive as latin-1 (PEP 3333, and Django's ASGI request): re-read as
+            # UTF-8 so an error names the real character. Valid keys are ASCII.
+            header = header.encode("latin-1", "replace").decode("utf-8", "surrogateescape")
+        check = engine.check(method, path, header)
+        if isinstance(check, (MissingKey, InvalidKey)):
+            answer = engine.rejection(check)
+            engine.log_decision(answer.decision, method, path, answer.status, started)
+            return _answer(answer)
+        if not isinstance(check, Keyed):  # no key, and the key is optional here
+            engine.log_decision("unkeyed", method, path, 0, started)
+            response = cast(HttpResponseBase, (yield _VIEW))
+            return response
+
+        body = self._body(request, engine)
+        if isinstance(body, Answer):
+            engine.log_decision(body.decision, method, path, body.status, started)
+            return _answer(body)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if self._scope is not None:
+            owner = self._scope(request)
+            if not isinstance(owner, str):
+                raise TypeError(
+                    f"{SETTING}['SCOPE'] must return a str, returned {type(owner).__name__}"
+                )
+        else:
+            owner = engine.scope(headers)
+        req = RequestState(
+            method,
+            path,
+            key_hash(owner, check.key),
+            fingerprint(
+                method,
+                path,
+                request.META.get("QUERY_STRING", ""),
+                body,
+                request.META.get("CONTENT_TYPE") or None,
+            ),
+            started,
+        )
+        try:
+            admitted = yield partial(self._admit, req)
+        except StoreError as exc:
+            if engine.fail_open:
+                engine.log_decision(
+                    "fail-open",
+                    method,
+                    path,
+                    0,
+                    started,
+                    req.key_hash,
+                    level=logging.WARNING,
+                    error=repr(exc),
+                )
+                response = cast(HttpResponseBase, (yield _VIEW))
+                return response
+            answer = engine.store_unavailable()
+            engine.log_decision(
+                answer.decision,
+                method,
+                path,
+                answer.status,
+                started,
+                req.key_hash,
+                level=logging.WARNING,
+                error=repr(exc),
+            )
+            return _answer(answer)
+        if admitted is not None:
+            engine.log_decision(
+                admitted.decision, method, path, admitted.status, started, req.key_hash
+            )
+            return _answer(admitted)
+
+        run = _DjangoRun(engine, self.store, req, self._begin_effect, self._borrowed)
+        request.META[SCOPE_KEY] = run.state  # mark_outcome_unknown(request.META)
+        if self._transactional:
+            try:
+                yield run.open_effect
+            except StoreError as exc:
+                yield partial(run.abort, exc)  # released: nothing ran
+                return _answer(engine.store_unavailable())
+        try:
+            response = cast(HttpResponseBase, (yield _VIEW))
+        except BaseException as exc:
+            yield partial(run.abort, exc)
+            raise
+        capture = run.capture
+        capture.status = response.status_code
+        capture.headers = list(response.items())
+        if response.streaming:
+            return self._stream(response, run)
+        capture.add(response.content)  # type: ignore[attr-defined]
+        verdict = yield run.finalize
+        return self._deliver(response, verdict, run)
+
+    def _admit(self, req: RequestState) -> Answer | None:
+        return drive(self._engine.admit(req), self.store)
+
+    @staticmethod
+    def _body(request: HttpRequest, engine: Engine) -> bytes | Answer:
+        """The whole request body, or the answer that refuses it (too large, cut short)."""
+        raw_length = request.META.get("CONTENT_LENGTH") or ""
+        try:
+            declared = int(raw_length) if raw_length else -1
+        except ValueError:
+            declared = -1
+        if declared > engine.max_body_size:
+            return engine.body_too_large()
+        try:
+            body = request.body
+        except RequestDataTooBig:  # over Django's DATA_UPLOAD_MAX_MEMORY_SIZE
+            return engine.body_too_large()
+        except (UnreadablePostError, OSError) as exc:
+            return _incomplete_body(f"reading the body failed: {exc}")
+        if len(body) > engine.max_body_size:
+            return engine.body_too_large()
+        if 0 <= len(body) < declared:
+            return _incomplete_body(f"{len(body)} of {declared} bytes arrived")
+        return body
+
+    def _deliver(
+        self, response: HttpResponseBase, verdict: Verdict, run: _DjangoRun
+    ) -> HttpResponseBase:
+        """The view's answer if it was recorded, else what to send instead (SPEC §3 record
+        before answer)."""
+        if verdict == FORWARD:
+            return response
+        response.close()
+        engine = self._engine
+        return _answer(engine.in_progress(1) if verdict == FENCED else engine.store_unavailable())
+
+    # ------------------------------------------------------------------ streaming answers
+    def _stream(self, response: Any, run: _DjangoRun) -> HttpResponseBase:
+        """A streaming answer flows through, copied; its last chunk waits until the key is
+        recorded. A record that cannot land cuts the answer before its end (the client sees
+        a broken answer and retries with the same key); a client that leaves mid-answer
+        still gets the rest captured and recorded."""
+        # The view's own closers (its generator's close, a file's) run after ours: a client
+        # that leaves closes the response, and the rest must be drained before its source
+        # is closed.
+        closers = list(getattr(response, "_resource_closers", ()))
+        if closers:
+            response._resource_closers.clear()
+        if response.is_async:
+            response.streaming_content = self._astream(response.streaming_content, run)
+        else:
+            response.streaming_content = self._sync_stream(response.streaming_content, run)
+        if closers:
+            response._resource_closers.extend(closers)
+        return cast(HttpResponseBase, response)
+
+    @staticmethod
+    def _sync_stream(content: Iterator[bytes], run: _DjangoRun) -> Iterator[bytes]:
+        capture = run.capture
+        held: bytes | None = None
+        try:
+            for chunk in content:
+                capture.add(chunk)
+                if held is not None:
+                    yield held
+                held = chunk
+        except GeneratorExit:
+            _drain(content, run)
+            raise
+        except BaseException as exc:
+            run.abort(exc)
+            raise
+        verdict = run.finalize()
+        if verdict != FORWARD:
+            raise StoreError(
+                "the answer could not be recorded, so its end is not sent "
+                f"({'lease taken over' if verdict == FENCED else 'store unavailable'})"
+            )
+        if held is not None:
+            yield held
+
+    @staticmethod
+    async def _astream(content: AsyncIterator[bytes], run: _DjangoRun) -> AsyncIterator[bytes]:
+        capture = run.capture
+        held: bytes | None = None
+        try:
+            async for chunk in content:
+                capture.add(chunk)
+                if held is not None:
+                    yield held
+                held = chunk
+        except GeneratorExit:
+            async for chunk in content:
+                capture.add(chunk)
+            await sync_to_async(_client_gone, thread_sensitive=True)(run)
+            raise
+        except BaseException as exc:
+            await sync_to_async(run.abort, thread_sensitive=True)(exc)
+            raise
+        verdict = await sync_to_async(run.finalize, thread_sensitive=True)()
+        if verdict != FORWARD:
+            raise StoreError(
+                "the answer could not be recorded, so its end is not sent "
+                f"({'lease taken over' if verdict == FENCED else 'store unavailable'})"
+            )
+        if held is not None:
+            yield held
+
+
+def _drain(content: Iterator[bytes], run: _DjangoRun) -> None:
+    """The client left mid-answer: let the view finish, capture the rest and record it, so
+    the retry gets the replay (as the WSGI driver does)."""
+    try:
+        for chunk in content:
+            run.capture.add(chunk)
+    except Exception as exc:
+        run.abort(exc)
+        return
+    _client_gone(run)
+
+
+def _client_gone(run: _DjangoRun) -> None:
+    req = run.req
+    run.engine.log_decision(
+        "client-gone",
+        req.method,
+        req.path,
+        run.capture.status,
+        req.started,
+        req.key_hash,
+        level=logging.WARNING,
+        detail="the client left before the end of the answer; it was captured to the end "
+        "and is recorded",
+    )
+    run.finalize()

@@ -1,0 +1,148 @@
+"""The Django test project, in this process (Django's test Client) and as real servers
+(uvicorn for ASGI, gunicorn for WSGI) in child processes, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrysafe._serving import free_port
+
+TESTS = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture(scope="session")
+def django_project(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Django set up in this process on a fresh SQLite file, migrated (retrysafe's tables
+    and the shop's). Returns the database path."""
+    db = tmp_path_factory.mktemp("django") / "db.sqlite3"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "djangoapp.settings"
+    os.environ["RS_SQLITE"] = str(db)
+    os.environ["RS_SQLITE_TIMEOUT"] = "0.5"  # a locked store fails fast (store-failure tests)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return str(db)
+
+
+@dataclass
+class Server:
+    """A Django test project served in a child process."""
+
+    url: str
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
+def _env(db: dict[str, str], retrysafe: dict[str, Any]) -> dict[str, str]:
+    return {
+        **os.environ,
+        **db,
+        "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+        "DJANGO_SETTINGS_MODULE": "djangoapp.settings",
+        "RS_RETRYSAFE": json.dumps(retrysafe),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            assert proc.poll() is None, "the Django server died at start"
+            assert time.monotonic() < deadline, "the Django server never listened"
+            time.sleep(0.05)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The project's database for child servers: a SQLite file, or a fresh PostgreSQL
+    schema (dropped after the test)."""
+    if request.param == "sqlite":
+        return {"RS_SQLITE": str(tmp_path / "db.sqlite3")}
+    schema: str = request.getfixturevalue("pg_schema")
+    url: str = request.getfixturevalue("pg_url")
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}".encode())
+    return {"RS_PG_SCHEMA": schema, "RETRYSAFE_TEST_POSTGRES": url}
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Server]]:
+    """Start the project: ``serve(db, server="uvicorn"|"gunicorn", **RETRYSAFE)``; migrated
+    first; every process is killed at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(db: dict[str, str], server: str = "uvicorn", **retrysafe: Any) -> Server:
+        env = _env(db, {"STORE": "django", **retrysafe})
+        subprocess.run(
+            [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+            env=env,
+            check=True,
+            timeout=60,
+        )
+        return restart(env)
+
+    def restart(env: dict[str, str], server: str = "uvicorn") -> Server:
+        port = free_port()
+        if env.get("RS_SERVER", server) == "gunicorn":
+            cmd = [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-w",
+                "1",
+                "-k",
+                "gthread",
+                "--threads",
+                "64",
+                "-b",
+                f"127.0.0.1:{port}",
+                "--log-level",
+                "warning",
+                "djangoapp.wsgi:application",
+            ]
+        else:
+            cmd = [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "djangoapp.asgi:application",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
+        proc = subprocess.Popen(cmd, env=env)
+        procs.append(proc)
+        _wait_port(port, proc)
+        return Server(f"http://127.0.0.1:{port}", env, proc, procs)
+
+    def started(db: dict[str, str], server: str = "uvicorn", **retrysafe: Any) -> Server:
+        return start({**db, "RS_SERVER": server}, **retrysafe)
+
+    started.restart = restart  # type: ignore[attr-defined]
+    yield started
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)

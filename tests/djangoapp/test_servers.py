@@ -1,0 +1,128 @@
+"""A real Django project served by real servers (uvicorn: ASGI, gunicorn: WSGI), on SQLite and
+PostgreSQL, through the chaos proxy: one effect per key, a burst of identical requests runs
+the view once, and in transactional mode a crash between effect and completion leaves
+neither."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from retrysafe.chaos import ChaosProxy, Fault, FaultRates
+
+from .conftest import Server
+
+
+def _charges(server: Server, key: str) -> int:
+    got: int = httpx.get(f"{server.url}/charges", params={"key": key}, timeout=10).json()["charges"]
+    return got
+
+
+def _key_states(db: dict[str, str]) -> dict[str, str]:
+    """Key hash → state, read from the project's database with retrysafe's own store."""
+    from retrysafe.stores import open_store
+
+    if "RS_PG_SCHEMA" in db:
+        store = open_store(db["RETRYSAFE_TEST_POSTGRES"], schema=db["RS_PG_SCHEMA"], create=False)
+    else:
+        store = open_store(f"sqlite:///{db['RS_SQLITE']}", create=False)
+    try:
+        return {e.key_hash: e.state for e in store.list_keys(now=time.time(), limit=1000)}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_answers_lost_after_commit_make_no_second_effect(
+    database: dict[str, str], serve: Callable[..., Server], server: str
+) -> None:
+    """30 % of answers lost after the view committed, 20 operations retried with their key
+    until answered: every key has exactly one Charge row (and answers were really lost)."""
+    app = serve(database, server)
+    keys = [f"op-{i}-{uuid.uuid4().hex[:8]}" for i in range(20)]
+    with ChaosProxy(app.url, rates=FaultRates(lose_after_commit=0.3), seed=7) as proxy:
+        with httpx.Client(base_url=proxy.url, timeout=5) as client:
+            for key in keys:
+                for _attempt in range(30):
+                    try:
+                        r = client.post(
+                            "/charge", json={"amount": 1}, headers={"Idempotency-Key": key}
+                        )
+                    except httpx.TransportError:
+                        continue  # "I don't know": retry with the same key
+                    if r.status_code == 409:
+                        time.sleep(0.05)
+                        continue
+                    assert r.status_code == 201, r.text
+                    break
+                else:
+                    pytest.fail(f"{key} never answered")
+        lost = proxy.stats().by_fault.get(Fault.LOSE_AFTER_COMMIT, 0)
+    assert lost >= 3  # the faults happened, so a duplicate was possible
+    assert {key: _charges(app, key) for key in keys} == dict.fromkeys(keys, 1)
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_fifty_concurrent_identical_requests_run_the_view_once(
+    database: dict[str, str], serve: Callable[..., Server], server: str
+) -> None:
+    """50 identical requests at once (the view takes 1 s): one runs, the others get 409
+    request-in-progress, and a later repeat gets the replay; one Charge row."""
+    app = serve(database, server)
+    key = f"burst-{uuid.uuid4().hex[:8]}"
+    headers = {"Idempotency-Key": key, "X-Sleep": "1"}
+
+    async def burst() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=60)
+        async with httpx.AsyncClient(base_url=app.url, timeout=30, limits=limits) as client:
+            return await asyncio.gather(
+                *(client.post("/charge", json={"amount": 9}, headers=headers) for _ in range(50))
+            )
+
+    answers = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses.count(201) == 1 and statuses.count(409) == 49, statuses
+    replay = httpx.post(f"{app.url}/charge", json={"amount": 9}, headers=headers, timeout=30)
+    assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
+    assert _charges(app, key) == 1
+
+
+@pytest.mark.parametrize("server", ["gunicorn", "uvicorn"])
+def test_transactional_crash_between_effect_and_completion_leaves_neither(
+    database: dict[str, str], serve: Callable[..., Server], server: str, tmp_path: Path
+) -> None:
+    """TRANSACTIONAL, lease 1 s: the server is SIGKILLed after the view wrote its row but
+    before the key completed. Neither landed: no row, the key still running (not
+    completed). After a restart the retry takes the key over and the effect happens once."""
+    app = serve(database, server, TRANSACTIONAL=True, LEASE=1.0)
+    key = f"crash-{uuid.uuid4().hex[:8]}"
+    marker = tmp_path / "crashed"
+    headers = {"Idempotency-Key": key, "X-Crash-Once": str(marker)}
+    with pytest.raises(httpx.TransportError):
+        httpx.post(f"{app.url}/charge", json={"amount": 3}, headers=headers, timeout=10)
+    assert marker.exists()  # the view ran and wrote its row, then died
+    with contextlib.suppress(ProcessLookupError):
+        app.proc.send_signal(signal.SIGKILL)  # gunicorn: its master, not only the worker
+    app.proc.wait(10)
+    assert list(_key_states(database).values()) == ["running"]
+    again: Any = serve.restart(app.env)  # type: ignore[attr-defined]
+    assert _charges(again, key) == 0  # the row rolled back with the process
+    deadline = time.monotonic() + 15
+    while True:
+        r = httpx.post(f"{again.url}/charge", json={"amount": 3}, headers=headers, timeout=10)
+        if r.status_code != 409:
+            break
+        assert time.monotonic() < deadline, "the dead claim was never taken over"
+        time.sleep(0.2)
+    assert r.status_code == 201, r.text
+    assert _charges(again, key) == 1
+    assert list(_key_states(database).values()) == ["completed"]
