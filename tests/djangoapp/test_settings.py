@@ -113,10 +113,11 @@ def test_unsupported_django_version_is_refused_naming_the_range(
     found: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """retrysafe.django checks Django's version at import."""
+    from retrysafe import ConfigurationError
     from retrysafe.django import _version
 
     monkeypatch.setattr(_version, "_installed", lambda: found)
-    with pytest.raises(ImportError) as info:
+    with pytest.raises(ConfigurationError) as info:
         _version.check_django()
     assert f"found Django {found}" in str(info.value)
     assert ">=4.2,<7" in str(info.value)

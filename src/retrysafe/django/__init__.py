@@ -11,7 +11,7 @@ inside ``transaction.atomic()`` and the key completes in that same transaction: 
 writes and the stored answer commit together or not at all. ``manage.py retrysafe_keys``
 mirrors ``retrysafe keys``. See ``docs/django.md``.
 
-Supported: Django 4.2 to 6.x (a version outside that range raises ``ImportError`` naming it);
+Supported: Django 4.2 to 6.x (a version outside that range raises ``ConfigurationError`` naming it);
 SQLite and PostgreSQL (psycopg 3) databases for ``STORE: "django"``; any retrysafe store URL.
 """
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from retrysafe._exceptions import ConfigurationError
+
 __all__ = ["SUPPORTED", "check_django"]
 
 #: ``(lowest, first unsupported)`` major.minor: Django 4.2 (psycopg 3, async middleware as
@@ -17,8 +19,13 @@ def _installed() -> str:
 
 
 def check_django() -> None:
-    """Raise ``ImportError`` naming the installed Django and the supported range when it is
-    outside it (or missing)."""
+    """Check the installed Django against the supported range.
+
+    Raises:
+        ImportError: Django is not installed (the message names the extra).
+        ConfigurationError: its version is outside the range (the message names both), as the
+            agent framework adapters refuse theirs.
+    """
     try:
         found = _installed()
     except metadata.PackageNotFoundError as exc:
@@ -29,13 +36,15 @@ def check_django() -> None:
     try:
         version = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0))
     except (IndexError, ValueError):
-        raise ImportError(
+        raise ConfigurationError(
             f"retrysafe.django cannot read the installed Django version {found!r}; "
-            f"supported: Django {_RANGE}"
+            f"supported: Django {_RANGE}",
+            option="django",
         ) from None
     low, high = SUPPORTED
     if not low <= version < high:
-        raise ImportError(
+        raise ConfigurationError(
             f"retrysafe.django supports Django {_RANGE}; found Django {found} "
-            "(pip install 'retrysafe[django]' installs a supported one)"
+            "(pip install 'retrysafe[django]' installs a supported one)",
+            option="django",
         )
