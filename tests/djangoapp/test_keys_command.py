@@ -22,7 +22,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = _env({"RS_SQLITE": str(db)}, {"STORE": "django"})
     subprocess.run(
         [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
-        env=env, check=True, timeout=60, cwd=TESTS,
+        env=env,
+        check=True,
+        timeout=60,
+        cwd=TESTS,
     )
     code = (
         "import django, json; django.setup()\n"
@@ -39,7 +42,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _keys(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "django", "retrysafe_keys", *args],
-        env=env, capture_output=True, text=True, timeout=60, cwd=TESTS, stdin=subprocess.DEVNULL,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=TESTS,
+        stdin=subprocess.DEVNULL,
     )
 
 

@@ -91,6 +91,19 @@ def test_middleware_refuses_a_store_it_cannot_open_at_construction(
     assert names in str(info.value)
 
 
+def test_django_store_without_the_app_installed_is_refused() -> None:
+    """STORE 'django' needs the retrysafe.django app (its migration makes the tables)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import modify_settings
+
+    from retrysafe.django import IdempotencyMiddleware
+
+    removed = modify_settings(INSTALLED_APPS={"remove": ["retrysafe.django"]})
+    with removed, pytest.raises(ImproperlyConfigured) as info:
+        IdempotencyMiddleware(lambda request: None)
+    assert "add 'retrysafe.django' to INSTALLED_APPS" in str(info.value)
+
+
 def test_app_ready_refuses_bad_settings_at_startup(tmp_path: Any) -> None:
     """django.setup() itself fails on a bad RETRYSAFE (before any request)."""
     from .conftest import TESTS, _env

@@ -45,6 +45,15 @@ Step = Any  # a callable (store work) or _VIEW
 
 def _open(settings: DjangoSettings) -> KeyStore:
     kind, where = settings.store
+    if kind == "django":
+        from django.apps import apps
+
+        if not apps.is_installed("retrysafe.django"):
+            raise ImproperlyConfigured(
+                f"{SETTING}['STORE'] is {'django' if where == 'default' else 'django:' + where!r}"
+                ": add 'retrysafe.django' to INSTALLED_APPS (its migration creates the keys' "
+                "tables: python manage.py migrate retrysafe), or give a store URL"
+            )
     try:
         store: Any = DjangoStore(where) if kind == "django" else open_store(where)
     except ConfigurationError as exc:
