@@ -359,6 +359,38 @@ def test_tool_node_reports_an_unknown_outcome_with_its_key(
     assert tickets.created() == 1
 
 
+def test_model_asking_again_after_unknown_in_a_tool_loop_creates_one_ticket(
+    runs: ThreadRuns, tickets: Tickets, lose_first: ChaosProxy
+) -> None:
+    """agent → ToolNode → agent in one invoke: the first create_ticket loses its answer and
+    is reported unknown; the scripted model asks again on its next turn (a new step, a new
+    tool-call id). The second call joins the UNKNOWN one: reported unknown with the same key,
+    nothing sent, one ticket (issue langchain-ai/langgraph#6577's failure, SPEC §0)."""
+    create_ticket = tool(kind="write", attempts=1)(poster(lose_first.url))
+    turns: list[int] = []
+
+    def agent(state: Messages) -> Messages:
+        turns.append(1)
+        if len(turns) <= 2:  # ask for the ticket, then ask again after "outcome unknown"
+            return tool_calls(f"call_{len(turns)}")
+        return {"messages": [AIMessage("done")]}
+
+    graph = StateGraph(Messages)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode(runs.tools(create_ticket)))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges(
+        "agent", lambda s: "tools" if s["messages"][-1].tool_calls else "__end__"
+    )
+    graph.add_edge("tools", "agent")
+    out = graph.compile(checkpointer=InMemorySaver()).invoke({"messages": []}, THREAD)
+    answers = [str(m.content) for m in out["messages"] if isinstance(m, ToolMessage)]
+    (call,) = runs.calls("thread-1")
+    assert call.state is AgentCallState.UNKNOWN
+    assert answers == [answers[0]] * 2 and answers[0].startswith(f"outcome unknown, key {call.key}")
+    assert tickets.created() == 1
+
+
 # ----------------------------------------------------------------------------- unknown
 def unknown_node(runs: ThreadRuns, url: str) -> Any:
     create_ticket = runs.effect(attempts=2, wait_initial=0.01)(poster(url))

@@ -142,7 +142,12 @@ class AgentStore(Protocol):
     def stop_agent_run(self, run_id: str, *, reason: str, now: float) -> None: ...
 
     def claim_agent_call(
-        self, call: AgentCall, *, now: float, budget: StepBudget | None = None
+        self,
+        call: AgentCall,
+        *,
+        now: float,
+        budget: StepBudget | None = None,
+        join_unknown: bool = False,
     ) -> tuple[str, AgentCall]:
         """Insert ``call`` if its key is absent, in one transaction that no other claim of the
         run interleaves with: of concurrent claimants of one key exactly one gets
@@ -154,6 +159,10 @@ class AgentStore(Protocol):
             budget: the run's step budget: called with the number of logical calls the run
                 recorded (refusals excluded), it returns why the call is refused, or None.
                 None: no budget (nothing is counted).
+            join_unknown: when the key is absent but the run holds an UNKNOWN call of the
+                same write tool with the same arguments (an earlier step), return
+                ``("existing", that call)`` instead of inserting: its effect may have
+                happened, so it is never sent again under a new key (SPEC §0, §7).
 
         Returns:
             ``("existing", row)`` when the key is recorded already; ``("conflict", row)`` when

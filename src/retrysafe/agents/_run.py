@@ -36,6 +36,10 @@ _run_var: ContextVar[AgentRun | None] = ContextVar("retrysafe_agent_run", defaul
 _step_var: ContextVar[int | None] = ContextVar("retrysafe_agent_step", default=None)
 _key_var: ContextVar[str | None] = ContextVar("retrysafe_agent_call_key", default=None)
 _call_id_var: ContextVar[str | None] = ContextVar("retrysafe_agent_call_id", default=None)
+#: The call id in ``_call_id_var`` was derived by a framework adapter from where the call was
+#: made (LangGraph: thread, node, step and arguments), not named by the application: such a
+#: call still joins an earlier UNKNOWN call of the same write and arguments.
+_derived_var: ContextVar[bool] = ContextVar("retrysafe_agent_call_id_derived", default=False)
 
 
 def current_run() -> AgentRun | None:
@@ -72,10 +76,25 @@ def call_id(value: str) -> Iterator[None]:
     """
     check_id(value, "call_id")
     token = _call_id_var.set(value)
+    derived = _derived_var.set(False)
     try:
         yield
     finally:
+        _derived_var.reset(derived)
         _call_id_var.reset(token)
+
+
+@contextmanager
+def derived_call_id(value: str) -> Iterator[None]:
+    """:func:`call_id` for an id a framework adapter derived from the call's site (not one
+    the application keeps): the call still joins an earlier UNKNOWN call of the same write
+    tool with the same arguments, as a default key does."""
+    with call_id(value):
+        token = _derived_var.set(True)
+        try:
+            yield
+        finally:
+            _derived_var.reset(token)
 
 
 def _open(store: Any) -> AgentStore:

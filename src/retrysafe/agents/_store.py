@@ -181,7 +181,12 @@ def stop_agent_run(clock: Clock, run_id: str, *, reason: str, now: float) -> Op[
 
 
 def claim_agent_call(
-    clock: Clock, call: AgentCall, *, now: float, budget: StepBudget | None = None
+    clock: Clock,
+    call: AgentCall,
+    *,
+    now: float,
+    budget: StepBudget | None = None,
+    join_unknown: bool = False,
 ) -> Op[tuple[str, AgentCall]]:
     """Run atomically (see :meth:`~retrysafe.agents.AgentStore.claim_agent_call`)."""
     yield one(_SQL["lock_agent_run"], {"run_id": call.run_id})
@@ -195,6 +200,12 @@ def claim_agent_call(
     conflict = None if other is None else (yield from get_agent_call(clock, other[0]))
     if conflict is not None:
         return "conflict", conflict
+    if join_unknown:
+        params = {"run_id": call.run_id, "tool": call.tool, "arguments_hash": call.arguments_hash}
+        sibling = yield one(_SQL["unknown_agent_call"], params)
+        joined = None if sibling is None else (yield from get_agent_call(clock, sibling[0]))
+        if joined is not None:
+            return "existing", joined
     reason = None
     if budget is not None:
         (used,) = yield one(_SQL["count_agent_calls"], {"run_id": call.run_id})

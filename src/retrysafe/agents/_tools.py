@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -50,7 +50,14 @@ from retrysafe.agents._keys import (
     signature_hash,
 )
 from retrysafe.agents._models import AgentCall, AgentCallState
-from retrysafe.agents._run import AgentRun, _call_id_var, _key_var, _run_var, _step_var
+from retrysafe.agents._run import (
+    AgentRun,
+    _call_id_var,
+    _derived_var,
+    _key_var,
+    _run_var,
+    _step_var,
+)
 from retrysafe.core import (
     Action,
     Backoff,
@@ -251,6 +258,7 @@ class _Flow:
         self.token = 0
         self.call: AgentCall | None = None
         self.call_id: str | None = None
+        self.derived = False  # the call id came from a framework adapter (derived_call_id)
         self.rng = random.Random()
         # Lease renewal: the heartbeat renewing this call's claim, whether a renewal found the
         # call taken over, whether the outcome was recorded (or refused) so that renewals have
@@ -269,6 +277,7 @@ class _Flow:
         digest = arguments_hash(bound)
         step = _step_var.get() or 0
         self.call_id = _call_id_var.get()
+        self.derived = _derived_var.get()
         key = call_key(
             self.run.id,
             spec.name,
@@ -314,6 +323,10 @@ class _Flow:
         if outcome == "claimed":
             self.token = row.fencing_token
             return "run", None
+        if row.key != call.key:
+            # The claim joined an earlier step's UNKNOWN call of this write (same arguments):
+            # from here on this invocation is that call, under its key.
+            call = self.call = replace(call, key=row.key, step=row.step)
         # The rows of SPEC §3 that agent calls share with keys: same key for another call,
         # running under a live lease, running under an expired one.
         decision = key_decision(_as_key_record(row), _fingerprint(call), run.clock())
@@ -440,7 +453,12 @@ class _Flow:
         run = self.run
         assert run is not None and self.call is not None
         budget = step_budget(run.max_steps)
-        return run.store.claim_agent_call(self.call, now=run.clock(), budget=budget)
+        # A derived key joins an earlier UNKNOWN call of the same write with the same
+        # arguments (SPEC §0): a call id the application named is its own logical call.
+        join = self.spec.kind == "write" and (self.call_id is None or self.derived)
+        return run.store.claim_agent_call(
+            self.call, now=run.clock(), budget=budget, join_unknown=join
+        )
 
     def get(self) -> AgentCall:
         assert self.run is not None and self.call is not None

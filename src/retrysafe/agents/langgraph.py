@@ -50,7 +50,7 @@ from retrysafe.agents._langgraph import (
     thread_run_id,
 )
 from retrysafe.agents._models import AgentCall, AgentStore
-from retrysafe.agents._run import AgentRun, _call_id_var, call_id, current_run
+from retrysafe.agents._run import AgentRun, _call_id_var, current_run, derived_call_id
 from retrysafe.agents._store import agent_store
 from retrysafe.agents._tools import ToolSpec, is_retryable, tool
 
@@ -368,5 +368,5 @@ def _named(value: str | None) -> Iterator[None]:
     if value is None:
         yield
         return
-    with call_id(value):
+    with derived_call_id(value):
         yield

@@ -34,6 +34,15 @@ WHERE id = %(id)s;
 SELECT idempotency_key FROM agent_calls
 WHERE run_id = %(run_id)s AND tool = %(tool)s AND signature <> %(signature)s LIMIT 1;
 
+-- name: unknown_agent_call
+-- An earlier logical call of the same write tool with the same arguments in this run whose
+-- outcome is unknown: a new step must not send that effect again under a new key (SPEC §0:
+-- a timeout means "I don't know"); the claimant joins it instead. Uses agent_calls_tool.
+SELECT idempotency_key FROM agent_calls
+WHERE run_id = %(run_id)s AND tool = %(tool)s AND kind = 'write'
+  AND arguments_hash = %(arguments_hash)s AND state = 'unknown'
+ORDER BY created_at, idempotency_key LIMIT 1;
+
 -- name: count_agent_calls
 -- Logical calls recorded in the run (refusals are not calls).
 SELECT count(*) FROM agent_calls WHERE run_id = %(run_id)s AND state <> 'refused';
