@@ -276,6 +276,20 @@ def test_read_tools_run_each_time(store: SQLiteStore) -> None:
     assert ran == ["q", "q"] and model.outputs == ["{'id': 'T-1'}", "{'id': 'T-2'}"]
 
 
+def test_non_strict_schema_tools_are_wrapped_as_the_sdk_wraps_them() -> None:
+    """strict_mode=False: a dict[str, int] parameter (not allowed in strict schemas) is
+    accepted, as agents.function_tool accepts it, with the same schema."""
+
+    def tag_counts(counts: dict[str, int]) -> str:
+        """Record tag counts."""
+        return "ok"
+
+    plain = agents.function_tool(tag_counts, strict_mode=False)
+    ours = function_tool(tool(kind="write")(tag_counts), strict_mode=False)
+    assert ours.strict_json_schema is False
+    assert ours.params_json_schema == plain.params_json_schema
+
+
 def test_the_model_sees_the_plain_function_tool_schema() -> None:
     """Name, description, parameter schema and strictness equal agents.function_tool's."""
 

@@ -248,7 +248,7 @@ def function_tool(fn: Any = None, /, **options: Any) -> Any:
     if fn is None:
         return lambda f: function_tool(f, **options)
     _spec(fn)
-    if _takes_context(fn):
+    if _takes_context(fn, strict=bool(options.get("strict_mode", True))):
         raise ConfigurationError(
             f"tool {fn.__qualname__!r} takes the SDK's run context; retrysafe tools take "
             "only JSON arguments (they make the call's key)",
@@ -259,10 +259,13 @@ def function_tool(fn: Any = None, /, **options: Any) -> Any:
     return built
 
 
-def _takes_context(fn: Callable[..., Any]) -> bool:
+def _takes_context(fn: Callable[..., Any], *, strict: bool) -> bool:
+    """Whether ``fn``'s first parameter is the SDK's context (read from the SDK's own schema
+    of it, built as ``function_tool`` will build it: strict or not)."""
     from agents.function_schema import function_schema
 
-    return bool(function_schema(fn, use_docstring_info=False).takes_context)
+    schema = function_schema(fn, use_docstring_info=False, strict_json_schema=strict)
+    return bool(schema.takes_context)
 
 
 def guard(*tools: Callable[..., Any]) -> list[FunctionTool]:
