@@ -93,3 +93,42 @@ def test_signature_hash_changes_with_parameters_not_annotations() -> None:
     assert h == signature_hash(inspect.signature(v1_untyped))
     assert h != signature_hash(inspect.signature(v2))
     assert h != signature_hash(inspect.signature(v3))
+
+
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _cycle() -> list[object]:
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "says"),
+    [
+        (_nested(5000), "$.d", "nested too deeply"),
+        (_cycle(), "$.d", "contains itself"),
+        (10**5000, "$.d", "integer of about 5000 digits"),
+        ("\ud800", "$.d", "lone surrogate"),
+        ({"a": ["ok", "\udfff"]}, "$.d.a[1]", "lone surrogate"),
+    ],
+    ids=["deep", "cycle", "huge-int", "surrogate", "nested-surrogate"],
+)
+def test_arguments_json_cannot_carry_are_a_payload_error_naming_them(
+    value: object, path: str, says: str
+) -> None:
+    """Cycles, nesting beyond the encoder, integers beyond Python's str limit and lone
+    surrogates are refused as PayloadError with the argument's path (never RecursionError,
+    ValueError or UnicodeEncodeError from deep inside)."""
+
+    def w(d: object) -> None: ...
+
+    with pytest.raises(PayloadError) as info:
+        bind_arguments(inspect.signature(w), "w", (value,), {})
+    assert info.value.path == path
+    assert says in str(info.value) and "argument 'd' of tool 'w'" in str(info.value)

@@ -33,7 +33,27 @@ KEY_PREFIX = "agent-"
 
 def _plain(value: Any, path: str) -> Any:
     """``value`` as plain JSON types, or :class:`PayloadError` naming ``path``."""
-    if value is None or isinstance(value, (bool, str, int)):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PayloadError(
+                f"{path} holds a lone surrogate ({exc.object[exc.start:exc.end]!r} at "
+                f"{exc.start}), which UTF-8 JSON cannot carry",
+                path=path,
+            ) from None
+        return value
+    if isinstance(value, int):
+        try:
+            str(value)  # beyond sys.get_int_max_str_digits() JSON cannot write it either
+        except ValueError:
+            raise PayloadError(
+                f"{path} is an integer of about {int(value.bit_length() * 0.30103)} digits, "
+                "more than JSON text may carry here",
+                path=path,
+            ) from None
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -118,9 +138,16 @@ def bind_arguments(
     for name, value in bound.arguments.items():
         try:
             out[name] = _plain(value, f"$.{name}")
+            json.dumps(out[name])  # nesting too deep for the encoder fails here, not later
         except PayloadError as exc:
             raise PayloadError(
                 f"argument {name!r} of tool {tool!r} cannot be recorded: {exc}", path=exc.path
+            ) from None
+        except RecursionError:
+            raise PayloadError(
+                f"argument {name!r} of tool {tool!r} cannot be recorded: it contains itself "
+                "or is nested too deeply for JSON",
+                path=f"$.{name}",
             ) from None
     return out
 
