@@ -230,3 +230,40 @@ def test_bad_tool_declarations() -> None:
     with pytest.raises(ConfigurationError) as err:
         tool(kind="write", attempts=0)
     assert err.value.option == "attempts"
+
+
+def test_two_tools_sharing_a_name_in_one_run_are_refused(agent_store: AgentStore) -> None:
+    """Two different functions writing under one tool name (the same ``__qualname__`` in two
+    modules) would share keys: the second is refused before it records or runs anything."""
+    import types
+
+    jira, zendesk = types.ModuleType("pkg.jira"), types.ModuleType("pkg.zendesk")
+    made: list[str] = []
+    for module in (jira, zendesk):
+        exec(
+            "def create(title):\n    made.append(__name__)\n    return __name__\n",
+            {"__name__": module.__name__, "made": made},
+            module.__dict__,
+        )
+        module.__dict__["create"] = tool(kind="write")(module.__dict__["create"])
+    with start_run(agent_store) as run, run.step(1):
+        assert jira.__dict__["create"]("printer") == "pkg.jira"
+        with pytest.raises(ConfigurationError) as info:
+            zendesk.__dict__["create"]("printer")
+    assert "pkg.jira:create and pkg.zendesk:create" in str(info.value)
+    assert "@tool(kind=..., name='...')" in str(info.value)
+    assert made == ["pkg.jira"] and len(run.calls()) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "2"])
+def test_step_numbers_below_one_or_not_integers_are_refused(
+    agent_store: AgentStore, bad: object
+) -> None:
+    """run.step(n) numbers steps from 1: anything else is a ConfigurationError."""
+    with (
+        start_run(agent_store) as run,
+        pytest.raises(ConfigurationError) as info,
+        run.step(bad),  # type: ignore[arg-type]
+    ):
+        pass
+    assert "step must be an integer >= 1" in str(info.value)

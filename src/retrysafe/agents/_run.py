@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import Any
 
-from retrysafe._exceptions import AgentError, RunNotFoundError
+from retrysafe._exceptions import AgentError, ConfigurationError, RunNotFoundError
 from retrysafe.agents._budget import check_budget
 from retrysafe.agents._keys import check_id
 from retrysafe.agents._models import AgentCall, AgentRunRecord, AgentStore
@@ -144,6 +145,10 @@ class AgentRun:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._last_step = 0
         self._tokens: list[Token[AgentRun | None]] = []
+        # Tool name -> the function that first made a write call under it in this process
+        # (module:qualname): two tools sharing a name would share keys and results.
+        self._origins: dict[str, str] = {}
+        self._origins_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"AgentRun({self.id!r})"
@@ -174,6 +179,11 @@ class AgentRun:
         """
         if number is None:
             number = self._last_step + 1
+        elif isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            raise ConfigurationError(
+                f"step must be an integer >= 1, not {number!r} (steps number from 1)",
+                option="step",
+            )
         self._last_step = max(self._last_step, number)
         run_token = _run_var.set(self)
         token = _step_var.set(number)
@@ -182,6 +192,24 @@ class AgentRun:
         finally:
             _step_var.reset(token)
             _run_var.reset(run_token)
+
+    def check_tool(self, name: str, origin: str) -> None:
+        """Refuse a second tool (``origin``: its ``module:qualname``) writing under a tool
+        ``name`` another tool of this run uses: their calls would share keys, so one would
+        get the other's recorded results and never run.
+
+        Raises:
+            ConfigurationError: naming both functions and the fix (``@tool(name=...)``).
+        """
+        with self._origins_lock:
+            first = self._origins.setdefault(name, origin)
+        if first != origin:
+            raise ConfigurationError(
+                f"two tools are named {name!r} in agent run {self.id!r}: {first} and "
+                f"{origin}; their calls would share keys and one would get the other's "
+                "results. Give each its own name: @tool(kind=..., name='...')",
+                option="name",
+            )
 
     def record(self) -> AgentRunRecord:
         """The run as stored now."""

@@ -110,6 +110,8 @@ class ToolSpec:
     timing: LeaseTiming
     signature: inspect.Signature
     signature_hash: str
+    #: ``module:qualname`` of the declared function (two tools under one name are refused).
+    origin: str = ""
 
     @property
     def lease(self) -> float:
@@ -218,6 +220,7 @@ def tool(
             timing=timing,
             signature=sig,
             signature_hash=signature_hash(sig),
+            origin=f"{f.__module__}:{f.__qualname__}",
         )
         wrapper: Any
         if inspect.iscoroutinefunction(f):
@@ -273,6 +276,8 @@ class _Flow:
         self.started = time.perf_counter()
         if self.run is None:
             return
+        if spec.kind == "write":
+            self.run.check_tool(spec.name, spec.origin)
         bound = bind_arguments(spec.signature, spec.name, args, kwargs)
         digest = arguments_hash(bound)
         step = _step_var.get() or 0
