@@ -255,15 +255,16 @@ def test_two_tools_sharing_a_name_in_one_run_are_refused(agent_store: AgentStore
     assert made == ["pkg.jira"] and len(run.calls()) == 1
 
 
-@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "2"])
-def test_step_numbers_below_one_or_not_integers_are_refused(
+@pytest.mark.parametrize("bad", [-1, -3, 1.5, True, "2"])
+def test_negative_or_non_integer_step_numbers_are_refused(
     agent_store: AgentStore, bad: object
 ) -> None:
-    """run.step(n) numbers steps from 1: anything else is a ConfigurationError."""
+    """run.step(n) takes whole numbers >= 0 (0: calls outside any step): anything else is a
+    ConfigurationError."""
     with (
         start_run(agent_store) as run,
         pytest.raises(ConfigurationError) as info,
         run.step(bad),  # type: ignore[arg-type]
     ):
         pass
-    assert "step must be an integer >= 1" in str(info.value)
+    assert "step must be an integer >= 0" in str(info.value)
