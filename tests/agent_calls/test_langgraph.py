@@ -470,6 +470,29 @@ def test_graph_without_a_thread_id(runs: ThreadRuns, tickets: Tickets) -> None:
     assert tickets.created() == 0
 
 
+def test_a_thread_id_cannot_name_another_threads_hashed_run(
+    runs: ThreadRuns, tickets: Tickets
+) -> None:
+    """A thread id that is hashed (it has a space) and a thread id spelling that hash
+    literally are two threads: the second does not get the first's ticket."""
+    app = one_node(lambda state: {"ticket": runs.effect(poster(tickets.url))(state["title"])})
+    victim = "tenant a/x1"
+    app.invoke({"title": "printer"}, {"configurable": {"thread_id": victim}})
+    spelled = runs.run_id(victim)[len("langgraph:") :]
+    assert spelled.startswith("sha256:")
+    app.invoke({"title": "printer"}, {"configurable": {"thread_id": spelled}})
+    assert runs.run_id(spelled) != runs.run_id(victim)
+    assert tickets.created() == 2
+
+
+def test_an_empty_thread_id_is_refused(runs: ThreadRuns, tickets: Tickets) -> None:
+    """thread_id "" would make every such thread one run: refused, nothing sent."""
+    app = one_node(lambda state: {"ticket": runs.effect(poster(tickets.url))(state["title"])})
+    with pytest.raises(ConfigurationError, match="thread_id is empty"):
+        app.invoke({"title": "printer"}, {"configurable": {"thread_id": ""}})
+    assert tickets.created() == 0
+
+
 def test_keyed_needs_a_declared_tool(runs: ThreadRuns) -> None:
     """``keyed`` refuses a function not declared read or write (SPEC §7)."""
     with pytest.raises(ConfigurationError, match="not a retrysafe tool"):

@@ -76,14 +76,28 @@ def check_version(found: str) -> None:
 def thread_run_id(prefix: str, thread_id: object) -> str:
     """The retrysafe run id of a LangGraph thread: ``{prefix}:{thread_id}``.
 
-    A thread id that would not make a valid run id (not 1–255 visible ASCII, SPEC §2) is
-    replaced by its SHA-256: ``{prefix}:sha256:{hex}``. Either way one thread is one run.
+    A thread id that would not make a valid run id (not 1–255 visible ASCII, SPEC §2), or
+    that starts with ``sha256:`` itself, is replaced by its SHA-256: ``{prefix}:sha256:{hex}``.
+    So no thread id can name another thread's hashed run: one thread is one run, and two
+    threads are two.
+
+    Raises:
+        ConfigurationError: the thread id is empty (every such thread would share one run).
     """
     text = str(thread_id)
+    if not text:
+        raise ConfigurationError(
+            "thread_id is empty: give each LangGraph thread its own non-empty id "
+            '(config={"configurable": {"thread_id": "..."}})',
+            option="thread_id",
+        )
+    hashed = f"{prefix}:sha256:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    if text.startswith("sha256:"):
+        return hashed
     try:
         return check_id(f"{prefix}:{text}", "run_id")
     except ConfigurationError:
-        return f"{prefix}:sha256:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+        return hashed
 
 
 @dataclass(frozen=True, slots=True)
