@@ -369,7 +369,7 @@ def test_model_asking_again_after_unknown_in_a_tool_loop_creates_one_ticket(
     create_ticket = tool(kind="write", attempts=1)(poster(lose_first.url))
     turns: list[int] = []
 
-    def agent(state: Messages) -> Messages:
+    def agent(state: Messages) -> dict[str, Any]:
         turns.append(1)
         if len(turns) <= 2:  # ask for the ticket, then ask again after "outcome unknown"
             return tool_calls(f"call_{len(turns)}")
