@@ -134,6 +134,15 @@ def test_postgres_unreachable_host_is_unavailable() -> None:
     assert isinstance(info.value.__cause__, psycopg.OperationalError)
 
 
+def test_a_one_letter_password_does_not_garble_the_message() -> None:
+    """The password is masked as a whole token: a password "p" leaves "port" and
+    "accepting" in the driver's message readable."""
+    with pytest.raises(StoreUnavailableError) as info:
+        PostgresStore(f"postgresql://postgres:p@127.0.0.1:{CLOSED_PORT}/test")
+    assert f"port {CLOSED_PORT} failed" in str(info.value)
+    assert "***" not in str(info.value)
+
+
 def test_postgres_refused_login_is_unavailable(pg_url: str) -> None:
     """A login the server refuses (unknown role; this server trusts every password on
     loopback) raises StoreUnavailableError with the server's reason and no password."""

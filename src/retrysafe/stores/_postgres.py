@@ -95,7 +95,10 @@ def _redact(message: str, password: str | None) -> str:
     """One line, without the password: psycopg's messages carry a second line ("Is the server
     running…") and, for SQL errors, the statement's ``LINE n:`` and a caret line."""
     if password:
-        message = message.replace(password, "***")
+        # As a whole token only: a short password ("p") inside words ("port", "accepting")
+        # would otherwise garble the message; a password in a URL or quoted stays masked.
+        token = re.compile(rf"(?<![A-Za-z0-9]){re.escape(password)}(?![A-Za-z0-9])")
+        message = token.sub("***", message)
     lines = [ln.strip() for ln in message.splitlines()]
     kept = [ln for ln in lines if ln and not ln.startswith("LINE ") and set(ln) != {"^"}]
     return " ".join(kept)
