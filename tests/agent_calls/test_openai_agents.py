@@ -428,7 +428,7 @@ def test_unsupported_version_is_refused_naming_the_range(
     assert spec is not None and spec.loader is not None
     with pytest.raises(ConfigurationError) as info:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    assert f"found {version!r}" in str(info.value) and ">=0.2,<1" in str(info.value)
+    assert f"found openai-agents {version}" in str(info.value) and ">=0.2,<1" in str(info.value)
     assert isinstance(info.value, RetrysafeError) and info.value.option == "openai-agents"
 
 

@@ -126,10 +126,15 @@ def test_unsupported_django_version_is_refused_naming_the_range(
     found: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """retrysafe.django checks Django's version at import."""
+    import importlib.metadata
+
     from retrysafe import ConfigurationError
     from retrysafe.django import _version
 
-    monkeypatch.setattr(_version, "_installed", lambda: found)
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: found if name == "django" else real(name)
+    )
     with pytest.raises(ConfigurationError) as info:
         _version.check_django()
     assert f"found Django {found}" in str(info.value)

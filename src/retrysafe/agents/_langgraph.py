@@ -30,12 +30,12 @@ lost checkpoint is written again.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from retrysafe._exceptions import ConfigurationError
+from retrysafe._versions import require, specifier
 from retrysafe.agents._keys import check_id
 
 __all__ = [
@@ -48,29 +48,30 @@ __all__ = [
 ]
 
 #: The LangGraph versions this adapter supports (the ``langgraph`` extra's range).
-SUPPORTED = ">=0.3,<2"
 _LOWEST = (0, 3)
 _ABOVE = (2, 0)
+SUPPORTED = specifier(_LOWEST, _ABOVE)
 
 #: LangGraph's namespace separator (``langgraph._internal._constants.NS_SEP``).
 _NS_SEP = "|"
 
 
-def check_version(found: str) -> None:
-    """Check an installed LangGraph version against :data:`SUPPORTED`.
+def check_version() -> str:
+    """The installed LangGraph's version, once checked against :data:`SUPPORTED`.
 
     Raises:
-        ConfigurationError: ``found`` is outside the range or unreadable; the message names
+        ImportError: LangGraph is not installed (the message names the extra).
+        ConfigurationError: its version is outside the range or unreadable; the message names
             both (``option="langgraph"``).
     """
-    match = re.match(r"(\d+)\.(\d+)", found)
-    version = (int(match[1]), int(match[2])) if match else None
-    if version is None or not _LOWEST <= version < _ABOVE:
-        raise ConfigurationError(
-            f"retrysafe.agents.langgraph supports langgraph {SUPPORTED}; found langgraph "
-            f"{found}. Install a supported version: pip install 'retrysafe[langgraph]'",
-            option="langgraph",
-        )
+    return require(
+        "langgraph",
+        label="langgraph",
+        user="retrysafe.agents.langgraph",
+        lowest=_LOWEST,
+        beyond=_ABOVE,
+        extra="langgraph",
+    )
 
 
 def thread_run_id(prefix: str, thread_id: object) -> str:

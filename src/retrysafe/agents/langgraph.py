@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib.metadata
 import inspect
 import time
 from collections.abc import Callable, Iterator
@@ -57,17 +56,7 @@ from retrysafe.agents._tools import ToolSpec, is_retryable, tool
 __all__ = ["SUPPORTED", "ThreadRuns"]
 
 
-def _installed_version() -> str:
-    """The installed LangGraph's version (the lookup tests replace)."""
-    try:
-        return importlib.metadata.version("langgraph")
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(
-            "retrysafe.agents.langgraph needs LangGraph: pip install 'retrysafe[langgraph]'"
-        ) from None
-
-
-check_version(_installed_version())
+check_version()
 
 from langgraph.config import get_config  # noqa: E402 - after the version check
 

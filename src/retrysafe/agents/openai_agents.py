@@ -43,10 +43,8 @@ Supported: openai-agents ``>=0.2,<1`` (:data:`SUPPORTED_VERSIONS`), checked at i
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import inspect
 import logging
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, overload
@@ -58,6 +56,7 @@ from retrysafe._exceptions import (
     RetrysafeError,
     ToolCallFailedError,
 )
+from retrysafe._versions import require, specifier
 from retrysafe.agents._run import AgentRun
 from retrysafe.agents._tools import ToolSpec
 
@@ -72,48 +71,18 @@ __all__ = [
 ]
 
 #: The openai-agents releases this adapter supports (a PEP 440 specifier).
-SUPPORTED_VERSIONS = ">=0.2,<1"
-_LOWEST = (0, 2)
-_BEYOND = (1, 0)
-_DISTRIBUTION = "openai-agents"
+SUPPORTED_VERSIONS = specifier((0, 2), (1, 0))
 
 log = logging.getLogger("retrysafe.agents")
 
-
-def _installed_version() -> str:
-    """The installed openai-agents version (the seam the version test patches)."""
-    try:
-        return importlib.metadata.version(_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(
-            "retrysafe.agents.openai_agents needs the OpenAI Agents SDK: "
-            "pip install 'retrysafe[openai-agents]'",
-            name="agents",
-        ) from None
-
-
-def _check_version(version: str) -> str:
-    """Check an openai-agents version against :data:`SUPPORTED_VERSIONS`.
-
-    Returns:
-        ``version`` unchanged.
-
-    Raises:
-        ConfigurationError: the version is outside the range or not a release number; the
-            message names the version found and the supported range.
-    """
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None or not _LOWEST <= (int(match[1]), int(match[2])) < _BEYOND:
-        raise ConfigurationError(
-            f"retrysafe.agents.openai_agents supports openai-agents {SUPPORTED_VERSIONS} "
-            f"(tested with 0.24); found {version!r}. Install a supported release: "
-            f"pip install 'openai-agents{SUPPORTED_VERSIONS}'",
-            option=_DISTRIBUTION,
-        )
-    return version
-
-
-_check_version(_installed_version())
+require(
+    "openai-agents",
+    label="openai-agents",
+    user="retrysafe.agents.openai_agents",
+    lowest=(0, 2),
+    beyond=(1, 0),
+    extra="openai-agents",
+)
 
 import agents  # noqa: E402  (only once the installed version is known to be supported)
 from agents import (  # noqa: E402

@@ -2,49 +2,28 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
-from retrysafe._exceptions import ConfigurationError
+from retrysafe._versions import require, specifier
 
 __all__ = ["SUPPORTED", "check_django"]
 
 #: ``(lowest, first unsupported)`` major.minor: Django 4.2 (psycopg 3, async middleware as
 #: used here) up to the 6.x series.
-SUPPORTED = ((4, 2), (7, 0))
-_RANGE = ">=4.2,<7"
+LOWEST, BEYOND = (4, 2), (7, 0)
+SUPPORTED = specifier(LOWEST, BEYOND)
 
 
-def _installed() -> str:
-    return metadata.version("django")
-
-
-def check_django() -> None:
-    """Check the installed Django against the supported range.
+def check_django() -> str:
+    """The installed Django's version, once checked against :data:`SUPPORTED`.
 
     Raises:
         ImportError: Django is not installed (the message names the extra).
-        ConfigurationError: its version is outside the range (the message names both), as the
-            agent framework adapters refuse theirs.
+        ConfigurationError: its version is outside the range (the message names both).
     """
-    try:
-        found = _installed()
-    except metadata.PackageNotFoundError as exc:
-        raise ImportError(
-            f"retrysafe.django needs Django {_RANGE}: pip install 'retrysafe[django]'"
-        ) from exc
-    parts = found.split(".")
-    try:
-        version = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0))
-    except (IndexError, ValueError):
-        raise ConfigurationError(
-            f"retrysafe.django cannot read the installed Django version {found!r}; "
-            f"supported: Django {_RANGE}",
-            option="django",
-        ) from None
-    low, high = SUPPORTED
-    if not low <= version < high:
-        raise ConfigurationError(
-            f"retrysafe.django supports Django {_RANGE}; found Django {found} "
-            "(pip install 'retrysafe[django]' installs a supported one)",
-            option="django",
-        )
+    return require(
+        "django",
+        label="Django",
+        user="retrysafe.django",
+        lowest=LOWEST,
+        beyond=BEYOND,
+        extra="django",
+    )
