@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -126,3 +127,76 @@ def test_transactional_crash_between_effect_and_completion_leaves_neither(
     assert r.status_code == 201, r.text
     assert _charges(again, key) == 1
     assert list(_key_states(database).values()) == ["completed"]
+
+
+def _leave_early(
+    url: str, path: str, key: str, *, after: float, until: bytes = b"", **headers: str
+) -> bytes:
+    """POST with ``key`` over a raw socket, read the answer until ``until`` arrived (or
+    ``after`` seconds passed), then close the connection: a client that goes away."""
+    host, port = url.removeprefix("http://").split(":")
+    body = b"{}"
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        f"Idempotency-Key: {key}",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    with socket.create_connection((host, int(port)), timeout=after) as sock:
+        sock.sendall("\r\n".join(lines).encode() + b"\r\n\r\n" + body)
+        got = b""
+        deadline = time.monotonic() + after
+        with contextlib.suppress(OSError):
+            while until and until not in got and time.monotonic() < deadline:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+            if not until:
+                time.sleep(after)
+    return got
+
+
+def _replayed(app: Server, path: str, key: str, **headers: str) -> httpx.Response:
+    """Retry with the same key until the answer is no longer 409 (the first still runs)."""
+    deadline = time.monotonic() + 20
+    while True:
+        r = httpx.post(
+            f"{app.url}{path}", json={}, headers={"Idempotency-Key": key, **headers}, timeout=20
+        )
+        if r.status_code != 409:
+            return r
+        assert time.monotonic() < deadline, "still 409"
+        time.sleep(0.2)
+
+
+def test_asgi_client_leaving_while_the_view_runs_gets_the_replay(
+    serve: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Under uvicorn Django cancels the request when its client leaves; the view (1 s)
+    still runs to its end and its answer is recorded: the retry gets the replay, one effect."""
+    app = serve({"RS_SQLITE": str(tmp_path / "db.sqlite3")}, "uvicorn")
+    key = f"gone-{uuid.uuid4().hex[:8]}"
+    _leave_early(app.url, "/charge", key, after=0.3, **{"X-Sleep": "1"})
+    r = _replayed(app, "/charge", key, **{"X-Sleep": "1"})
+    assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true", r.text
+    assert _charges(app, key) == 1
+
+
+def test_asgi_client_leaving_mid_async_stream_gets_the_whole_answer_replayed(
+    serve: Callable[..., Server], tmp_path: Path
+) -> None:
+    """An async streaming answer (1 s between chunks): the client reads the first chunk
+    and leaves. The rest is still read and recorded: the retry gets all of it, one effect."""
+    app = serve({"RS_SQLITE": str(tmp_path / "db.sqlite3")}, "uvicorn")
+    key = f"stream-{uuid.uuid4().hex[:8]}"
+    pause = {"X-Chunk-Sleep": "1"}
+    first = _leave_early(app.url, "/astream", key, after=5, until=b"async part 0", **pause)
+    assert b"async part 0" in first and b"async part 1" not in first
+    r = _replayed(app, "/astream", key, **pause)
+    assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true", r.text
+    assert r.text.count("async part") == 3
+    assert _charges(app, key) == 1

@@ -70,9 +70,14 @@ def stream(request: HttpRequest) -> StreamingHttpResponse:
 @csrf_exempt
 def astream(request: HttpRequest) -> StreamingHttpResponse:
     made = _charge(request)
+    pause = float(request.headers.get("X-Chunk-Sleep", "0"))
 
     async def parts() -> AsyncIterator[bytes]:
+        import asyncio
+
         for i in range(3):
+            if i:
+                await asyncio.sleep(pause)
             yield f"async part {i} of charge {made.pk}\n".encode()
 
     return StreamingHttpResponse(parts(), status=201, content_type="text/plain")

@@ -11,6 +11,7 @@ driver's ``_Run`` (lease heartbeat, record before answer, transactional mode).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
@@ -179,18 +180,28 @@ class IdempotencyMiddleware:
         conversation = self._conversation(request)
         value: Any = None
         error: BaseException | None = None
+        # Django cancels the request's task when the client leaves. Under a claimed key the
+        # view may be mid-effect then, so every step runs to its end (the view too: its
+        # answer is recorded and the retry gets the replay, as the WSGI driver drains a
+        # response nobody reads), and the cancellation is re-raised once the key is settled.
+        cancelled = False
         while True:
             try:
                 step = conversation.send(value) if error is None else conversation.throw(error)
             except StopIteration as stop:
+                if cancelled:
+                    await _finish_unread(stop.value)
+                    raise asyncio.CancelledError from None
                 return stop.value
             value, error = None, None
+            if step is _VIEW:
+                work = asyncio.ensure_future(self.get_response(request))
+            else:
+                work = asyncio.ensure_future(sync_to_async(step, thread_sensitive=True)())
             try:
-                if step is _VIEW:
-                    value = await self.get_response(request)
-                else:
-                    value = await sync_to_async(step, thread_sensitive=True)()
-            except BaseException as exc:  # cancelled too: the conversation releases the key
+                value, interrupted = await _to_the_end(work)
+                cancelled = cancelled or interrupted
+            except BaseException as exc:  # the conversation releases the key, re-raises
                 error = exc
 
     # ------------------------------------------------------------------ the conversation
@@ -379,21 +390,39 @@ class IdempotencyMiddleware:
 
     @staticmethod
     async def _astream(content: AsyncIterator[bytes], run: _DjangoRun) -> AsyncIterator[bytes]:
+        # The view's stream is read by a task of its own, so a client that leaves (Django
+        # cancels the task sending the answer, or closes this generator) interrupts only the
+        # sending: the rest is still read, captured and recorded.
         capture = run.capture
+        chunks: asyncio.Queue[Any] = asyncio.Queue(maxsize=16)
+
+        async def read() -> None:
+            try:
+                async for chunk in content:
+                    capture.add(chunk)
+                    await chunks.put(chunk)
+            except BaseException as exc:
+                await chunks.put(_Failed(exc))
+                return
+            await chunks.put(_END)
+
+        reader = asyncio.ensure_future(read())
         held: bytes | None = None
         try:
-            async for chunk in content:
-                capture.add(chunk)
+            while (item := await chunks.get()) is not _END:
+                if isinstance(item, _Failed):
+                    await sync_to_async(run.abort, thread_sensitive=True)(item.error)
+                    raise item.error
                 if held is not None:
                     yield held
-                held = chunk
-        except GeneratorExit:
-            async for chunk in content:
-                capture.add(chunk)
+                held = item
+        except (GeneratorExit, asyncio.CancelledError):
+            while (item := await chunks.get()) is not _END:
+                if isinstance(item, _Failed):
+                    await sync_to_async(run.abort, thread_sensitive=True)(item.error)
+                    raise
+            await reader
             await sync_to_async(_client_gone, thread_sensitive=True)(run)
-            raise
-        except BaseException as exc:
-            await sync_to_async(run.abort, thread_sensitive=True)(exc)
             raise
         verdict = await sync_to_async(run.finalize, thread_sensitive=True)()
         if verdict != FORWARD:
@@ -403,6 +432,51 @@ class IdempotencyMiddleware:
             )
         if held is not None:
             yield held
+
+
+_END = object()
+
+
+class _Failed:
+    """The view's stream raised ``error`` (passed from the reading task)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+async def _to_the_end(work: asyncio.Future[Any]) -> tuple[Any, bool]:
+    """``work``'s result, awaited to its end even when this task is cancelled meanwhile.
+
+    Returns:
+        ``(result, cancelled)``: whether a cancellation arrived (and was held back).
+    """
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(work), cancelled
+        except asyncio.CancelledError:
+            if work.cancelled():
+                raise
+            cancelled = True
+
+
+async def _finish_unread(response: Any) -> None:
+    """A cancelled request's answer, which nobody will send: a streaming one is read to its
+    end (its wrapper records it), then the response is closed."""
+    if getattr(response, "streaming", False):
+        if response.is_async:
+            async for _chunk in response.streaming_content:
+                pass
+        else:
+            await sync_to_async(_exhaust, thread_sensitive=True)(response.streaming_content)
+    await sync_to_async(response.close, thread_sensitive=True)()
+
+
+def _exhaust(chunks: Iterator[bytes]) -> None:
+    for _chunk in chunks:
+        pass
 
 
 def _drain(content: Iterator[bytes], run: _DjangoRun) -> None:
