@@ -130,7 +130,7 @@ def test_transactional_crash_between_effect_and_completion_leaves_neither(
 
 
 def _leave_early(
-    url: str, path: str, key: str, *, after: float, until: bytes = b"", **headers: str
+    url: str, path: str, key: str, *, after: float, until: bytes = b"", headers: dict[str, str]
 ) -> bytes:
     """POST with ``key`` over a raw socket, read the answer until ``until`` arrived (or
     ``after`` seconds passed), then close the connection: a client that goes away."""
@@ -180,7 +180,7 @@ def test_asgi_client_leaving_while_the_view_runs_gets_the_replay(
     still runs to its end and its answer is recorded: the retry gets the replay, one effect."""
     app = serve({"RS_SQLITE": str(tmp_path / "db.sqlite3")}, "uvicorn")
     key = f"gone-{uuid.uuid4().hex[:8]}"
-    _leave_early(app.url, "/charge", key, after=0.3, **{"X-Sleep": "1"})
+    _leave_early(app.url, "/charge", key, after=0.3, headers={"X-Sleep": "1"})
     r = _replayed(app, "/charge", key, **{"X-Sleep": "1"})
     assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true", r.text
     assert _charges(app, key) == 1
@@ -194,7 +194,7 @@ def test_asgi_client_leaving_mid_async_stream_gets_the_whole_answer_replayed(
     app = serve({"RS_SQLITE": str(tmp_path / "db.sqlite3")}, "uvicorn")
     key = f"stream-{uuid.uuid4().hex[:8]}"
     pause = {"X-Chunk-Sleep": "1"}
-    first = _leave_early(app.url, "/astream", key, after=5, until=b"async part 0", **pause)
+    first = _leave_early(app.url, "/astream", key, after=5, until=b"async part 0", headers=pause)
     assert b"async part 0" in first and b"async part 1" not in first
     r = _replayed(app, "/astream", key, **pause)
     assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true", r.text
