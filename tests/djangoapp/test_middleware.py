@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -304,3 +304,38 @@ def test_store_failing_after_the_effect_answers_503_then_records_in_the_backgrou
     replay = _post(client, key)
     assert replay.status_code == 201 and replay.headers["Idempotent-Replayed"] == "true"
     assert _charges(key) == 1
+
+
+def test_two_key_headers_under_asgi_are_400_invalid_key() -> None:
+    """Two Idempotency-Key headers (Django would join them as "K,K"): 400 invalid-key, as the
+    ASGI middleware answers; nothing runs."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.core.handlers.asgi import ASGIHandler
+
+    key = _key()
+    sent: list[dict[str, Any]] = []
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/charge", "raw_path": b"/charge", "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        "headers": [
+            (b"content-type", b"application/json"), (b"content-length", b"2"),
+            (b"idempotency-key", key.encode()), (b"idempotency-key", key.encode()),
+        ],
+    }  # fmt: skip
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> Any:
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(3600)
+
+    async def send(message: Mapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    asyncio.run(ASGIHandler()(scope, receive, send))
+    assert sent[0]["status"] == 400
+    assert b"more than one Idempotency-Key header" in sent[1]["body"]
+    assert asyncio.run(sync_to_async(_charges)(key)) == 0

@@ -70,6 +70,22 @@ def _open(settings: DjangoSettings) -> KeyStore:
     return store
 
 
+def _repeated_key_header(request: HttpRequest) -> bool:
+    """Whether the request carried more than one ``Idempotency-Key`` header: ambiguous, so
+    malformed (as the ASGI middleware answers). Django joins repeated headers with commas
+    into one value; under ASGI the raw header list is still there to count. (Under WSGI the
+    server joined them already: the joined value is what the key is, as for the WSGI
+    middleware.)"""
+    scope = getattr(request, "scope", None)
+    if not isinstance(scope, dict):
+        return False
+    seen = 0
+    for name, _value in scope.get("headers", ()):
+        if name.lower() == b"idempotency-key":
+            seen += 1
+    return seen > 1
+
+
 def _answer(answer: Answer) -> HttpResponse:
     """The middleware's own answer (a problem or a replay) as a Django response."""
     response = HttpResponse(answer.body, status=answer.status)
@@ -215,7 +231,10 @@ class IdempotencyMiddleware:
             # Headers arrive as latin-1 (PEP 3333, and Django's ASGI request): re-read as
             # UTF-8 so an error names the real character. Valid keys are ASCII.
             header = header.encode("latin-1", "replace").decode("utf-8", "surrogateescape")
-        check = engine.check(method, path, header)
+        if header is not None and _repeated_key_header(request):
+            check: Any = engine.duplicate_key(header)
+        else:
+            check = engine.check(method, path, header)
         if isinstance(check, (MissingKey, InvalidKey)):
             answer = engine.rejection(check)
             engine.log_decision(answer.decision, method, path, answer.status, started)
