@@ -146,3 +146,30 @@ def serve() -> Iterator[Callable[..., Server]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+
+
+def _client(**retrysafe: Any) -> Any:
+    from django.test import Client, override_settings
+
+    override = override_settings(RETRYSAFE={"STORE": "django", **retrysafe})
+    override.enable()
+    try:
+        return Client(), override
+    except BaseException:
+        override.disable()
+        raise
+
+
+@pytest.fixture
+def configured() -> Iterator[Any]:
+    """``configured(**RETRYSAFE)``: a test Client whose middleware reads those settings."""
+    overrides: list[Any] = []
+
+    def make(**retrysafe: Any) -> Any:
+        client, override = _client(**retrysafe)
+        overrides.append(override)
+        return client
+
+    yield make
+    for override in reversed(overrides):
+        override.disable()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -59,33 +59,6 @@ def client() -> Any:
     from django.test import Client
 
     return Client()
-
-
-def _client(**retrysafe: Any) -> Any:
-    from django.test import Client, override_settings
-
-    override = override_settings(RETRYSAFE={"STORE": "django", **retrysafe})
-    override.enable()
-    try:
-        return Client(), override
-    except BaseException:
-        override.disable()
-        raise
-
-
-@pytest.fixture
-def configured() -> Iterator[Any]:
-    """``configured(**RETRYSAFE)``: a test Client whose middleware reads those settings."""
-    overrides: list[Any] = []
-
-    def make(**retrysafe: Any) -> Any:
-        client, override = _client(**retrysafe)
-        overrides.append(override)
-        return client
-
-    yield make
-    for override in reversed(overrides):
-        override.disable()
 
 
 def test_repeat_replays_the_stored_answer_and_the_view_runs_once(client: Any) -> None:

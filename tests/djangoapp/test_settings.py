@@ -41,6 +41,13 @@ pytestmark = pytest.mark.usefixtures("django_project")
         ({"SCOPE": "djangoapp.scopes.nothing_here"}, "['SCOPE']: cannot import"),
         ({"SCOPE": 3}, "['SCOPE']: must be a dotted path or a callable"),
         ({"HEARTBEAT": 20, "LEASE": 10}, "['HEARTBEAT']"),
+        ({"STORE": "memory://"}, "['STORE']: memory:// forgets every key"),
+        ({"STORE": "mysql://x/y"}, "['STORE']: 'mysql://x/y' is not a store URL"),
+        ({"STORE": "django:nope"}, "['STORE']: DATABASES has no database 'nope'"),
+        ({"STORE": "sqlite:///no/such/dir/k.db"}, "['STORE']: directory"),
+        ({"STORE": "postgresql://u:pw@db:5432/"}, "['STORE']"),
+        ({"STORE": "redis://localhost/x"}, "['STORE']"),
+        ({"STORE": "sqlite:///k.db", "TRANSACTIONAL": True}, "['TRANSACTIONAL']: needs STORE"),
     ],
 )
 def test_bad_setting_is_improperly_configured_naming_it(raw: Any, names: str) -> None:

@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from django.http.response import HttpResponseBase
 
-from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._exceptions import ConfigurationError, StoreError, StoreUnavailableError
 from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
 from retrysafe.observability._timed import timed_store
 from retrysafe.server._engine import FENCED, FORWARD, Answer, Engine, RequestState, Verdict, drive
@@ -33,11 +33,14 @@ from retrysafe.server._outcome import SCOPE_KEY
 from retrysafe.server._transaction import effect_opener
 from retrysafe.server._wsgi import _incomplete_body, _Run
 from retrysafe.stores import KeyStore, open_store
+from retrysafe.stores._url_check import redact_url
 
 from ._settings import SETTING, DjangoSettings, load_settings
-from ._store import DjangoStore
+from ._store import DeferredStore, DjangoStore
 
 __all__ = ["IdempotencyMiddleware"]
+
+log = logging.getLogger("retrysafe.server")
 
 #: The conversation's request to call the rest of the stack (the view).
 _VIEW = object()
@@ -56,18 +59,28 @@ def _open(settings: DjangoSettings) -> KeyStore:
                 "tables: python manage.py migrate retrysafe), or give a store URL"
             )
     try:
-        store: Any = DjangoStore(where) if kind == "django" else open_store(where)
+        store: Any = DjangoStore(where) if kind == "django" else _open_url(where)
     except ConfigurationError as exc:
         raise ImproperlyConfigured(f"{SETTING}['STORE']: {exc}") from exc
     if not isinstance(store, KeyStore):
         raise ImproperlyConfigured(f"{SETTING}['STORE']: {store!r} is not a sync key store")
-    if settings.transactional and not isinstance(store, DjangoStore):
-        raise ImproperlyConfigured(
-            f"{SETTING}['TRANSACTIONAL']: needs STORE 'django' (or 'django:<alias>'), so the "
-            "key completes in the view's own transaction; got "
-            f"{settings.store[1].split('://')[0]}://…"
-        )
     return store
+
+
+def _open_url(url: str) -> Any:
+    """The store a URL names; one that cannot be reached now is opened on first use (until
+    then protected requests get 503, or run unprotected with FAIL_OPEN), so a store that is
+    down does not keep the whole site from starting."""
+    try:
+        return open_store(url)
+    except StoreUnavailableError as exc:
+        log.warning(
+            "retrysafe store %s is unreachable at startup (%s); protected requests get 503 "
+            "store-unavailable until it is",
+            redact_url(url),
+            exc,
+        )
+        return DeferredStore(url)
 
 
 def _repeated_key_header(request: HttpRequest) -> bool:

@@ -83,19 +83,20 @@ def _callable(name: str, value: object, what: str) -> Callable[..., Any]:
     return value
 
 
-def _store(value: object) -> tuple[str, str]:
+def _store(value: object, *, transactional: bool) -> tuple[str, str]:
+    """Check ``STORE`` without connecting to anything: an alias of ``DATABASES`` on SQLite or
+    PostgreSQL, or a well-formed store URL (a SQLite file whose directory exists)."""
     if not isinstance(value, str) or not value.strip():
         raise _bad(
             "STORE",
             f"must be 'django', 'django:<alias>' or a store URL (sqlite:///keys.db, "
             f"postgresql://…, redis://…), got {value!r}",
         )
-    if value == "django":
-        return ("django", "default")
-    if value.startswith("django:"):
-        alias = value[len("django:") :]
+    if value == "django" or value.startswith("django:"):
+        alias = "default" if value == "django" else value[len("django:") :]
         if not alias:
             raise _bad("STORE", "'django:' needs a database alias, e.g. 'django:default'")
+        _django_database(alias)
         return ("django", alias)
     if "://" not in value:
         raise _bad(
@@ -103,7 +104,75 @@ def _store(value: object) -> tuple[str, str]:
             f"{value!r} is neither 'django', 'django:<alias>' nor a store URL "
             "(sqlite:///keys.db, postgresql://…, redis://…)",
         )
+    if transactional:
+        raise _bad(
+            "TRANSACTIONAL",
+            "needs STORE 'django' (or 'django:<alias>'), so the key completes in the view's "
+            f"own transaction; got {value.split('://')[0]}://…",
+        )
+    _check_url(value)
     return ("url", value)
+
+
+def _django_database(alias: str) -> None:
+    from django.conf import settings
+
+    databases = getattr(settings, "DATABASES", {}) or {}
+    if alias not in databases:
+        raise _bad(
+            "STORE",
+            f"DATABASES has no database {alias!r} (configured: "
+            f"{', '.join(sorted(databases)) or 'none'})",
+        )
+    engine = str(databases[alias].get("ENGINE", ""))
+    if not engine.endswith(("sqlite3", "postgresql", "postgis")):
+        raise _bad(
+            "STORE",
+            f"database {alias!r} is {engine or 'not configured'}; the key store on Django's "
+            "database supports SQLite (django.db.backends.sqlite3) and PostgreSQL "
+            "(django.db.backends.postgresql, psycopg 3); give a store URL for others",
+        )
+
+
+def _check_url(url: str) -> None:
+    """A store URL's shape (the drivers connect later): the scheme, a SQLite file's
+    directory, a PostgreSQL database name, a Redis database number."""
+    from pathlib import Path
+
+    from retrysafe.stores._sqlite import sqlite_path_from_url
+    from retrysafe.stores._url_check import (
+        CLUSTER_SCHEMES,
+        check_postgres_url,
+        check_redis_url,
+        parse_cluster_url,
+        redact_url,
+    )
+
+    scheme = url.split("://", 1)[0].lower()
+    try:
+        if scheme == "sqlite":
+            parent = Path(sqlite_path_from_url(url)).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise ConfigurationError(f"directory {str(parent)!r} does not exist")
+        elif scheme in ("postgresql", "postgres"):
+            check_postgres_url(url)
+        elif scheme in ("redis", "rediss"):
+            check_redis_url(url)
+        elif scheme in CLUSTER_SCHEMES:
+            parse_cluster_url(url)
+        elif scheme == "memory":
+            raise ConfigurationError(
+                "memory:// forgets every key when the process restarts and is not shared "
+                "between worker processes, so retries would run again (tests only, SPEC "
+                "§9); use 'django' or a SQLite, PostgreSQL or Redis URL"
+            )
+        else:
+            raise ConfigurationError(
+                f"{redact_url(url)!r} is not a store URL retrysafe knows (sqlite:///…, "
+                "postgresql://…, redis://…, redis+cluster://…)"
+            )
+    except ConfigurationError as exc:
+        raise _bad("STORE", str(exc)) from exc
 
 
 def _key_required(value: object) -> Any:
@@ -185,9 +254,10 @@ def load_settings(raw: object) -> DjangoSettings:
         raise _bad(name or "?", str(exc)) from exc
     except (RetrysafeError, TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"{SETTING}: {exc}") from exc
+    transactional = bool(raw.get("TRANSACTIONAL", False))
     return DjangoSettings(
-        store=_store(raw.get("STORE", "django")),
+        store=_store(raw.get("STORE", "django"), transactional=transactional),
         config=config,
         scope=scope,
-        transactional=bool(raw.get("TRANSACTIONAL", False)),
+        transactional=transactional,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -35,7 +36,7 @@ from retrysafe.stores._connector import Clock, Op
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
 from retrysafe.stores._schema import Migration
 
-__all__ = ["DjangoConnector", "DjangoStore", "create_schema", "drop_schema"]
+__all__ = ["DeferredStore", "DjangoConnector", "DjangoStore", "create_schema", "drop_schema"]
 
 _T = TypeVar("_T")
 
@@ -322,6 +323,83 @@ class DjangoStore(SQLKeyStore):
 
     def asyncio_key_store(self) -> Any:
         return self.connector.async_connector()
+
+
+class DeferredStore:
+    """A store URL that could not be reached when the middleware was built: a sync
+    :class:`~retrysafe.stores.KeyStore` that opens the store on first use. Until it can, each
+    operation raises :class:`~retrysafe.StoreUnavailableError` (the middleware answers 503,
+    or runs unprotected with ``FAIL_OPEN``); a new attempt to open is made at most once per
+    ``retry_every`` seconds.
+    """
+
+    def __init__(self, url: str, *, retry_every: float = 1.0) -> None:
+        self.url = url
+        self.retry_every = retry_every
+        self._store: Any = None
+        self._error: StoreUnavailableError | None = None
+        self._next_try = 0.0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        from retrysafe.stores._url_check import redact_url
+
+        return f"DeferredStore({redact_url(self.url)!r})"
+
+    def _opened(self) -> Any:
+        store = self._store
+        if store is not None:
+            return store
+        with self._lock:
+            if self._store is None:
+                now = time.monotonic()
+                if now < self._next_try and self._error is not None:
+                    raise self._error
+                self._next_try = now + self.retry_every
+                from retrysafe.stores import open_store
+
+                try:
+                    self._store = open_store(self.url)
+                except StoreUnavailableError as exc:
+                    self._error = exc
+                    raise
+            return self._store
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().claim(*args, **kwargs)
+
+    def take_over(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().take_over(*args, **kwargs)
+
+    def complete(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().complete(*args, **kwargs)
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().release(*args, **kwargs)
+
+    def extend_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().extend_lease(*args, **kwargs)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().get(*args, **kwargs)
+
+    def purge_keys(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().purge_keys(*args, **kwargs)
+
+    def list_keys(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().list_keys(*args, **kwargs)
+
+    def find_keys(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().find_keys(*args, **kwargs)
+
+    def evict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._opened().evict(*args, **kwargs)
+
+    def close(self) -> None:
+        """Close the store if it was opened. Idempotent."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
 
 # ---------------------------------------------------------------------- migrations
