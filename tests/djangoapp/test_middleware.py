@@ -312,3 +312,28 @@ def test_two_key_headers_under_asgi_are_400_invalid_key() -> None:
     assert sent[0]["status"] == 400
     assert b"more than one Idempotency-Key header" in sent[1]["body"]
     assert asyncio.run(sync_to_async(_charges)(key)) == 0
+
+
+def test_a_csrf_refusal_is_not_stored_so_the_retry_with_the_token_runs() -> None:
+    """Django's CSRF check refuses inside the middleware chain (403, the view never ran):
+    the key is released, not stored, so the retry with a valid token runs the view once
+    (a view's own 403 is still stored)."""
+    from django.middleware.csrf import _get_new_csrf_string
+    from django.test import Client, override_settings
+
+    chain = ["django.middleware.csrf.CsrfViewMiddleware", "retrysafe.django.IdempotencyMiddleware"]
+    key = _key()
+    with override_settings(MIDDLEWARE=chain, RETRYSAFE={"STORE": "django"}):
+        client = Client(enforce_csrf_checks=True)
+        refused = _post(client, key, path="/checked-charge")
+        assert refused.status_code == 403 and _state(key) == "released"
+        token = _get_new_csrf_string()
+        client.cookies["csrftoken"] = token
+        ran = _post(client, key, path="/checked-charge", extra={"X-CSRFToken": token})
+        assert ran.status_code == 201 and "Idempotent-Replayed" not in ran.headers
+        again = _post(client, key, path="/checked-charge", extra={"X-CSRFToken": token})
+        assert again.headers["Idempotent-Replayed"] == "true"
+        own = _key()  # a view's own 403 (no CSRF involved: the view is csrf_exempt)
+        assert _post(client, own, extra={"X-Status": "403"}).status_code == 403
+        assert _state(own) == "completed"
+    assert _charges(key) == 1

@@ -99,6 +99,32 @@ def _repeated_key_header(request: HttpRequest) -> bool:
     return seen > 1
 
 
+def _csrf_installed() -> bool:
+    """Whether ``MIDDLEWARE`` has Django's CSRF check (or a subclass of it)."""
+    from django.middleware.csrf import CsrfViewMiddleware
+    from django.utils.module_loading import import_string
+
+    for path in getattr(django_settings, "MIDDLEWARE", None) or ():
+        try:
+            cls = import_string(path)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and issubclass(cls, CsrfViewMiddleware):
+            return True
+    return False
+
+
+def _csrf_refused(request: HttpRequest) -> bool:
+    """A 403 from Django's CSRF check, not from the view: the check (``process_view``, which
+    runs inside the middleware chain whatever the order) marks every request it lets through
+    ``csrf_processing_done``, and a ``csrf_exempt`` view is never checked."""
+    if getattr(request, "csrf_processing_done", False):
+        return False
+    match = getattr(request, "resolver_match", None)
+    view = getattr(match, "func", None)
+    return not getattr(view, "csrf_exempt", False)
+
+
 def _answer(answer: Answer) -> HttpResponse:
     """The middleware's own answer (a problem or a replay) as a Django response."""
     response = HttpResponse(answer.body, status=answer.status)
@@ -179,6 +205,7 @@ class IdempotencyMiddleware:
         self._scope = settings.scope
         self._transactional = settings.transactional
         self._begin_effect = effect_opener(raw_store)
+        self._csrf = _csrf_installed()
         self._borrowed: Callable[[], AbstractContextManager[None]] = (
             raw_store.connector.borrowed if isinstance(raw_store, DjangoStore) else nullcontext
         )
@@ -331,6 +358,8 @@ class IdempotencyMiddleware:
             yield partial(run.abort, exc)
             raise
         capture = run.capture
+        if response.status_code == 403 and self._csrf and _csrf_refused(request):
+            req.refused = True  # the view never ran: a retry with the token must run it
         capture.status = response.status_code
         capture.headers = list(response.items())
         if response.streaming:

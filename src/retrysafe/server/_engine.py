@@ -141,6 +141,9 @@ class RequestState:
         claimed_at: when the claim was taken, on the engine's clock (for ``max_run_time``).
         lost: a renewal found the key taken over: nothing this request writes will land.
         pending: the completing operation still to be recorded in the background, or None.
+        refused: the answer came from a check before the handler ran (a framework's CSRF
+            check): it is not the operation's outcome, so the key is released, never stored
+            (Stripe saves a result only once the endpoint started executing).
     """
 
     __slots__ = (
@@ -152,6 +155,7 @@ class RequestState:
         "method",
         "path",
         "pending",
+        "refused",
         "started",
         "token",
     )
@@ -169,6 +173,7 @@ class RequestState:
         self.claimed_at = 0.0
         self.lost = False
         self.pending: Op | None = None
+        self.refused = False
 
 
 class Capture:
@@ -731,13 +736,14 @@ class Engine:
     def finish(self, req: RequestState, capture: Capture) -> Op:
         """After the handler: complete the key with the response or release it (SPEC §4).
 
-        A complete response whose status :func:`core.should_store` accepts completes the key
+        A complete response whose status :func:`core.should_store` accepts (and that no check
+        before the handler gave, ``req.refused``) completes the key
         with its replayable headers and body (an empty body is a valid stored body); a body
         larger than ``max_replay_size`` completes it as not replayable. Anything else (5xx,
         408, 429, no complete response) releases the key so the next attempt runs again.
         """
         status = capture.status
-        if capture.complete and should_store(
+        if capture.complete and not req.refused and should_store(
             status,
             store_server_errors=self.store_server_errors,
             retry_after=status == 409 and _has_retry_after(capture.headers),
