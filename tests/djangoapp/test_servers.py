@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -199,4 +200,29 @@ def test_asgi_client_leaving_mid_async_stream_gets_the_whole_answer_replayed(
     r = _replayed(app, "/astream", key, **pause)
     assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true", r.text
     assert r.text.count("async part") == 3
+    assert _charges(app, key) == 1
+
+
+def test_sqlite_transactional_view_longer_than_its_lease_is_not_taken_over(
+    serve: Callable[..., Server], tmp_path: Path
+) -> None:
+    """SQLite, TRANSACTIONAL, lease 1 s, a 3 s view: its transaction holds the write lock
+    from its start, so no one takes the key over; a repeat waits for the lock and then gets
+    the replay. One effect."""
+    app = serve({"RS_SQLITE": str(tmp_path / "db.sqlite3")}, "gunicorn", TRANSACTIONAL=True,
+                LEASE=1.0)  # fmt: skip
+    key = f"long-{uuid.uuid4().hex[:8]}"
+    headers = {"Idempotency-Key": key, "X-Sleep": "3"}
+    results: list[httpx.Response] = []
+
+    def first() -> None:
+        results.append(httpx.post(f"{app.url}/charge", json={}, headers=headers, timeout=30))
+
+    sender = threading.Thread(target=first)
+    sender.start()
+    time.sleep(1.5)  # past the lease
+    repeat = httpx.post(f"{app.url}/charge", json={}, headers=headers, timeout=30)
+    sender.join(30)
+    assert results[0].status_code == 201
+    assert repeat.status_code == 201 and repeat.headers["idempotent-replayed"] == "true"
     assert _charges(app, key) == 1

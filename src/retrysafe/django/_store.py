@@ -239,8 +239,11 @@ class DjangoTransaction:
 
     Attributes:
         connection: the driver connection (``sqlite3`` or ``psycopg``) Django writes with.
-        holds_write_lock: False: other connections can still write a key's row (SQLite
-            takes its write lock only at the view's first write), so the lease is renewed.
+        holds_write_lock: SQLite: True, the transaction takes the database's write lock as
+            it opens (a write that changes nothing), so no one can take the key over until
+            it ends and the middleware need not renew the lease (renewals from other
+            connections would only wait for that lock). PostgreSQL: False (row locks; the
+            lease is renewed).
     """
 
     holds_write_lock = False
@@ -254,6 +257,11 @@ class DjangoTransaction:
             self._atomic.__enter__()
             try:
                 self.connection = connector._raw()
+                if connector.dialect == "sqlite":
+                    # Deferred BEGIN takes the write lock only at the view's first write;
+                    # take it now, so the whole view runs under it (see holds_write_lock).
+                    self.connection.execute("UPDATE idempotency_keys SET state = state WHERE 0")
+                    self.holds_write_lock = True
             except BaseException:
                 self._exit(rollback=True)
                 raise
