@@ -54,6 +54,7 @@ def _env(db: dict[str, str], retrysafe: dict[str, Any]) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
         "DJANGO_SETTINGS_MODULE": "djangoapp.settings",
         "RS_RETRYSAFE": json.dumps(retrysafe),
+        "RS_SQLITE_TIMEOUT": "10",  # not the in-process project's 0.5 s
         "PYTHONUNBUFFERED": "1",
     }
 

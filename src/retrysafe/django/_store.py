@@ -188,7 +188,12 @@ class DjangoConnector:
             if self.dialect == "sqlite":
                 from retrysafe.stores._sqlite import _drive
 
-                return _drive(raw, op, atomic)
+                # Outside Django's transaction every operation runs in BEGIN IMMEDIATE: a
+                # plain statement would read first (a SHARED lock) and then need the write
+                # lock, and under Django's default rollback journal SQLite answers such an
+                # upgrade "database is locked" at once, without waiting its timeout, while
+                # a view's transaction commits.
+                return _drive(raw, op, atomic or not raw.in_transaction)
             from retrysafe.stores._postgres import _drive_sync
 
             return _drive_sync(raw, op, atomic)

@@ -816,7 +816,16 @@ class Engine:
             "duration_ms": round((time.perf_counter() - started) * 1000.0, 3),
         }
         extra.update(fields)
-        log.log(level, "decision=%s", decision, extra=extra)
+        if level < logging.WARNING:
+            log.log(level, "decision=%s", decision, extra=extra)
+            return
+        # A warning is read by people whose handler prints only the message (Django's
+        # default): say what happened there too, not only in the structured fields.
+        said = " ".join(f"{name}={fields[name]}" for name in ("error", "detail") if name in fields)
+        log.log(
+            level, "decision=%s %s %s status=%s%s", decision, method, path, status,
+            f" {said}" if said else "", extra=extra,
+        )  # fmt: skip
 
     def log_request(
         self,
