@@ -116,8 +116,9 @@ def _cycle() -> list[object]:
         (10**5000, "$.d", "integer of about 5000 digits"),
         ("\ud800", "$.d", "lone surrogate"),
         ({"a": ["ok", "\udfff"]}, "$.d.a[1]", "lone surrogate"),
+        ({"a": {"\ud800x": 1}}, r"$.d.a key '\ud800x'", "lone surrogate"),
     ],
-    ids=["deep", "cycle", "huge-int", "surrogate", "nested-surrogate"],
+    ids=["deep", "cycle", "huge-int", "surrogate", "nested-surrogate", "surrogate-key"],
 )
 def test_arguments_json_cannot_carry_are_a_payload_error_naming_them(
     value: object, path: str, says: str

@@ -255,7 +255,7 @@ def test_two_tools_sharing_a_name_in_one_run_are_refused(agent_store: AgentStore
     assert made == ["pkg.jira"] and len(run.calls()) == 1
 
 
-@pytest.mark.parametrize("bad", [-1, -3, 1.5, True, "2"])
+@pytest.mark.parametrize("bad", [-1, -3, 1.5, True, "2", 2**63])
 def test_negative_or_non_integer_step_numbers_are_refused(
     agent_store: AgentStore, bad: object
 ) -> None:
@@ -267,4 +267,4 @@ def test_negative_or_non_integer_step_numbers_are_refused(
         run.step(bad),  # type: ignore[arg-type]
     ):
         pass
-    assert "step must be an integer >= 0" in str(info.value)
+    assert "step must be an integer from 0 to 2**63-1" in str(info.value)

@@ -143,6 +143,15 @@ def test_a_one_letter_password_does_not_garble_the_message() -> None:
     assert "***" not in str(info.value)
 
 
+def test_a_malformed_url_does_not_quote_its_password() -> None:
+    """psycopg's parse error quotes the part it could not parse; a password with spaces is
+    masked there too."""
+    with pytest.raises(ConfigurationError) as info:
+        PostgresStore("postgresql://tester:my secret pw@127.0.0.1:1/rs")
+    assert "malformed PostgreSQL URL" in str(info.value)
+    assert "secret" not in str(info.value)
+
+
 def test_postgres_refused_login_is_unavailable(pg_url: str) -> None:
     """A login the server refuses (unknown role; this server trusts every password on
     loopback) raises StoreUnavailableError with the server's reason and no password."""

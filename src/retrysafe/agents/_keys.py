@@ -67,6 +67,7 @@ def _plain(value: Any, path: str) -> Any:
                     f"{path} has a non-string key {k!r}; JSON object keys are strings",
                     path=path,
                 )
+            _plain(k, f"{path} key {k!r}")  # a key is text too (a lone surrogate fails)
             out[k] = _plain(v, f"{path}.{k}")
         return out
     if isinstance(value, (list, tuple)):

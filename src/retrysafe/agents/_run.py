@@ -179,10 +179,12 @@ class AgentRun:
         """
         if number is None:
             number = self._last_step + 1
-        elif isinstance(number, bool) or not isinstance(number, int) or number < 0:
+        elif (
+            isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < 2**63
+        ):
             raise ConfigurationError(
-                f"step must be an integer >= 0, not {number!r} (steps number from 1; 0 is "
-                "the step of calls made outside any step)",
+                f"step must be an integer from 0 to 2**63-1, not {number!r} (steps number "
+                "from 1; 0 is the step of calls made outside any step)",
                 option="step",
             )
         self._last_step = max(self._last_step, number)

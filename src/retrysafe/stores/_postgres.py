@@ -39,6 +39,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from urllib.parse import urlsplit
 
 import psycopg
 import psycopg_pool
@@ -255,8 +256,13 @@ class PostgresConnector(Transactions):
         try:
             params = conninfo_to_dict(url)
         except psycopg.Error as exc:
+            # psycopg's message quotes the part it could not parse, the password included.
+            try:
+                typed = urlsplit(url).password
+            except ValueError:
+                typed = None
             raise ConfigurationError(
-                f"malformed PostgreSQL URL: {_redact(str(exc), None)}", option="store"
+                f"malformed PostgreSQL URL: {_redact(str(exc), typed)}", option="store"
             ) from exc
         password = params.get("password")
         self._password = None if password is None else str(password)
