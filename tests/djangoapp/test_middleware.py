@@ -267,6 +267,9 @@ def test_store_failing_after_the_effect_answers_503_then_records_in_the_backgrou
     answer = _post(client, key, extra={"X-Lock-Store": "2"})
     assert answer.status_code == 503
     assert answer.json()["type"].endswith("store-unavailable")
+    # the view ran: the answer must not say "nothing was run" (a new key would duplicate)
+    assert "was handled" in answer.json()["detail"]
+    assert "Nothing was run" not in answer.json()["detail"]
     deadline = time.monotonic() + 15
     while True:
         with contextlib.suppress(StoreUnavailableError):  # locked meanwhile

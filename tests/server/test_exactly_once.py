@@ -279,6 +279,7 @@ def test_answer_that_cannot_be_recorded_is_503_then_replayed(
         h = serve(store=store, clock=time.time)
         answer, filler = _answer_while_the_disk_fills(h, full_disk, "d1")
         assert_problem(answer, 503, "store-unavailable")
+        assert "was handled" in answer.json()["detail"]  # not "nothing was run"
         assert h.effects.counts["slow"] == 1
         assert not _completed(h)
         filler.unlink()

@@ -402,7 +402,7 @@ class IdempotencyMiddleware:
             return response
         response.close()
         engine = self._engine
-        return _answer(engine.in_progress(1) if verdict == FENCED else engine.store_unavailable())
+        return _answer(engine.instead_of(run.req, verdict))
 
     # ------------------------------------------------------------------ streaming answers
     def _stream(self, response: Any, run: _DjangoRun) -> HttpResponseBase:

@@ -27,7 +27,6 @@ from retrysafe.core import (
 from retrysafe.observability._timed import store_kind, timed_store
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
-    FENCED,
     FORWARD,
     UNRECORDED,
     Answer,
@@ -446,7 +445,7 @@ class _Responder(Claimant):
         if self.sent or self.gone:
             return  # the server closes the connection before the end: the client retries
         engine = self.engine
-        answer = engine.in_progress(1) if verdict == FENCED else engine.store_unavailable()
+        answer = engine.instead_of(self.req, verdict)
         try:
             await _send_answer(self.wrapped, answer)
         except _SEND_ERRORS:

@@ -141,6 +141,8 @@ class RequestState:
         claimed_at: when the claim was taken, on the engine's clock (for ``max_run_time``).
         lost: a renewal found the key taken over: nothing this request writes will land.
         pending: the completing operation still to be recorded in the background, or None.
+        handled: the handler ran and its answer was held back for a record that could not
+            land (then recorded in the background): a 503 instead must not say "nothing ran".
         refused: the answer came from a check before the handler ran (a framework's CSRF
             check): it is not the operation's outcome, so the key is released, never stored
             (Stripe saves a result only once the endpoint started executing).
@@ -150,6 +152,7 @@ class RequestState:
         "claim",
         "claimed_at",
         "fingerprint",
+        "handled",
         "key_hash",
         "lost",
         "method",
@@ -173,6 +176,7 @@ class RequestState:
         self.claimed_at = 0.0
         self.lost = False
         self.pending: Op | None = None
+        self.handled = False
         self.refused = False
 
 
@@ -285,6 +289,7 @@ class Engine:
         "_replay_bytes",
         "_replay_str",
         "_store_unavailable",
+        "_unrecorded",
         "clock",
         "config",
         "fail_open",
@@ -334,6 +339,17 @@ class Engine:
                 "operation (e.g. a UUIDv4) and send it with every attempt of that operation.",
             ),
             "missing-key",
+        )
+        self._unrecorded = self._problem(
+            Problem(
+                "store-unavailable",
+                503,
+                "The request was handled, but the idempotency store is unavailable, so its "
+                "answer could not be recorded yet. Retry later with the same key to get that "
+                "answer; do not use a new key: the operation may have taken effect.",
+                retry_after=config.store_retry_after_seconds,
+            ),
+            "store-unavailable",
         )
         self._store_unavailable = self._problem(
             Problem(
@@ -403,6 +419,15 @@ class Engine:
     def store_unavailable(self) -> Answer:
         """503 ``store-unavailable`` with ``Retry-After`` (fail closed, SPEC §3)."""
         return self._store_unavailable
+
+    def instead_of(self, req: RequestState, verdict: Verdict) -> Answer:
+        """What a driver sends instead of a handler's answer the engine did not let out: 409
+        ``request-in-progress`` (fenced: the new owner's answer will be replayed), or 503
+        ``store-unavailable``, saying whether the request ran: its answer still waits to be
+        recorded (``req.handled``), or nothing happened (the transaction rolled back)."""
+        if verdict == FENCED:
+            return self.in_progress(1)
+        return self._unrecorded if req.handled else self._store_unavailable
 
     def replay(self, response: StoredResponse) -> Answer:
         """The stored status, replayable headers and body, plus ``Idempotent-Replayed: true``."""
@@ -580,6 +605,7 @@ class Engine:
                 self._log_store_failed(req, capture.status, op, exc)
                 return FORWARD
             req.pending = op
+            req.handled = True
             self.pending_keys.add(req.key_hash)
             self.log_request(
                 "unrecorded",

@@ -357,10 +357,7 @@ class _Response:
                 f"({'lease taken over' if verdict == FENCED else 'store unavailable'})",
                 store=repr(run.store),
             )
-        engine = run.engine
-        yield run.answer_instead(
-            engine.in_progress(1) if verdict == FENCED else engine.store_unavailable()
-        )
+        yield run.answer_instead(run.engine.instead_of(run.req, verdict))
 
     def close(self) -> None:
         run = self._run
