@@ -114,7 +114,7 @@ def serve() -> Iterator[Callable[..., Server]]:
                 "-k",
                 "gthread",
                 "--threads",
-                "64",
+                env.get("RS_THREADS", "64"),
                 "-b",
                 f"127.0.0.1:{port}",
                 "--log-level",

@@ -38,7 +38,11 @@ if _schema:
             "PASSWORD": _pg.get("password", ""),
             "HOST": _pg.get("host", "127.0.0.1"),
             "PORT": str(_pg.get("port", "5432")),
-            "OPTIONS": {"options": f"-c search_path={_schema}"},
+            "OPTIONS": {
+                "options": f"-c search_path={_schema}",
+                "application_name": os.environ.get("RS_PG_APP", "djangoapp"),
+            },
+            "CONN_MAX_AGE": int(os.environ.get("RS_CONN_MAX_AGE", "0")),
         }
     }
 else:

@@ -226,3 +226,37 @@ def test_sqlite_transactional_view_longer_than_its_lease_is_not_taken_over(
     assert results[0].status_code == 201
     assert repeat.status_code == 201 and repeat.headers["idempotent-replayed"] == "true"
     assert _charges(app, key) == 1
+
+
+def test_a_dropped_persistent_connection_costs_one_request_not_all(
+    serve: Callable[..., Server], pg_url: str, pg_schema: str
+) -> None:
+    """PostgreSQL with CONN_MAX_AGE=60 under gunicorn (one thread): the server drops the
+    thread's connection. At most the next protected request fails (503); the connection is
+    then closed and reopened, and every request after it runs."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {pg_schema}".encode())
+    app_name = f"rs-{uuid.uuid4().hex[:8]}"
+    db = {
+        "RS_PG_SCHEMA": pg_schema, "RETRYSAFE_TEST_POSTGRES": pg_url, "RS_PG_APP": app_name,
+        "RS_CONN_MAX_AGE": "60", "RS_THREADS": "1",
+    }  # fmt: skip
+    app = serve(db, "gunicorn")
+    with httpx.Client(base_url=app.url, timeout=10) as client:
+        for i in range(2):
+            r = client.post("/charge", json={}, headers={"Idempotency-Key": f"warm-{i}"})
+            assert r.status_code == 201
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (app_name,),
+            ).fetchone()
+        assert killed is not None and killed[0] >= 1
+        statuses = [
+            client.post("/charge", json={}, headers={"Idempotency-Key": f"after-{i}"}).status_code
+            for i in range(5)
+        ]
+    assert statuses.count(503) <= 1 and statuses[1:] == [201] * 4, statuses

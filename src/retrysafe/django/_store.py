@@ -155,15 +155,34 @@ class DjangoConnector:
         except StoreError:
             raise
         except (DjangoError, sqlite3.Error) as exc:
+            self._failed()
             raise self.translate(exc) from exc
         except Exception as exc:
             if type(exc).__module__.startswith("psycopg"):
+                self._failed()
                 raise self.translate(exc) from exc
             raise
 
-    def _raw(self) -> Any:
-        """This thread's driver connection, opened if needed (Django's own open)."""
+    def _failed(self) -> None:
+        """A driver error on Django's connection, which Django did not see (the statement ran
+        on the driver connection): mark it as Django marks its own errors, and close it now
+        when it is broken and no transaction is open, so the next operation (and Django's
+        own next query) reconnects instead of failing on a dead connection until
+        ``CONN_MAX_AGE`` ends."""
         conn = connections[self.alias]
+        conn.errors_occurred = True
+        if not conn.in_atomic_block:
+            with suppress(Exception):
+                if not conn.is_usable():
+                    conn.close()
+
+    def _raw(self) -> Any:
+        """This thread's driver connection, opened if needed, after Django's health check
+        (``CONN_HEALTH_CHECKS``) as Django runs it before its own first query on a reused
+        connection."""
+        conn = connections[self.alias]
+        if not conn.in_atomic_block:
+            conn.close_if_health_check_failed()
         conn.ensure_connection()
         return conn.connection
 
