@@ -160,3 +160,16 @@ def test_import_retrysafe_does_not_import_django() -> None:
     code = "import sys, retrysafe, retrysafe.server; print('django' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_body_limit_above_djangos_upload_limit_warns() -> None:
+    """MAX_BODY_SIZE above DATA_UPLOAD_MAX_MEMORY_SIZE cannot be reached: a warning says to
+    raise Django's limit too."""
+    from django.test import override_settings
+
+    from retrysafe import RetrysafeWarning
+    from retrysafe.django import IdempotencyMiddleware
+
+    big = {"STORE": "django", "MAX_BODY_SIZE": 4 * 1024 * 1024}
+    with override_settings(RETRYSAFE=big), pytest.warns(RetrysafeWarning, match="DATA_UPLOAD"):
+        IdempotencyMiddleware(lambda request: None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
@@ -25,7 +26,12 @@ from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from django.http.response import HttpResponseBase
 
-from retrysafe._exceptions import ConfigurationError, StoreError, StoreUnavailableError
+from retrysafe._exceptions import (
+    ConfigurationError,
+    RetrysafeWarning,
+    StoreError,
+    StoreUnavailableError,
+)
 from retrysafe.core import InvalidKey, Keyed, MissingKey, fingerprint, key_hash
 from retrysafe.observability._timed import timed_store
 from retrysafe.server._engine import FENCED, FORWARD, Answer, Engine, RequestState, Verdict, drive
@@ -198,6 +204,15 @@ class IdempotencyMiddleware:
         if self.async_mode:
             markcoroutinefunction(self)
         settings = load_settings(getattr(django_settings, SETTING, None))
+        upload = getattr(django_settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None)
+        if isinstance(upload, int) and settings.config.max_body_size > upload:
+            warnings.warn(
+                f"{SETTING}['MAX_BODY_SIZE'] ({settings.config.max_body_size} bytes) is above "
+                f"Django's DATA_UPLOAD_MAX_MEMORY_SIZE ({upload} bytes): keyed bodies between "
+                "the two get 413 body-too-large; raise DATA_UPLOAD_MAX_MEMORY_SIZE too",
+                RetrysafeWarning,
+                stacklevel=2,
+            )
         raw_store = _open(settings)
         self.store: Any = timed_store(raw_store, settings.config.telemetry)
         self._engine = Engine(settings.config)

@@ -143,7 +143,12 @@ class DjangoConnector:
             else:
                 err = StoreError(f"store {url} failed: {msg}", store=url)
         if isinstance(err, SchemaError):
-            err = SchemaError(f"{err.args[0].split(' (run ')[0]} ({_MIGRATE_HINT})", store=url)
+            hint = (
+                _MIGRATE_HINT
+                if self.alias == DEFAULT_DB_ALIAS
+                else (f"{_MIGRATE_HINT[:-1]} --database {self.alias}`")
+            )
+            err = SchemaError(f"{err.args[0].split(' (run ')[0]} ({hint})", store=url)
         return err
 
     @contextmanager
