@@ -28,6 +28,10 @@ from retrysafe.proof import (
 )
 
 JOBS = 80
+#: Scenarios whose fault comes after a share of the work (a third, a quarter): on an idle
+#: machine 80 operations can all finish between two looks of the runner (0.1 s apart), and
+#: the run is then rightly "not proven" (its fault never came); these get more.
+JOBS_FOR = {"store-outage": 400, "retry-storm": 400}
 
 # Scenarios whose faults make naive duplicates certain even in a small run.
 NAIVE_DUPLICATES = {"loss-10", "loss-30", "retry-storm", "long-handler"}
@@ -37,7 +41,10 @@ def _run(tmp_path: Path, name: str, store: str = "sqlite") -> dict[str, Any]:
     # A 1 s attempt timeout (the CLI's default is 2 s) keeps the naive client's blind retries
     # of a 3.5 s handler short; every scenario's rule still holds: handler > lease > timeout.
     options = ProofOptions(
-        jobs=JOBS, store=store, scenarios=tuple(select_scenarios(name)), timeout=1.0
+        jobs=JOBS_FOR.get(name, JOBS),
+        store=store,
+        scenarios=tuple(select_scenarios(name)),
+        timeout=1.0,
     )
     work = tmp_path / "work"
     work.mkdir()
@@ -53,20 +60,21 @@ def _check(doc: dict[str, Any], name: str) -> None:
     protected, naive = scenario["rows"]["retrysafe"], scenario["rows"]["naive"]
     assert scenario["failures"] == [] and scenario["inconclusive"] == [], scenario
     assert doc["ok"] is True
-    assert protected["operations"] == naive["operations"] == JOBS
-    assert protected["effects"] == JOBS  # one effect per operation, none missing
+    jobs = JOBS_FOR.get(name, JOBS)
+    assert protected["operations"] == naive["operations"] == jobs
+    assert protected["effects"] == jobs  # one effect per operation, none missing
     assert protected["duplicated"] == 0 and protected["lost"] == 0
     assert protected["still_unknown"] == 0
     assert protected["recovered"] == protected["unknown"]
-    assert protected["acknowledged"] == JOBS
+    assert protected["acknowledged"] == jobs
     assert protected["max_attempts"] <= doc["attempts"]
-    assert protected["attempted"] >= JOBS and naive["attempted"] >= 1
+    assert protected["attempted"] >= jobs and naive["attempted"] >= 1
     event = next(s.event.value for s in SCENARIOS if s.name == name)
     if event != "none":
         assert protected["faults"][event] >= 1 and naive["faults"][event] >= 1
     if name in NAIVE_DUPLICATES:
         assert naive["duplicated"] > 0, naive
-        assert naive["effects"] > JOBS
+        assert naive["effects"] > jobs
 
 
 @pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
