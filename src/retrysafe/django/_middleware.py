@@ -265,12 +265,15 @@ class IdempotencyMiddleware:
                     raise asyncio.CancelledError from None
                 return stop.value
             value, error = None, None
-            if step is _VIEW:
-                work = asyncio.ensure_future(self.get_response(request))
-            else:
-                work = asyncio.ensure_future(sync_to_async(step, thread_sensitive=True)())
             try:
-                value, interrupted = await _to_the_end(work)
+                if step is not _VIEW:  # store work: a statement is never left half-driven
+                    work = sync_to_async(step, thread_sensitive=True)()
+                    value, interrupted = await _to_the_end(asyncio.ensure_future(work))
+                elif SCOPE_KEY in request.META:  # the view of a claimed key
+                    view = asyncio.ensure_future(self.get_response(request))
+                    value, interrupted = await _to_the_end(view)
+                else:  # unkeyed, or failing open: nothing to settle, cancel as Django asks
+                    value, interrupted = await self.get_response(request), False
                 cancelled = cancelled or interrupted
             except BaseException as exc:  # the conversation releases the key, re-raises
                 error = exc
