@@ -118,36 +118,32 @@ class DjangoConnector:
     # ------------------------------------------------------------------ errors
     def translate(self, exc: Exception) -> StoreError:
         """The store's error for a driver (or Django) error: unavailable, no schema, or a
-        failure; the password never appears (drivers do not put it in messages)."""
-        url = self.url
+        failure, by the dialect's own translation; the password never appears (drivers do
+        not put it in messages); a missing table says which ``migrate`` to run."""
         if isinstance(exc, StoreError):
             return exc
-        if self.dialect == "sqlite":
-            from retrysafe.stores._sqlite import _translate
+        url = self.url
+        hint = _MIGRATE_HINT
+        if self.alias != DEFAULT_DB_ALIAS:
+            hint = f"{_MIGRATE_HINT[:-1]} --database {self.alias}`"
+        if self.dialect == "postgres":
+            from retrysafe.stores._postgres import translate_error
 
-            inner = exc.__cause__ if not isinstance(exc, sqlite3.Error) else exc
-            if isinstance(inner, sqlite3.Error):
-                err = _translate(inner, url)
-            else:
-                err = StoreError(f"store {url} failed: {exc}", store=url)
-        else:
-            import psycopg
-
-            from retrysafe.stores._postgres import _redact
-
-            msg = _redact(str(exc).strip(), None)
-            if isinstance(exc, psycopg.errors.UndefinedTable):
-                err = SchemaError(f"store {url} has no retrysafe schema: {msg}", store=url)
-            elif isinstance(exc, (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)):
-                err = StoreUnavailableError(f"store {url} unavailable: {msg}", store=url)
-            else:
-                err = StoreError(f"store {url} failed: {msg}", store=url)
-        if isinstance(err, SchemaError):
-            hint = (
-                _MIGRATE_HINT
-                if self.alias == DEFAULT_DB_ALIAS
-                else (f"{_MIGRATE_HINT[:-1]} --database {self.alias}`")
+            inner = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+            return translate_error(
+                inner,
+                where=url,
+                url=url,
+                password=None,
+                no_schema=f"store {url} has no retrysafe schema: {{msg}} ({hint})",
             )
+        from retrysafe.stores._sqlite import _translate
+
+        cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+        if not isinstance(cause, sqlite3.Error):
+            return StoreError(f"store {url} failed: {exc}", store=url)
+        err = _translate(cause, url)
+        if isinstance(err, SchemaError):
             err = SchemaError(f"{err.args[0].split(' (run ')[0]} ({hint})", store=url)
         return err
 

@@ -105,6 +105,35 @@ def _redact(message: str, password: str | None) -> str:
     return " ".join(kept)
 
 
+def translate_error(
+    exc: Exception, *, where: str, url: str, password: str | None, no_schema: str
+) -> StoreError:
+    """The one translation of a psycopg error into the store's errors, for every connection
+    retrysafe runs its SQL on (its own pool, or a framework's: Django's).
+
+    Args:
+        where: how messages name the server; ``url``: the store, for ``StoreError.store``;
+        password: masked wherever it appears; no_schema: the :class:`SchemaError` message,
+            with ``{msg}`` for the driver's.
+
+    Returns:
+        :class:`SchemaError` for a missing table; :class:`StoreUnavailableError` for "cannot
+        serve now" (unreachable, a pool timeout, a read-only server: a standby or a primary
+        being demoted serves again once writable); :class:`StoreError` for the rest.
+    """
+    msg = _redact(str(exc).strip(), password)
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return SchemaError(no_schema.format(msg=msg), store=url)
+    unavailable = (
+        psycopg.OperationalError,
+        psycopg_pool.PoolTimeout,
+        psycopg.errors.ReadOnlySqlTransaction,
+    )
+    if isinstance(exc, unavailable):
+        return StoreUnavailableError(f"PostgreSQL store at {where} unavailable: {msg}", store=url)
+    return StoreError(f"PostgreSQL store at {where} failed: {msg}", store=url)
+
+
 def _fetch(cur: psycopg.Cursor[Any], fetch: str) -> Any:
     if fetch == "one":
         return cur.fetchone()
@@ -309,25 +338,15 @@ class PostgresConnector(Transactions):
     # ------------------------------------------------------------------ errors
     def translate(self, exc: Exception) -> StoreError:
         """The one translation of psycopg's errors (the password never appears)."""
-        msg = _redact(str(exc).strip(), self._password)
-        if isinstance(exc, psycopg.errors.UndefinedTable):
-            return SchemaError(
-                f"PostgreSQL store {self.where} has no retrysafe schema in {self.schema!r}: "
-                f"{msg} (run `retrysafe migrate --store URL`, or open it with create=True)",
-                store=self.url,
-            )
-        # A read-only server (a standby, a primary being demoted) serves again once it is
-        # writable: unavailable, like a server that cannot be reached.
-        unavailable = (
-            psycopg.OperationalError,
-            psycopg_pool.PoolTimeout,
-            psycopg.errors.ReadOnlySqlTransaction,
+        return translate_error(
+            exc,
+            where=self.where,
+            url=self.url,
+            password=self._password,
+            no_schema=f"PostgreSQL store {self.where} has no retrysafe schema in "
+            f"{self.schema!r}: {{msg}} (run `retrysafe migrate --store URL`, or open it with "
+            "create=True)",
         )
-        if isinstance(exc, unavailable):
-            return StoreUnavailableError(
-                f"PostgreSQL store at {self.where} unavailable: {msg}", store=self.url
-            )
-        return StoreError(f"PostgreSQL store at {self.where} failed: {msg}", store=self.url)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
