@@ -33,6 +33,7 @@ _COMMANDS: dict[str, str] = {
     "migrate": "retrysafe.cli._migrate:migrate",
     "proof": "retrysafe.cli._proof:proof",
     "reconcile": "retrysafe.cli._client:reconcile_command",
+    "ui": "retrysafe.cli._ui:ui",
     "webhooks": "retrysafe.cli._webhooks:webhooks",
     "worker": "retrysafe.cli._client:worker",
 }

@@ -384,9 +384,10 @@ def worker(
     live: Any = None
     handler: logging.Handler | None = None
     old_level = logging.NOTSET
-    with _outbox(store, policy) as outbox, serving_metrics(
-        metrics_address, outbox.store
-    ) as metrics:
+    with (
+        _outbox(store, policy) as outbox,
+        serving_metrics(metrics_address, outbox.store) as metrics,
+    ):
         w = outbox.worker(
             concurrency=concurrency,
             lease=lease,

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Iterator
-from typing import Any
 
 import click
 
@@ -23,7 +20,7 @@ from retrysafe.cli._common import (
     serving_metrics,
     store_option,
 )
-from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
+from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals, Stopper, quiet_server
 
 __all__ = ["gateway"]
 
@@ -285,7 +282,7 @@ def gateway(
             )
         check_port_free(metrics_host, metrics_port, option="--metrics", code=2)
 
-    stopper = _Stopper()
+    stopper = Stopper()
     with Signals(on_signal=stopper) as signals:
         with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
             key_store = open_store(store)
@@ -294,7 +291,7 @@ def gateway(
                 if metrics is not None:
                     config = dataclasses.replace(config, telemetry=metrics)
                 app = IdempotencyMiddleware(proxy, store=key_store, config=config)
-                server = stopper.server = _server(
+                server = stopper.server = quiet_server(
                     uvicorn.Config(
                         app,
                         host=host,
@@ -329,33 +326,3 @@ def gateway(
         raise SystemExit(signals.exit_code)
     if not server.started:
         fail(f"the gateway could not start on {host}:{port}")
-
-
-class _Stopper:
-    """The :class:`Signals` callback: stops uvicorn the way it stops itself, by flags its
-    loop looks at every 0.1 s (the first signal gracefully, a second at once)."""
-
-    def __init__(self) -> None:
-        self.server: Any = None
-
-    def __call__(self, signum: int, count: int) -> None:
-        server = self.server
-        if server is None:  # not yet created: the command checks signals before running it
-            return
-        if count > 1:
-            server.force_exit = True
-        server.should_exit = True
-
-
-def _server(config: Any) -> Any:
-    """A uvicorn server for ``config`` that leaves signals to the command: it neither
-    installs handlers of its own nor re-raises the signal after shutting down (uvicorn
-    does both), so the command exits 130 or 143 with its store closed."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return Server(config)

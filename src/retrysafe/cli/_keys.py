@@ -68,7 +68,7 @@ from retrysafe.core import (
 )
 from retrysafe.stores._base import ENTRY_STATES, KeyAdmin, KeyEntry, KeyPosition
 
-__all__ = ["KeyAdminSource", "keys"]
+__all__ = ["KeyAdminSource", "key_lookup", "keys", "next_attempt"]
 
 _LIMIT = click.IntRange(min=1, max=1_000_000)
 _FLAGS = {"store": "--store", "schema": "--schema", "prefix": "--prefix", "limit": "--limit"}
@@ -278,22 +278,38 @@ def _target(
         authorization = None  # an explicit --scope wins over $RETRYSAFE_AUTHORIZATION
     if authorization is not None and scope is not None:
         fail("--scope: give --authorization or --scope, not both", EXIT_USAGE)
+    try:
+        hashed, how = key_lookup(parsed, authorization=authorization, scope=scope)
+    except ValueError as exc:
+        fail(f"--authorization: {exc}", EXIT_USAGE)
+    return _Target(hashed, f"{clip(parsed, 80)!r} {how}", by_key=True)
+
+
+def key_lookup(
+    key: str, *, authorization: str | None = None, scope: str | None = None
+) -> tuple[str, str]:
+    """``(key hash, how the scope was given)`` of a parsed idempotency key, its scope derived
+    as the middleware derives it: ``scope`` as an application's scope function returns it,
+    or the request's ``authorization`` value hashed as the default scope
+    :func:`~retrysafe.core.scope_from_authorization` hashes it, or neither (a request
+    without Authorization). The one rule of ``retrysafe keys`` and the console's keys page.
+
+    Raises:
+        ValueError: ``authorization`` contains CR, LF or NUL (no header value can).
+    """
     if scope is not None:
-        how, owner = "in the given --scope", scope
-    elif authorization is not None:
+        return key_hash(scope, key), "in the given scope"
+    if authorization is not None:
         if any(c in authorization for c in "\r\n\0"):
-            fail("--authorization: a header value cannot contain CR, LF or NUL", EXIT_USAGE)
+            raise ValueError("a header value cannot contain CR, LF or NUL")
         # HTTP drops the optional whitespace around a field value (RFC 9110 §5.5): the
         # middleware never sees it, so neither is it part of the scope here.
         authorization = authorization.strip(" \t")
         # The middleware hashes the header's bytes read as latin-1; a terminal sends UTF-8.
         wire = authorization.encode("utf-8", "surrogateescape").decode("latin-1")
-        how, owner = "for the given --authorization", scope_from_authorization(
-            {"authorization": wire}
-        )
-    else:
-        how, owner = "without a scope (requests without Authorization)", ""
-    return _Target(key_hash(owner, parsed), f"{clip(parsed, 80)!r} {how}", by_key=True)
+        owner = scope_from_authorization({"authorization": wire})
+        return key_hash(owner, key), "for the given Authorization"
+    return key_hash("", key), "without a scope (requests without Authorization)"
 
 
 @dataclass(frozen=True)
@@ -368,7 +384,7 @@ class _Where:
             ]
         for head in heads:
             if head and message.startswith(head):
-                message = f"{self}{message[len(head):]}"
+                message = f"{self}{message[len(head) :]}"
                 break
         message = message.replace(", or open it with create=True", "")
         return message.replace("`retrysafe migrate --store URL`", f"`{self.migrate_command()}`")
@@ -548,7 +564,7 @@ def _cell(text: str) -> Any:
     return Text(_visible(text))
 
 
-def _next_attempt(entry: KeyEntry, now: float) -> tuple[str, str]:
+def next_attempt(entry: KeyEntry, now: float) -> tuple[str, str]:
     """What a repeat of the request that claimed ``entry`` would get now (SPEC §3, by
     :func:`retrysafe.core.decide`): a short name and a sentence."""
     record = None
@@ -591,7 +607,7 @@ def _entry_dict(entry: KeyEntry, now: float, *, body: bool = False) -> dict[str,
     """A record in --json output: what the store holds, as stored (times in Unix seconds);
     ``lease_expires_at`` only while it is running (null otherwise: a finished record's last
     lease means nothing), ``replayable`` only once an answer is stored (else null)."""
-    nxt, _ = _next_attempt(entry, now)
+    nxt, _ = next_attempt(entry, now)
     answered = entry.status is not None
     out: dict[str, Any] = {
         "key_hash": entry.key_hash,
@@ -638,7 +654,7 @@ def _keys_table(entries: list[KeyEntry], title: str, now: float) -> Any:
             "" if e.status is None else str(e.status),
             _size(e.body_size),
             str(e.fencing_token),
-            _next_attempt(e, now)[0],
+            next_attempt(e, now)[0],
         )
     return table
 
@@ -656,13 +672,14 @@ def _show_table(entry: KeyEntry, now: float) -> Any:
         replayable = "yes" if entry.replayable else "no (the answer exceeded the limit)"
     rows = [
         ("state", entry.state),
-        ("next attempt", _next_attempt(entry, now)[1]),
+        ("next attempt", next_attempt(entry, now)[1]),
         ("fingerprint", entry.fingerprint or "(none: released)"),
         ("fencing token", str(entry.fencing_token)),
         (
             "created",
-            _when(entry.created_at) if entry.created_at is not None else "(not recorded: "
-            "claimed before this store recorded claim times)",
+            _when(entry.created_at)
+            if entry.created_at is not None
+            else "(not recorded: claimed before this store recorded claim times)",
         ),
         ("lease until", lease if entry.state == "running" else "(not running)"),
         ("expires", f"{_when(entry.expires_at)} ({_relative(entry.expires_at, now)})"),
@@ -846,7 +863,7 @@ def keys_evict(
             message = _nothing_to_evict(short)
             _report(as_json, where, entry.key_hash, "released", evicted=False, message=message)
             return
-        held = entry.state == "running" and _next_attempt(entry, now)[0] == "in-progress"
+        held = entry.state == "running" and next_attempt(entry, now)[0] == "in-progress"
         if held and not force:
             lease = _relative(entry.lease_expires_at, now)
             fail(

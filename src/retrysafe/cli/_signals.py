@@ -12,14 +12,15 @@ shell reports it).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["SHUTDOWN_SECONDS", "Signals"]
+__all__ = ["SHUTDOWN_SECONDS", "Signals", "Stopper", "quiet_server"]
 
 #: Every long-running command exits within this many seconds of SIGINT or SIGTERM.
 SHUTDOWN_SECONDS = 5.0
@@ -95,3 +96,33 @@ class Signals:
         if self.received == signal.SIGTERM:
             return "terminated (SIGTERM)"
         return "interrupted (SIGINT)"
+
+
+class Stopper:
+    """The :class:`Signals` callback: stops uvicorn the way it stops itself, by flags its
+    loop looks at every 0.1 s (the first signal gracefully, a second at once)."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+
+    def __call__(self, signum: int, count: int) -> None:
+        server = self.server
+        if server is None:  # not yet created: the command checks signals before running it
+            return
+        if count > 1:
+            server.force_exit = True
+        server.should_exit = True
+
+
+def quiet_server(config: Any) -> Any:
+    """A uvicorn server for ``config`` that leaves signals to the command: it neither
+    installs handlers of its own nor re-raises the signal after shutting down (uvicorn
+    does both), so the command exits 130 or 143 with its store closed."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)

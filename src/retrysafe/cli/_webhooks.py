@@ -561,18 +561,17 @@ def worker(
     old = log.level
     log.setLevel(logging.INFO)
     try:
-        with _hooks(store, allow_private) as hooks, serving_metrics(
-            metrics_address, hooks.outbox.store
-        ) as metrics:
+        with (
+            _hooks(store, allow_private) as hooks,
+            serving_metrics(metrics_address, hooks.outbox.store) as metrics,
+        ):
             for endpoint, exc in hooks.refused_endpoints():
                 click.echo(
                     f"retrysafe: warning: endpoint {endpoint.id} will not be delivered to: "
                     f"{exc} (pass --allow-private to this worker too)",
                     err=True,
                 )
-            w = hooks.worker(
-                concurrency=concurrency, telemetry=metrics, **outage_bound(until_idle)
-            )
+            w = hooks.worker(concurrency=concurrency, telemetry=metrics, **outage_bound(until_idle))
             try:
                 stats, code = serve(w, until_idle=until_idle)
             finally:

@@ -359,10 +359,17 @@ class OutboxStore(Protocol):
         ...
 
     def purge_jobs(
-        self, *, queue: str, states: Sequence[JobState], before: float, batch: int = 1000
+        self,
+        *,
+        queue: str,
+        states: Sequence[JobState],
+        before: float,
+        batch: int = 1000,
+        ids: Sequence[str] | None = None,
     ) -> int:
         """Delete jobs of ``queue`` (and their attempts) in ``states`` last changed at or
-        before ``before``, ``batch`` (>= 1) at a time; return how many."""
+        before ``before`` (only those of ``ids``, when given), ``batch`` (>= 1) at a time;
+        return how many."""
         ...
 
     def asyncio_outbox_store(self) -> AsyncOutboxStore:

@@ -292,9 +292,15 @@ class Outbox:
         *,
         states: Sequence[JobState | str] = DEAD_LETTER_STATES,
         older_than: float | timedelta = 0.0,
+        ids: Sequence[str] | None = None,
     ) -> int:
         """Delete jobs (and their attempts) in ``states`` unchanged for ``older_than``
         seconds; return how many. Refuses PENDING and IN_FLIGHT (that would lose work).
+
+        Args:
+            ids: only these jobs (full ids of this queue); a job that is gone, of another
+                queue or in another state is left alone (a second purge of the same ids
+                deletes nothing).
 
         Raises:
             JobError: ``states`` includes PENDING or IN_FLIGHT.
@@ -304,7 +310,10 @@ class Outbox:
         if any(not s.is_terminal for s in wanted):
             raise JobError("refusing to purge pending or in-flight jobs")
         age = seconds(older_than, "older_than", allow_zero=True)
-        return self.store.purge_jobs(queue=self.queue, states=wanted, before=self._clock() - age)
+        chosen = None if ids is None else [str(i) for i in ids]
+        return self.store.purge_jobs(
+            queue=self.queue, states=wanted, before=self._clock() - age, ids=chosen
+        )
 
     # ------------------------------------------------------------------ delivery
     def worker(self, **options: Any) -> Worker:

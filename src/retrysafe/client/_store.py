@@ -482,9 +482,11 @@ def purge_jobs(
     states: Sequence[JobState],
     before: float,
     batch: int = 1000,
+    ids: Sequence[str] | None = None,
 ) -> Op[int]:
     """Delete jobs of ``queue`` (and their attempts) in ``states`` last changed at or before
-    ``before`` (this host's clock), ``batch`` at a time; return how many.
+    ``before`` (this host's clock), ``batch`` at a time; return how many. With ``ids``, only
+    those jobs: an id of another queue, in another state or unknown deletes nothing.
 
     Raises:
         ConfigurationError: ``batch`` is not an integer >= 1.
@@ -497,6 +499,7 @@ def purge_jobs(
         "before_at": cut["at"],
         "before_in": cut["in"],
         "batch": batch,
+        "ids": None if ids is None else json.dumps(list(ids)),
     }
     total = 0
     while True:

@@ -45,7 +45,7 @@ from retrysafe.webhooks._models import (
     WebhookStore,
 )
 
-__all__ = ["AsyncSQLWebhookStore", "SQLWebhookStore", "webhook_store"]
+__all__ = ["AsyncSQLWebhookStore", "SQLWebhookStore", "delivery_from_row", "webhook_store"]
 
 #: The columns every statement returning a row reads, in the order the row converter
 #: unpacks them (``{endpoint_columns}`` in the statement files).
@@ -108,6 +108,10 @@ def _delivery(row: Sequence[Any]) -> WebhookDelivery:
         created_at=float(created),
         updated_at=float(updated),
     )
+
+
+#: A :class:`WebhookDelivery` from a row of the delivery columns (the console's pages).
+delivery_from_row = _delivery
 
 
 def _event(row: Sequence[Any]) -> WebhookEvent:

@@ -226,7 +226,8 @@ SELECT least(
 -- name: purge_jobs
 
 -- One batch of at most %(batch)s jobs (attempts go with their job, ON DELETE CASCADE); rows
--- another transaction holds (a claim or a finish in progress) are skipped.
+-- another transaction holds (a claim or a finish in progress) are skipped; only those of the
+-- JSON array %(ids)s when it is not NULL (the console's purge of chosen jobs).
 WITH t AS (
     SELECT coalesce(%(before_at)s::float8,
                     extract(epoch FROM statement_timestamp())::float8 + %(before_in)s::float8)
@@ -238,6 +239,8 @@ WHERE id IN (
     WHERE queue = %(queue)s
       AND state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(states)s::jsonb)))
       AND updated_at <= (SELECT before FROM t)
+      AND (%(ids)s::jsonb IS NULL
+           OR id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb))))
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 );

@@ -208,11 +208,13 @@ SELECT MIN(t), NULL FROM (
 
 -- name: purge_jobs
 
--- One batch of at most :batch jobs (attempts go with their job, ON DELETE CASCADE).
+-- One batch of at most :batch jobs (attempts go with their job, ON DELETE CASCADE); only
+-- those of the JSON array :ids when it is not NULL (the console's purge of chosen jobs).
 DELETE FROM outbox_jobs
 WHERE id IN (
     SELECT id FROM outbox_jobs
     WHERE queue = :queue AND state IN (SELECT value FROM json_each(:states))
       AND updated_at <= :before_at
+      AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
     LIMIT :batch
 );

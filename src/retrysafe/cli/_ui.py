@@ -1,0 +1,142 @@
+"""``retrysafe ui``: the operator console (:mod:`retrysafe.ui`) on a local port."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from retrysafe.cli._common import (
+    KEY_STORES,
+    Number,
+    check_port_free,
+    errors,
+    opened_store,
+    parse_listen,
+    store_option,
+)
+from retrysafe.cli._signals import Signals, Stopper, quiet_server
+
+__all__ = ["TOKEN_ENV", "ui"]
+
+TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a token
+
+
+@click.command("ui")
+@store_option(schemes=KEY_STORES)
+@click.option(
+    "--listen",
+    default="127.0.0.1:8090",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Address to serve on; a non-loopback address needs --token.",
+)
+@click.option(
+    "--token",
+    envvar=TOKEN_ENV,
+    default=None,
+    metavar="TEXT",
+    help=f"Access token (≥ 16 characters; env {TOKEN_ENV}): every page then needs it.",
+)
+@click.option(
+    "--reconcile-timeout",
+    type=Number(high=600),
+    default=10.0,
+    show_default=True,
+    help="Seconds per reconcile attempt.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def ui(
+    store: str, listen: str, token: str | None, reconcile_timeout: float, log_level: str
+) -> None:
+    """Serve the operator console: jobs, dead letters, webhooks, agent runs and keys.
+
+    Actions (reconcile, retry, purge, webhook replay, enable/disable) go through a
+    confirmation page and are written to stderr as JSON log lines with what they changed.
+
+    \b
+    Example:
+      retrysafe ui --store sqlite:///app.db          # then open http://127.0.0.1:8090/
+      RETRYSAFE_UI_TOKEN=$(openssl rand -hex 24) \\
+        retrysafe ui --store postgresql://… --listen 0.0.0.0:8090
+
+    \b
+    Exit status:
+      1    the console could not start (port in use, store unreachable)
+      2    bad options or --store, or a non-loopback --listen without --token
+      130  stopped by SIGINT (Ctrl-C)
+      143  stopped by SIGTERM
+    """
+    import uvicorn
+
+    from retrysafe._logging import configure_json_logging, logging_snapshot
+    from retrysafe.stores._url_check import redact_url
+    from retrysafe.ui import console_app
+    from retrysafe.ui._security import is_loopback_host
+
+    host, port = parse_listen(listen)
+    if token is not None and not token.strip():
+        token = None
+    if not is_loopback_host(host) and token is None:
+        raise click.BadParameter(
+            f"{host} is not a loopback address: anyone who reaches it could change jobs. "
+            f"Give a token (--token, or ${TOKEN_ENV}), or listen on 127.0.0.1",
+            param_hint="--listen",
+        )
+    restore = logging_snapshot("retrysafe", "uvicorn", "py.warnings")
+    click.get_current_context().call_on_close(restore)
+    configure_json_logging(getattr(logging, log_level.upper()))
+    configure_json_logging(logging.WARNING, logger="uvicorn")
+    check_port_free(host, port)
+    stopper = Stopper()
+    with (
+        Signals(on_signal=stopper) as signals,
+        errors(store, flags={"store": "--store", "token": "--token"}),
+        opened_store(store, write=True) as opened,
+    ):
+        app = console_app(
+            opened,
+            token=token,
+            reconcile_timeout=reconcile_timeout,
+            # Behind a token the Host check is the token's job; on loopback it stops
+            # DNS rebinding.
+            loopback_only=token is None,
+            store_name=redact_url(store),
+        )
+        server = stopper.server = quiet_server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                server_header=False,
+            )
+        )
+        shown_host = f"[{host}]" if ":" in host else host
+        if signals.received is None:
+            logging.getLogger("retrysafe.ui").info(
+                "console listening",
+                extra={
+                    "url": f"http://{shown_host}:{port}/",
+                    "store": redact_url(store),
+                    "token": token is not None,
+                    "pid": os.getpid(),
+                },
+            )
+            server.run()
+    if signals.received is not None:
+        logging.getLogger("retrysafe.ui").info("console stopped", extra={"signal": signals.name})
+        raise SystemExit(signals.exit_code)
+    if not server.started:
+        from retrysafe.cli._common import fail
+
+        fail(f"the console could not start on {host}:{port}")

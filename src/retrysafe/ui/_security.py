@@ -1,0 +1,243 @@
+"""The console's guard: it can change things, so every request passes here first.
+
+* **Host check** (DNS rebinding): a console without a token answers only requests whose
+  ``Host`` names a loopback address (``127.0.0.1``, ``localhost``, ``[::1]``, any port) —
+  a page on another site that rebinds its name to 127.0.0.1 gets 421, not the console.
+* **Token** (``--token`` / ``RETRYSAFE_UI_TOKEN``): when configured, every page but the login
+  form and the static files needs it — ``Authorization: Bearer <token>`` for scripts, or the
+  login cookie the form sets (HttpOnly, SameSite=Strict; an HMAC of the token, so a new token
+  logs everyone out).
+* **CSRF** (OWASP's synchronizer token pattern): every form carries a token derived from the
+  browser's session cookie with a per-process secret; an action whose token is missing or
+  wrong is refused (403) before it reads the store. A cross-site POST (``Sec-Fetch-Site:
+  cross-site``, or an ``Origin`` that is not the console's) is refused too.
+* **Headers** on every answer: a Content-Security-Policy allowing only the console's own
+  scripts, styles and images, no framing, no referrer, no caching, ``nosniff``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = [
+    "AUTH_COOKIE",
+    "SESSION_COOKIE",
+    "Guard",
+    "Secrets",
+    "is_loopback_host",
+]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SESSION_COOKIE = "retrysafe_console_session"
+AUTH_COOKIE = "retrysafe_console_auth"
+#: Paths reachable without the token (relative to the console's root).
+_OPEN = ("/login", "/static/")
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-security-policy", _CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a Host header's name, without the port) names this machine's
+    loopback interface: ``localhost`` or a loopback address literal."""
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(value: str) -> str:
+    """The name part of a Host header value (``[::1]:8090`` → ``[::1]``)."""
+    if value.startswith("["):
+        return value.partition("]")[0] + "]"
+    return value.rpartition(":")[0] if value.count(":") == 1 else value
+
+
+class Secrets:
+    """The console's secrets: the operator's token (or None) and a per-process key for the
+    CSRF tokens (a restart invalidates open forms: reload and submit again).
+
+    Args:
+        token: the access token, or None for a loopback console without one.
+    """
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+        self._key = secrets.token_bytes(32)
+
+    def csrf_token(self, session: str) -> str:
+        """The CSRF token of a browser session (hex HMAC-SHA256 of its session cookie)."""
+        return hmac.new(self._key, b"csrf:" + session.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, session: str | None, given: str | None) -> bool:
+        """Whether ``given`` is the CSRF token of ``session`` (constant-time)."""
+        if not session or not given:
+            return False
+        return hmac.compare_digest(self.csrf_token(session), given)
+
+    def auth_value(self) -> str:
+        """The login cookie's value: an HMAC of the token (never the token itself)."""
+        assert self.token is not None
+        digest = hmac.new(self.token.encode(), b"retrysafe-console-login", hashlib.sha256)
+        return digest.hexdigest()
+
+    def token_ok(self, given: str | None) -> bool:
+        """Whether ``given`` is the token (constant-time)."""
+        if self.token is None or given is None:
+            return False
+        return hmac.compare_digest(self.token.encode(), given.encode("utf-8", "replace"))
+
+    def authorized(self, headers: dict[bytes, bytes], cookies: dict[str, str]) -> bool:
+        """Whether a request carries the token (Bearer) or the login cookie; always True
+        without a token."""
+        if self.token is None:
+            return True
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and self.token_ok(value.strip()):
+            return True
+        cookie = cookies.get(AUTH_COOKIE)
+        return cookie is not None and hmac.compare_digest(cookie, self.auth_value())
+
+
+def cookies_of(headers: dict[bytes, bytes]) -> dict[str, str]:
+    """The request's cookies (a malformed Cookie header reads as none)."""
+    raw = headers.get(b"cookie", b"").decode("latin-1")
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(raw)
+    except Exception:  # http.cookies raises CookieError and others on hostile input
+        return {}
+    return {k: m.value for k, m in jar.items()}
+
+
+class Guard:
+    """Pure ASGI middleware in front of the console (see the module docstring).
+
+    Args:
+        app: the console's Starlette app.
+        secrets: the token and CSRF key.
+        loopback_only: answer only requests whose Host is a loopback name (the default of a
+            console without a token; a console mounted in another app passes False).
+    """
+
+    def __init__(self, app: ASGIApp, *, secrets: Secrets, loopback_only: bool) -> None:
+        self.app = app
+        self.secrets = secrets
+        self.loopback_only = loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self.loopback_only and not is_loopback_host(_host_name(host)):
+            await _plain(
+                send,
+                421,
+                "This console answers only on a loopback address (127.0.0.1, localhost, "
+                "[::1]); give it a --token to serve other names.",
+            )
+            return
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        local = path[len(root) :] if root and path.startswith(root) else path
+        cookies = cookies_of(headers)
+        scope.setdefault("state", {})
+        scope["state"]["cookies"] = cookies
+        if not local.startswith(_OPEN) and not self.secrets.authorized(headers, cookies):
+            if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
+                await _redirect(send, f"{root}/login?next={_safe_next(local)}")
+            else:
+                await _plain(
+                    send,
+                    401,
+                    "This console needs its token: log in at /login, or send "
+                    "Authorization: Bearer <token>.",
+                )
+            return
+        if scope.get("method") not in ("GET", "HEAD") and _cross_site(headers, host):
+            await _plain(send, 403, "Refused: a cross-site request cannot act on this console.")
+            return
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _safe_next(path: str) -> str:
+    """A login redirect's target: a path of this console only (never ``//evil``)."""
+    from urllib.parse import quote
+
+    if not path.startswith("/") or path.startswith("//"):
+        path = "/"
+    return quote(path, safe="/")
+
+
+def _cross_site(headers: dict[bytes, bytes], host: str) -> bool:
+    """Whether a state-changing request comes from another site."""
+    site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()
+    if site == "cross-site":
+        return True
+    origin = headers.get(b"origin", b"").decode("latin-1")
+    if origin and origin != "null":
+        return urlsplit(origin).netloc.lower() != host.lower()
+    return origin == "null"
+
+
+async def _plain(send: Send, status: int, text: str) -> None:
+    body = (text + "\n").encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *SECURITY_HEADERS,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [
+                (b"location", location.encode("latin-1", "replace")),
+                (b"content-length", b"0"),
+                *SECURITY_HEADERS,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
