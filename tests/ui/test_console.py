@@ -1,0 +1,718 @@
+"""The operator console over HTTP (docs/ui.md): its guard (loopback, token, CSRF, POST-only),
+its pages on SQLite, PostgreSQL and Redis, its actions through the confirmation page, and the
+bad input of issue 15 — every value escaped, every bad parameter a 400 naming it, a second
+submit a no-op that says so, a store that fails a clear page with nothing half-applied."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from retrysafe import Outbox, RetryPolicy, SQLiteStore
+from retrysafe._exceptions import ConfigurationError
+from retrysafe._serving import ServerThread
+from retrysafe.client import JobState, outbox_store
+from retrysafe.server import IdempotencyMiddleware
+from retrysafe.ui import console_app
+
+BASE = "http://127.0.0.1:8090"
+TOKEN = "t0ken-for-the-console-tests"
+HTML = {"accept": "text/html"}
+
+
+class Client(TestClient):
+    """A browser-like client: reads the CSRF token of the last page it got."""
+
+    csrf = ""
+
+    def page(self, path: str, **kw: Any) -> Any:
+        r = self.get(path, headers=HTML, **kw)
+        found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', r.text)
+        if found:
+            self.csrf = found.group(1)
+        return r
+
+    def act(self, action: str, ids: list[str], queue: str = "default", **extra: str) -> Any:
+        """Confirm then apply ``action`` as the pages' two forms do."""
+        form: dict[str, Any] = {"csrf_token": self.csrf, "action": action, "queue": queue}
+        form.update(extra)
+        form["id"] = ids
+        confirm = self.post("/actions/confirm", data=form)
+        assert confirm.status_code == 200, confirm.text
+        form["confirmed"] = "yes"
+        return self.post("/actions/apply", data=form)
+
+
+def client_for(app: Any) -> Client:
+    c = Client(app, base_url=BASE)
+    c.page("/keys")  # sets the session cookie and reads a CSRF token (the keys form)
+    return c
+
+
+@pytest.fixture
+def store(sqlite_store: SQLiteStore) -> SQLiteStore:
+    return sqlite_store
+
+
+@pytest.fixture
+def outbox(store: SQLiteStore) -> Iterator[Outbox]:
+    with Outbox(store) as box:
+        yield box
+
+
+@pytest.fixture
+def client(store: SQLiteStore) -> Client:
+    return client_for(console_app(store))
+
+
+def make(
+    outbox: Outbox, state: JobState, n: int = 1, url: str = "http://127.0.0.1:9/x"
+) -> list[str]:
+    """``n`` jobs moved to ``state`` (as the worker would leave them)."""
+    ids = []
+    for _ in range(n):
+        job = outbox.submit(url, json={"n": 1})
+        if state is not JobState.PENDING:
+            outbox_store(outbox.store).transition_job(
+                job.id, from_states=[JobState.PENDING], state=state, now=job.created_at
+            )
+        ids.append(job.id)
+    return ids
+
+
+# ---------------------------------------------------------------------- the guard
+def test_a_console_without_token_refuses_a_host_that_is_not_loopback(store: SQLiteStore) -> None:
+    """DNS rebinding: a request naming another host gets 421, not the console."""
+    c = TestClient(console_app(store), base_url="http://evil.example:8090")
+    r = c.get("/", headers=HTML)
+    assert r.status_code == 421
+    assert "loopback" in r.text
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8090", "localhost:8090", "[::1]:8090", "127.0.0.1"])
+def test_a_console_without_token_answers_every_loopback_name(store: SQLiteStore, host: str) -> None:
+    """127.0.0.1, localhost and [::1] (with or without a port) reach the console."""
+    c = TestClient(console_app(store), base_url=BASE)
+    assert c.get("/jobs", headers={**HTML, "host": host}).status_code == 200
+
+
+def test_a_token_console_needs_the_token(store: SQLiteStore) -> None:
+    """With a token: no token → 401 (or the login page for a browser); Bearer works."""
+    c = TestClient(console_app(store, token=TOKEN), base_url="http://console.example")
+    assert c.get("/jobs").status_code == 401
+    r = c.get("/jobs", headers=HTML, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=/jobs"
+    assert (
+        c.get("/jobs", headers={"authorization": "Bearer wrong-token-xxxxxxxx"}).status_code == 401
+    )
+    assert c.get("/jobs", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_the_login_form_sets_a_cookie_that_is_not_the_token(store: SQLiteStore) -> None:
+    """The login form's cookie opens the pages; it is an HMAC, never the token itself; a
+    wrong token is refused (403) and sets nothing."""
+    c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
+    c.page("/login")
+    bad = c.post("/login", data={"csrf_token": c.csrf, "token": "nope"}, follow_redirects=False)
+    assert bad.status_code == 403 and "retrysafe_console_auth" not in bad.headers.get(
+        "set-cookie", ""
+    )
+    ok = c.post(
+        "/login?next=/jobs", data={"csrf_token": c.csrf, "token": TOKEN}, follow_redirects=False
+    )
+    assert ok.status_code == 303 and ok.headers["location"] == "/jobs"
+    assert TOKEN not in ok.headers["set-cookie"]
+    assert "httponly" in ok.headers["set-cookie"].lower()
+    assert c.get("/jobs", headers=HTML).status_code == 200
+
+
+def test_a_login_redirect_never_leaves_the_console(store: SQLiteStore) -> None:
+    """``next=//evil.example`` (an open redirect) lands on the console's own root."""
+    c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
+    c.page("/login")
+    r = c.post(
+        "/login?next=//evil.example/x",
+        data={"csrf_token": c.csrf, "token": TOKEN},
+        follow_redirects=False,
+    )
+    assert r.headers["location"] == "/"
+
+
+@pytest.mark.parametrize("token", ["short", "has spaces in it 1234567", ""])
+def test_a_weak_token_is_a_configuration_error(store: SQLiteStore, token: str) -> None:
+    """A token under 16 characters or with whitespace is refused when the app is built."""
+    with pytest.raises(ConfigurationError, match="16 characters"):
+        console_app(store, token=token)
+
+
+def test_an_action_without_the_csrf_token_is_refused_and_changes_nothing(
+    client: Client, outbox: Outbox
+) -> None:
+    """No CSRF token, or another session's, → 403; the job is still there."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    form = {"action": "purge", "queue": "default", "id": job_id, "confirmed": "yes"}
+    assert client.post("/actions/apply", data=form).status_code == 403
+    stranger = client_for(console_app(outbox.store))
+    r = client.post("/actions/apply", data={**form, "csrf_token": stranger.csrf})
+    assert r.status_code == 403 and "CSRF" in r.text
+    assert outbox.get(job_id).state is JobState.REJECTED
+
+
+def test_a_cross_site_post_is_refused_even_with_a_token(client: Client, outbox: Outbox) -> None:
+    """An Origin of another site, or Sec-Fetch-Site: cross-site, → 403 before any form is read."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    form = {"csrf_token": client.csrf, "action": "purge", "id": job_id, "confirmed": "yes"}
+    for headers in ({"origin": "http://evil.example"}, {"sec-fetch-site": "cross-site"}):
+        assert client.post("/actions/apply", data=form, headers=headers).status_code == 403
+    assert outbox.get(job_id).state is JobState.REJECTED
+
+
+def test_actions_are_post_only(client: Client, outbox: Outbox) -> None:
+    """GET on an action URL is 405: a link or an image tag can never change anything."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    r = client.get(f"/actions/apply?action=purge&id={job_id}&confirmed=yes")
+    assert r.status_code == 405
+    assert outbox.get(job_id).state is JobState.REJECTED
+
+
+def test_an_action_runs_only_from_its_confirmation_page(client: Client, outbox: Outbox) -> None:
+    """An apply without ``confirmed=yes`` is a 400 and changes nothing."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    form = {"csrf_token": client.csrf, "action": "purge", "queue": "default", "id": job_id}
+    r = client.post("/actions/apply", data=form)
+    assert r.status_code == 400 and "confirmation" in r.text
+    assert outbox.get(job_id).state is JobState.REJECTED
+
+
+def test_every_page_carries_the_security_headers(client: Client) -> None:
+    """CSP without inline script, no framing, no referrer, no caching, nosniff."""
+    for path in ("/", "/jobs", "/static/console.css", "/jobs?limit=x"):
+        h = client.get(path, headers=HTML).headers
+        assert "script-src 'self'" in h["content-security-policy"]
+        assert "frame-ancestors 'none'" in h["content-security-policy"]
+        assert h["x-content-type-options"] == "nosniff"
+        assert h["referrer-policy"] == "no-referrer"
+        assert h["cache-control"] == "no-store"
+
+
+def test_no_page_has_inline_script(client: Client, outbox: Outbox) -> None:
+    """Every script is the shipped file (the CSP would block an inline one anyway)."""
+    (job_id,) = make(outbox, JobState.UNKNOWN)
+    for path in ("/", "/jobs", f"/jobs/{job_id}", "/dead-letters", "/keys"):
+        text = client.page(path).text
+        assert "<script>" not in text and "javascript:" not in text
+        assert "onclick" not in text.lower()
+
+
+# ---------------------------------------------------------------------- what a page shows
+def test_a_job_page_hides_credentials_and_caps_the_payload(client: Client, outbox: Outbox) -> None:
+    """Authorization and *token* header values never reach the HTML; a 50 KB body shows its
+    first 4 KiB and says so."""
+    job = outbox.submit(
+        "http://127.0.0.1:9/x",
+        content=b"A" * 50_000,
+        headers={"Authorization": "Bearer sk-live-123", "X-Api-Token": "tok-456"},
+    )
+    text = client.page(f"/jobs/{job.id}").text
+    assert "sk-live-123" not in text and "tok-456" not in text
+    assert "hidden" in text
+    assert "A" * 4096 in text and "A" * 4097 not in text
+    assert "the first 4 KiB shown" in text
+    assert job.key in text
+
+
+def test_endpoint_secrets_are_masked(client: Client, store: SQLiteStore) -> None:
+    """A webhook secret shows as whsec_••••<last 4>, on the list and the endpoint page."""
+    from retrysafe.webhooks import Webhooks
+
+    with Webhooks(store, allow_private=True) as hooks:
+        e = hooks.add_endpoint("http://127.0.0.1:9/hook")
+    secret = e.secrets[0][0]
+    for path in ("/webhooks", f"/webhooks/endpoints/{e.id}"):
+        text = client.page(path).text
+        assert secret not in text and secret[6:20] not in text
+        assert "whsec_••••" + secret[-4:] in text
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "host=%3Cscript%3Ealert(1)%3C/script%3E",
+        "queue=%3Cimg%20src=x%20onerror=alert(1)%3E",
+        "state=%3Cb%3Eunknown%3C/b%3E",
+        "since=%22%3E%3Cscript%3Ealert(1)%3C/script%3E",
+        "until=%3Csvg%20onload=alert(1)%3E",
+        "after=%3Cscript%3E_x",
+        "limit=%3Cscript%3E",
+    ],
+)
+def test_injected_html_in_a_filter_is_escaped(client: Client, query: str) -> None:
+    """Markup in any filter comes back as text (a 400 naming the parameter), never as markup."""
+    r = client.get(f"/jobs?{query}", headers=HTML)
+    assert r.status_code == 400
+    assert "<script>" not in r.text and "<img" not in r.text and "<svg onload" not in r.text
+    assert "&lt;" in r.text
+
+
+def test_a_queue_name_with_markup_is_refused_on_every_page(client: Client) -> None:
+    """The dead-letter page's queue filter is checked and escaped as the jobs page's."""
+    r = client.get("/dead-letters?queue=%22%3E%3Cscript%3E", headers=HTML)
+    assert r.status_code == 400 and "<script>" not in r.text
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("limit=-1", "limit"),
+        ("limit=0", "limit"),
+        ("limit=501", "limit"),
+        ("limit=99999999999999999999999", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=1.5", "limit"),
+        ("limit=1&limit=2", "limit"),
+        ("after=12.5", "after"),
+        ("after=nan_abc", "after"),
+        ("after=inf_abc", "after"),
+        ("state=bogus", "state"),
+        ("since=yesterday", "since"),
+        ("since=2026-12-01&until=2026-11-01", "until"),
+        ("host=a%20b", "host"),
+    ],
+)
+def test_a_bad_parameter_is_a_400_naming_it(client: Client, query: str, param: str) -> None:
+    """Negative, huge, fractional, repeated or non-numeric limits, bad positions, states,
+    times and hosts: a 400 page whose message starts with the parameter's name."""
+    r = client.get(f"/jobs?{query}", headers=HTML)
+    assert r.status_code == 400
+    assert re.search(rf'id="error-message">{param}: ', r.text), r.text
+
+
+def test_a_missing_job_is_a_404_and_so_is_one_of_another_queue(
+    client: Client, outbox: Outbox
+) -> None:
+    """An id that does not exist, or a job asked for under another queue, → 404 saying which."""
+    (job_id,) = make(outbox, JobState.UNKNOWN)
+    assert client.get("/jobs/" + "f" * 32, headers=HTML).status_code == 404
+    r = client.get(f"/jobs/{job_id}?queue=webhooks", headers=HTML)
+    assert r.status_code == 404 and "belongs to queue" in r.text
+    assert client.get("/jobs/" + "x" * 300, headers=HTML).status_code == 400
+    assert client.get("/webhooks/endpoints/ep_nope", headers=HTML).status_code == 404
+    assert client.get("/webhooks/deliveries/nope", headers=HTML).status_code == 404
+    assert client.get("/agents/nope", headers=HTML).status_code == 404
+
+
+def test_the_jobs_page_pages_by_keyset_without_repeating_or_skipping(
+    client: Client, outbox: Outbox
+) -> None:
+    """Following "older" through 120 jobs at 50 a page lists each once, newest first, even
+    when new jobs arrive between two pages."""
+    ids = make(outbox, JobState.SUCCEEDED, 120)
+    seen: list[str] = []
+    path = "/jobs"
+    while path:
+        text = client.page(path).text
+        seen += re.findall(r'data-job="([0-9a-f]+)"', text)
+        make(outbox, JobState.PENDING)  # arrives meanwhile: newer than every page's start
+        nxt = re.search(r'href="(/jobs\?[^"]*after=[^"]*)" rel="next"', text)
+        path = nxt.group(1).replace("&amp;", "&") if nxt else ""
+        if len(seen) == 50:
+            assert nxt is not None
+    assert set(ids) <= set(seen)
+    assert len(seen) == len(set(seen))
+    order = [(outbox.get(i).created_at, i) for i in seen]
+    assert order == sorted(order, reverse=True)
+
+
+def test_the_jobs_page_filters_by_state_queue_host_and_time(client: Client, outbox: Outbox) -> None:
+    """Each filter narrows the list to what it names."""
+    unknown = make(outbox, JobState.UNKNOWN, 2, url="http://api.example:8443/a")
+    done = make(outbox, JobState.SUCCEEDED, 3, url="http://other.example/b")
+
+    def listed(q: str) -> set[str]:
+        return set(re.findall(r'data-job="([0-9a-f]+)"', client.page("/jobs?" + q).text))
+
+    assert listed("state=unknown") == set(unknown)
+    assert listed("state=UNKNOWN&state=succeeded") == set(unknown + done)
+    assert listed("host=api.example") == set(unknown)
+    assert listed("host=api.example:8443") == set(unknown)
+    assert listed("host=api.example:80") == set()
+    assert listed("host=other.example:80") == set(done)
+    assert listed("queue=webhooks") == set()
+    assert listed("since=2999-01-01") == set()
+    assert listed("until=2999-01-01") == set(unknown + done)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_sql_store(request: pytest.FixtureRequest, sqlite_path: Path) -> Iterator[Any]:
+    if request.param == "sqlite":
+        store: Any = SQLiteStore(sqlite_path)
+    else:
+        from retrysafe.stores import PostgresStore
+
+        pg_url = request.getfixturevalue("pg_url")
+        store = PostgresStore(pg_url, schema=request.getfixturevalue("pg_schema"))
+    yield store
+    store.close()
+
+
+def test_every_page_renders_on_sqlite_and_postgresql(any_sql_store: Any) -> None:
+    """Overview, jobs (filtered and paged), a job, dead letters, webhooks, agent runs: 200."""
+    with Outbox(any_sql_store) as outbox:
+        make(outbox, JobState.UNKNOWN, 3, url="http://api.example/x")
+        (job_id,) = make(outbox, JobState.REJECTED)
+    c = client_for(console_app(any_sql_store))
+    pages = [
+        "/",
+        "/jobs",
+        "/jobs?state=unknown&host=api.example&since=2000-01-01T00:00&limit=2",
+        f"/jobs/{job_id}",
+        "/dead-letters",
+        "/webhooks",
+        "/webhooks/dead-letters",
+        "/agents",
+        "/keys",
+        "/keys?recent=1",
+        "/actions",
+    ]
+    for path in pages:
+        r = c.page(path)
+        assert r.status_code == 200, (path, r.text[:500])
+    text = c.page("/jobs?state=unknown&limit=2").text
+    nxt = re.search(r'href="(/jobs\?[^"]*)" rel="next"', text)
+    assert nxt is not None
+    assert c.page(nxt.group(1).replace("&amp;", "&")).status_code == 200
+
+
+def test_on_redis_the_console_shows_keys_only(redis_url: str, redis_prefix: str) -> None:
+    """A Redis store: the overview leads to the keys page; jobs say the store holds keys only;
+    a stored key is found by its key and scope, with its status and headers."""
+    import asyncio
+
+    from retrysafe.stores import RedisStore
+
+    store = RedisStore(redis_url, prefix=redis_prefix)
+    try:
+
+        async def endpoint(request: Request) -> JSONResponse:
+            return JSONResponse({"ok": True}, status_code=201, headers={"x-order": "42"})
+
+        app = IdempotencyMiddleware(
+            Starlette(routes=[Route("/o", endpoint, methods=["POST"])]), store=store
+        )
+
+        async def call() -> None:
+            import httpx
+
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as http:
+                r = await http.post("/o", json={}, headers={"idempotency-key": "order-1"})
+                assert r.status_code == 201
+
+        asyncio.run(call())
+        c = client_for(console_app(store))
+        assert c.get("/", headers=HTML, follow_redirects=False).headers["location"] == "/keys"
+        r = c.page("/jobs")
+        assert r.status_code == 404 and "idempotency keys only" in r.text
+        c.page("/keys")
+        found = c.post("/keys", data={"csrf_token": c.csrf, "key": "order-1", "scope_kind": "none"})
+        assert found.status_code == 200
+        assert 'id="key-status">201<' in found.text
+        assert "<th>content-type</th><td>application/json</td>" in found.text
+        missing = c.post(
+            "/keys", data={"csrf_token": c.csrf, "key": "order-2", "scope_kind": "none"}
+        )
+        assert missing.status_code == 404 and "No key" in missing.text
+    finally:
+        store.close()
+
+
+def test_the_keys_form_takes_an_authorization_value_without_showing_it(
+    client: Client, store: SQLiteStore
+) -> None:
+    """The scope value (a credential) is posted, hashed as the middleware hashes it, and never
+    echoed; a key with a control character is a 400 naming ``key``."""
+    r = client.post(
+        "/keys",
+        data={
+            "csrf_token": client.csrf,
+            "key": "k-1",
+            "scope_kind": "authorization",
+            "scope": "Bearer very-secret-credential",
+        },
+    )
+    assert r.status_code == 404 and "very-secret-credential" not in r.text
+    bad = client.post(
+        "/keys", data={"csrf_token": client.csrf, "key": "a\x01b", "scope_kind": "none"}
+    )
+    assert bad.status_code == 400 and 'id="error-message">key: ' in bad.text
+    for value in ("not-hex!", "a" * 65):
+        assert client.get(f"/keys?hash={value}", headers=HTML).status_code == 400
+
+
+# ---------------------------------------------------------------------- actions
+def test_purge_deletes_the_chosen_dead_letters_and_a_second_submit_is_a_no_op(
+    client: Client, outbox: Outbox
+) -> None:
+    """Bulk purge deletes exactly the chosen dead letters; submitting it again changes nothing
+    and says why; a PENDING job named with them is left alone."""
+    dead = make(outbox, JobState.REJECTED, 2) + make(outbox, JobState.UNKNOWN)
+    (kept,) = make(outbox, JobState.REJECTED)
+    (pending,) = make(outbox, JobState.PENDING)
+    client.page("/dead-letters")
+    r = client.act("purge", [*dead, pending])
+    assert r.status_code == 200 and "3 changed, 1 unchanged" in r.text
+    for job_id in dead:
+        assert outbox.store.get_job(job_id) is None
+    assert outbox.get(kept).state is JobState.REJECTED
+    assert outbox.get(pending).state is JobState.PENDING
+    again = client.act("purge", dead)
+    assert "0 changed, 3 unchanged" in again.text and "no such job" in again.text
+
+
+def test_retry_puts_a_dead_letter_back_with_its_same_key(client: Client, outbox: Outbox) -> None:
+    """Retry: REJECTED → PENDING, same key; again → unchanged, saying its state."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    key = outbox.get(job_id).key
+    r = client.act("retry", [job_id])
+    assert "rejected" in r.text and "pending" in r.text and "1 changed" in r.text
+    assert outbox.get(job_id).state is JobState.PENDING and outbox.get(job_id).key == key
+    assert "1 unchanged" in client.act("retry", [job_id]).text
+
+
+def test_an_action_on_a_job_of_another_queue_changes_nothing(
+    client: Client, outbox: Outbox
+) -> None:
+    """A job id posted with another queue is left alone ("belongs to queue …"); the webhooks
+    queue cannot be reconciled as plain jobs (400)."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    r = client.act("purge", [job_id], queue="other")
+    assert "belongs to queue" in r.text
+    assert outbox.get(job_id).state is JobState.REJECTED
+    form = {"csrf_token": client.csrf, "action": "purge", "queue": "webhooks", "id": job_id}
+    assert client.post("/actions/confirm", data=form).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("form", "param"),
+    [
+        ({"action": "explode", "id": "a"}, "action"),
+        ({"action": "purge"}, "id"),
+        ({"action": "purge", "id": "<script>"}, "id"),
+        ({"action": "purge", "id": [f"{i:032x}" for i in range(501)]}, "id"),
+        ({"action": "enable", "id": ["ep_a", "ep_b"]}, "id"),
+    ],
+)
+def test_a_bad_action_form_is_a_400_naming_the_field(
+    client: Client, form: dict[str, Any], param: str
+) -> None:
+    """An unknown action, no ids, a malformed id, over 500 ids, two endpoints: 400."""
+    r = client.post(
+        "/actions/confirm", data={"csrf_token": client.csrf, "queue": "default", **form}
+    )
+    assert r.status_code == 400
+    assert f'id="error-message">{param}: ' in r.text
+    assert "<script>" not in r.text
+
+
+def test_a_form_that_is_not_a_form_is_refused(client: Client) -> None:
+    """JSON or a body over 64 KiB instead of a form: 415 / 413, nothing read."""
+    assert client.post("/actions/apply", json={"action": "purge"}).status_code == 415
+    big = "id=" + "a" * 70_000 + f"&csrf_token={client.csrf}"
+    r = client.post(
+        "/actions/apply",
+        content=big,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 413
+
+
+class Service:
+    """A local endpoint behind the idempotency middleware that counts effects per key."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.effects: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+        async def orders(request: Request) -> JSONResponse:
+            key = request.headers.get("idempotency-key", "")
+            with self.lock:
+                self.effects[key] = self.effects.get(key, 0) + 1
+            return JSONResponse({"order": len(self.effects)}, status_code=201)
+
+        app = Starlette(routes=[Route("/orders", orders, methods=["POST"])])
+        self.keys = SQLiteStore(tmp_path / "service-keys.db")
+        self.server = ServerThread(IdempotencyMiddleware(app, store=self.keys))
+
+    def __enter__(self) -> Service:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        self.keys.close()
+
+
+def test_reconcile_settles_an_unknown_job_with_its_same_key_and_one_effect(
+    tmp_path: Path, client: Client, outbox: Outbox
+) -> None:
+    """The effect committed but the answer was lost (job UNKNOWN): reconcile from the console
+    re-sends with the same key, the service replays, the job is SUCCEEDED, one effect."""
+    with Service(tmp_path) as svc:
+        job = outbox.submit(svc.server.url + "/orders", json={"sku": "A"})
+        outbox.worker(policy=RetryPolicy(attempts=1)).run_until_idle()
+        assert svc.effects == {job.key: 1}
+        outbox_store(outbox.store).transition_job(  # the answer was lost: UNKNOWN
+            job.id, from_states=[JobState.SUCCEEDED], state=JobState.UNKNOWN, now=0.0
+        )
+        client.page(f"/jobs/{job.id}")
+        r = client.act("reconcile", [job.id])
+        assert r.status_code == 200 and "unknown" in r.text and "succeeded" in r.text
+        assert outbox.get(job.id).state is JobState.SUCCEEDED
+        assert svc.effects == {job.key: 1}
+        attempts = outbox.attempts(job.id)
+        assert attempts[-1].replayed and attempts[-1].key == job.key
+        again = client.act("reconcile", [job.id])
+        assert "is succeeded, not unknown" in again.text
+        assert svc.effects == {job.key: 1}
+
+
+def test_reconcile_against_a_dead_endpoint_leaves_the_job_unknown_and_says_so(
+    client: Client, outbox: Outbox
+) -> None:
+    """No answer again: the job stays UNKNOWN (an attempt recorded), reported as unchanged."""
+    (job_id,) = make(outbox, JobState.UNKNOWN, url="http://127.0.0.1:9/x")
+    r = client.act("reconcile", [job_id])
+    assert "still unknown" in r.text
+    assert outbox.get(job_id).state is JobState.UNKNOWN
+    assert len(outbox.attempts(job_id)) == 1
+
+
+def test_webhook_replay_enable_and_disable(client: Client, store: SQLiteStore) -> None:
+    """Replay re-queues a dead-lettered delivery (same webhook-id), a second replay is a no-op;
+    disable and enable an endpoint, each twice."""
+    from retrysafe.webhooks import Webhooks
+
+    with Webhooks(store, allow_private=True) as hooks:
+        e = hooks.add_endpoint("http://127.0.0.1:9/hook")
+        event = hooks.send("order.paid", {"id": 1})
+        (d,) = hooks.deliveries()
+        outbox_store(store).transition_job(
+            d.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=0.0
+        )
+        client.page("/webhooks/dead-letters")
+        r = client.act("replay", [d.id], queue="webhooks")
+        assert "1 changed" in r.text
+        (after,) = hooks.deliveries()
+        assert after.state is JobState.PENDING and after.event_id == event.id
+        assert "1 unchanged" in client.act("replay", [d.id], queue="webhooks").text
+        off = client.act("disable", [e.id], reason="<b>maintenance</b>")
+        assert "1 changed" in off.text
+        assert not hooks.get_endpoint(e.id).enabled
+        assert hooks.get_endpoint(e.id).disabled_reason == "<b>maintenance</b>"
+        assert "&lt;b&gt;maintenance" in client.page(f"/webhooks/endpoints/{e.id}").text
+        assert "disabled already" in client.act("disable", [e.id]).text
+        assert "1 changed" in client.act("enable", [e.id]).text
+        assert "enabled already" in client.act("enable", [e.id]).text
+        assert "no such endpoint" in client.act("enable", ["ep_missing"]).text
+
+
+def test_every_action_is_logged_with_what_it_changed(
+    client: Client, outbox: Outbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One retrysafe.ui log record per action, with the ids and their before/after states;
+    the actions page lists it."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    with caplog.at_level(logging.INFO, logger="retrysafe.ui"):
+        client.act("purge", [job_id])
+    (record,) = [r for r in caplog.records if r.name == "retrysafe.ui"]
+    entry = record.console_action  # type: ignore[attr-defined]
+    assert entry["action"] == "purge"
+    assert entry["changed"] == [{"id": job_id, "from": "rejected", "to": "purged"}]
+    assert job_id[:12] in client.page("/actions").text
+
+
+# ---------------------------------------------------------------------- a store that fails
+def test_a_locked_store_fails_an_action_cleanly_and_changes_nothing(
+    sqlite_path: Path, outbox: Outbox
+) -> None:
+    """Another process holds SQLite's write lock: purge answers 503 naming the store error,
+    and every job is still there once the lock is gone."""
+    store = SQLiteStore(sqlite_path, busy_timeout=0.2)
+    ids = make(outbox, JobState.REJECTED, 3)
+    c = client_for(console_app(store))
+    c.page("/dead-letters")
+    locker = sqlite3.connect(sqlite_path, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        form = {"csrf_token": c.csrf, "action": "purge", "queue": "default", "id": ids}
+        r = c.post("/actions/apply", data={**form, "confirmed": "yes"})
+        assert r.status_code == 503
+        assert "store" in r.text.lower()
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert all(outbox.get(i).state is JobState.REJECTED for i in ids)
+    assert c.page("/dead-letters").status_code == 200
+    store.close()
+
+
+def test_a_store_that_goes_down_while_the_page_is_open_answers_a_clear_page(
+    tmp_path: Path,
+) -> None:
+    """A Redis server stopped after the keys page was opened: the lookup is a 503 page
+    saying the store is unavailable (not a traceback); nothing is written anywhere."""
+    import subprocess
+    import time
+
+    from retrysafe._serving import free_port
+    from retrysafe.stores import RedisStore
+
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                store = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout=1.0)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        c = client_for(console_app(store))
+        assert c.page("/keys").status_code == 200
+        server.terminate()
+        server.wait(10)
+        r = c.post("/keys", data={"csrf_token": c.csrf, "key": "k", "scope_kind": "none"})
+        assert r.status_code == 503 and "store is unavailable" in r.text
+        assert "Traceback" not in r.text
+        store.close()
+    finally:
+        server.kill()
+        server.wait(10)
