@@ -197,13 +197,14 @@ def test_an_action_runs_only_from_its_confirmation_page(client: Client, outbox: 
 
 
 def test_every_page_carries_the_security_headers(client: Client) -> None:
-    """CSP without inline script, no framing, no referrer, no caching, nosniff."""
+    """CSP without inline script, no framing, no referrer to other sites, no caching,
+    nosniff."""
     for path in ("/", "/jobs", "/static/console.css", "/jobs?limit=x"):
         h = client.get(path, headers=HTML).headers
         assert "script-src 'self'" in h["content-security-policy"]
         assert "frame-ancestors 'none'" in h["content-security-policy"]
         assert h["x-content-type-options"] == "nosniff"
-        assert h["referrer-policy"] == "no-referrer"
+        assert h["referrer-policy"] == "same-origin"
         assert h["cache-control"] == "no-store"
 
 
@@ -716,3 +717,62 @@ def test_a_store_that_goes_down_while_the_page_is_open_answers_a_clear_page(
     finally:
         server.kill()
         server.wait(10)
+
+
+def test_an_agent_run_shows_its_audit_log_with_unknown_calls_highlighted(
+    client: Client, store: SQLiteStore
+) -> None:
+    """The runs page lists a run whose id holds markup and slashes (escaped, linked); its page
+    has one row per logical call, the unknown one highlighted with its key."""
+    from urllib.parse import quote
+
+    from retrysafe.agents import OutcomeUnknownError, start_run, tool
+
+    @tool(kind="write", attempts=1)
+    def charge(amount: int) -> str:
+        if amount > 10:
+            raise ConnectionError("answer lost")
+        return f"charged {amount}"
+
+    run_id = "<b>run/1?x=</b>"
+    run = start_run(store, run_id)
+    with run:
+        with run.step(1):
+            assert charge(5) == "charged 5"
+        with run.step(2), pytest.raises(OutcomeUnknownError) as lost:
+            charge(50)
+    listing = client.page("/agents").text
+    assert "<b>run" not in listing and "&lt;b&gt;run/1?x=&lt;/b&gt;" in listing
+    (href,) = re.findall(r'href="(/agents/[^"]+)"', listing)
+    assert quote(run_id, safe="/") == href.removeprefix("/agents/")
+    page = client.page(href)
+    assert page.status_code == 200
+    rows = re.findall(r'<tr class="call-(\w+)">', page.text)
+    assert rows == ["succeeded", "unknown"]
+    assert f'class="key-unknown">{lost.value.key}<' in page.text
+
+
+@pytest.mark.parametrize(
+    "back", ["//evil.example/x", "/\\evil.example", "https://evil.example", "/x\r\nSet-Cookie: a=b"]
+)
+def test_a_back_link_never_leaves_the_console(client: Client, outbox: Outbox, back: str) -> None:
+    """The confirmation and result pages link "back" only to a path of the console."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    form = {"csrf_token": client.csrf, "action": "retry", "queue": "default", "id": job_id}
+    r = client.post("/actions/confirm", data={**form, "back": back})
+    assert r.status_code == 200
+    assert re.findall(r'name="back" value="([^"]*)"', r.text) == ["/"]
+
+
+def test_the_pager_keeps_the_filters_to_the_second(client: Client, outbox: Outbox) -> None:
+    """The "older" link carries ``since`` with its seconds: page 2 runs page 1's filter."""
+    ids = make(outbox, JobState.SUCCEEDED, 3)
+    jobs = sorted((outbox.get(i) for i in ids), key=lambda j: j.created_at)
+    import datetime as dt
+
+    cut = dt.datetime.fromtimestamp(jobs[1].created_at, dt.timezone.utc)
+    since = cut.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S")
+    text = client.page(f"/jobs?since={since}&limit=1").text
+    nxt = re.search(r'href="(/jobs\?[^"]*)" rel="next"', text)
+    assert nxt is not None  # jobs[1] and jobs[2] match, one per page
+    assert f"since={since.replace(':', '%3A')}" in nxt.group(1)

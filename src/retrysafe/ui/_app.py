@@ -43,7 +43,7 @@ from retrysafe.ui._params import (
     parse_queue,
     parse_states,
 )
-from retrysafe.ui._security import AUTH_COOKIE, SESSION_COOKIE, Guard, Secrets
+from retrysafe.ui._security import AUTH_COOKIE, SESSION_COOKIE, Guard, Secrets, local_path
 
 __all__ = ["console_app"]
 
@@ -176,7 +176,8 @@ def qs(params: Mapping[str, Any]) -> str:
 def _iso(ts: float | None) -> str:
     if ts is None:
         return ""
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M")
+    # Seconds kept: the pager's links must run the same filter as the page they leave.
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 # ---------------------------------------------------------------------- the app
@@ -480,9 +481,7 @@ def _pages(app: _App) -> list[Any]:
         if spec["what"] == "endpoint" and len(ids) != 1:
             raise BadInput("id", "enable and disable take one endpoint")
         reason = clip((form.get("reason") or [""])[0].strip(), 200) or "disabled from the console"
-        back = clip((form.get("back") or [""])[0], 500)
-        if not back.startswith("/") or back.startswith("//"):
-            back = "/"
+        back = local_path((form.get("back") or [""])[0])
         if not apply:
             return app.render(
                 request,
@@ -591,13 +590,7 @@ def _pages(app: _App) -> list[Any]:
         query = _query(request)
         limit = parse_limit(query)
         after = parse_position(query)
-        found = await app.io(
-            console.deliveries,
-            endpoint_id=None,
-            states=DEAD_LETTER_STATES,
-            limit=limit + 1,
-            after=after,
-        )
+        found = await app.io(console.dead_deliveries, limit=limit + 1, after=after)
         more = len(found) > limit
         found = found[:limit]
         nxt = f"{found[-1].created_at!r}_{found[-1].id}" if more else None
@@ -667,9 +660,7 @@ def _pages(app: _App) -> list[Any]:
 
     async def login(request: Request) -> Response:
         root = request.scope.get("root_path", "")
-        nxt = (_query(request).get("next") or ["/"])[0]
-        if not nxt.startswith("/") or nxt.startswith("//"):
-            nxt = "/"
+        nxt = local_path((_query(request).get("next") or ["/"])[0])
         if app.secrets.token is None:
             return RedirectResponse(root + "/", 303)
         if request.method == "GET":

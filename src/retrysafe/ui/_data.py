@@ -10,6 +10,7 @@ opened for keys only) offers the keys page alone (:attr:`Console.has_outbox` is 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -81,6 +82,14 @@ class JobFilter:
     until: float | None = None
 
 
+def _after(after: Position | None) -> dict[str, Any]:
+    """The keyset position's parameters; the first page's is (+inf, ""), before every row,
+    so each page is the same single index seek."""
+    if after is None:
+        return {"after_at": math.inf, "after_id": ""}
+    return {"after_at": after.created_at, "after_id": after.id}
+
+
 def _host_params(host: str | None) -> dict[str, Any]:
     """``host`` as the statement compares it: ``host:port`` exactly, or ``host:`` as the
     start of the destination's authority (any port). ``[v6]`` literals keep their brackets,
@@ -99,8 +108,7 @@ def page_jobs(clock: Any, f: JobFilter, *, limit: int, after: Position | None) -
         "states": states_param(list(f.states)) if f.states else None,
         "since": f.since,
         "until": f.until,
-        "after_at": None if after is None else after.created_at,
-        "after_id": None if after is None else after.id,
+        **_after(after),
         "limit": limit,
         **_host_params(f.host),
     }
@@ -126,11 +134,27 @@ def _page_deliveries(
     params = {
         "endpoint_id": endpoint_id,
         "states": states_param(list(states)) if states else None,
-        "after_at": None if after is None else after.created_at,
-        "after_id": None if after is None else after.id,
+        **_after(after),
         "limit": limit,
     }
     rows = yield all_rows(_SQL["page_deliveries"], params)
+    return [delivery_from_row(r) for r in rows]
+
+
+def _queues(clock: Any) -> Op[list[Any]]:
+    rows: list[Any] = yield all_rows(_SQL["queues"], {})
+    return rows
+
+
+def _dead_deliveries(clock: Any, *, limit: int, after: Position | None) -> Op[list[Any]]:
+    from retrysafe.webhooks._store import delivery_from_row
+
+    params = {
+        "states": states_param(list(DEAD_LETTER_STATES)),
+        **_after(after),
+        "limit": limit,
+    }
+    rows = yield all_rows(_SQL["dead_deliveries"], params)
     return [delivery_from_row(r) for r in rows]
 
 
@@ -193,10 +217,8 @@ class Console:
         return self.connector.run(op)
 
     def queues(self) -> list[str]:
-        """Every queue that holds a job, ``default`` first."""
-        from retrysafe.client._store import job_stats
-
-        found = {q for q, _, _, _ in self._run(job_stats(self.kind, now=self.clock()))}
+        """Every queue that holds a job, ``default`` first (one index seek per queue)."""
+        found = {str(q) for (q,) in self._run(_queues(self.kind))}
         found.add("default")
         return sorted(found, key=lambda q: (q != "default", q))
 
@@ -252,6 +274,11 @@ class Console:
                 self.kind, endpoint_id=endpoint_id, states=states, limit=limit, after=after
             )
         )
+        return found
+
+    def dead_deliveries(self, *, limit: int, after: Position | None) -> list[Any]:
+        """One page of the webhook dead-letter queue, newest first."""
+        found: list[Any] = self._run(_dead_deliveries(self.kind, limit=limit, after=after))
         return found
 
     @contextmanager

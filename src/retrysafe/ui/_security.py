@@ -12,7 +12,8 @@
   wrong is refused (403) before it reads the store. A cross-site POST (``Sec-Fetch-Site:
   cross-site``, or an ``Origin`` that is not the console's) is refused too.
 * **Headers** on every answer: a Content-Security-Policy allowing only the console's own
-  scripts, styles and images, no framing, no referrer, no caching, ``nosniff``.
+  scripts, styles and images, no framing, no referrer to other sites, no caching,
+  ``nosniff``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "Guard",
     "Secrets",
     "is_loopback_host",
+    "local_path",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -51,7 +53,10 @@ SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-security-policy", _CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on the
+    # console's own form posts, which the cross-site check could not tell from a sandboxed
+    # attacker's page; other sites still get no referrer.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
     (b"cross-origin-opener-policy", b"same-origin"),
 ]
@@ -192,13 +197,25 @@ class Guard:
         await self.app(scope, receive, send_with_headers)
 
 
+def local_path(path: str) -> str:
+    """``path`` if it is a path of this console (``/jobs?state=unknown``), else ``/``: never
+    ``//evil.example``, ``/\\evil.example`` (browsers read both as another host), a scheme,
+    or control characters. For every redirect and "back" link a form carries."""
+    if (
+        not path.startswith("/")
+        or path[1:2] in ("/", "\\")
+        or len(path) > 500
+        or any(ord(c) < 33 or c in "\\\"'<>`" for c in path)
+    ):
+        return "/"
+    return path
+
+
 def _safe_next(path: str) -> str:
     """A login redirect's target: a path of this console only (never ``//evil``)."""
     from urllib.parse import quote
 
-    if not path.startswith("/") or path.startswith("//"):
-        path = "/"
-    return quote(path, safe="/")
+    return quote(local_path(path), safe="/")
 
 
 def _cross_site(headers: dict[bytes, bytes], host: str) -> bool:
@@ -209,7 +226,9 @@ def _cross_site(headers: dict[bytes, bytes], host: str) -> bool:
     origin = headers.get(b"origin", b"").decode("latin-1")
     if origin and origin != "null":
         return urlsplit(origin).netloc.lower() != host.lower()
-    return origin == "null"
+    # "null": a sandboxed frame, a file: page, or a page with Referrer-Policy: no-referrer
+    # (a console behind a proxy that sets it): Sec-Fetch-Site tells the console's own apart.
+    return origin == "null" and site != "same-origin"
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

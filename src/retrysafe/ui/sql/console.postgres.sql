@@ -21,8 +21,7 @@ WHERE queue = %(queue)s
        OR (NOT %(host_exact)s
            AND substr(destination, position('://' IN destination) + 3,
                       length(%(host)s::text)) = %(host)s::text))
-  AND (%(after_at)s::float8 IS NULL
-       OR (created_at, id) < (%(after_at)s::float8, %(after_id)s::text))
+  AND (created_at, id) < (%(after_at)s::float8, %(after_id)s::text)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -47,7 +46,32 @@ JOIN webhook_events v ON v.id = d.event_id
 WHERE (%(endpoint_id)s::text IS NULL OR d.endpoint_id = %(endpoint_id)s::text)
   AND (%(states)s::jsonb IS NULL
        OR j.state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(states)s::jsonb))))
-  AND (%(after_at)s::float8 IS NULL
-       OR (d.created_at, d.job_id) < (%(after_at)s::float8, %(after_id)s::text))
+  AND (d.created_at, d.job_id) < (%(after_at)s::float8, %(after_id)s::text)
 ORDER BY d.created_at DESC, d.job_id DESC
 LIMIT %(limit)s;
+
+-- name: dead_deliveries
+
+-- The webhook dead-letter queue, newest first, walked from the 'webhooks' queue's jobs in the
+-- dead-letter states (as on SQLite).
+SELECT d.job_id, d.event_id, v.event_type, d.endpoint_id, j.url, j.state, j.attempts, j.sends,
+       j.last_status, j.last_outcome, j.last_error, j.due_at, d.created_at, j.updated_at
+FROM outbox_jobs j
+JOIN webhook_deliveries d ON d.job_id = j.id
+JOIN webhook_events v ON v.id = d.event_id
+WHERE j.queue = 'webhooks'
+  AND j.state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(states)s::jsonb)))
+  AND (d.created_at, d.job_id) < (%(after_at)s::float8, %(after_id)s::text)
+ORDER BY d.created_at DESC, d.job_id DESC
+LIMIT %(limit)s;
+
+-- name: queues
+
+-- Every queue that holds a job: a skip scan of the index outbox_jobs_created (queue, …).
+WITH RECURSIVE q(queue) AS (
+    SELECT min(queue) FROM outbox_jobs
+    UNION ALL
+    SELECT (SELECT min(queue) FROM outbox_jobs WHERE queue > q.queue) FROM q
+    WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL;

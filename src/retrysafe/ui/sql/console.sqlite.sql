@@ -1,7 +1,8 @@
 -- The operator console's reads (retrysafe.ui, `retrysafe ui`) on SQLite: pages of jobs and
 -- deliveries and the overview's attempt chart. Every page is a keyset page, newest first:
 -- the position of its last row, (created_at, id), is where the next page starts, so page 500
--- costs what page 1 costs and a job inserted meanwhile neither repeats nor hides a row.
+-- costs what page 1 costs (a row-value seek into the index) and a job inserted meanwhile
+-- neither repeats nor hides a row.
 
 -- name: page_jobs
 
@@ -20,8 +21,7 @@ WHERE queue = :queue
        OR (:host_exact AND substr(destination, instr(destination, '://') + 3) = :host)
        OR (NOT :host_exact
            AND substr(destination, instr(destination, '://') + 3, length(:host)) = :host))
-  AND (:after_at IS NULL OR created_at < :after_at
-       OR (created_at = :after_at AND id < :after_id))
+  AND (created_at, id) < (:after_at, :after_id)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
@@ -46,7 +46,33 @@ JOIN outbox_jobs j ON j.id = d.job_id
 JOIN webhook_events v ON v.id = d.event_id
 WHERE (:endpoint_id IS NULL OR d.endpoint_id = :endpoint_id)
   AND (:states IS NULL OR j.state IN (SELECT value FROM json_each(:states)))
-  AND (:after_at IS NULL OR d.created_at < :after_at
-       OR (d.created_at = :after_at AND d.job_id < :after_id))
+  AND (d.created_at, d.job_id) < (:after_at, :after_id)
 ORDER BY d.created_at DESC, d.job_id DESC
 LIMIT :limit;
+
+-- name: dead_deliveries
+
+-- The webhook dead-letter queue, newest first: walked from the jobs of the 'webhooks' queue in
+-- the dead-letter states (index outbox_jobs_lease: queue, state), not from every delivery, so
+-- its cost follows the dead letters, not the deliveries.
+SELECT d.job_id, d.event_id, v.event_type, d.endpoint_id, j.url, j.state, j.attempts, j.sends,
+       j.last_status, j.last_outcome, j.last_error, j.due_at, d.created_at, j.updated_at
+FROM outbox_jobs j
+JOIN webhook_deliveries d ON d.job_id = j.id
+JOIN webhook_events v ON v.id = d.event_id
+WHERE j.queue = 'webhooks' AND j.state IN (SELECT value FROM json_each(:states))
+  AND (d.created_at, d.job_id) < (:after_at, :after_id)
+ORDER BY d.created_at DESC, d.job_id DESC
+LIMIT :limit;
+
+-- name: queues
+
+-- Every queue that holds a job: a skip scan of the index outbox_jobs_created (queue, …), one
+-- seek per queue, so the cost follows the number of queues, not of jobs.
+WITH RECURSIVE q(queue) AS (
+    SELECT min(queue) FROM outbox_jobs
+    UNION ALL
+    SELECT (SELECT min(queue) FROM outbox_jobs WHERE queue > q.queue) FROM q
+    WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL;

@@ -1,0 +1,107 @@
+"""``retrysafe ui``: what it refuses before serving anything, and a run that serves a page
+and stops on SIGINT with exit 130 (docs/cli.md's convention)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from retrysafe import SQLiteStore
+from retrysafe._serving import free_port
+from retrysafe.cli import cli
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["ui", *args], env=env)
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    path = tmp_path / "app.db"
+    SQLiteStore(path).close()
+    return f"sqlite:///{path}"
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:8090", "[::]:8090", "192.0.2.10:8090"])
+def test_a_non_loopback_listen_without_token_is_refused(db: str, listen: str) -> None:
+    """Exit 2 naming --listen and --token; nothing is served."""
+    code, out = run("--store", db, "--listen", listen)
+    assert code == 2
+    assert "--listen" in out and "--token" in out
+
+
+@pytest.mark.parametrize("token", ["short", "with spaces but long enough"])
+def test_a_weak_token_is_refused(db: str, token: str) -> None:
+    """A token under 16 characters or with whitespace: exit 2 naming --token."""
+    code, out = run("--store", db, "--listen", "0.0.0.0:8090", "--token", token)
+    assert code == 2 and "--token" in out and "16 characters" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (("--listen", "nonsense"), "--listen"),
+        (("--listen", "127.0.0.1:0"), "--listen"),
+        (("--listen", "127.0.0.1:70000"), "--listen"),
+        (("--reconcile-timeout", "-1"), "--reconcile-timeout"),
+        (("--reconcile-timeout", "nan"), "--reconcile-timeout"),
+    ],
+)
+def test_bad_options_are_usage_errors(db: str, args: tuple[str, ...], name: str) -> None:
+    """Exit 2, one line naming the option."""
+    code, out = run("--store", db, *args)
+    assert code == 2 and name in out
+
+
+def test_a_missing_sqlite_file_is_refused_and_not_created(tmp_path: Path) -> None:
+    """The console opens an existing store only: a typo creates nothing."""
+    missing = tmp_path / "typo.db"
+    code, out = run("--store", f"sqlite:///{missing}")
+    assert code == 2 and "retrysafe migrate" in out
+    assert not missing.exists()
+
+
+def test_memory_store_is_refused(db: str) -> None:
+    """memory:// lives in one process: nothing to look at (exit 2)."""
+    code, _ = run("--store", "memory://")
+    assert code == 2
+
+
+def test_the_console_serves_and_stops_on_sigint(db: str) -> None:
+    """It logs a JSON line with its URL, serves the overview, and SIGINT stops it (exit 130)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "ui", "--store", db, "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RETRYSAFE_UI_TOKEN": ""},
+    )
+    try:
+        assert proc.stderr is not None
+        line = json.loads(proc.stderr.readline())
+        assert line["msg"] == "console listening"
+        assert line["url"] == f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r = httpx.get(line["url"] + "jobs", headers={"accept": "text/html"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert r.status_code == 200 and "Jobs" in r.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 130
+    finally:
+        proc.kill()
+        proc.wait(10)
