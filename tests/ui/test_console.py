@@ -776,3 +776,26 @@ def test_the_pager_keeps_the_filters_to_the_second(client: Client, outbox: Outbo
     nxt = re.search(r'href="(/jobs\?[^"]*)" rel="next"', text)
     assert nxt is not None  # jobs[1] and jobs[2] match, one per page
     assert f"since={since.replace(':', '%3A')}" in nxt.group(1)
+
+
+def test_the_console_mounts_under_a_path_of_another_app(store: SQLiteStore, outbox: Outbox) -> None:
+    """Mounted at /ops/rs: links, the stylesheet, the login redirect and actions all follow
+    the mount path."""
+    from starlette.routing import Mount
+
+    (job_id,) = make(outbox, JobState.REJECTED)
+    host = Starlette(routes=[Mount("/ops/rs", console_app(store, token=TOKEN))])
+    c = Client(host, base_url="http://ops.example")
+    r = c.get("/ops/rs/jobs", headers=HTML, follow_redirects=False)
+    assert r.headers["location"] == "/ops/rs/login?next=/jobs"
+    c.page("/ops/rs/login")
+    ok = c.post("/ops/rs/login?next=/jobs", data={"csrf_token": c.csrf, "token": TOKEN})
+    assert ok.status_code == 200 and f'href="/ops/rs/jobs/{job_id}' in ok.text
+    assert 'href="/ops/rs/static/console.css"' in ok.text
+    assert c.get("/ops/rs/static/console.css").status_code == 200
+    c.page(f"/ops/rs/jobs/{job_id}")
+    form = {"csrf_token": c.csrf, "action": "purge", "queue": "default", "id": job_id}
+    assert 'action="/ops/rs/actions/apply"' in c.post("/ops/rs/actions/confirm", data=form).text
+    done = c.post("/ops/rs/actions/apply", data={**form, "confirmed": "yes"})
+    assert "1 changed" in done.text
+    assert outbox.store.get_job(job_id) is None
