@@ -36,6 +36,7 @@ PAGES = {
     "retrysafe.chaos": "docs/chaos.md",
     "retrysafe.testing": "docs/testing.md",
     "retrysafe.django": "docs/django.md",
+    "retrysafe.ui": "docs/ui.md",
 }
 
 #: The names each package's documentation shows (December 2026).
@@ -64,6 +65,7 @@ DOCUMENTED = {
                         "print_reports"},
     "retrysafe.testing": {"is_testing", "no_waiting", "set_testing", "waited"},
     "retrysafe.django": {"DjangoStore", "IdempotencyMiddleware", "mark_outcome_unknown"},
+    "retrysafe.ui": {"console_app"},
 }  # fmt: skip
 
 _IMPORT = re.compile(r"from (retrysafe(?:\.[a-z]+)?) import (?:\(([^)]*)\)|([\w, ]+))")

@@ -627,7 +627,7 @@ def gateway_never_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pat
     def started(config: object) -> object:
         raise AssertionError("the gateway started")
 
-    monkeypatch.setattr(cli_gateway_module, "_server", started)
+    monkeypatch.setattr(cli_gateway_module, "quiet_server", started)
     directory = tmp_path / "store"
     directory.mkdir()
     return directory

@@ -31,7 +31,13 @@ from starlette.staticfiles import StaticFiles
 from retrysafe._exceptions import ConfigurationError, InvalidKeyError, StoreError
 from retrysafe.client._jobs import shown_url
 from retrysafe.client._models import JobState
-from retrysafe.ui._data import DEAD_LETTER_STATES, WEBHOOK_QUEUE, ActionResult, Console
+from retrysafe.ui._data import (
+    DEAD_LETTER_STATES,
+    WEBHOOK_QUEUE,
+    ActionResult,
+    Console,
+    Position,
+)
 from retrysafe.ui._params import (
     BadInput,
     clip,
@@ -325,6 +331,15 @@ class _Refused(Exception):
         self.status = status
 
 
+def _page(rows: list[Any], limit: int) -> tuple[list[Any], str | None]:
+    """A page read with ``limit + 1`` rows → its ``limit`` rows and the "older" link's
+    position (the last row's :class:`~retrysafe.ui._data.Position`), None on the last page."""
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, Position(rows[-1].created_at, rows[-1].id).token()
+
+
 def _query(request: Request) -> dict[str, list[str]]:
     return parse_qs(request.url.query, keep_blank_values=False, max_num_fields=200)
 
@@ -369,12 +384,7 @@ def _pages(app: _App) -> list[Any]:
         found, queues = await app.io(
             lambda: (console.jobs(f, limit=limit + 1, after=after), console.queues())
         )
-        more = len(found) > limit
-        found = found[:limit]
-        nxt = None
-        if more:
-            last = found[-1]
-            nxt = f"{last.created_at!r}_{last.id}"
+        found, nxt = _page(found, limit)
         params = {
             "queue": f.queue,
             "state": [s.value for s in f.states],
@@ -439,9 +449,7 @@ def _pages(app: _App) -> list[Any]:
         found, queues = await app.io(
             lambda: (console.jobs(f, limit=limit + 1, after=after), console.queues())
         )
-        more = len(found) > limit
-        found = found[:limit]
-        nxt = f"{found[-1].created_at!r}_{found[-1].id}" if more else None
+        found, nxt = _page(found, limit)
         return app.render(
             request,
             "dead_letters.html",
@@ -549,9 +557,7 @@ def _pages(app: _App) -> list[Any]:
         e, deliveries = await app.io(read)
         if e is None:
             return app.error(request, 404, f"No webhook endpoint {endpoint_id}.")
-        more = len(deliveries) > limit
-        deliveries = deliveries[:limit]
-        nxt = f"{deliveries[-1].created_at!r}_{deliveries[-1].id}" if more else None
+        deliveries, nxt = _page(deliveries, limit)
         return app.render(
             request,
             "endpoint.html",
@@ -591,9 +597,7 @@ def _pages(app: _App) -> list[Any]:
         limit = parse_limit(query)
         after = parse_position(query)
         found = await app.io(console.dead_deliveries, limit=limit + 1, after=after)
-        more = len(found) > limit
-        found = found[:limit]
-        nxt = f"{found[-1].created_at!r}_{found[-1].id}" if more else None
+        found, nxt = _page(found, limit)
         return app.render(
             request, "webhook_dlq.html", deliveries=found, next_after=nxt, limit=limit
         )
