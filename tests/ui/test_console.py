@@ -311,7 +311,8 @@ def test_a_missing_job_is_a_404_and_so_is_one_of_another_queue(
     assert client.get("/jobs/" + "x" * 300, headers=HTML).status_code == 400
     assert client.get("/webhooks/endpoints/ep_nope", headers=HTML).status_code == 404
     assert client.get("/webhooks/deliveries/nope", headers=HTML).status_code == 404
-    assert client.get("/agents/nope", headers=HTML).status_code == 404
+    assert client.get("/agents/run?id=nope", headers=HTML).status_code == 404
+    assert client.get("/agents/run?id=" + "r" * 256, headers=HTML).status_code == 400
 
 
 def test_the_jobs_page_pages_by_keyset_without_repeating_or_skipping(
@@ -743,12 +744,13 @@ def test_an_agent_run_shows_its_audit_log_with_unknown_calls_highlighted(
             charge(50)
     listing = client.page("/agents").text
     assert "<b>run" not in listing and "&lt;b&gt;run/1?x=&lt;/b&gt;" in listing
-    (href,) = re.findall(r'href="(/agents/[^"]+)"', listing)
-    assert quote(run_id, safe="/") == href.removeprefix("/agents/")
+    (href,) = re.findall(r'href="(/agents/run\?id=[^"]+)"', listing)
+    assert href == "/agents/run?id=" + quote(run_id, safe="")
     page = client.page(href)
     assert page.status_code == 200
     rows = re.findall(r'<tr class="call-(\w+)">', page.text)
     assert rows == ["succeeded", "unknown"]
+    assert "<dd>2 (1 unknown)</dd>" in page.text
     assert f'class="key-unknown">{lost.value.key}<' in page.text
 
 
@@ -799,3 +801,154 @@ def test_the_console_mounts_under_a_path_of_another_app(store: SQLiteStore, outb
     done = c.post("/ops/rs/actions/apply", data={**form, "confirmed": "yes"})
     assert "1 changed" in done.text
     assert outbox.store.get_job(job_id) is None
+
+
+def test_concurrent_submits_of_one_action_change_and_log_each_item_once(
+    store: SQLiteStore, outbox: Outbox
+) -> None:
+    """Eight simultaneous identical purges (a browser's retries, two tabs): across their
+    results each job is "changed" exactly once, so the action log tells the truth."""
+    import httpx
+
+    ids = make(outbox, JobState.REJECTED, 5)
+    with ServerThread(console_app(store)) as server:
+        first = httpx.get(server.url + "/keys", headers=HTML)
+        csrf = re.search(r'name="csrf_token" value="([0-9a-f]+)"', first.text)
+        assert csrf is not None
+        cookies = dict(first.cookies)
+        form = {
+            "csrf_token": csrf.group(1),
+            "action": "purge",
+            "queue": "default",
+            "id": ids,
+            "confirmed": "yes",
+        }
+        texts: list[str] = []
+
+        def submit() -> None:
+            r = httpx.post(server.url + "/actions/apply", data=form, cookies=cookies)
+            texts.append(r.text)
+
+        threads = [threading.Thread(target=submit) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    changed = [
+        job_id
+        for text in texts
+        for job_id in re.findall(r"<tr><td><code>([0-9a-f]+)</code></td><td>rejected</td>", text)
+    ]
+    assert sorted(changed) == sorted(ids)
+
+
+def test_a_limit_of_thousands_of_digits_is_a_400_not_a_crash(client: Client) -> None:
+    """Python refuses int() of over 4,300 digits; the console refuses long limits first."""
+    for path in ("/jobs", "/dead-letters", "/webhooks/dead-letters", "/agents"):
+        r = client.get(f"{path}?limit={'9' * 5000}", headers=HTML)
+        assert r.status_code == 400 and 'id="error-message">limit: ' in r.text
+
+
+def test_the_host_filter_matches_ipv6_and_non_ascii_hosts(client: Client, outbox: Outbox) -> None:
+    """``[::1]`` / ``[::1]:9000`` find a job to http://[::1]:9000; ``bücher.example`` finds
+    its job as typed."""
+    (v6,) = make(outbox, JobState.UNKNOWN, url="http://[::1]:9000/v6")
+    (idn,) = make(outbox, JobState.UNKNOWN, url="http://bücher.example/x")
+
+    def listed(q: str) -> set[str]:
+        r = client.page("/jobs?" + q)
+        assert r.status_code == 200, r.text
+        return set(re.findall(r'data-job="([0-9a-f]+)"', r.text))
+
+    assert listed("host=[::1]") == {v6}
+    assert listed("host=%5B::1%5D:9000") == {v6}
+    assert listed("host=[::1]:9001") == set()
+    assert listed("host=b%C3%BCcher.example") == {idn}
+    assert 'value="[::1]:9000"' in client.page("/jobs?host=[::1]:9000").text
+
+
+def test_credentials_in_query_strings_and_more_header_names_are_hidden(
+    client: Client, outbox: Outbox
+) -> None:
+    """``?access_token=…&api_key=…&sig=…`` show as ``…``; X-Access-Key, X-Private-Key,
+    Passwd, X-Credentials and X-Session-Id values are hidden; the idempotency key is shown."""
+    job = outbox.submit(
+        "http://127.0.0.1:9/hdr?access_token=QSTOKEN&api_key=QSKEY&sig=QSSIG&page=2",
+        json={},
+        headers={
+            "X-Access-Key": "h1secret",
+            "X-Private-Key": "h2secret",
+            "Passwd": "h3secret",
+            "X-Credentials": "h4secret",
+            "X-Session-Id": "h5secret",
+            "X-Request-Id": "visible-id",
+        },
+    )
+    text = client.page(f"/jobs/{job.id}").text
+    for secret in ("QSTOKEN", "QSKEY", "QSSIG", "h1secret", "h2secret", "h3secret", "h4secret"):
+        assert secret not in text
+    assert "h5secret" not in text
+    assert "access_token=…" in text and "page=2" in text
+    assert "visible-id" in text and job.key in text
+    listing = client.page("/jobs").text
+    assert "QSTOKEN" not in listing
+
+
+def test_control_and_bidi_characters_are_shown_escaped(client: Client, outbox: Outbox) -> None:
+    """NUL, ESC and the right-to-left override in a payload or header reach the page as
+    visible escapes, never as the characters themselves."""
+    job = outbox.submit(
+        "http://127.0.0.1:9/x",
+        content="a\x00b\x1b[31mc\u202ed".encode(),
+        headers={"X-Note": "v\x7fw"},
+    )
+    text = client.page(f"/jobs/{job.id}").text
+    assert "\x00" not in text and "\x1b" not in text and "\u202e" not in text
+    assert "\x7f" not in text
+    assert "a\\x00b\\x1b[31mc\\u202ed" in text
+
+
+def test_a_repeated_form_field_is_a_400(client: Client, outbox: Outbox) -> None:
+    """``action=purge&action=reconcile``: the console does not guess which was meant."""
+    (job_id,) = make(outbox, JobState.UNKNOWN)
+    form = {"csrf_token": client.csrf, "queue": "default", "id": job_id, "confirmed": "yes"}
+    r = client.post("/actions/apply", data={**form, "action": ["purge", "reconcile"]})
+    assert r.status_code == 400 and 'id="error-message">action: give it once' in r.text
+    assert outbox.get(job_id).state is JobState.UNKNOWN
+
+
+def test_the_dead_letter_page_of_the_webhooks_queue_is_the_webhook_dlq(client: Client) -> None:
+    """Webhook deliveries are replayed from their own page: /dead-letters?queue=webhooks
+    leads there instead of offering buttons that cannot work."""
+    r = client.get("/dead-letters?queue=webhooks", headers=HTML, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/webhooks/dead-letters"
+
+
+def test_a_script_with_the_bearer_token_acts_without_a_csrf_token(
+    store: SQLiteStore, outbox: Outbox
+) -> None:
+    """Authorization: Bearer is proof enough (no browser adds it by itself); the login cookie
+    alone still needs the form's CSRF token."""
+    (a, b) = make(outbox, JobState.REJECTED, 2)
+    app = console_app(store, token=TOKEN)
+    script = TestClient(app, base_url="http://console.example")
+    form = {"action": "purge", "queue": "default", "id": a, "confirmed": "yes"}
+    r = script.post("/actions/apply", data=form, headers={"authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and "1 changed" in r.text
+    browser = Client(app, base_url="http://console.example")
+    browser.page("/login")
+    browser.post("/login", data={"csrf_token": browser.csrf, "token": TOKEN})
+    refused = browser.post("/actions/apply", data={**form, "id": b})
+    assert refused.status_code == 403
+    assert outbox.get(b).state is JobState.REJECTED
+
+
+def test_logout_forgets_the_login(store: SQLiteStore) -> None:
+    """After Log out the pages ask for the token again."""
+    c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
+    c.page("/login")
+    c.post("/login", data={"csrf_token": c.csrf, "token": TOKEN})
+    c.page("/jobs")
+    out = c.post("/logout", data={"csrf_token": c.csrf}, follow_redirects=False)
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert c.get("/jobs").status_code == 401

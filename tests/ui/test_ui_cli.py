@@ -25,6 +25,17 @@ def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def get_when_listening(url: str) -> httpx.Response:
+    """GET ``url`` once the console listens (it logs its URL just before binding)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return httpx.get(url, headers={"accept": "text/html"})
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     path = tmp_path / "app.db"
@@ -91,17 +102,41 @@ def test_the_console_serves_and_stops_on_sigint(db: str) -> None:
         line = json.loads(proc.stderr.readline())
         assert line["msg"] == "console listening"
         assert line["url"] == f"http://127.0.0.1:{port}/"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                r = httpx.get(line["url"] + "jobs", headers={"accept": "text/html"})
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        r = get_when_listening(line["url"] + "jobs")
         assert r.status_code == 200 and "Jobs" in r.text
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 130
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_schema_is_for_postgresql_only(db: str) -> None:
+    """--schema with a SQLite store: exit 2 naming --schema."""
+    code, out = run("--store", db, "--schema", "app")
+    assert code == 2 and "--schema" in out
+
+
+def test_the_console_opens_a_postgresql_store_in_its_schema(pg_url: str, pg_schema: str) -> None:
+    """--schema NAME: the console reads the tables of that schema (created by migrate)."""
+    from retrysafe.stores import PostgresStore
+
+    PostgresStore(pg_url, schema=pg_schema).close()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "ui", "--store", pg_url, "--schema", pg_schema,
+         "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = json.loads(proc.stderr.readline())
+        assert line["msg"] == "console listening", line
+        r = get_when_listening(line["url"] + "jobs")
+        assert r.status_code == 200 and "Jobs" in r.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 143
     finally:
         proc.kill()
         proc.wait(10)

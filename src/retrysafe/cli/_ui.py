@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import closing
+from typing import Any
 
 import click
 
 from retrysafe.cli._common import (
+    EXIT_USAGE,
     KEY_STORES,
     Number,
+    canonical_scheme,
     check_port_free,
     errors,
+    fail,
     opened_store,
     parse_listen,
     store_option,
 )
+from retrysafe.cli._migrate import SchemaName
 from retrysafe.cli._signals import Signals, Stopper, quiet_server
 
 __all__ = ["TOKEN_ENV", "ui"]
@@ -40,6 +46,12 @@ TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a toke
     help=f"Access token (≥ 16 characters; env {TOKEN_ENV}): every page then needs it.",
 )
 @click.option(
+    "--schema",
+    type=SchemaName(),
+    default=None,
+    help="PostgreSQL schema holding retrysafe's tables (default public).",
+)
+@click.option(
     "--reconcile-timeout",
     type=Number(high=600),
     default=10.0,
@@ -53,7 +65,12 @@ TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a toke
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 def ui(
-    store: str, listen: str, token: str | None, reconcile_timeout: float, log_level: str
+    store: str,
+    listen: str,
+    token: str | None,
+    schema: str | None,
+    reconcile_timeout: float,
+    log_level: str,
 ) -> None:
     """Serve the operator console: jobs, dead letters, webhooks, agent runs and keys.
 
@@ -81,6 +98,8 @@ def ui(
     from retrysafe.ui._security import is_loopback_host
 
     host, port = parse_listen(listen)
+    if schema is not None and canonical_scheme(store) != "postgresql":
+        fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
     if token is not None and not token.strip():
         token = None
     if not is_loopback_host(host) and token is None:
@@ -97,8 +116,8 @@ def ui(
     stopper = Stopper()
     with (
         Signals(on_signal=stopper) as signals,
-        errors(store, flags={"store": "--store", "token": "--token"}),
-        opened_store(store, write=True) as opened,
+        errors(store, flags={"store": "--store", "token": "--token", "schema": "--schema"}),
+        _opened(store, schema) as opened,
     ):
         app = console_app(
             opened,
@@ -119,6 +138,9 @@ def ui(
                 access_log=False,
                 lifespan="off",
                 server_header=False,
+                # The action log records the peer's address: never one a request claims
+                # (X-Forwarded-For) — any local process could forge it.
+                proxy_headers=False,
             )
         )
         shown_host = f"[{host}]" if ":" in host else host
@@ -137,6 +159,13 @@ def ui(
         logging.getLogger("retrysafe.ui").info("console stopped", extra={"signal": signals.name})
         raise SystemExit(signals.exit_code)
     if not server.started:
-        from retrysafe.cli._common import fail
-
         fail(f"the console could not start on {host}:{port}")
+
+
+def _opened(store: str, schema: str | None) -> Any:
+    """The existing store (never created); on PostgreSQL in ``schema`` when given."""
+    if schema is None:
+        return opened_store(store, write=True)
+    from retrysafe import stores
+
+    return closing(stores.open_store(store, schema=schema, create=False))

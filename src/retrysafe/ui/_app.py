@@ -10,10 +10,12 @@ action cut short, exactly which items were).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import datetime as dt
 import logging
 import math
+import re
 import secrets as _secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,12 +43,14 @@ from retrysafe.ui._data import (
 from retrysafe.ui._params import (
     BadInput,
     clip,
+    form_value,
     parse_id,
     parse_ids,
     parse_job_filter,
     parse_limit,
     parse_position,
     parse_queue,
+    parse_run_id,
     parse_states,
 )
 from retrysafe.ui._security import AUTH_COOKIE, SESSION_COOKIE, Guard, Secrets, local_path
@@ -61,9 +65,19 @@ ARGUMENTS_CAP = 1024
 HEADER_CAP = 300
 #: The largest form the console reads (500 ids and the rest fit in far less).
 FORM_CAP = 64 * 1024
+#: Seconds a wrong login token costs (one guess at a time).
+LOGIN_DELAY = 1.0
 #: Header names whose values never reach a page (credentials and session material).
 _SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie")
-_SECRET_WORDS = ("token", "secret", "password", "api-key", "apikey", "signature", "auth")
+#: Parts of a header or query-parameter name that mark its value as a credential.
+_SECRET_WORDS = (
+    "token", "secret", "pass", "pwd", "key", "signature", "auth", "cred", "session", "sig",
+)  # fmt: skip
+#: What a header whose name holds "key" may still show: not a credential.
+_NOT_SECRET = ("idempotency-key",)
+#: Characters a page shows escaped: C0/C1 controls but tab and newline, and the
+#: bidirectional overrides and isolates that make text read other than it is (CVE-2021-42574).
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f]")
 #: Outcome classes → the chart's colour class.
 _OUTCOME_CLASS = {
     "success": "ok",
@@ -137,12 +151,47 @@ def age(seconds: float | None) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a header or query parameter named ``name`` carries a credential."""
+    lower = name.lower()
+    if lower in _NOT_SECRET:
+        return False
+    return lower in _SECRET_HEADERS or any(w in lower for w in _SECRET_WORDS)
+
+
 def shown_header(name: str, value: str) -> str:
     """A header value as a page shows it: credentials hidden, the rest capped."""
-    lower = name.lower()
-    if lower in _SECRET_HEADERS or any(w in lower for w in _SECRET_WORDS):
+    if is_secret_name(name):
         return f"(hidden: {len(value)} characters)"
     return clip(value, HEADER_CAP)
+
+
+def safe_url(url: str) -> str:
+    """A URL as a page shows it: no ``user:password@`` (:func:`shown_url`), and the value of
+    every query parameter whose name marks a credential (``access_token``, ``api_key``,
+    ``sig``…) replaced by ``…``."""
+    shown = shown_url(url, 2000)
+    base, sep, query = shown.partition("?")
+    if not sep:
+        return shown
+    query, hash_sep, fragment = query.partition("#")
+    parts = []
+    for part in query.split("&"):
+        name, eq, _ = part.partition("=")
+        parts.append(f"{name}=…" if eq and is_secret_name(name) else part)
+    return base + "?" + "&".join(parts) + hash_sep + fragment
+
+
+def visible(value: Any) -> Any:
+    """What every ``{{ … }}`` of a page passes through (Jinja's ``finalize``): text with its
+    control and bidirectional-override characters shown as ``\\xNN`` / ``\\uNNNN`` escapes,
+    so a payload can neither break the HTML (NUL) nor read other than it is; markup the
+    templates made (macros) is left as it is."""
+    import markupsafe
+
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return _INVISIBLE.sub(lambda m: m.group(0).encode("unicode_escape").decode(), value)
+    return value
 
 
 def shown_body(body: bytes, cap: int = PAYLOAD_CAP) -> dict[str, Any]:
@@ -199,22 +248,37 @@ class _App:
         self.title = title
         self.store_name = store_name
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        self._lock: asyncio.Lock | None = None
+        self._login: asyncio.Lock | None = None
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("retrysafe.ui", "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
+            finalize=visible,
         )
         self.env.globals.update(
             when=when,
             age=age,
             qs=qs,
             clip=clip,
-            shown_url=shown_url,
+            shown_url=safe_url,
             shown_header=shown_header,
             mask_secret=mask_secret,
             JobState=JobState,
             WEBHOOK_QUEUE=WEBHOOK_QUEUE,
         )
+
+    def login_lock(self) -> asyncio.Lock:
+        """The lock a refused login holds while it waits (refusals one at a time)."""
+        if self._login is None:
+            self._login = asyncio.Lock()
+        return self._login
+
+    def action_lock(self) -> asyncio.Lock:
+        """The lock every action holds (made on the serving event loop at first use)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
 
     # -------------------------------------------------------------- rendering
     def render(
@@ -299,9 +363,11 @@ class _App:
             form = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=2000)
         except (UnicodeDecodeError, ValueError) as exc:
             raise _Refused(400, f"the form cannot be read: {exc}") from None
-        cookies = request.scope.get("state", {}).get("cookies", {})
+        state = request.scope.get("state", {})
+        if state.get("bearer"):
+            return form
         given = (form.get("csrf_token") or [""])[0]
-        if not self.secrets.csrf_ok(cookies.get(SESSION_COOKIE), given):
+        if not self.secrets.csrf_ok(state.get("cookies", {}).get(SESSION_COOKIE), given):
             raise _Refused(
                 403,
                 "the form's CSRF token is missing or does not match this browser's session "
@@ -388,7 +454,7 @@ def _pages(app: _App) -> list[Any]:
         params = {
             "queue": f.queue,
             "state": [s.value for s in f.states],
-            "host": f.host,
+            "host": f.host_text,
             "since": _iso(f.since),
             "until": _iso(f.until),
             "limit": limit if limit != 50 else None,
@@ -442,6 +508,10 @@ def _pages(app: _App) -> list[Any]:
 
         query = _query(request)
         queue = parse_queue((query.get("queue") or [""])[0] or None)
+        if queue == WEBHOOK_QUEUE:
+            return RedirectResponse(
+                request.scope.get("root_path", "") + "/webhooks/dead-letters", 303
+            )
         states = parse_states(query, DEAD_LETTER_STATES) or DEAD_LETTER_STATES
         limit = parse_limit(query)
         after = parse_position(query)
@@ -472,14 +542,14 @@ def _pages(app: _App) -> list[Any]:
             form = await app.form(request)
         except _Refused as exc:
             return app.error(request, exc.status, str(exc))
-        action = (form.get("action") or [""])[0]
+        action = form_value(form, "action") or ""
         if action not in _ACTIONS:
             raise BadInput("action", f"{clip(action)!r} is not one of {', '.join(_ACTIONS)}")
         spec = _ACTIONS[action]
         if spec["what"] == "jobs" and not console.has_outbox:
             return app.needs_outbox(request) or app.error(request, 404, "")
         ids = parse_ids(form)
-        queue = parse_queue((form.get("queue") or [""])[0] or None)
+        queue = parse_queue(form_value(form, "queue") or None)
         if spec["what"] == "jobs" and queue == WEBHOOK_QUEUE:
             raise BadInput(
                 "queue",
@@ -488,8 +558,9 @@ def _pages(app: _App) -> list[Any]:
             )
         if spec["what"] == "endpoint" and len(ids) != 1:
             raise BadInput("id", "enable and disable take one endpoint")
-        reason = clip((form.get("reason") or [""])[0].strip(), 200) or "disabled from the console"
-        back = local_path((form.get("back") or [""])[0])
+        reason = clip((form_value(form, "reason") or "").strip(), 200)
+        reason = reason or "disabled from the console"
+        back = local_path(form_value(form, "back") or "")
         if not apply:
             return app.render(
                 request,
@@ -501,20 +572,23 @@ def _pages(app: _App) -> list[Any]:
                 reason=reason,
                 back=back,
             )
-        if (form.get("confirmed") or [""])[0] != "yes":
+        if form_value(form, "confirmed") != "yes":
             raise BadInput("confirmed", "an action runs only from its confirmation page")
-        if action == "reconcile":
-            result = await app.io(console.reconcile, queue, ids)
-        elif action == "retry":
-            result = await app.io(console.retry, queue, ids)
-        elif action == "purge":
-            result = await app.io(console.purge, queue, ids)
-        elif action == "replay":
-            result = await app.io(console.replay_deliveries, ids)
-        else:
-            result = await app.io(
-                console.set_endpoint, ids[0], enabled=action == "enable", reason=reason
-            )
+        # One action at a time per console: what an item was before and after is then what
+        # this action did, not what a concurrent one did (the log names each change once).
+        async with app.action_lock():
+            if action == "reconcile":
+                result = await console.reconcile(queue, ids)
+            elif action == "retry":
+                result = await app.io(console.retry, queue, ids)
+            elif action == "purge":
+                result = await app.io(console.purge, queue, ids)
+            elif action == "replay":
+                result = await app.io(console.replay_deliveries, ids)
+            else:
+                result = await app.io(
+                    console.set_endpoint, ids[0], enabled=action == "enable", reason=reason
+                )
         target = f"queue {queue!r}" if spec["what"] == "jobs" else spec["what"]
         app.record(request, result, target)
         status = 503 if result.error else 200
@@ -612,9 +686,10 @@ def _pages(app: _App) -> list[Any]:
     async def agent_run(request: Request) -> Response:
         if (refusal := app.needs_outbox(request)) is not None:
             return refusal
-        run_id = request.path_params["run_id"]
-        if not (0 < len(run_id) <= 200) or any(ord(c) < 32 for c in run_id):
-            raise BadInput("run id", f"{clip(run_id)!r} is not a run id")
+        ids = _query(request).get("id") or []
+        if len(ids) != 1:
+            raise BadInput("id", "name one run: /agents/run?id=RUN_ID")
+        run_id = parse_run_id(ids[0])
         found = await app.io(console.agent_run, run_id)
         if found is None:
             return app.error(request, 404, f"No agent run {clip(run_id)!r}.")
@@ -659,6 +734,17 @@ def _pages(app: _App) -> list[Any]:
             status=404 if lookup is not None and not found else 200,
         )
 
+    async def logout(request: Request) -> Response:
+        try:
+            await app.form(request)
+        except _Refused as exc:
+            return app.error(request, exc.status, str(exc))
+        root = request.scope.get("root_path", "")
+        response = RedirectResponse(root + ("/login" if app.secrets.token else "/"), 303)
+        response.delete_cookie(AUTH_COOKIE, path=root or "/")
+        response.delete_cookie(SESSION_COOKIE, path=root or "/")
+        return response
+
     async def actions(request: Request) -> Response:
         return app.render(request, "actions.html", recent=list(app.recent))
 
@@ -676,6 +762,10 @@ def _pages(app: _App) -> list[Any]:
         if not app.secrets.token_ok((form.get("token") or [""])[0]):
             client = request.client.host if request.client else None
             log.warning("console login refused", extra={"client": client})
+            # One wrong guess per second per console: guessing a 16-character token is
+            # hopeless anyway, and a script hammering the form shows in the log.
+            async with app.login_lock():
+                await asyncio.sleep(LOGIN_DELAY)
             return app.render(request, "login.html", 403, next=nxt, failed=True)
         response = RedirectResponse(root + nxt, 303)
         response.set_cookie(
@@ -702,9 +792,10 @@ def _pages(app: _App) -> list[Any]:
         Route("/webhooks/endpoints/{endpoint_id:path}", g(endpoint)),
         Route("/webhooks/deliveries/{delivery_id:path}", g(delivery)),
         Route("/agents", g(agents)),
-        Route("/agents/{run_id:path}", g(agent_run)),
+        Route("/agents/run", g(agent_run)),
         Route("/keys", g(keys), methods=["GET", "POST"]),
         Route("/login", g(login), methods=["GET", "POST"]),
+        Route("/logout", g(logout), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(files("retrysafe.ui") / "static"))),
     ]
 

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from retrysafe._exceptions import (
     ConfigurationError,
     EndpointNotFoundError,
@@ -71,15 +73,25 @@ class JobFilter:
     Attributes:
         queue: the queue walked (every index a worker uses starts with it).
         states: only these states (empty: all).
-        host: the destination's ``host`` (any port) or ``host:port`` (exact), lower case.
+        host, port: the destination's host name (lower case; an IPv6 literal without
+            brackets) and, when given, its port (else any port).
         since, until: created at or after ``since`` and before ``until`` (Unix seconds).
     """
 
     queue: str = "default"
     states: tuple[JobState, ...] = ()
     host: str | None = None
+    port: int | None = None
     since: float | None = None
     until: float | None = None
+
+    @property
+    def host_text(self) -> str | None:
+        """The host filter as typed back into the form (``[::1]:9000``)."""
+        if self.host is None:
+            return None
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        return name if self.port is None else f"{name}:{self.port}"
 
 
 def _after(after: Position | None) -> dict[str, Any]:
@@ -90,15 +102,14 @@ def _after(after: Position | None) -> dict[str, Any]:
     return {"after_at": after.created_at, "after_id": after.id}
 
 
-def _host_params(host: str | None) -> dict[str, Any]:
-    """``host`` as the statement compares it: ``host:port`` exactly, or ``host:`` as the
-    start of the destination's authority (any port). ``[v6]`` literals keep their brackets,
-    as ``destination`` stores them."""
+def _host_params(host: str | None, port: int | None) -> dict[str, Any]:
+    """The host filter as the statement compares it with the destination's authority
+    (``host:port``): exactly, or its start ``host:`` (any port)."""
     if host is None:
         return {"host": None, "host_exact": False}
-    head, sep, port = host.rpartition(":")
-    exact = bool(sep) and port.isdigit() and (not head.startswith("[") or head.endswith("]"))
-    return {"host": host if exact else host + ":", "host_exact": exact}
+    if port is None:
+        return {"host": host + ":", "host_exact": False}
+    return {"host": f"{host}:{port}", "host_exact": True}
 
 
 def page_jobs(clock: Any, f: JobFilter, *, limit: int, after: Position | None) -> Op[list[Job]]:
@@ -110,7 +121,7 @@ def page_jobs(clock: Any, f: JobFilter, *, limit: int, after: Position | None) -
         "until": f.until,
         **_after(after),
         "limit": limit,
-        **_host_params(f.host),
+        **_host_params(f.host, f.port),
     }
     rows = yield all_rows(_SQL["page_jobs"], params)
     return [job_from_row(r) for r in rows]
@@ -332,12 +343,16 @@ class Console:
                 found.append(job)
         return found
 
-    def reconcile(self, queue: str, ids: Sequence[str]) -> ActionResult:
-        """Re-send the UNKNOWN jobs of ``ids`` with their same key (``Outbox.reconcile``);
-        a job that is not UNKNOWN (a second submit) is left alone, saying so."""
+    async def reconcile(self, queue: str, ids: Sequence[str]) -> ActionResult:
+        """Re-send the UNKNOWN jobs of ``ids`` with their same key
+        (:func:`~retrysafe.client.areconcile`, on the caller's event loop: a console stopped
+        mid-attempt cancels it, and a cancelled attempt gives its job back as UNKNOWN); a job
+        that is not UNKNOWN (a second submit) is left alone, saying so."""
+        from retrysafe.client import RetryPolicy, areconcile
+
         result = ActionResult("reconcile")
         try:
-            jobs = self._jobs_in(queue, ids, result)
+            jobs = await run_in_threadpool(self._jobs_in, queue, ids, result)
             todo = []
             for job in jobs:
                 if job.state is JobState.UNKNOWN:
@@ -345,8 +360,15 @@ class Console:
                 else:
                     result.unchanged.append((job.id, f"is {job.state.value}, not unknown"))
             if todo:
-                with self.outbox(queue) as box:
-                    report = box.reconcile(ids=todo, limit=len(todo), concurrency=8)
+                report = await areconcile(
+                    self.store,
+                    policy=RetryPolicy(attempts=1, timeout=self.reconcile_timeout),
+                    ids=todo,
+                    limit=len(todo),
+                    concurrency=8,
+                    queue=queue,
+                    clock=self.clock,
+                )
                 after = {j.id: j for j in report.jobs}
                 for job_id in todo:
                     done = after.get(job_id)

@@ -18,10 +18,13 @@ __all__ = [
     "MAX_LIMIT",
     "BadInput",
     "clip",
+    "form_value",
+    "parse_host",
     "parse_ids",
     "parse_job_filter",
     "parse_limit",
     "parse_position",
+    "parse_run_id",
     "parse_states",
     "parse_time",
 ]
@@ -33,8 +36,8 @@ MAX_IDS = 500
 #: Job, delivery and endpoint ids: what the package generates (hex, ``ep_`` + hex) and what a
 #: caller may give (``submit(job_id=…)``): visible ASCII without separators, bounded.
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
-_QUEUE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
-_HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?")
+#: Characters no host name holds (URL delimiters and markup).
+_NOT_IN_HOST = set("/?#@<>\"'`\\[]%")
 
 
 class BadInput(ValueError):
@@ -63,7 +66,7 @@ def parse_limit(query: Mapping[str, Sequence[str]]) -> int:
     text = _one(query, "limit")
     if text is None:
         return DEFAULT_LIMIT
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
+    if len(text) > 6 or not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
         raise BadInput(
             "limit", f"must be a whole number from 1 to {MAX_LIMIT} (got {clip(text)!r})"
         )
@@ -128,26 +131,73 @@ def parse_time(query: Mapping[str, Sequence[str]], name: str) -> float | None:
 
 
 def parse_queue(value: str | None) -> str:
-    """A queue name (default ``default``)."""
+    """A queue name (default ``default``), by the outbox's own rule (``check_queue``)."""
+    from retrysafe._exceptions import ConfigurationError
+    from retrysafe.client._jobs import check_queue
+
     if value is None:
         return "default"
-    if not _QUEUE.fullmatch(value):
-        raise BadInput("queue", f"{clip(value)!r} is not a queue name")
-    return value
+    try:
+        return check_queue(value)
+    except ConfigurationError:
+        raise BadInput(
+            "queue", f"{clip(value)!r} is not a queue name (a-z 0-9 _ . -, up to 64)"
+        ) from None
 
 
 def parse_job_filter(query: Mapping[str, Sequence[str]]) -> JobFilter:
     """The jobs page's filters: ``queue``, ``state``, ``host``, ``since``, ``until``."""
     queue = parse_queue(_one(query, "queue"))
-    host = _one(query, "host")
-    if host is not None:
-        host = host.lower()
-        if not _HOST.fullmatch(host):
-            raise BadInput("host", f"{clip(host)!r} is not a host or host:port")
+    text = _one(query, "host")
+    host, port = (None, None) if text is None else parse_host(text)
     since, until = parse_time(query, "since"), parse_time(query, "until")
     if since is not None and until is not None and until <= since:
         raise BadInput("until", "must be later than since")
-    return JobFilter(queue=queue, states=parse_states(query), host=host, since=since, until=until)
+    return JobFilter(
+        queue=queue, states=parse_states(query), host=host, port=port, since=since, until=until
+    )
+
+
+def parse_host(text: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` → ``(name, port or None)`` as the
+    jobs store their destination: lower case, an IPv6 literal without its brackets, a
+    non-ASCII name as typed (``bücher.example``)."""
+    value = text.strip().lower()
+    port = ""
+    if value.startswith("["):
+        inside, close, rest = value[1:].partition("]")
+        if not close or (rest and not re.fullmatch(r":[0-9]{1,5}", rest)):
+            raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
+        name, port = inside, rest[1:]
+        if not re.fullmatch(r"[0-9a-f:.]+", name):
+            raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
+    else:
+        name, sep, tail = value.rpartition(":")
+        if not sep or not tail.isdigit():
+            name, port = value, ""
+        else:
+            port = tail
+        if not name or len(name) > 253 or any(c.isspace() or c in _NOT_IN_HOST for c in name):
+            raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
+    if port and not 0 < int(port[:6]) < 65536:
+        raise BadInput("host", f"{clip(text)!r}: the port must be 1–65535")
+    return name, int(port) if port else None
+
+
+def parse_run_id(value: str) -> str:
+    """An agent run id: 1–255 visible ASCII characters (SPEC §2, as ``start_run`` takes)."""
+    if not 0 < len(value) <= 255 or any(not 33 <= ord(c) <= 126 for c in value):
+        raise BadInput("id", f"{clip(value)!r} is not an agent run id")
+    return value
+
+
+def form_value(form: Mapping[str, Sequence[str]], name: str) -> str | None:
+    """One value of a form field (None when absent); a repeated field is a
+    :class:`BadInput` — an action never guesses which of two values was meant."""
+    values = form.get(name) or []
+    if len(values) > 1:
+        raise BadInput(name, "give it once")
+    return values[0] if values else None
 
 
 def parse_id(value: str, what: str = "id") -> str:

@@ -9,8 +9,10 @@
   logs everyone out).
 * **CSRF** (OWASP's synchronizer token pattern): every form carries a token derived from the
   browser's session cookie with a per-process secret; an action whose token is missing or
-  wrong is refused (403) before it reads the store. A cross-site POST (``Sec-Fetch-Site:
-  cross-site``, or an ``Origin`` that is not the console's) is refused too.
+  wrong is refused (403) before it reads the store. A script that sends the token as
+  ``Authorization: Bearer`` needs none (no browser adds that header by itself). A
+  cross-site POST (``Sec-Fetch-Site: cross-site``, or an ``Origin`` that is not the
+  console's) is refused too.
 * **Headers** on every answer: a Content-Security-Policy allowing only the console's own
   scripts, styles and images, no framing, no referrer to other sites, no caching,
   ``nosniff``.
@@ -115,14 +117,18 @@ class Secrets:
             return False
         return hmac.compare_digest(self.token.encode(), given.encode("utf-8", "replace"))
 
+    def bearer(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether a request carries the token as ``Authorization: Bearer`` (a script: a
+        browser never adds that header to a cross-site request on its own, so such a request
+        needs no CSRF token)."""
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, value = auth.partition(" ")
+        return scheme.lower() == "bearer" and self.token_ok(value.strip())
+
     def authorized(self, headers: dict[bytes, bytes], cookies: dict[str, str]) -> bool:
         """Whether a request carries the token (Bearer) or the login cookie; always True
         without a token."""
-        if self.token is None:
-            return True
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, value = auth.partition(" ")
-        if scheme.lower() == "bearer" and self.token_ok(value.strip()):
+        if self.token is None or self.bearer(headers):
             return True
         cookie = cookies.get(AUTH_COOKIE)
         return cookie is not None and hmac.compare_digest(cookie, self.auth_value())
@@ -174,6 +180,7 @@ class Guard:
         cookies = cookies_of(headers)
         scope.setdefault("state", {})
         scope["state"]["cookies"] = cookies
+        scope["state"]["bearer"] = self.secrets.token is not None and self.secrets.bearer(headers)
         if not local.startswith(_OPEN) and not self.secrets.authorized(headers, cookies):
             if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
                 await _redirect(send, f"{root}/login?next={_safe_next(local)}")
