@@ -140,3 +140,67 @@ def test_the_console_opens_a_postgresql_store_in_its_schema(pg_url: str, pg_sche
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_sigterm_mid_reconcile_gives_the_job_back_as_unknown(tmp_path: Path) -> None:
+    """A reconcile waiting on an endpoint that never answers: SIGTERM stops the console within
+    the 5-second convention (exit 143) and the job is UNKNOWN again, not stuck IN_FLIGHT."""
+    import re
+    import socket
+    import threading
+
+    from retrysafe import Outbox
+    from retrysafe.client import JobState, outbox_store
+
+    path = tmp_path / "app.db"
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts connections (the backlog) and never answers
+    with Outbox(SQLiteStore(path)) as outbox:
+        job = outbox.submit(f"http://127.0.0.1:{silent.getsockname()[1]}/x", json={})
+        outbox_store(outbox.store).transition_job(
+            job.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=0.0
+        )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "ui", "--store", f"sqlite:///{path}",
+         "--listen", f"127.0.0.1:{port}", "--reconcile-timeout", "60"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        url = json.loads(proc.stderr.readline())["url"]
+        page = get_when_listening(url + "keys")
+        found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page.text)
+        assert found is not None
+        form = {
+            "csrf_token": found.group(1),
+            "action": "reconcile",
+            "queue": "default",
+            "id": job.id,
+            "confirmed": "yes",
+        }
+        posting = threading.Thread(
+            target=lambda: httpx.post(
+                url + "actions/apply", data=form, cookies=dict(page.cookies), timeout=30
+            ),
+            daemon=True,
+        )
+        posting.start()
+        deadline = time.monotonic() + 10
+        with Outbox(SQLiteStore(path)) as outbox:
+            while outbox.get(job.id).state is not JobState.IN_FLIGHT:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 143
+            assert time.monotonic() - started < 8
+            after = outbox.get(job.id)
+            assert after.state is JobState.UNKNOWN
+            assert after.lease_token is None
+    finally:
+        proc.kill()
+        proc.wait(10)
+        silent.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from contextlib import closing
@@ -22,10 +23,14 @@ from retrysafe.cli._common import (
     store_option,
 )
 from retrysafe.cli._migrate import SchemaName
-from retrysafe.cli._signals import Signals, Stopper, quiet_server
+from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals, Stopper, quiet_server
 
 __all__ = ["TOKEN_ENV", "ui"]
 
+#: Seconds in-flight requests get after SIGINT/SIGTERM (the 5-second exit convention).
+_GRACE = int(SHUTDOWN_SECONDS) - 2
+#: Seconds cancelled requests get to give their jobs back before the process exits.
+_CLEANUP = 1.5
 TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a token
 
 
@@ -141,6 +146,9 @@ def ui(
                 # The action log records the peer's address: never one a request claims
                 # (X-Forwarded-For) — any local process could forge it.
                 proxy_headers=False,
+                # SIGINT/SIGTERM: in-flight pages get this long, then a reconcile still
+                # waiting for its answer is cancelled (its jobs go back to UNKNOWN).
+                timeout_graceful_shutdown=_GRACE,
             )
         )
         shown_host = f"[{host}]" if ":" in host else host
@@ -154,12 +162,22 @@ def ui(
                     "pid": os.getpid(),
                 },
             )
-            server.run()
+            asyncio.run(_serve(server))
     if signals.received is not None:
         logging.getLogger("retrysafe.ui").info("console stopped", extra={"signal": signals.name})
         raise SystemExit(signals.exit_code)
     if not server.started:
         fail(f"the console could not start on {host}:{port}")
+
+
+async def _serve(server: Any) -> None:
+    """uvicorn's ``serve``, then the cleanup of the requests its shutdown cancelled: a
+    cancelled reconcile gives its jobs back (UNKNOWN) in its ``except CancelledError``, which
+    needs the loop for a moment more — ``asyncio.run`` would cancel that cleanup too."""
+    await server.serve()
+    pending = [t for t in server.server_state.tasks if not t.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=_CLEANUP)
 
 
 def _opened(store: str, schema: str | None) -> Any:
