@@ -31,7 +31,7 @@ JOBS = 80
 #: Scenarios whose fault comes after a share of the work (a third, a quarter): on an idle
 #: machine 80 operations can all finish between two looks of the runner (0.1 s apart), and
 #: the run is then rightly "not proven" (its fault never came); these get more.
-JOBS_FOR = {"store-outage": 400, "retry-storm": 400}
+JOBS_FOR = {"store-outage": 400, "retry-storm": 400, "service-kill": 240}
 
 # Scenarios whose faults make naive duplicates certain even in a small run.
 NAIVE_DUPLICATES = {"loss-10", "loss-30", "retry-storm", "long-handler"}
