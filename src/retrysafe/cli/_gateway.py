@@ -20,16 +20,13 @@ from retrysafe.cli._common import (
     serving_metrics,
     store_option,
 )
-from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals, Stopper, quiet_server
+from retrysafe.cli._signals import Signals, Stopper, quiet_server, server_config
 
 __all__ = ["gateway"]
 
 # An HTTP method or header name (RFC 9110 token), of a sane length.
 _METHOD = re.compile(r"[A-Z][A-Z0-9_-]{0,31}")
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
-# In-flight requests get this long to finish after SIGTERM/SIGINT, then they are cancelled
-# (their keys stay claimed until the lease ends, like a crashed gateway's).
-_GRACE = int(SHUTDOWN_SECONDS) - 2
 # ConfigurationError.option (IdempotencyConfig's fields, ReverseProxy's) -> the flag to name.
 _FLAGS = {
     "upstream": "--upstream",
@@ -205,7 +202,6 @@ def gateway(
     keeps its key claimed until the lease ends, as if the gateway had crashed.
     """
     import httpx
-    import uvicorn
 
     from retrysafe._addresses import reaches_listener
     from retrysafe._logging import configure_json_logging, logging_snapshot
@@ -292,19 +288,13 @@ def gateway(
                     config = dataclasses.replace(config, telemetry=metrics)
                 app = IdempotencyMiddleware(proxy, store=key_store, config=config)
                 server = stopper.server = quiet_server(
-                    uvicorn.Config(
+                    server_config(
                         app,
-                        host=host,
-                        port=port,
-                        log_level="warning",
-                        # uvicorn's own lines go through the JSON handler too.
-                        log_config=None,
-                        access_log=False,
+                        host,
+                        port,
                         lifespan="on",
-                        # The upstream's own Date and Server headers pass through.
-                        server_header=False,
+                        # The upstream's own Date header passes through.
                         date_header=False,
-                        timeout_graceful_shutdown=_GRACE,
                     )
                 )
                 if signals.received is None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["SHUTDOWN_SECONDS", "Signals", "Stopper", "quiet_server"]
+__all__ = ["GRACE", "SHUTDOWN_SECONDS", "Signals", "Stopper", "quiet_server", "server_config"]
 
 #: Every long-running command exits within this many seconds of SIGINT or SIGTERM.
 SHUTDOWN_SECONDS = 5.0
@@ -112,6 +112,27 @@ class Stopper:
         if count > 1:
             server.force_exit = True
         server.should_exit = True
+
+
+#: Seconds a served command's in-flight requests get after SIGINT/SIGTERM, within the
+#: 5-second exit convention.
+GRACE = int(SHUTDOWN_SECONDS) - 2
+
+
+def server_config(app: Any, host: str, port: int, **options: Any) -> Any:
+    """The uvicorn config of a served command (gateway, ui): uvicorn's own lines through the
+    command's JSON logging, no access log, no ``Server`` header, in-flight requests given
+    :data:`GRACE` seconds on shutdown; ``options`` add or override uvicorn's."""
+    import uvicorn
+
+    defaults: dict[str, Any] = {
+        "log_level": "warning",
+        "log_config": None,
+        "access_log": False,
+        "server_header": False,
+        "timeout_graceful_shutdown": GRACE,
+    }
+    return uvicorn.Config(app, host=host, port=port, **{**defaults, **options})
 
 
 def quiet_server(config: Any) -> Any:

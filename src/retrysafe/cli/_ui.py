@@ -23,12 +23,10 @@ from retrysafe.cli._common import (
     store_option,
 )
 from retrysafe.cli._migrate import SchemaName
-from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals, Stopper, quiet_server
+from retrysafe.cli._signals import Signals, Stopper, quiet_server, server_config
 
 __all__ = ["TOKEN_ENV", "ui"]
 
-#: Seconds in-flight requests get after SIGINT/SIGTERM (the 5-second exit convention).
-_GRACE = int(SHUTDOWN_SECONDS) - 2
 #: Seconds cancelled requests get to give their jobs back before the process exits.
 _CLEANUP = 1.5
 TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -95,8 +93,6 @@ def ui(
       130  stopped by SIGINT (Ctrl-C)
       143  stopped by SIGTERM
     """
-    import uvicorn
-
     from retrysafe._logging import configure_json_logging, logging_snapshot
     from retrysafe.stores._url_check import redact_url
     from retrysafe.ui import console_app
@@ -134,21 +130,14 @@ def ui(
             store_name=redact_url(store),
         )
         server = stopper.server = quiet_server(
-            uvicorn.Config(
+            server_config(
                 app,
-                host=host,
-                port=port,
-                log_level="warning",
-                log_config=None,
-                access_log=False,
+                host,
+                port,
                 lifespan="off",
-                server_header=False,
                 # The action log records the peer's address: never one a request claims
                 # (X-Forwarded-For) — any local process could forge it.
                 proxy_headers=False,
-                # SIGINT/SIGTERM: in-flight pages get this long, then a reconcile still
-                # waiting for its answer is cancelled (its jobs go back to UNKNOWN).
-                timeout_graceful_shutdown=_GRACE,
             )
         )
         shown_host = f"[{host}]" if ":" in host else host
