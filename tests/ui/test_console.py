@@ -150,10 +150,13 @@ def test_a_login_redirect_never_leaves_the_console(store: SQLiteStore) -> None:
     assert r.headers["location"] == "/"
 
 
-@pytest.mark.parametrize("token", ["short", "has spaces in it 1234567", ""])
+@pytest.mark.parametrize(
+    "token", ["short", "has spaces in it 1234567", "", "0123456789abcdeé", "x" * 513]
+)
 def test_a_weak_token_is_a_configuration_error(store: SQLiteStore, token: str) -> None:
-    """A token under 16 characters or with whitespace is refused when the app is built."""
-    with pytest.raises(ConfigurationError, match="16 characters"):
+    """A token under 16 or over 512 characters, with whitespace or beyond visible ASCII (a
+    Bearer header could not carry it) is refused when the app is built."""
+    with pytest.raises(ConfigurationError, match="16–512 visible ASCII"):
         console_app(store, token=token)
 
 
@@ -952,3 +955,72 @@ def test_logout_forgets_the_login(store: SQLiteStore) -> None:
     out = c.post("/logout", data={"csrf_token": c.csrf}, follow_redirects=False)
     assert out.status_code == 303 and out.headers["location"] == "/login"
     assert c.get("/jobs").status_code == 401
+
+
+def test_a_wrong_bearer_token_is_logged_like_a_wrong_login(
+    store: SQLiteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each wrong token, by the login form or a Bearer header, is one retrysafe.ui warning
+    (and costs its sender a second, one refusal at a time)."""
+    c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
+    with caplog.at_level(logging.WARNING, logger="retrysafe.ui"):
+        assert c.get("/jobs", headers={"authorization": "Bearer nope-nope-nope-nope"}).status_code == 401
+        c.page("/login")
+        assert c.post("/login", data={"csrf_token": c.csrf, "token": "nope"}).status_code == 403
+    refused = [r for r in caplog.records if r.getMessage() == "console token refused"]
+    assert len(refused) == 2
+
+
+def test_stored_location_headers_show_no_credentials(client: Client, store: SQLiteStore) -> None:
+    """A stored answer's Location with user:password@ and ?access_token= shows neither on the
+    keys page."""
+    import asyncio
+
+    import httpx
+
+    async def created(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {},
+            status_code=201,
+            headers={"location": "https://bob:hunter2@api.example/x?access_token=LOCSECRET&n=1"},
+        )
+
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/o", created, methods=["POST"])]),
+        store=store,
+        config=__import__("retrysafe").server.IdempotencyConfig(replay_headers=("location",)),
+    )
+
+    async def call() -> None:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://svc"
+        ) as http:
+            r = await http.post("/o", json={}, headers={"idempotency-key": "loc-1"})
+            assert r.status_code == 201
+
+    asyncio.run(call())
+    r = client.post("/keys", data={"csrf_token": client.csrf, "key": "loc-1", "scope_kind": "none"})
+    assert r.status_code == 200 and "<th>location</th>" in r.text
+    assert "hunter2" not in r.text and "LOCSECRET" not in r.text
+    assert "access_token=…" in r.text and "n=1" in r.text
+
+
+def test_an_origin_with_the_default_port_is_the_same_site(client: Client, outbox: Outbox) -> None:
+    """``Origin: https://ops.example`` with ``Host: ops.example:443`` (a TLS proxy that
+    forwards the Host) is the console's own origin."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    form = {"csrf_token": client.csrf, "action": "retry", "queue": "default", "id": job_id}
+    c = TestClient(console_app(outbox.store, token=TOKEN), base_url="https://ops.example:443")
+    r = c.post(
+        "/actions/confirm",
+        data=form,
+        headers={"origin": "https://ops.example", "authorization": f"Bearer {TOKEN}"},
+    )
+    assert r.status_code == 200
+
+
+def test_an_unbracketed_ipv6_host_filter_matches(client: Client, outbox: Outbox) -> None:
+    """``host=::1`` (no brackets) is the IPv6 loopback, any port."""
+    (v6,) = make(outbox, JobState.UNKNOWN, url="http://[::1]:9000/v6")
+    text = client.page("/jobs?host=::1").text
+    assert re.findall(r'data-job="([0-9a-f]+)"', text) == [v6]

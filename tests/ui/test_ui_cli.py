@@ -55,7 +55,7 @@ def test_a_non_loopback_listen_without_token_is_refused(db: str, listen: str) ->
 def test_a_weak_token_is_refused(db: str, token: str) -> None:
     """A token under 16 characters or with whitespace: exit 2 naming --token."""
     code, out = run("--store", db, "--listen", "0.0.0.0:8090", "--token", token)
-    assert code == 2 and "--token" in out and "16 characters" in out
+    assert code == 2 and "--token" in out and "16–512 visible ASCII" in out
 
 
 @pytest.mark.parametrize(
@@ -204,3 +204,28 @@ def test_sigterm_mid_reconcile_gives_the_job_back_as_unknown(tmp_path: Path) -> 
         proc.kill()
         proc.wait(10)
         silent.close()
+
+
+def test_prefix_is_for_redis_only(db: str) -> None:
+    """--prefix with a SQLite store: exit 2 naming --prefix."""
+    code, out = run("--store", db, "--prefix", "app:")
+    assert code == 2 and "--prefix" in out
+
+
+def test_a_localhost_listen_is_bound_and_shown_as_127_0_0_1(db: str) -> None:
+    """``--listen localhost:PORT`` serves on 127.0.0.1 and says so (a browser would try [::1]
+    first, where another local user could listen)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "ui", "--store", db, "--listen", f"localhost:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = json.loads(proc.stderr.readline())
+        assert line["url"] == f"http://127.0.0.1:{port}/"
+        assert get_when_listening(line["url"] + "jobs").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)

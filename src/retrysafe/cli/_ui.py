@@ -46,13 +46,20 @@ TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a toke
     envvar=TOKEN_ENV,
     default=None,
     metavar="TEXT",
-    help=f"Access token (≥ 16 characters; env {TOKEN_ENV}): every page then needs it.",
+    help=f"Access token (16–512 visible ASCII characters): every page then needs it. Prefer "
+    f"env {TOKEN_ENV}: a --token value shows in `ps`.",
 )
 @click.option(
     "--schema",
     type=SchemaName(),
     default=None,
     help="PostgreSQL schema holding retrysafe's tables (default public).",
+)
+@click.option(
+    "--prefix",
+    default=None,
+    metavar="TEXT",
+    help="Redis key prefix the middleware's keys are under (default retrysafe:).",
 )
 @click.option(
     "--reconcile-timeout",
@@ -72,6 +79,7 @@ def ui(
     listen: str,
     token: str | None,
     schema: str | None,
+    prefix: str | None,
     reconcile_timeout: float,
     log_level: str,
 ) -> None:
@@ -101,6 +109,12 @@ def ui(
     host, port = parse_listen(listen)
     if schema is not None and canonical_scheme(store) != "postgresql":
         fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
+    if prefix is not None and canonical_scheme(store) not in ("redis", "redis+cluster"):
+        fail("--prefix: only a redis:// store has a key prefix", EXIT_USAGE)
+    if host.lower() == "localhost":
+        # Bound and shown as 127.0.0.1: a browser tries localhost on [::1] first, where
+        # another local user could listen on the same port and collect the token.
+        host = "127.0.0.1"
     if token is not None and not token.strip():
         token = None
     if not is_loopback_host(host) and token is None:
@@ -118,7 +132,7 @@ def ui(
     with (
         Signals(on_signal=stopper) as signals,
         errors(store, flags={"store": "--store", "token": "--token", "schema": "--schema"}),
-        _opened(store, schema) as opened,
+        _opened(store, schema, prefix) as opened,
     ):
         app = console_app(
             opened,
@@ -169,10 +183,13 @@ async def _serve(server: Any) -> None:
         await asyncio.wait(pending, timeout=_CLEANUP)
 
 
-def _opened(store: str, schema: str | None) -> Any:
-    """The existing store (never created); on PostgreSQL in ``schema`` when given."""
-    if schema is None:
-        return opened_store(store, write=True)
+def _opened(store: str, schema: str | None, prefix: str | None) -> Any:
+    """The existing store (never created); on PostgreSQL in ``schema``, on Redis under
+    ``prefix``, when given."""
     from retrysafe import stores
 
-    return closing(stores.open_store(store, schema=schema, create=False))
+    if schema is not None:
+        return closing(stores.open_store(store, schema=schema, create=False))
+    if prefix is not None:
+        return closing(stores.open_store(store, prefix=prefix))
+    return opened_store(store, write=True)

@@ -65,14 +65,14 @@ ARGUMENTS_CAP = 1024
 HEADER_CAP = 300
 #: The largest form the console reads (500 ids and the rest fit in far less).
 FORM_CAP = 64 * 1024
-#: Seconds a wrong login token costs (one guess at a time).
-LOGIN_DELAY = 1.0
 #: Header names whose values never reach a page (credentials and session material).
 _SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie", "set-cookie")
 #: Parts of a header or query-parameter name that mark its value as a credential.
 _SECRET_WORDS = (
     "token", "secret", "pass", "pwd", "key", "signature", "auth", "cred", "session", "sig",
 )  # fmt: skip
+#: Headers whose value is a URL: shown as :func:`safe_url` shows URLs.
+_URL_HEADERS = ("location", "content-location", "referer", "origin")
 #: What a header whose name holds "key" may still show: not a credential.
 _NOT_SECRET = ("idempotency-key",)
 #: Characters a page shows escaped: C0/C1 controls but tab and newline, and the
@@ -163,6 +163,8 @@ def shown_header(name: str, value: str) -> str:
     """A header value as a page shows it: credentials hidden, the rest capped."""
     if is_secret_name(name):
         return f"(hidden: {len(value)} characters)"
+    if name.lower() in _URL_HEADERS:
+        value = safe_url(value)
     return clip(value, HEADER_CAP)
 
 
@@ -249,7 +251,7 @@ class _App:
         self.store_name = store_name
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self._lock: asyncio.Lock | None = None
-        self._login: asyncio.Lock | None = None
+        self.guard: Any = None  # set by console_app: the Guard in front of these pages
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("retrysafe.ui", "templates"),
             autoescape=True,
@@ -267,12 +269,6 @@ class _App:
             JobState=JobState,
             WEBHOOK_QUEUE=WEBHOOK_QUEUE,
         )
-
-    def login_lock(self) -> asyncio.Lock:
-        """The lock a refused login holds while it waits (refusals one at a time)."""
-        if self._login is None:
-            self._login = asyncio.Lock()
-        return self._login
 
     def action_lock(self) -> asyncio.Lock:
         """The lock every action holds (made on the serving event loop at first use)."""
@@ -366,7 +362,7 @@ class _App:
         state = request.scope.get("state", {})
         if state.get("bearer"):
             return form
-        given = (form.get("csrf_token") or [""])[0]
+        given = form_value(form, "csrf_token") or ""
         if not self.secrets.csrf_ok(state.get("cookies", {}).get(SESSION_COOKIE), given):
             raise _Refused(
                 403,
@@ -760,12 +756,9 @@ def _pages(app: _App) -> list[Any]:
         except _Refused as exc:
             return app.error(request, exc.status, str(exc))
         if not app.secrets.token_ok((form.get("token") or [""])[0]):
-            client = request.client.host if request.client else None
-            log.warning("console login refused", extra={"client": client})
-            # One wrong guess per second per console: guessing a 16-character token is
-            # hopeless anyway, and a script hammering the form shows in the log.
-            async with app.login_lock():
-                await asyncio.sleep(LOGIN_DELAY)
+            # One wrong guess per second per console, logged (the guard's rule, shared with
+            # wrong Bearer tokens).
+            await app.guard.refused_token(request.scope)
             return app.render(request, "login.html", 403, next=nxt, failed=True)
         response = RedirectResponse(root + nxt, 303)
         response.set_cookie(
@@ -871,7 +864,7 @@ def console_app(
     Args:
         store: an open store (:func:`retrysafe.stores.open_store`): SQLite or PostgreSQL
             for every page, Redis (any key store) for the keys page. The caller closes it.
-        token: the access token (≥ 16 characters), required by every page when given
+        token: the access token (16–512 visible ASCII characters), required by every page when given
             (``Authorization: Bearer``, or the login form's cookie). Without one, the
             console answers only requests to a loopback name.
         loopback_only: answer only requests whose ``Host`` is a loopback name (default:
@@ -881,11 +874,13 @@ def console_app(
         store_name: how pages name the store (default: its URL without a password).
 
     Raises:
-        ConfigurationError: ``token`` is shorter than 16 characters or holds whitespace.
+        ConfigurationError: ``token`` is not 16–512 visible ASCII characters.
     """
-    if token is not None and (len(token) < 16 or any(c.isspace() for c in token)):
+    if token is not None and (
+        len(token) < 16 or len(token) > 512 or not all(33 <= ord(c) <= 126 for c in token)
+    ):
         raise ConfigurationError(
-            "the console's token must be at least 16 characters without spaces "
+            "the console's token must be 16–512 visible ASCII characters (no spaces) "
             "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)",
             option="token",
         )
@@ -898,8 +893,9 @@ def console_app(
     console = Console(store, reconcile_timeout=reconcile_timeout)
     app = _App(console, secrets, title=title, store_name=store_name)
     inner = Starlette(routes=_pages(app))
-    return Guard(
+    app.guard = Guard(
         inner,
         secrets=secrets,
         loopback_only=(token is None) if loopback_only is None else loopback_only,
     )
+    return app.guard

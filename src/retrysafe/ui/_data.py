@@ -46,6 +46,8 @@ DEAD_LETTER_STATES = (JobState.UNKNOWN, JobState.REJECTED)
 #: The queue of webhook deliveries: replayed from the webhooks pages (the delivery is signed
 #: per attempt), never reconciled as a plain outbox job.
 WEBHOOK_QUEUE = "webhooks"
+#: Items left alone that an action's log line names (the rest are counted).
+LOGGED_UNCHANGED = 20
 #: The overview chart: the last hour in buckets of five minutes.
 CHART_SECONDS = 3600.0
 CHART_BUCKET = 300.0
@@ -182,11 +184,14 @@ class ActionResult:
     error: str | None = None
 
     def to_log(self) -> dict[str, Any]:
-        """The action as the log line records it."""
+        """The action as the log line records it: every change, and the first
+        :data:`LOGGED_UNCHANGED` items left alone with their count (a no-op of 500 ids must
+        not make a 40 KB line)."""
         return {
             "action": self.action,
             "changed": [{"id": i, "from": a, "to": b} for i, a, b in self.changed],
-            "unchanged": [{"id": i, "why": w} for i, w in self.unchanged],
+            "unchanged": [{"id": i, "why": w} for i, w in self.unchanged[:LOGGED_UNCHANGED]],
+            "unchanged_count": len(self.unchanged),
             "error": self.error,
         }
 

@@ -171,6 +171,10 @@ def parse_host(text: str) -> tuple[str, int | None]:
         name, port = inside, rest[1:]
         if not re.fullmatch(r"[0-9a-f:.]+", name):
             raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
+    elif value.count(":") > 1:  # an IPv6 literal without brackets: no port can follow
+        name = value
+        if not re.fullmatch(r"[0-9a-f:.]+", name):
+            raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
     else:
         name, sep, tail = value.rpartition(":")
         if not sep or not tail.isdigit():

@@ -44,6 +44,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SESSION_COOKIE = "retrysafe_console_session"
+#: Seconds a wrong token (login form or Bearer) costs its sender.
+REFUSAL_DELAY = 1.0
 AUTH_COOKIE = "retrysafe_console_auth"
 #: Paths reachable without the token (relative to the console's root).
 _OPEN = ("/login", "/static/")
@@ -159,6 +161,22 @@ class Guard:
         self.app = app
         self.secrets = secrets
         self.loopback_only = loopback_only
+        self._refusals: Any = None
+
+    async def refused_token(self, scope: Scope) -> None:
+        """Log a wrong token and make its sender wait :data:`REFUSAL_DELAY` seconds, one
+        refusal at a time (the login form and Bearer headers share the lock)."""
+        import asyncio
+        import logging
+
+        client = (scope.get("client") or ("?",))[0]
+        logging.getLogger("retrysafe.ui").warning(
+            "console token refused", extra={"client": client}
+        )
+        if self._refusals is None:
+            self._refusals = asyncio.Lock()
+        async with self._refusals:
+            await asyncio.sleep(REFUSAL_DELAY)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,8 +200,14 @@ class Guard:
         scope["state"]["cookies"] = cookies
         scope["state"]["bearer"] = self.secrets.token is not None and self.secrets.bearer(headers)
         if not local.startswith(_OPEN) and not self.secrets.authorized(headers, cookies):
+            if headers.get(b"authorization"):
+                # A wrong Bearer token costs what a wrong login costs: a second, one at a
+                # time, and a log line.
+                await self.refused_token(scope)
             if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
-                await _redirect(send, f"{root}/login?next={_safe_next(local)}")
+                query = scope.get("query_string", b"").decode("latin-1")
+                target = local + ("?" + query if query else "")
+                await _redirect(send, f"{root}/login?next={_safe_next(target)}")
             else:
                 await _plain(
                     send,
@@ -222,7 +246,7 @@ def _safe_next(path: str) -> str:
     """A login redirect's target: a path of this console only (never ``//evil``)."""
     from urllib.parse import quote
 
-    return quote(local_path(path), safe="/")
+    return quote(local_path(path), safe="/?=&")
 
 
 def _cross_site(headers: dict[bytes, bytes], host: str) -> bool:
@@ -232,10 +256,20 @@ def _cross_site(headers: dict[bytes, bytes], host: str) -> bool:
         return True
     origin = headers.get(b"origin", b"").decode("latin-1")
     if origin and origin != "null":
-        return urlsplit(origin).netloc.lower() != host.lower()
+        parts = urlsplit(origin)
+        return _authority(parts.scheme, parts.netloc) != _authority(parts.scheme, host)
     # "null": a sandboxed frame, a file: page, or a page with Referrer-Policy: no-referrer
     # (a console behind a proxy that sets it): Sec-Fetch-Site tells the console's own apart.
     return origin == "null" and site != "same-origin"
+
+
+def _authority(scheme: str, netloc: str) -> str:
+    """``host[:port]`` lower case, the scheme's default port dropped (``a:443`` = ``a``)."""
+    netloc = netloc.lower()
+    default = {"https": ":443", "http": ":80"}.get(scheme.lower())
+    if default and netloc.endswith(default):
+        return netloc[: -len(default)]
+    return netloc
 
 
 async def _plain(send: Send, status: int, text: str) -> None:
