@@ -964,7 +964,10 @@ def test_a_wrong_bearer_token_is_logged_like_a_wrong_login(
     (and costs its sender a second, one refusal at a time)."""
     c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
     with caplog.at_level(logging.WARNING, logger="retrysafe.ui"):
-        assert c.get("/jobs", headers={"authorization": "Bearer nope-nope-nope-nope"}).status_code == 401
+        assert (
+            c.get("/jobs", headers={"authorization": "Bearer nope-nope-nope-nope"}).status_code
+            == 401
+        )
         c.page("/login")
         assert c.post("/login", data={"csrf_token": c.csrf, "token": "nope"}).status_code == 403
     refused = [r for r in caplog.records if r.getMessage() == "console token refused"]
