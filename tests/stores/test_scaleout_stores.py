@@ -318,6 +318,18 @@ def test_a_redis_url_whose_path_is_not_a_database_number_is_refused(path: str) -
         RedisStore(url, check=False)
 
 
+@pytest.mark.parametrize("query", ["prefix=adv:", "foo=1"])
+def test_a_redis_url_option_redis_py_does_not_know_is_a_configuration_error(
+    redis_url: str, query: str
+) -> None:
+    """``?prefix=`` (a retrysafe option, not a URL one) or any unknown option: a
+    ConfigurationError naming the store, not redis-py's TypeError (password never echoed)."""
+    url = redis_url.replace("redis://", "redis://:secret@", 1) + "?" + query
+    with pytest.raises(ConfigurationError, match="option redis-py does not know") as info:
+        open_store(url)
+    assert info.value.option == "store" and "secret" not in str(info.value)
+
+
 @pytest.mark.parametrize("path", ["", "/", "/0", "/1", "/15"])
 def test_a_redis_url_with_no_path_or_a_database_number_opens(path: str) -> None:
     """No path and ``/`` mean database 0; ``/N`` is database N."""

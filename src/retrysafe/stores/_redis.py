@@ -91,7 +91,12 @@ from retrysafe.core import KeyRecord, KeyState, StoredResponse
 from retrysafe.stores._base import KeyEntry, KeyPosition, check_limit, listed_states, page_of
 from retrysafe.stores._connector import adrive, drive
 from retrysafe.stores._keys import claimed_record, headers_json
-from retrysafe.stores._url_check import CLUSTER_SCHEMES, check_redis_url, parse_cluster_url
+from retrysafe.stores._url_check import (
+    CLUSTER_SCHEMES,
+    check_redis_url,
+    parse_cluster_url,
+    redact_url,
+)
 
 try:  # the lean async transport needs hiredis (in the redis extra)
     from retrysafe.stores._redis_wire import RedisWire, wire_options
@@ -539,7 +544,16 @@ class RedisStore:
         if not self.cluster and wire_options is not None:
             self._wire_options = wire_options(url)
         if check:
-            self._call(self._r.ping)
+            try:
+                self._call(self._r.ping)
+            except TypeError as exc:  # redis-py takes URL query options as connection kwargs
+                self._r.close()
+                raise ConfigurationError(
+                    f"Redis URL {redact_url(url)!r} has an option redis-py does not know "
+                    f"({exc}); retrysafe's own options (prefix, …) are arguments of "
+                    "RedisStore or command-line flags (--prefix), not URL options",
+                    option="store",
+                ) from None
             if not self.cluster:
                 self._warn_if_cluster_node()
             self.check_eviction()
