@@ -270,6 +270,12 @@ def test_injected_html_in_a_filter_is_escaped(client: Client, query: str) -> Non
     assert "&lt;" in r.text
 
 
+def test_a_query_string_of_thousands_of_parameters_is_a_400(client: Client) -> None:
+    """More than 200 query parameters: a 400 naming the query, not a crash."""
+    r = client.get("/jobs?" + "&".join(f"state=unknown&x{i}=1" for i in range(300)), headers=HTML)
+    assert r.status_code == 400 and 'id="error-message">query: ' in r.text
+
+
 def test_a_queue_name_with_markup_is_refused_on_every_page(client: Client) -> None:
     """The dead-letter page's queue filter is checked and escaped as the jobs page's."""
     r = client.get("/dead-letters?queue=%22%3E%3Cscript%3E", headers=HTML)

@@ -311,10 +311,8 @@ class _App:
             )
         return response
 
-    def error(
-        self, request: Request, status: int, message: str, *, changed: bool = False
-    ) -> HTMLResponse:
-        return self.render(request, "error.html", status, message=message, changed=changed)
+    def error(self, request: Request, status: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status, message=message)
 
     async def io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await run_in_threadpool(fn, *args, **kwargs)
@@ -326,6 +324,8 @@ class _App:
                 response: Response = await handler(request)
             except BadInput as exc:
                 return self.error(request, 400, str(exc))
+            except _Refused as exc:
+                return self.error(request, exc.status, str(exc))
             except StoreError as exc:
                 what = "" if request.method == "GET" else " Nothing was changed by this request."
                 return self.error(request, 503, f"The store is unavailable: {exc}.{what}")
@@ -346,7 +346,12 @@ class _App:
 
     # -------------------------------------------------------------- forms
     async def form(self, request: Request) -> dict[str, list[str]]:
-        """The POST body as a form, CSRF-checked (403 via BadInput-like refusal)."""
+        """The POST body as a form, CSRF-checked.
+
+        Raises:
+            _Refused: not a form (415), over :data:`FORM_CAP` (413), unreadable (400), or its
+                CSRF token missing or wrong (403); the page says so and nothing is read.
+        """
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind != "application/x-www-form-urlencoded":
             raise _Refused(415, "actions take an HTML form (application/x-www-form-urlencoded)")
@@ -403,7 +408,11 @@ def _page(rows: list[Any], limit: int) -> tuple[list[Any], str | None]:
 
 
 def _query(request: Request) -> dict[str, list[str]]:
-    return parse_qs(request.url.query, keep_blank_values=False, max_num_fields=200)
+    """The query string's parameters (at most 200: more is a 400, not a parse)."""
+    try:
+        return parse_qs(request.url.query, keep_blank_values=False, max_num_fields=200)
+    except ValueError:
+        raise BadInput("query", "more than 200 parameters") from None
 
 
 def _pages(app: _App) -> list[Any]:
@@ -534,10 +543,7 @@ def _pages(app: _App) -> list[Any]:
         return await _act(request, apply=True)
 
     async def _act(request: Request, *, apply: bool) -> Response:
-        try:
-            form = await app.form(request)
-        except _Refused as exc:
-            return app.error(request, exc.status, str(exc))
+        form = await app.form(request)
         action = form_value(form, "action") or ""
         if action not in _ACTIONS:
             raise BadInput("action", f"{clip(action)!r} is not one of {', '.join(_ACTIONS)}")
@@ -699,10 +705,7 @@ def _pages(app: _App) -> list[Any]:
         lookup = None
         shown = ""
         if request.method == "POST":
-            try:
-                form = await app.form(request)
-            except _Refused as exc:
-                return app.error(request, exc.status, str(exc))
+            form = await app.form(request)
             lookup, shown = _key_target(form)
         elif query.get("hash"):
             text = query["hash"][0].strip().lower()
@@ -731,10 +734,7 @@ def _pages(app: _App) -> list[Any]:
         )
 
     async def logout(request: Request) -> Response:
-        try:
-            await app.form(request)
-        except _Refused as exc:
-            return app.error(request, exc.status, str(exc))
+        await app.form(request)
         root = request.scope.get("root_path", "")
         response = RedirectResponse(root + ("/login" if app.secrets.token else "/"), 303)
         response.delete_cookie(AUTH_COOKIE, path=root or "/")
@@ -751,10 +751,7 @@ def _pages(app: _App) -> list[Any]:
             return RedirectResponse(root + "/", 303)
         if request.method == "GET":
             return app.render(request, "login.html", next=nxt, failed=False)
-        try:
-            form = await app.form(request)
-        except _Refused as exc:
-            return app.error(request, exc.status, str(exc))
+        form = await app.form(request)
         if not app.secrets.token_ok((form.get("token") or [""])[0]):
             # One wrong guess per second per console, logged (the guard's rule, shared with
             # wrong Bearer tokens).

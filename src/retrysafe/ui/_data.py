@@ -253,7 +253,8 @@ class Console:
         since = now - CHART_SECONDS
         n = int(CHART_SECONDS // CHART_BUCKET)
         buckets: list[dict[str, int]] = [{} for _ in range(n)]
-        for b, outcome, count in self._run(_attempt_buckets(None, since=since, width=CHART_BUCKET)):
+        rows = self._run(_attempt_buckets(self.kind, since=since, width=CHART_BUCKET))
+        for b, outcome, count in rows:
             if 0 <= b < n:
                 buckets[b][outcome] = buckets[b].get(outcome, 0) + count
         return buckets
@@ -311,10 +312,11 @@ class Console:
 
     @contextmanager
     def outbox(self, queue: str) -> Iterator[Any]:
-        from retrysafe.client import Outbox, RetryPolicy
+        """The outbox of ``queue`` on the console's store (retry and purge; reconcile runs
+        :func:`~retrysafe.client.areconcile` itself)."""
+        from retrysafe.client import Outbox
 
-        policy = RetryPolicy(attempts=1, timeout=self.reconcile_timeout)
-        box = Outbox(self.store, policy=policy, queue=queue, clock=self.clock)
+        box = Outbox(self.store, queue=queue, clock=self.clock)
         try:
             yield box
         finally:
