@@ -58,7 +58,7 @@ def _run(tmp_path: Path, name: str, store: str = "sqlite") -> dict[str, Any]:
 def _check(doc: dict[str, Any], name: str) -> None:
     (scenario,) = doc["scenarios"]
     protected, naive = scenario["rows"]["retrysafe"], scenario["rows"]["naive"]
-    assert scenario["failures"] == [] and scenario["inconclusive"] == [], scenario
+    assert scenario["failures"] == [] and scenario["inconclusive"] == [], json.dumps(scenario)
     assert doc["ok"] is True
     jobs = JOBS_FOR.get(name, JOBS)
     assert protected["operations"] == naive["operations"] == jobs
@@ -73,7 +73,7 @@ def _check(doc: dict[str, Any], name: str) -> None:
     if event != "none":
         assert protected["faults"][event] >= 1 and naive["faults"][event] >= 1
     if name in NAIVE_DUPLICATES:
-        assert naive["duplicated"] > 0, naive
+        assert naive["duplicated"] > 0, json.dumps(naive)  # a string: shown whole
         assert naive["effects"] > jobs
 
 
@@ -290,6 +290,39 @@ def test_a_pass_that_cannot_run_keeps_what_finished(
     finished, cut = doc["scenarios"]
     assert finished["name"] == "loss-10" and finished["ok"] is True
     assert cut["partial"] is True and cut["ok"] is None
+
+
+def test_a_service_that_dies_on_its_own_is_restarted_on_the_pass_own_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass holds the service's listening socket: while its service is dead no other
+    process can take the port (a parallel run once did, and its service answered this
+    pass's requests: a naive row with no effects and no duplicates), and a service that
+    exits on its own is counted and started again on the same socket."""
+    import socket as socket_module
+
+    from retrysafe.proof import _run
+
+    real_tick = _run._Pass._tick
+    seen: dict[str, Any] = {}
+
+    def tick(self: Any, now: float) -> None:
+        if self.client == "naive" and "killed" not in seen and self.proxy.stats().requests:
+            self.service.proc.send_signal(signal.SIGKILL)  # not the schedule's kill
+            self.service.proc.wait()
+            seen["killed"] = self.port
+            with pytest.raises(OSError), socket_module.socket() as thief:
+                thief.bind(("127.0.0.1", self.port))
+        real_tick(self, now)
+        if "killed" in seen and "restarted" not in seen and self.service.alive:
+            seen["restarted"] = self.service.unexpected
+
+    monkeypatch.setattr(_run._Pass, "_tick", tick)
+    options = ProofOptions(jobs=200, scenarios=tuple(select_scenarios("loss-2.5")), timeout=1.0)
+    doc = run_proof(options, workdir=tmp_path).to_dict()
+    assert seen["restarted"] == 1  # counted once, then served again
+    naive = doc["scenarios"][0]["rows"]["naive"]
+    assert naive["operations"] == 200 and naive["effects"] >= naive["acknowledged"] > 0
 
 
 def test_a_cut_scenario_is_partial_not_failed() -> None:

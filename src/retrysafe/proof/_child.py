@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sqlite3
 import sys
 import time
@@ -107,15 +108,13 @@ def _service(args: argparse.Namespace) -> None:
     app = IdempotencyMiddleware(
         _Posts(Path(args.effects), args.transactional), store=store, lease=args.lease
     )
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        log_level="error",
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=1,
+    config = uvicorn.Config(
+        app, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=1
     )
+    # The listening socket is the runner's, held for the whole pass (as a supervisor's
+    # socket activation holds it): a restarted service serves the same port, and no other
+    # process can take that port between a kill and the restart.
+    uvicorn.Server(config).run(sockets=[socket.socket(fileno=args.fd)])
 
 
 # ------------------------------------------------------------------------------ worker
@@ -185,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--schema", default=None)
         p.add_argument("--busy-timeout", type=float, default=1.0)
         p.add_argument("--lease", type=float, required=True)
-    service.add_argument("--port", type=int, required=True)
+    service.add_argument("--fd", type=int, required=True, help="the listening socket")
     service.add_argument("--effects", required=True)
     service.add_argument("--transactional", action="store_true")
     worker.add_argument("--concurrency", type=int, required=True)

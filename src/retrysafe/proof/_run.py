@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import platform
@@ -29,6 +30,7 @@ import random
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +43,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, StoreError
-from retrysafe._serving import free_port
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, FaultRates, build_report
 from retrysafe.client import Outbox, RetryPolicy, areconcile
 from retrysafe.client._models import JobState
@@ -417,12 +418,18 @@ class _Child:
     """One child process of a pass, restartable, with its output in a log file."""
 
     def __init__(
-        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        fds: tuple[int, ...] = (),
     ) -> None:
         self.name = name
         self.argv = argv
         self.log = log
         self.env = env or {}
+        self.fds = fds  #: descriptors the child inherits (the service's listening socket)
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False  # by the run's schedule: its exit is expected
         self.unexpected = 0
@@ -436,6 +443,7 @@ class _Child:
                 stdin=subprocess.DEVNULL,
                 env={**child_env(), **self.env},
                 start_new_session=True,  # the terminal's Ctrl-C reaches the run, not them
+                pass_fds=self.fds,
             )
         _LIVE.add(self.proc)
         self.killed = False
@@ -546,25 +554,30 @@ class _Pass:
         self._check_stop()
         space = self.backend.space(f"{self.scenario.name}-{self.client}")
         self.space = space
-        self.port = port = free_port()
+        # The pass holds the service's listening socket: each service process (a restart
+        # too) serves it, so the proxy's upstream is this pass's service and nothing else's.
+        self.listener = listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.port = port = listener.getsockname()[1]
         service_argv = [
             "service",
             *space.keys_args,
             "--lease",
             str(SERVICE_LEASE),
-            "--port",
-            str(port),
+            "--fd",
+            str(listener.fileno()),
             "--effects",
             str(space.dir / "effects.log"),
         ]
         if self.scenario.transactional:
             service_argv.append("--transactional")
-        self.service = _Child("service", service_argv, space.dir / "service.log", space.env)
+        self.service = _Child(
+            "service", service_argv, space.dir / "service.log", space.env, fds=(listener.fileno(),)
+        )
         self.rates = _rates(self.scenario, self.options)
         self.children: list[_Child] = []
         try:
             self.service.start()
-            self._wait_listening(port)
+            self._wait_serving()
             with ChaosProxy(
                 f"http://127.0.0.1:{port}", rates=self.rates, seed=self.options.seed
             ) as proxy:
@@ -577,6 +590,7 @@ class _Pass:
             for child in self.children:
                 child.stop()
             self.service.stop()
+            listener.close()
             self._end_outage(wait=True)
             with contextlib.suppress(Exception):
                 space.close()
@@ -586,21 +600,25 @@ class _Pass:
         if self.stop.is_set():
             raise _Stopped
 
-    def _wait_listening(self, port: int) -> None:
-        import socket
-
+    def _wait_serving(self) -> None:
+        """Until the service answers a request (a ``GET``, no effect). A connection alone
+        proves nothing: the held socket accepts into its backlog while no process serves."""
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             self._check_stop()
+            probe = http.client.HTTPConnection("127.0.0.1", self.port, timeout=0.5)
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
-            except OSError:
+                probe.request("GET", "/ready")
+                probe.getresponse().read()
+                return
+            except (OSError, http.client.HTTPException):
                 pass
+            finally:
+                probe.close()
             if not self.service.alive:
                 raise ProofError(f"the proof's service did not start: {self.service.tail()}")
             if time.monotonic() > deadline:
-                raise ProofError(f"the proof's service did not listen within {_START_TIMEOUT} s")
+                raise ProofError(f"the proof's service did not answer within {_START_TIMEOUT} s")
             time.sleep(0.05)
 
     # ------------------------------------------------------------------ the drive loop
@@ -641,6 +659,9 @@ class _Pass:
     def _tick(self, now: float) -> None:
         if self.service_down_until is not None and now >= self.service_down_until:
             self.service_down_until = None
+            self.service.start()
+        elif self.service_down_until is None and not self.service.alive:
+            self.service.check()  # died on its own: counted, the pass stops after too many
             self.service.start()
         if self.storm_until is not None and now >= self.storm_until:
             self.storm_until = None
@@ -715,7 +736,7 @@ class _Pass:
         if self.service_down_until is not None or not self.service.alive:
             self.service_down_until = None
             self.service.start()
-        self._wait_listening(self.port)
+        self._wait_serving()
 
     # ------------------------------------------------------------------ naive
     def _naive(self, url: str) -> dict[str, Any]:
