@@ -311,7 +311,7 @@ def test_a_service_that_dies_on_its_own_is_restarted_on_the_pass_own_socket(
             self.service.proc.send_signal(signal.SIGKILL)  # not the schedule's kill
             self.service.proc.wait()
             seen["killed"] = self.port
-            with pytest.raises(OSError), socket_module.socket() as thief:
+            with pytest.raises(OSError, match="in use"), socket_module.socket() as thief:
                 thief.bind(("127.0.0.1", self.port))
         real_tick(self, now)
         if "killed" in seen and "restarted" not in seen and self.service.alive:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-__all__ = ["ClusterStartError", "LocalCluster"]
+__all__ = ["ClusterStartError", "LocalCluster", "start_private_server"]
 
 NODE_TIMEOUT_MS = 1000
 START_TIMEOUT = 20.0
@@ -51,11 +51,13 @@ def _free_ports(n: int, rng: random.Random) -> list[int]:
 
 @dataclass
 class Node:
-    """One ``redis-server --cluster-enabled yes`` process; its nodes.conf and AOF in ``dir``."""
+    """One ``redis-server --cluster-enabled yes`` process; its nodes.conf and AOF in ``dir``.
+    With ``cluster=False``, a standalone server (no cluster, no AOF)."""
 
     port: int
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    cluster: bool = True
 
     @property
     def address(self) -> str:
@@ -65,17 +67,21 @@ class Node:
         """Start the process (again, after :meth:`kill`: same port, same nodes.conf)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         log = (self.dir / "redis.log").open("ab")
+        mode = (
+            ["--cluster-enabled", "yes",
+             "--cluster-config-file", str(self.dir / f"nodes-{self.port}.conf"),
+             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+             "--appendonly", "yes", "--appendfsync", "always"]
+            if self.cluster
+            else ["--appendonly", "no"]
+        )  # fmt: skip
         self.proc = subprocess.Popen(
             [
                 shutil.which("redis-server") or "redis-server",
                 "--port", str(self.port),
                 "--bind", "127.0.0.1",
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", str(self.dir / f"nodes-{self.port}.conf"),
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                *mode,
                 "--save", "",
-                "--appendonly", "yes",
-                "--appendfsync", "always",
                 "--dir", str(self.dir),
                 "--daemonize", "no",
             ],
@@ -128,6 +134,26 @@ class Node:
         finally:
             client.close()
         return str(info.get("cluster_state", "unknown"))  # redis-py parses CLUSTER INFO
+
+
+def start_private_server(root: Path, attempts: int = 5) -> Node:
+    """A standalone ``redis-server`` of the caller's own on a free loopback port: for tests
+    that pause or break their server (``CLIENT PAUSE ALL`` on the shared one would stall every
+    other test worker's Redis calls meanwhile)."""
+    if shutil.which("redis-server") is None:
+        raise ClusterStartError("redis-server is not installed")
+    rng = random.Random()  # unseeded on purpose: xdist workers must pick different ports
+    for attempt in range(attempts):
+        (port,) = _free_ports(1, rng)
+        node = Node(port, root / f"try{attempt}-{port}", cluster=False)
+        try:
+            node.start()
+            return node
+        except ClusterStartError:
+            node.stop()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclass

@@ -50,6 +50,26 @@ def redis_cluster(
     cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def private_redis(
+    tmp_path_factory: pytest.TempPathFactory,
+    service_unreachable: Callable[[str, str, BaseException], None],
+) -> Iterator[str]:
+    """The URL of a standalone ``redis-server`` of this session (one per xdist worker), for
+    the tests that pause it: a ``CLIENT PAUSE ALL`` on the shared server would stall every
+    other worker's Redis tests meanwhile. Skip or, under CI, fail when it cannot start."""
+    import redis
+
+    from ._redis_cluster import ClusterStartError, start_private_server
+
+    try:
+        node = start_private_server(tmp_path_factory.mktemp("redis-private"))
+    except (ClusterStartError, OSError, subprocess.SubprocessError, redis.RedisError) as exc:
+        service_unreachable("a private redis-server", "127.0.0.1 (a free port)", exc)
+    yield f"redis://{node.address}/0"
+    node.stop()
+
+
 @pytest.fixture
 def redis_cluster_prefix(redis_cluster: LocalCluster) -> Iterator[str]:
     """A fresh, unique key prefix on the test cluster; its keys are deleted on every master

@@ -5,7 +5,9 @@ SIGKILLed.
 
 PostgreSQL outages are real: ``pg_terminate_backend`` on the store's own server-side
 connections, recognised by a unique ``application_name`` set in the store URL, so no other
-session is touched. Redis outages are ``CLIENT PAUSE``, always followed by ``CLIENT UNPAUSE``.
+session is touched. Redis outages are ``CLIENT PAUSE WRITE`` on a private ``redis-server`` of
+the session (never the shared one: other test workers would stall), always followed by
+``CLIENT UNPAUSE``.
 A Redis Cluster outage is a master of the local test cluster SIGKILLed and restarted.
 """
 
@@ -222,11 +224,12 @@ def test_worker_on_pg_survives_its_connections_being_killed_mid_run(
 
 
 @pytest.fixture
-def redis_admin(redis_url: str) -> Iterator[Any]:
-    """A Redis client for CLIENT PAUSE; always unpauses afterwards."""
+def redis_admin(private_redis: str) -> Iterator[Any]:
+    """A client of this session's private Redis for CLIENT PAUSE; always unpauses
+    afterwards."""
     import redis
 
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(private_redis)
     try:
         yield client
     finally:
@@ -236,13 +239,13 @@ def redis_admin(redis_url: str) -> Iterator[Any]:
 
 @pytest.mark.anyio
 async def test_paused_redis_answers_503_with_retry_after_and_the_key_works_after(
-    redis_url: str, redis_prefix: str, redis_admin: Any
+    private_redis: str, redis_prefix: str, redis_admin: Any
 ) -> None:
-    """While Redis is paused (CLIENT PAUSE ALL) requests get 503 store-unavailable with
+    """While Redis is paused (CLIENT PAUSE WRITE) requests get 503 store-unavailable with
     Retry-After and nothing runs; after the pause the same key runs once and then replays."""
     from retrysafe.stores import RedisStore
 
-    store = RedisStore(redis_url, prefix=redis_prefix, socket_timeout=0.3)
+    store = RedisStore(private_redis, prefix=redis_prefix, socket_timeout=0.3)
     orders = Orders()
     middleware = IdempotencyMiddleware(orders.app(), store=store)
     transport = httpx.ASGITransport(app=middleware)
@@ -251,7 +254,10 @@ async def test_paused_redis_answers_503_with_retry_after_and_the_key_works_after
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             warm = await client.post("/orders", json={"ref": "w"}, headers={"Idempotency-Key": "w"})
             assert warm.status_code == 201
-            redis_admin.client_pause(1500, all=True)
+            # Writes (every claim script) paused, not ALL: Redis 7.0 pauses CLIENT UNPAUSE
+            # too under ALL, so only WRITE can be lifted as soon as both requests answered.
+            # Long, so a loaded machine's two 0.3 s timeouts always fall inside it.
+            redis_admin.client_pause(10_000, all=False)
             try:
                 paused = [await client.post("/orders", json={"ref": "p"}, headers=key)]
                 paused.append(await client.post("/orders", json={"ref": "p"}, headers=key))
