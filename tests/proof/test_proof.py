@@ -476,3 +476,39 @@ def test_children_exit_when_the_runner_is_sigkilled(tmp_path: Path) -> None:
     while subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True).stdout.strip():
         assert time.monotonic() < deadline, "children outlived their SIGKILLed runner"
         time.sleep(0.2)
+
+
+def test_runs_of_single_scenarios_merge_into_one_result(tmp_path: Path) -> None:
+    """benchmarks/proof_merge.py: per-scenario runs become one document in matrix order; a
+    scenario cut short gives way to a whole run of it; unlike runs are refused."""
+    from benchmarks.proof_merge import main, merge
+
+    def doc(*scenarios: tuple[str, bool], seed: int = 7) -> dict[str, Any]:
+        return {
+            "version": 1, "partial": any(p for _, p in scenarios), "ok": True,
+            "store": "sqlite", "jobs": 10, "seed": seed, "concurrency": 4, "timeout": 1.0,
+            "attempts": 5, "command": "", "started_at": "2026-12-02T10:00:00Z",
+            "finished_at": "2026-12-02T10:01:00Z", "seconds": 60.0, "environment": {},
+            "failures": [],
+            "scenarios": [
+                {"name": n, "partial": p, "ok": None if p else True, "rows": {}}
+                for n, p in scenarios
+            ],
+        }  # fmt: skip
+
+    merged = merge([doc(("loss-30", False)), doc(("loss-2.5", False), ("loss-30", True))], "x")
+    assert [s["name"] for s in merged["scenarios"]] == ["loss-2.5", "loss-30"]
+    assert merged["ok"] is True and merged["partial"] is False and merged["seconds"] == 120.0
+    assert next(iter(merged)) == "version" and list(merged)[-1] == "scenarios"
+    with pytest.raises(SystemExit, match="differ in 'seed'"):
+        merge([doc(("loss-10", False)), doc(("loss-30", False), seed=8)], "x")
+    with pytest.raises(SystemExit, match="twice"):
+        merge([doc(("loss-10", False)), doc(("loss-10", False))], "x")
+    runs = []
+    for i, d in enumerate((doc(("loss-10", False)), doc(("loss-2.5", True)))):
+        runs.append(tmp_path / f"{i}.json")
+        runs[-1].write_text(json.dumps(d))
+    out = tmp_path / "out"
+    assert main(["--out", str(out), "--chart", "none", *map(str, runs)]) == 1  # one is partial
+    assert "PARTIAL" in (out / "proof.md").read_text()
+    assert "--scenarios $s" in json.loads((out / "proof.json").read_text())["command"]
