@@ -512,3 +512,34 @@ def test_runs_of_single_scenarios_merge_into_one_result(tmp_path: Path) -> None:
     assert main(["--out", str(out), "--chart", "none", *map(str, runs)]) == 1  # one is partial
     assert "PARTIAL" in (out / "proof.md").read_text()
     assert "--scenarios $s" in json.loads((out / "proof.json").read_text())["command"]
+
+
+def test_progress_off_a_terminal_is_a_line_every_thirty_seconds() -> None:
+    """In a log file or CI (no terminal) a long pass still shows it is moving: its count
+    every 30 s (never twice for the same count), and its time when it ends."""
+    import io
+
+    from rich.console import Console
+
+    from retrysafe.cli import _proof
+
+    clock = [100.0]
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    progress = _proof._progress(console, lambda: clock[0])
+    progress.start("loss-30 · retrysafe", 100_000)
+    progress.advance("loss-30 · retrysafe", 10)  # too soon: nothing
+    clock[0] += 31
+    progress.advance("loss-30 · retrysafe", 40_000)
+    progress.advance("loss-30 · retrysafe", 41_000)  # 0 s after the last line: nothing
+    clock[0] += 31
+    progress.advance("loss-30 · retrysafe", 41_000)
+    clock[0] += 31
+    progress.advance("loss-30 · retrysafe", 41_000)  # no change since that line: nothing
+    clock[0] += 1
+    progress.finish("loss-30 · retrysafe")
+    assert out.getvalue().splitlines() == [
+        "loss-30 · retrysafe: 40,000/100,000 (40%) after 31 s",
+        "loss-30 · retrysafe: 41,000/100,000 (41%) after 62 s",
+        "loss-30 · retrysafe: done in 94.0 s",
+    ]

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -350,13 +351,18 @@ def _supervise(
 
 
 class _Progress:
-    """Progress bars on a terminal, one line per pass otherwise."""
+    """Progress bars on a terminal. Otherwise (a log file, CI) plain lines: a pass's count
+    every :data:`PLAIN_EVERY` seconds while it runs, and its time when it ends."""
 
-    def __init__(self, console: Any) -> None:
+    #: Seconds between two plain progress lines of one pass.
+    PLAIN_EVERY = 30.0
+
+    def __init__(self, console: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bars
 
         self.console = console
+        self.clock = clock
         self.bars = Bars(
             TextColumn("{task.description:<28}"),
             BarColumn(),
@@ -368,33 +374,50 @@ class _Progress:
         )
         self.tasks: dict[str, Any] = {}
         self.started: dict[str, float] = {}
+        self.totals: dict[str, int] = {}
+        self.printed: dict[str, tuple[float, int]] = {}  # plain mode: last line's time, count
 
     def start(self, label: str, total: int) -> None:
-        self.started[label] = time.monotonic()
+        now = self.clock()
+        self.started[label] = now
+        self.totals[label] = total
+        self.printed[label] = (now, 0)
         self.tasks[label] = self.bars.add_task(label, total=total)
 
     def advance(self, label: str, done: int) -> None:
         self.bars.update(self.tasks[label], completed=done)
+        if self.console.is_terminal:
+            return
+        now = self.clock()
+        at, shown = self.printed[label]
+        if now - at >= self.PLAIN_EVERY and done != shown:
+            self.printed[label] = (now, done)
+            total = self.totals[label]
+            share = f" ({done / total:.0%})" if total else ""
+            self.console.print(
+                f"{label}: {done:,}/{total:,}{share} after {now - self.started[label]:.0f} s",
+                highlight=False,
+            )
 
     def finish(self, label: str) -> None:
         task = self.tasks[label]
         total = next(t.total for t in self.bars.tasks if t.id == task)
         self.bars.update(task, completed=total)
         if not self.console.is_terminal:
-            seconds = time.monotonic() - self.started[label]
+            seconds = self.clock() - self.started[label]
             self.console.print(f"{label}: done in {seconds:.1f} s", highlight=False)
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]{message}[/dim]", highlight=False)
 
 
-def _progress(console: Any) -> Any:
+def _progress(console: Any, clock: Callable[[], float] = time.monotonic) -> Any:
     from retrysafe.proof import ProofProgress
 
     class Progress(_Progress, ProofProgress):
         pass
 
-    return Progress(console)
+    return Progress(console, clock)
 
 
 def _store_name(store: str) -> str:
