@@ -37,6 +37,19 @@ def test_claim_absent_key(key_store: KeyStore) -> None:
     assert rec.expires_at == NOW + 100
 
 
+def test_a_claimed_record_is_the_record_the_store_holds(key_store: KeyStore) -> None:
+    """What a first claim returns is what the store wrote, to the last bit of each time (a
+    SQL store computes a first claim's times from the caller's, without reading them back),
+    and so is a re-claim's."""
+    now, lease, retention = 1_700_000_000.123456789, 0.1 + 0.2, 86_400.7
+    claimed, rec = key_store.claim(H, FP, now=now, lease=lease, retention=retention)
+    assert claimed and key_store.get(H) == rec
+    assert (rec.lease_expires_at, rec.expires_at) == (now + lease, now + retention)
+    later = now + retention + 1
+    again, rec2 = key_store.claim(H, "fp-2", now=later, lease=lease, retention=retention)
+    assert again and rec2.fencing_token == 2 and key_store.get(H) == rec2
+
+
 def test_claim_existing_key_returns_it_untouched(key_store: KeyStore) -> None:
     """A second claim returns the existing record and changes nothing."""
     key_store.claim(H, FP, now=NOW, lease=10, retention=100)

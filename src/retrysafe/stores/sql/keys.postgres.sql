@@ -35,6 +35,19 @@ WHERE k.expires_at <= coalesce(%(now)s::float8, extract(epoch FROM statement_tim
    OR k.state = 'released'
 RETURNING fencing_token, lease_expires_at, expires_at;
 
+-- name: insert_key
+
+-- The first claim of a key on the caller's clock (clock="caller": %(now)s is a float): insert
+-- if absent, nothing else; one changed row means this call claimed it with token 1 and the
+-- caller's times (see keys.sqlite.sql). No row changed: claim_key decides.
+INSERT INTO idempotency_keys
+    (key_hash, fingerprint, state, fencing_token, lease_expires_at, expires_at, created_at)
+VALUES (
+    %(key_hash)s, %(fingerprint)s, 'running', 1, %(now)s::float8 + %(lease)s::float8,
+    %(now)s::float8 + %(retention)s::float8, %(now)s::float8
+)
+ON CONFLICT (key_hash) DO NOTHING;
+
 -- name: get_key
 
 -- A released record (tombstone) reads as absent.
