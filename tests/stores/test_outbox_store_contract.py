@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,24 @@ def test_insert_is_idempotent_on_the_key(outbox_store: OutboxStore) -> None:
     assert created and not again and same.id == first.id
     assert (first.state, first.due_at, first.attempts) == (JobState.PENDING, T0, 0)
     assert first.headers == (("content-type", "application/json"),)
+
+
+def test_an_inserted_job_is_the_job_the_store_holds(outbox_store: OutboxStore) -> None:
+    """What insert_job returns is what the store wrote, field for field (a SQL store on the
+    caller's clock builds it from the job and its ``now`` instead of reading it back): awkward
+    times, a deadline, odd headers and bytes, and a second insert's answer too."""
+    job = replace(
+        _job(),
+        headers=(("x-é", "ü \u2028 ok"), ("content-type", "application/json")),
+        body=bytes(range(256)),
+        deadline_at=T0 + 0.1 + 0.2,
+    )
+    now = T0 + 1 / 3
+    created, stored = outbox_store.insert_job(job, now=now)
+    assert created and outbox_store.get_job(job.id) == stored
+    assert (stored.created_at, stored.updated_at, stored.due_at) == (now, now, now)
+    again, same = outbox_store.insert_job(replace(job, id=uuid.uuid4().hex), now=now + 1)
+    assert not again and same == stored
 
 
 def test_claim_leases_due_jobs_earliest_first_up_to_the_limit(outbox_store: OutboxStore) -> None:

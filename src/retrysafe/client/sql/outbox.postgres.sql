@@ -25,6 +25,21 @@ FROM (SELECT coalesce(%(now)s::float8,
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING {job_columns};
 
+-- name: add_job
+
+-- insert_job without reading the row back, for the caller's clock (the job as stored is
+-- the caller's own: its times are the caller's now): one changed row, or none when a job
+-- with the key exists. RETURNING costs SQLite an ephemeral table per statement.
+INSERT INTO outbox_jobs
+    (id, idempotency_key, queue, state, method, url, destination, headers, body,
+     created_at, updated_at, due_at, deadline_at)
+SELECT %(id)s::text, %(key)s::text, %(queue)s::text, 'pending', %(method)s::text,
+       %(url)s::text, %(destination)s::text, %(headers)s::text, %(body)s::bytea,
+       t.now, t.now, t.now, %(deadline_at)s::float8
+FROM (SELECT coalesce(%(now)s::float8,
+                      extract(epoch FROM statement_timestamp())::float8) AS now) AS t
+ON CONFLICT (idempotency_key) DO NOTHING;
+
 -- name: claim_jobs
 
 -- One statement: lease up to %(limit)s jobs of %(queue)s that are due, or IN_FLIGHT under a

@@ -21,6 +21,18 @@ VALUES (:id, :key, :queue, 'pending', :method, :url, :destination, :headers, :bo
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING {job_columns};
 
+-- name: add_job
+
+-- insert_job without reading the row back, for the caller's clock (the job as stored is
+-- the caller's own: its times are the caller's now): one changed row, or none when a job
+-- with the key exists. RETURNING costs SQLite an ephemeral table per statement.
+INSERT INTO outbox_jobs
+    (id, idempotency_key, queue, state, method, url, destination, headers, body,
+     created_at, updated_at, due_at, deadline_at)
+VALUES (:id, :key, :queue, 'pending', :method, :url, :destination, :headers, :body,
+        :now, :now, :now, :deadline_at)
+ON CONFLICT (idempotency_key) DO NOTHING;
+
 -- name: claim_jobs
 
 -- One statement, atomic under SQLite's write lock: lease up to :limit jobs of :queue that are
