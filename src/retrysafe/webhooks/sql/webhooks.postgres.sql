@@ -117,6 +117,15 @@ SELECT %(id)s::text, %(event_type)s::text, %(payload)s::bytea,
 ON CONFLICT (id) DO NOTHING
 RETURNING id, event_type, payload, created_at;
 
+-- name: add_event
+
+-- insert_event without reading the row back, for the caller's clock (the event as stored
+-- is the caller's own): one changed row, or none when the event id exists.
+INSERT INTO webhook_events (id, event_type, payload, created_at)
+SELECT %(id)s::text, %(event_type)s::text, %(payload)s::bytea,
+       coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)
+ON CONFLICT (id) DO NOTHING;
+
 -- name: get_event
 
 SELECT id, event_type, payload, created_at FROM webhook_events WHERE id = %(id)s;

@@ -95,6 +95,14 @@ VALUES (:id, :event_type, :payload, :now)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, event_type, payload, created_at;
 
+-- name: add_event
+
+-- insert_event without reading the row back, for the caller's clock (the event as stored
+-- is the caller's own): one changed row, or none when the event id exists.
+INSERT INTO webhook_events (id, event_type, payload, created_at)
+VALUES (:id, :event_type, :payload, :now)
+ON CONFLICT (id) DO NOTHING;
+
 -- name: get_event
 
 SELECT id, event_type, payload, created_at FROM webhook_events WHERE id = :id;
