@@ -1,0 +1,163 @@
+"""Instructions per operation, a baseline revision beside this tree (not a timed test).
+
+On a shared, noisy machine a throughput benchmark moves ±15 % between runs; the number of
+instructions a path executes does not. This runs each case under ``valgrind --tool=callgrind``
+twice, with N and 5·N operations, so start-up cancels out: (I(5N) − I(N)) / 4N is the cost of
+one operation. The baseline is another revision of this repository (``git archive`` into a
+temporary directory), run by the same interpreter with its ``src`` first on ``sys.path``.
+
+Cases (each on a fresh SQLite file, in one process, no sockets):
+
+``first-key``  the idempotency middleware, a first-time key per request, 32 requests in
+               flight on one event loop (the ASGI app answers 201 at once);
+``submit``     ``Outbox.submit`` of a small JSON job, all in one transaction;
+``send``       ``Webhooks.send`` of a small event to one endpoint.
+
+Kernel time (system calls, page faults) is not counted: compare the figures with the
+throughput benchmarks, which count everything.
+
+    python benchmarks/instructions.py --baseline 423218d
+
+Needs valgrind (Debian: ``apt-get install -y valgrind``). Takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: One case: Python code run with ``N`` bound; it does N operations after a warm-up.
+CASES = {
+    "first-key": """
+import asyncio, tempfile
+from pathlib import Path
+from retrysafe import IdempotencyMiddleware, SQLiteStore
+
+async def app(scope, receive, send):
+    await receive()
+    await send({"type": "http.response.start", "status": 201,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"ok":true}'})
+
+async def drive(app, n, tag):
+    async def receive():
+        return {"type": "http.request", "body": b'{"amount":100}', "more_body": False}
+    async def send(message):
+        return None
+    numbers = iter(range(n))
+    async def client():
+        for i in numbers:
+            scope = {"type": "http", "method": "POST", "path": "/charge", "query_string": b"",
+                     "headers": [(b"content-type", b"application/json"),
+                                 (b"idempotency-key", f"{tag}-{i}".encode())]}
+            await app(scope, receive, send)
+            await asyncio.sleep(0)
+    await asyncio.gather(*(client() for _ in range(32)))
+
+with tempfile.TemporaryDirectory() as d:
+    store = SQLiteStore(Path(d) / "keys.db")
+    middleware = IdempotencyMiddleware(app, store)
+    asyncio.run(drive(middleware, 200, "warm"))
+    asyncio.run(drive(middleware, N, "run"))
+    store.close()
+""",
+    "submit": """
+import tempfile
+from pathlib import Path
+from retrysafe import Outbox, SQLiteStore
+
+with tempfile.TemporaryDirectory() as d:
+    with SQLiteStore(Path(d) / "outbox.db") as store, Outbox(store) as outbox:
+        with store.transaction() as conn:
+            for i in range(N):
+                outbox.submit("http://127.0.0.1:9/jobs", json={"n": i}, connection=conn)
+""",
+    "send": """
+import tempfile
+from pathlib import Path
+from retrysafe.webhooks import Webhooks
+
+with tempfile.TemporaryDirectory() as d:
+    with Webhooks(f"sqlite:///{d}/hooks.db", allow_private=True) as hooks:
+        hooks.add_endpoint("http://127.0.0.1:9/hook", event_types=["bench"])
+        for i in range(N):
+            hooks.send("bench", {"n": i})
+""",
+}
+#: Operations of the small run of each case (the large one does five times as many).
+SIZES = {"first-key": 1000, "submit": 500, "send": 300}
+
+
+def _instructions(src: Path, code: str, n: int) -> int:
+    """Instructions callgrind counts for ``code`` with ``N = n`` on ``src``'s retrysafe."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "callgrind.out"
+        run = subprocess.run(
+            [
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                os.path.realpath(sys.executable), "-c", f"N = {n}\n{code}",
+            ],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
+        if run.returncode != 0 or found is None:
+            raise SystemExit(f"valgrind failed ({run.returncode}): {run.stderr[-800:]}")
+        return int(found.group(1))
+
+
+def per_operation(src: Path, case: str) -> float:
+    """Instructions of one operation of ``case`` on ``src`` (start-up cancelled out)."""
+    n = SIZES[case]
+    small = _instructions(src, CASES[case], n)
+    large = _instructions(src, CASES[case], 5 * n)
+    return (large - small) / (4 * n)
+
+
+def _baseline_tree(revision: str, into: Path) -> Path:
+    """``git archive`` of ``revision``'s ``src`` into ``into``; returns that ``src``."""
+    archive = into / "baseline.tar"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--output", str(archive), revision, "src"],
+        check=True,
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", required=True, help="a git revision to compare with")
+    parser.add_argument(
+        "--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}"
+    )
+    args = parser.parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(unknown)}")
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind (Debian: apt-get install -y valgrind)")
+    with tempfile.TemporaryDirectory() as d:
+        base = _baseline_tree(args.baseline, Path(d))
+        print(f"instructions per operation, {args.baseline} vs this tree (callgrind)")
+        print(f"{'case':<10} {'baseline':>12} {'this tree':>12} {'ratio':>7}")
+        for case in cases:
+            before = per_operation(base, case)
+            after = per_operation(ROOT / "src", case)
+            print(f"{case:<10} {before:>12,.0f} {after:>12,.0f} {after / before:>7.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
