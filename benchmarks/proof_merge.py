@@ -24,7 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from retrysafe.proof import scenario_names, write_outputs
+from retrysafe.proof import ProofOptions, scenario_names, write_outputs
+
+DEFAULT_SEED, DEFAULT_CONCURRENCY = ProofOptions().seed, ProofOptions().concurrency
 
 #: What every merged run must share (the table compares like with like).
 SAME = ("version", "store", "jobs", "seed", "concurrency", "timeout", "attempts")
@@ -73,37 +75,72 @@ def merge(docs: list[dict[str, Any]], command: str) -> dict[str, Any]:
     return {key: merged[key] for key in first if key in merged} | merged
 
 
-def _command(docs: list[dict[str, Any]], out: Path) -> str:
-    """The shell command that regenerates the merged result: one run per scenario, then
-    this merge."""
-    first = docs[0]
-    names = [s["name"] for d in docs for s in d["scenarios"] if not s.get("partial")]
-    order = scenario_names()
-    names = sorted(set(names), key=lambda n: order.index(n) if n in order else len(order))
-    store = first.get("store")
-    store_arg = "sqlite" if store == "sqlite" else "postgresql://…"
+def _command(doc: dict[str, Any], out: Path) -> str:
+    """The shell command that regenerates the merged document ``doc``: one run per scenario
+    with the runs' settings, then this merge. A PostgreSQL URL is written as
+    ``postgresql://…`` (the runs' documents keep no credentials to repeat)."""
+    names = " ".join(s["name"] for s in doc["scenarios"])
+    store = "sqlite" if doc.get("store") == "sqlite" else "postgresql://…"
+    settings = f"--jobs {doc.get('jobs')} --store {store}"
+    if doc.get("seed") != DEFAULT_SEED:
+        settings += f" --seed {doc.get('seed')}"
+    if doc.get("concurrency") != DEFAULT_CONCURRENCY:
+        settings += f" --concurrency {doc.get('concurrency')}"
     return (
-        f"for s in {' '.join(names)}; do retrysafe proof --jobs {first.get('jobs')}"
-        f" --store {store_arg} --scenarios $s --out runs/$s; done;"
+        f"for s in {names}; do retrysafe proof {settings} --scenarios $s --out runs/$s; done;"
         f" python benchmarks/proof_merge.py --out {out} runs/*/proof.json"
     )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """One run's ``proof.json``; a one-line refusal when it cannot be one."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise SystemExit(f"proof_merge: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SystemExit(f"proof_merge: {str(path)!r} is not JSON: {exc}") from None
+    scenarios = doc.get("scenarios") if isinstance(doc, dict) else None
+    if not isinstance(scenarios, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("name"), str) for s in scenarios
+    ):
+        raise SystemExit(f"proof_merge: {str(path)!r} is not a retrysafe proof.json")
+    for name in ("started_at", "finished_at", "seconds"):
+        if name not in doc:
+            raise SystemExit(f"proof_merge: {str(path)!r} has no {name!r}")
+    found: dict[str, Any] = doc
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="proof.json files, one per run")
-    parser.add_argument("--out", type=Path, required=True, help="directory to write into")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory to write into (created if absent)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="write into --out even if it holds files"
+    )
     parser.add_argument(
         "--command",
         default=None,
-        help="the command line the table names (default: the runs' own, per scenario)",
+        help="the command the table says regenerates it (default: one retrysafe proof run"
+        " per scenario with the runs' settings, then this merge)",
     )
-    parser.add_argument("--chart", choices=("svg", "png", "none"), default="svg")
+    parser.add_argument(
+        "--chart", choices=("svg", "png", "none"), default="svg", help="chart format"
+    )
     args = parser.parse_args(argv)
-    docs = [json.loads(path.read_text()) for path in args.runs]
-    if args.command is None and docs:
-        args.command = _command(docs, args.out)
-    doc = merge(docs, args.command)
+    if args.out.exists() and not args.out.is_dir():
+        parser.exit(2, f"proof_merge: --out {str(args.out)!r} is not a directory\n")
+    if args.out.is_dir() and any(args.out.iterdir()) and not args.force:
+        parser.exit(2, f"proof_merge: --out {str(args.out)!r} holds files (--force to write)\n")
+    try:
+        docs = [_load(path) for path in args.runs]
+        doc = merge(docs, "")
+    except SystemExit as exc:
+        parser.exit(2, f"{exc}\n")
+    doc["command"] = args.command if args.command is not None else _command(doc, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(doc, args.out, chart=None if args.chart == "none" else args.chart)
     for path in written.files:

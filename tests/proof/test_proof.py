@@ -130,7 +130,7 @@ def test_stop_returns_a_partial_result(tmp_path: Path) -> None:
     stop = threading.Event()
     timer = threading.Timer(2.0, stop.set)
     timer.start()
-    options = ProofOptions(jobs=20_000, scenarios=tuple(select_scenarios("loss-2.5")))
+    options = ProofOptions(jobs=20_000, scenarios=tuple(select_scenarios("loss-2.5,loss-10")))
     started = time.monotonic()
     with pytest.raises(ProofStoppedError) as caught:
         run_proof(options, workdir=tmp_path, stop=stop)
@@ -138,7 +138,13 @@ def test_stop_returns_a_partial_result(tmp_path: Path) -> None:
     assert time.monotonic() - started < 20
     doc = caught.value.result.to_dict()
     assert doc["partial"] is True and doc["ok"] is False
-    assert doc["scenarios"][0]["partial"] is True
+    cut, never_started = doc["scenarios"]  # each scenario asked for is named
+    assert cut["partial"] is True and never_started["partial"] is True
+    assert never_started["name"] == "loss-10" and never_started["rows"] == {}
+    from retrysafe.proof import render_markdown
+
+    text = render_markdown(doc)
+    assert "(`loss-2.5`) — cut short" in text and "(`loss-10`) — cut short" in text
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -511,12 +517,29 @@ def test_runs_of_single_scenarios_merge_into_one_result(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main(["--out", str(out), "--chart", "none", *map(str, runs)]) == 1  # one is partial
     assert "PARTIAL" in (out / "proof.md").read_text()
-    assert "--scenarios $s" in json.loads((out / "proof.json").read_text())["command"]
+    command = json.loads((out / "proof.json").read_text())["command"]
+    assert "for s in loss-2.5 loss-10;" in command and "--concurrency 4" in command
+    # Bad input: one line and exit 2, nothing written.
+    (tmp_path / "corrupt.json").write_text('{"scenarios": [')
+    (tmp_path / "empty.json").write_text("[]")
+    for bad in (
+        ["--out", str(out), *map(str, runs)],  # --out holds files, no --force
+        ["--out", str(runs[0]), str(runs[1])],  # --out is a file
+        ["--out", str(tmp_path / "o2"), str(tmp_path / "missing.json")],
+        ["--out", str(tmp_path / "o2"), str(tmp_path / "corrupt.json")],
+        ["--out", str(tmp_path / "o2"), str(tmp_path / "empty.json")],
+        ["--out", str(tmp_path / "o2"), str(tmp_path)],  # a directory, not a file
+    ):
+        with pytest.raises(SystemExit) as refused:
+            main(bad)
+        assert refused.value.code == 2, bad
+    assert not (tmp_path / "o2").exists()
+    assert main(["--out", str(out), "--force", "--chart", "none", *map(str, runs)]) == 1
 
 
 def test_progress_off_a_terminal_is_a_line_every_thirty_seconds() -> None:
-    """In a log file or CI (no terminal) a long pass still shows it is moving: its count
-    every 30 s (never twice for the same count), and its time when it ends."""
+    """In a log file or CI (no terminal) a long pass still shows it is alive: its count
+    every 30 s, moving or not, and its time when it ends."""
     import io
 
     from rich.console import Console
@@ -535,11 +558,12 @@ def test_progress_off_a_terminal_is_a_line_every_thirty_seconds() -> None:
     clock[0] += 31
     progress.advance("loss-30 · retrysafe", 41_000)
     clock[0] += 31
-    progress.advance("loss-30 · retrysafe", 41_000)  # no change since that line: nothing
+    progress.advance("loss-30 · retrysafe", 41_000)  # stalled: still a line
     clock[0] += 1
     progress.finish("loss-30 · retrysafe")
     assert out.getvalue().splitlines() == [
         "loss-30 · retrysafe: 40,000/100,000 (40%) after 31 s",
         "loss-30 · retrysafe: 41,000/100,000 (41%) after 62 s",
+        "loss-30 · retrysafe: 41,000/100,000 (41%) after 93 s",
         "loss-30 · retrysafe: done in 94.0 s",
     ]

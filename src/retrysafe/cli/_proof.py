@@ -110,8 +110,9 @@ def _scenario_help() -> str:
     default=None,
     metavar="CMD",
     help=(
-        "PostgreSQL only: a command that restarts the server (e.g. 'pg_ctlcluster 15 main "
-        "restart'); the store-outage scenario's second outage runs it. Default: backends "
+        "PostgreSQL only: a command that restarts the server (e.g. 'pg_ctlcluster "
+        "--skip-systemctl-redirect 15 main restart'); the store-outage scenario's second "
+        "outage runs it. Default: backends "
         "are terminated, the server is never restarted."
     ),
 )
@@ -303,6 +304,8 @@ def _supervise(
     from retrysafe.proof._backend import kill_children
 
     err = Console(stderr=True)
+    if not err.is_terminal:  # a log file or CI: one line per message, never wrapped at 80
+        err = Console(stderr=True, width=1_000_000)
     stop = threading.Event()
     outcome: list[Any] = []
     progress = _progress(err)
@@ -352,7 +355,8 @@ def _supervise(
 
 class _Progress:
     """Progress bars on a terminal. Otherwise (a log file, CI) plain lines: a pass's count
-    every :data:`PLAIN_EVERY` seconds while it runs, and its time when it ends."""
+    every :data:`PLAIN_EVERY` seconds while it runs, moving or not (a stalled pass still
+    shows it is alive, and where it stands), and its time when it ends."""
 
     #: Seconds between two plain progress lines of one pass.
     PLAIN_EVERY = 30.0
@@ -389,8 +393,8 @@ class _Progress:
         if self.console.is_terminal:
             return
         now = self.clock()
-        at, shown = self.printed[label]
-        if now - at >= self.PLAIN_EVERY and done != shown:
+        at, _ = self.printed[label]
+        if now - at >= self.PLAIN_EVERY:
             self.printed[label] = (now, done)
             total = self.totals[label]
             share = f" ({done / total:.0%})" if total else ""
@@ -431,7 +435,9 @@ def _print_table(doc: dict[str, Any]) -> None:
 
     from retrysafe.cli._common import print_table
 
-    table = Table(title=f"retrysafe proof: {doc['store']}, {doc['jobs']:,} operations each")
+    table = Table(
+        title=f"retrysafe proof: {doc['store']}, {_plural(doc['jobs'], 'operation')} each"
+    )
     for column in (
         "scenario",
         "client",
@@ -474,6 +480,9 @@ def _print_table(doc: dict[str, Any]) -> None:
                 f"{row['ops_per_second']:,.0f}" if row.get("ops_per_second") else "–",
             )
     print_table(table)
+    missing = [s["name"] for s in doc["scenarios"] if not s["rows"]]
+    if missing:
+        click.echo(f"not measured: {', '.join(missing)}")
 
 
 def _verdict(result: ProofResult) -> str:

@@ -267,8 +267,12 @@ def check_store(store: str) -> str:
         return "postgresql"
     from retrysafe.stores._url_check import redact_url
 
+    hint = ""
+    if store.startswith("sqlite:"):
+        # Every pass needs a fresh store of its own: the proof makes its SQLite files itself.
+        hint = " (the proof makes fresh SQLite files for every pass: pass --store sqlite)"
     raise ConfigurationError(
-        f"{redact_url(store)!r} is neither sqlite nor a postgresql://… URL",
+        f"{redact_url(store)!r} is neither sqlite nor a postgresql://… URL{hint}",
         option="store",
     )
 

@@ -322,20 +322,25 @@ def run_proof(
     result = ProofResult(options=options, store=backend.kind, started_at=time.time())
     stop = stop or threading.Event()
     job_list = load_jobs(None, options.jobs)
+    # Every scenario asked for has its entry from the start, so a run stopped early still
+    # names each one it did not measure (partial, no rows) besides the one it cut.
+    entries: list[dict[str, Any]] = [
+        {
+            "name": scenario.name,
+            "title": scenario.title,
+            "description": scenario.description,
+            "mode": scenario.mode,
+            "partial": True,
+            "ok": None,  # not measured until both passes ran
+            "failures": [],
+            "inconclusive": [],
+            "rows": {},
+        }
+        for scenario in options.scenarios
+    ]
+    result.scenarios.extend(entries)
     try:
-        for scenario in options.scenarios:
-            entry: dict[str, Any] = {
-                "name": scenario.name,
-                "title": scenario.title,
-                "description": scenario.description,
-                "mode": scenario.mode,
-                "partial": True,
-                "ok": None,  # not measured until both passes ran
-                "failures": [],
-                "inconclusive": [],
-                "rows": {},
-            }
-            result.scenarios.append(entry)
+        for scenario, entry in zip(options.scenarios, entries, strict=True):
             for client in CLIENTS:
                 run = _Pass(scenario, client, options, backend, job_list, progress, stop)
                 entry["rows"][client] = run.run()
