@@ -567,3 +567,20 @@ def test_progress_off_a_terminal_is_a_line_every_thirty_seconds() -> None:
         "loss-30 · retrysafe: 41,000/100,000 (41%) after 93 s",
         "loss-30 · retrysafe: done in 94.0 s",
     ]
+
+
+def test_a_closed_stderr_drops_progress_and_the_run_finishes(tmp_path: Path) -> None:
+    """``retrysafe proof … 2>&1 | head -1``: once stderr is a closed pipe, progress is
+    dropped and the run still writes its results and exits by its verdict."""
+    read, write = os.pipe()
+    os.close(read)  # nobody will ever read: every write to it is EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "retrysafe", "proof", "--jobs", "40",
+             "--scenarios", "loss-2.5", "--out", "out", "--chart", "none"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=write, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 0
+    assert json.loads((tmp_path / "out" / "proof.json").read_text())["ok"] is True

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
@@ -217,9 +217,9 @@ def _report(
     else:
         _print_table(doc)
     for path in written.files:
-        click.echo(f"retrysafe: wrote {path}", err=True)
+        _tell(f"retrysafe: wrote {path}")
     if written.chart_missing:
-        click.echo(f"retrysafe: no chart: {written.chart_missing}", err=True)
+        _tell(f"retrysafe: no chart: {written.chart_missing}")
     if signals.received is not None:
         what = (
             "children stopped, partial results written"
@@ -229,8 +229,15 @@ def _report(
         fail(f"{signals.describe()}; {what} to {out_dir}", code=signals.exit_code or 1)
     if error is not None:
         fail(f"{error}; the scenarios that finished are written to {out_dir}")
-    click.echo(_verdict(result), err=True)
+    _tell(_verdict(result))
     sys.exit(0 if result.ok else 1)
+
+
+def _tell(message: str) -> None:
+    """One line on stderr, dropped when stderr cannot be written (a closed pipe): the results
+    are in the files and the exit status says the verdict."""
+    with contextlib.suppress(BrokenPipeError, ValueError, OSError):
+        click.echo(message, err=True)
 
 
 def _command_line() -> str:
@@ -303,9 +310,10 @@ def _supervise(
     from retrysafe.proof import ProofError, ProofStoppedError, run_proof
     from retrysafe.proof._backend import kill_children
 
-    err = Console(stderr=True)
+    stream = cast("IO[str]", _Progress.Stream(sys.stderr))  # the file methods rich uses
+    err = Console(file=stream)
     if not err.is_terminal:  # a log file or CI: one line per message, never wrapped at 80
-        err = Console(stderr=True, width=1_000_000)
+        err = Console(file=stream, width=1_000_000)
     stop = threading.Event()
     outcome: list[Any] = []
     progress = _progress(err)
@@ -360,6 +368,36 @@ class _Progress:
 
     #: Seconds between two plain progress lines of one pass.
     PLAIN_EVERY = 30.0
+
+    class Stream:
+        """stderr for progress: once it cannot be written (a closed pipe: ``2>&1 | head``),
+        progress is dropped and the run goes on to write its results."""
+
+        def __init__(self, stream: Any) -> None:
+            self._stream: Any = stream
+
+        def write(self, text: str) -> int:
+            if self._stream is not None:
+                try:
+                    self._stream.write(text)
+                except (BrokenPipeError, ValueError, OSError):  # ValueError: closed
+                    self._stream = None
+            return len(text)
+
+        def flush(self) -> None:
+            if self._stream is not None:
+                try:
+                    self._stream.flush()
+                except (BrokenPipeError, ValueError, OSError):
+                    self._stream = None
+
+        def isatty(self) -> bool:
+            return self._stream is not None and bool(self._stream.isatty())
+
+        def fileno(self) -> int:
+            if self._stream is None:
+                raise OSError("progress stream closed")
+            return int(self._stream.fileno())
 
     def __init__(self, console: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
