@@ -236,8 +236,9 @@ def _report(
 def _tell(message: str) -> None:
     """One line on stderr, dropped when stderr cannot be written (a closed pipe): the results
     are in the files and the exit status says the verdict."""
-    with contextlib.suppress(BrokenPipeError, ValueError, OSError):
-        click.echo(message, err=True)
+    stderr = _Stderr(sys.stderr)
+    stderr.write(message + "\n")
+    stderr.flush()
 
 
 def _command_line() -> str:
@@ -310,7 +311,7 @@ def _supervise(
     from retrysafe.proof import ProofError, ProofStoppedError, run_proof
     from retrysafe.proof._backend import kill_children
 
-    stream = cast("IO[str]", _Progress.Stream(sys.stderr))  # the file methods rich uses
+    stream = cast("IO[str]", _Stderr(sys.stderr))  # the file methods rich uses
     err = Console(file=stream)
     if not err.is_terminal:  # a log file or CI: one line per message, never wrapped at 80
         err = Console(file=stream, width=1_000_000)
@@ -361,6 +362,37 @@ def _supervise(
     return value, None
 
 
+class _Stderr:
+    """stderr for progress and notes: once it cannot be written (a closed pipe:
+    ``2>&1 | head``), what is written is dropped and the run goes on to write its results."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream: Any = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is not None:
+            try:
+                self._stream.write(text)
+            except (BrokenPipeError, ValueError, OSError):  # ValueError: closed
+                self._stream = None
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self._stream = None
+
+    def isatty(self) -> bool:
+        return self._stream is not None and bool(self._stream.isatty())
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError("progress stream closed")
+        return int(self._stream.fileno())
+
+
 class _Progress:
     """Progress bars on a terminal. Otherwise (a log file, CI) plain lines: a pass's count
     every :data:`PLAIN_EVERY` seconds while it runs, moving or not (a stalled pass still
@@ -368,36 +400,6 @@ class _Progress:
 
     #: Seconds between two plain progress lines of one pass.
     PLAIN_EVERY = 30.0
-
-    class Stream:
-        """stderr for progress: once it cannot be written (a closed pipe: ``2>&1 | head``),
-        progress is dropped and the run goes on to write its results."""
-
-        def __init__(self, stream: Any) -> None:
-            self._stream: Any = stream
-
-        def write(self, text: str) -> int:
-            if self._stream is not None:
-                try:
-                    self._stream.write(text)
-                except (BrokenPipeError, ValueError, OSError):  # ValueError: closed
-                    self._stream = None
-            return len(text)
-
-        def flush(self) -> None:
-            if self._stream is not None:
-                try:
-                    self._stream.flush()
-                except (BrokenPipeError, ValueError, OSError):
-                    self._stream = None
-
-        def isatty(self) -> bool:
-            return self._stream is not None and bool(self._stream.isatty())
-
-        def fileno(self) -> int:
-            if self._stream is None:
-                raise OSError("progress stream closed")
-            return int(self._stream.fileno())
 
     def __init__(self, console: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
