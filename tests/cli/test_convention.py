@@ -4,6 +4,10 @@ supports, and no command creating a store (``retrysafe migrate`` aside)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,3 +104,26 @@ def test_changing_commands_never_create_postgres_tables(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
         ).fetchone()
     assert row == (0,)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["proof", "--store", "bogus", "--out", "out"],
+        ["jobs", "list", "--store", "postgresql://u@127.0.0.1:5432/db?sslmode=bogus"],
+    ],
+    ids=["proof", "jobs-list"],
+)
+def test_an_error_to_a_closed_stderr_keeps_its_exit_status(args: list[str], tmp_path: Path) -> None:
+    """``retrysafe … 2>&1 | head -0``: the error line cannot be written (EPIPE); the command
+    still exits 2 for bad input, with no traceback in its place."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "retrysafe", *args],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=write, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stdout) == (2, b"")

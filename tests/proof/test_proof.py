@@ -64,7 +64,7 @@ def _check(doc: dict[str, Any], name: str) -> None:
     assert protected["operations"] == naive["operations"] == jobs
     assert protected["effects"] == jobs  # one effect per operation, none missing
     assert protected["duplicated"] == 0 and protected["lost"] == 0
-    assert protected["still_unknown"] == 0
+    assert protected["still_unknown"] == 0 and protected["unrecovered_last_answer"] == {}
     assert protected["recovered"] == protected["unknown"]
     assert protected["acknowledged"] == jobs
     assert protected["max_attempts"] <= doc["attempts"]

@@ -23,6 +23,7 @@ from retrysafe import (
     StoreUnavailableError,
 )
 from retrysafe.stores import SCHEMA_VERSION, PostgresStore, RedisStore, open_store
+from retrysafe.stores._url_check import check_postgres_url
 
 from .conftest import open_test_store
 
@@ -302,6 +303,35 @@ def test_postgres_url_without_a_database_is_refused(url: str) -> None:
     assert "secret" not in str(info.value)
     with pytest.raises(ConfigurationError, match="names no database"):
         PostgresStore(url)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "sslmode=bogus",
+        "sslmode=",
+        "sslmode=REQUIRE",
+        "gssencmode=always",
+        "target_session_attrs=writable",
+        "channel_binding=maybe",
+    ],
+)
+def test_a_postgres_url_with_a_libpq_choice_out_of_range_is_refused(query: str) -> None:
+    """libpq rejects a bad ``sslmode`` only when connecting, with a message that reads like an
+    outage; every command refuses it first as bad input, naming the choices (no password)."""
+    url = f"postgresql://u:secret@127.0.0.1:5432/db?{query}"
+    with pytest.raises(ConfigurationError, match="is not one of") as info:
+        open_store(url)
+    assert info.value.option == "store" and "secret" not in str(info.value)
+    with pytest.raises(ConfigurationError, match="is not one of"):
+        PostgresStore(url)
+
+
+def test_a_postgres_url_with_valid_libpq_choices_passes_the_check() -> None:
+    check_postgres_url(
+        "postgresql://u@h/db?sslmode=verify-full&target_session_attrs=read-write"
+        "&gssencmode=disable&channel_binding=prefer&application_name=anything"
+    )
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ import math
 import os
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
@@ -135,9 +135,11 @@ def clip(text: str, limit: int = _MAX_MESSAGE) -> str:
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    """Print ``retrysafe: error: <message>`` (one line) on stderr and exit ``code``."""
+    """Print ``retrysafe: error: <message>`` (one line) on stderr and exit ``code``; a
+    stderr that cannot be written (a closed pipe) loses the line, never the exit status."""
     line = " ".join(clip(message).splitlines())
-    click.echo(f"retrysafe: error: {line}", err=True)
+    with suppress(OSError, ValueError):  # BrokenPipeError; ValueError: the stream is closed
+        click.echo(f"retrysafe: error: {line}", err=True)
     raise SystemExit(code)
 
 

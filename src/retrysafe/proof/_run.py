@@ -923,8 +923,9 @@ class _Pass:
             report, seconds, unknown=len(unknown), max_attempts=max_attempts, deferred=deferred
         )
         row["reconcile_rounds"] = self.reconcile_rounds
-        if unrecovered:  # what the last re-send saw, for the failure's reason
-            row["unrecovered_last_answer"] = dict(unrecovered)
+        # What the last re-send saw, for the failure's reason ({} when nothing stayed UNKNOWN:
+        # every protected row has the same fields, for scripts).
+        row["unrecovered_last_answer"] = dict(unrecovered)
         return row
 
     # ------------------------------------------------------------------ the row

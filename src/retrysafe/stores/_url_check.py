@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from retrysafe._exceptions import ConfigurationError
 
 __all__ = [
     "CLUSTER_SCHEMES",
+    "LIBPQ_CHOICES",
     "ClusterURL",
     "check_postgres_url",
     "check_redis_url",
@@ -44,14 +45,37 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+#: libpq connection parameters whose value is one of a fixed set (libpq, "Parameter Key
+#: Words"); anything else fails only at connect time, with a message that reads like an outage.
+LIBPQ_CHOICES: dict[str, tuple[str, ...]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any",
+        "read-write",
+        "read-only",
+        "primary",
+        "standby",
+        "prefer-standby",
+    ),
+    "load_balance_hosts": ("disable", "random"),
+}
+
+
 def check_postgres_url(url: str) -> None:
     """Refuse a PostgreSQL URL that names no database.
 
     libpq would fall back to defaults (the OS user's database on localhost), and the schema
     would be created somewhere nobody asked for.
 
+    Also refuse a value libpq would only reject when connecting (``?sslmode=bogus`` is a
+    typo, not an outage: it must not read as "cannot connect"): the parameters with a fixed
+    set of values, as the libpq documentation lists them ("Parameter Key Words").
+
     Raises:
-        ConfigurationError: no database in the path and no ``dbname=`` parameter.
+        ConfigurationError: no database in the path and no ``dbname=`` parameter, or one of
+            :data:`LIBPQ_CHOICES` set to a value outside its choices.
     """
     if "://" not in url:
         return  # a libpq key=value string: it names its own dbname or fails on its own
@@ -62,6 +86,14 @@ def check_postgres_url(url: str) -> None:
         raise ConfigurationError(
             f"malformed PostgreSQL URL {redact_url(url)!r}: {exc}", option="store"
         ) from None
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        choices = LIBPQ_CHOICES.get(name)
+        if choices is not None and value not in choices:
+            raise ConfigurationError(
+                f"PostgreSQL URL {redact_url(url)!r}: {name}={value[:40]!r} is not one of "
+                + ", ".join(choices),
+                option="store",
+            )
     if parts.path.strip("/") or "dbname=" in parts.query:
         return
     raise ConfigurationError(
@@ -174,4 +206,3 @@ def parse_cluster_url(url: str) -> ClusterURL:
             raise bad(f"node {item!r}: the port must be 1-65535")
         nodes.append((unquote(host), int(port_text) if port_text else 6379))
     return ClusterURL(tuple(nodes), username, password, scheme.lower() == "rediss+cluster")
-
