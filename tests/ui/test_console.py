@@ -763,6 +763,33 @@ def test_an_agent_run_shows_its_audit_log_with_unknown_calls_highlighted(
     assert f'class="key-unknown">{lost.value.key}<' in page.text
 
 
+def test_agent_runs_are_keyset_paged_newest_first(client: Client, store: SQLiteStore) -> None:
+    """Five runs, two a page: every run once, newest first, over three pages; a run started
+    meanwhile neither repeats nor hides one; a forged position is a 400."""
+    from retrysafe.agents import start_run
+
+    for i in range(5):  # equal times (a coarse clock) sort by id, newest first too
+        with start_run(store, f"run-{i}"):
+            pass
+
+    def runs_on(path: str) -> tuple[list[str], str | None]:
+        r = client.page(path)
+        assert r.status_code == 200, r.text
+        nxt = re.search(r'href="(/agents\?[^"]+)" rel="next"', r.text)
+        names = re.findall(r"<code>(run-\d)</code>", r.text)
+        return names, None if nxt is None else nxt.group(1).replace("&amp;", "&")
+
+    first, nxt = runs_on("/agents?limit=2")
+    assert first == ["run-4", "run-3"] and nxt is not None
+    with start_run(store, "run-new"):
+        pass
+    second, nxt = runs_on(nxt)
+    assert second == ["run-2", "run-1"] and nxt is not None
+    third, nxt = runs_on(nxt)
+    assert third == ["run-0"] and nxt is None
+    assert client.get("/agents?after=zz_1", headers=HTML).status_code == 400
+
+
 @pytest.mark.parametrize(
     "back", ["//evil.example/x", "/\\evil.example", "https://evil.example", "/x\r\nSet-Cookie: a=b"]
 )

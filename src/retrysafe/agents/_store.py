@@ -86,7 +86,8 @@ _SQL = Statements(
 )
 
 
-def _run(row: tuple[Any, ...]) -> AgentRunRecord:
+def run_from_row(row: tuple[Any, ...]) -> AgentRunRecord:
+    """An agent run record from a row: the run's columns, then (when listed) its call counts."""
     id_, state, max_steps, max_attempts, reason, created, updated = row[:7]
     calls, unknown = (row[7], row[8]) if len(row) > 7 else (0, 0)
     return AgentRunRecord(
@@ -159,21 +160,21 @@ def create_agent_run(
     params = {"id": run_id, "max_steps": max_steps, "max_attempts": max_attempts, "now": now}
     row = yield one(_SQL["insert_agent_run"], params)
     if row is not None:
-        return True, _run(row)
+        return True, run_from_row(row)
     existing = yield one(_SQL["get_agent_run"], params)
     if existing is None:  # runs are never deleted by the store
         raise StoreError(f"agent run {run_id!r} exists but cannot be read")
-    return False, _run(existing)
+    return False, run_from_row(existing)
 
 
 def get_agent_run(clock: Clock, run_id: str) -> Op[AgentRunRecord | None]:
     row = yield one(_SQL["get_agent_run"], {"id": run_id})
-    return None if row is None else _run(row)
+    return None if row is None else run_from_row(row)
 
 
 def list_agent_runs(clock: Clock, *, limit: int = 100) -> Op[list[AgentRunRecord]]:
     rows = yield all_rows(_SQL["list_agent_runs"], {"limit": limit})
-    return [_run(r) for r in rows]
+    return [run_from_row(r) for r in rows]
 
 
 def stop_agent_run(clock: Clock, run_id: str, *, reason: str, now: float) -> Op[None]:

@@ -681,9 +681,19 @@ def _pages(app: _App) -> list[Any]:
     async def agents(request: Request) -> Response:
         if (refusal := app.needs_outbox(request)) is not None:
             return refusal
-        limit = parse_limit(_query(request))
-        runs = await app.io(console.agent_runs, limit=limit)
-        return app.render(request, "agents.html", runs=runs, limit=limit)
+        query = _query(request)
+        limit = parse_limit(query)
+        after = parse_position(query)
+        runs = await app.io(console.agent_runs, limit=limit + 1, after=after)
+        runs, nxt = _page(runs, limit)
+        return app.render(
+            request,
+            "agents.html",
+            runs=runs,
+            next_after=nxt,
+            first_page=after is None,
+            limit=limit,
+        )
 
     async def agent_run(request: Request) -> Response:
         if (refusal := app.needs_outbox(request)) is not None:

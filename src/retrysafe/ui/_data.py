@@ -171,6 +171,13 @@ def _dead_deliveries(clock: Any, *, limit: int, after: Position | None) -> Op[li
     return [delivery_from_row(r) for r in rows]
 
 
+def _page_agent_runs(clock: Any, *, limit: int, after: Position | None) -> Op[list[Any]]:
+    from retrysafe.agents._store import run_from_row
+
+    rows = yield all_rows(_SQL["page_agent_runs"], {**_after(after), "limit": limit})
+    return [run_from_row(r) for r in rows]
+
+
 @dataclass
 class ActionResult:
     """What one action did, per item: ``changed`` ``(id, before, after)`` rows, ``unchanged``
@@ -322,10 +329,9 @@ class Console:
         finally:
             box.close()
 
-    def agent_runs(self, *, limit: int) -> list[Any]:
-        from retrysafe.agents._store import list_agent_runs
-
-        found: list[Any] = self._run(list_agent_runs(self.kind, limit=limit))
+    def agent_runs(self, *, limit: int, after: Position | None = None) -> list[Any]:
+        """One page of agent runs (newest first) after ``after``, with their call counts."""
+        found: list[Any] = self._run(_page_agent_runs(self.kind, limit=limit, after=after))
         return found
 
     def agent_run(self, run_id: str) -> tuple[Any, list[Any]] | None:

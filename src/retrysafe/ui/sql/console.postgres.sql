@@ -75,3 +75,14 @@ WITH RECURSIVE q(queue) AS (
     WHERE q.queue IS NOT NULL
 )
 SELECT queue FROM q WHERE queue IS NOT NULL;
+
+-- name: page_agent_runs
+
+-- One page of agent runs, newest first, after the keyset position (as on SQLite).
+SELECT r.id, r.state, r.max_steps, r.max_attempts, r.reason, r.created_at, r.updated_at,
+       (SELECT count(*) FROM agent_calls c WHERE c.run_id = r.id AND c.state <> 'refused'),
+       (SELECT count(*) FROM agent_calls c WHERE c.run_id = r.id AND c.state = 'unknown')
+FROM agent_runs r
+WHERE (r.created_at, r.id) < (%(after_at)s::float8, %(after_id)s::text)
+ORDER BY r.created_at DESC, r.id DESC
+LIMIT %(limit)s;
