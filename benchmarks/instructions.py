@@ -11,7 +11,9 @@ Cases (each on a fresh SQLite file, in one process, no sockets):
 ``first-key``  the idempotency middleware, a first-time key per request, 32 requests in
                flight on one event loop (the ASGI app answers 201 at once);
 ``submit``     ``Outbox.submit`` of a small JSON job, all in one transaction;
-``send``       ``Webhooks.send`` of a small event to one endpoint.
+``send``       ``Webhooks.send`` of a small event to one endpoint;
+``deliver``    the outbox worker delivering jobs (claim, send, record) at concurrency 32, to
+               an ``httpx.MockTransport`` answering 201 (the submits counted too).
 
 Kernel time (system calls, page faults) is not counted: compare the figures with the
 throughput benchmarks, which count everything.
@@ -92,9 +94,32 @@ with tempfile.TemporaryDirectory() as d:
         for i in range(N):
             hooks.send("bench", {"n": i})
 """,
+    "deliver": """
+import tempfile
+from pathlib import Path
+import httpx
+from retrysafe import Outbox, SQLiteStore
+
+def answer(request):
+    return httpx.Response(201, json={"ok": True})
+
+def deliver(outbox, n, conn_store):
+    with conn_store.transaction() as conn:
+        for i in range(n):
+            outbox.submit("http://127.0.0.1:9/jobs", json={"n": i}, connection=conn)
+    stats = outbox.worker(
+        concurrency=32, poll_interval=0.01, transport=httpx.MockTransport(answer)
+    ).run_until_idle()
+    assert stats.succeeded == n, stats
+
+with tempfile.TemporaryDirectory() as d:
+    with SQLiteStore(Path(d) / "outbox.db") as store, Outbox(store) as outbox:
+        deliver(outbox, 100, store)
+        deliver(outbox, N, store)
+""",
 }
 #: Operations of the small run of each case (the large one does five times as many).
-SIZES = {"first-key": 1000, "submit": 500, "send": 300}
+SIZES = {"first-key": 1000, "submit": 500, "send": 300, "deliver": 300}
 
 
 def _instructions(src: Path, code: str, n: int) -> int:
