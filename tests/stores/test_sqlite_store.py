@@ -442,3 +442,95 @@ def test_a_read_only_store_read_as_immutable_sees_writes_once_its_directory_is_w
         record = reader.get(H)
     assert record is not None and record.state is KeyState.RUNNING
     reader.close()
+
+
+@pytest.fixture
+def check_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compare a connection's file with the store's path on every use (not once a second)."""
+    import retrysafe.stores._sqlite as sqlite_mod
+
+    monkeypatch.setattr(sqlite_mod, "_REPLACED_EVERY", 0.0)
+
+
+def _remove_store_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
+@pytest.mark.usefixtures("check_every_time")
+def test_a_deleted_file_is_unavailable_not_written_unseen(tmp_path: Path) -> None:
+    """An open connection keeps the unlinked file: without the check, a long-running process
+    (the console, a worker) went on recording into a file no other process can see. Now the
+    next operation opens the path anew: unavailable, and nothing is re-created."""
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path)
+    jobs = outbox_store(store)
+    assert sum(jobs.count_jobs(queue="default").values()) == 0  # this thread's connection is open
+    _remove_store_files(path)
+    with pytest.raises(StoreUnavailableError, match="unable to open"):
+        jobs.count_jobs(queue="default")
+    assert not path.exists()
+    store.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("check_every_time")
+async def test_the_async_face_notices_a_deleted_file(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path)
+    jobs = outbox_store(store).asyncio_outbox_store()
+    assert sum((await jobs.count_jobs(queue="default")).values()) == 0
+    _remove_store_files(path)
+    with pytest.raises(StoreUnavailableError):
+        await jobs.count_jobs(queue="default")
+    assert not path.exists()
+    await jobs.aclose()
+    store.close()
+
+
+@pytest.mark.usefixtures("check_every_time")
+def test_a_file_replaced_under_a_running_process_is_read_anew(tmp_path: Path) -> None:
+    """A backup restored over the path (``mv``): the next operation reads the new file."""
+    path, other = tmp_path / "store.db", tmp_path / "restored.db"
+    with SQLiteStore(other) as restored:
+        Outbox(restored).submit("http://127.0.0.1:9/x", json={})
+    store = SQLiteStore(path)
+    jobs = outbox_store(store)
+    assert sum(jobs.count_jobs(queue="default").values()) == 0
+    _remove_store_files(path)
+    other.rename(path)
+    assert sum(jobs.count_jobs(queue="default").values()) == 1
+    store.close()
+
+
+def test_the_file_is_compared_at_most_once_a_second(tmp_path: Path) -> None:
+    """The check is a stat per connection per second, not per operation (the hot path)."""
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path)
+    jobs = outbox_store(store)
+    assert sum(jobs.count_jobs(queue="default").values()) == 0
+    _remove_store_files(path)
+    # Within the second: the open connection, on the unlinked file.
+    assert sum(jobs.count_jobs(queue="default").values()) == 0
+    time.sleep(1.05)
+    with pytest.raises(StoreUnavailableError):
+        jobs.count_jobs(queue="default")
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["empty", "other-app"])
+def test_a_refused_file_is_left_exactly_as_it_was(tmp_path: Path, kind: str) -> None:
+    """``retrysafe jobs list --store sqlite:///wrong.db`` on an empty file or another
+    application's database: refused, and the file keeps its bytes and journal mode (the
+    first writable connection used to switch it to WAL before the schema check)."""
+    path = tmp_path / "wrong.db"
+    if kind == "empty":
+        path.touch()
+    else:
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    before = path.read_bytes()
+    with pytest.raises(SchemaError, match="no retrysafe schema"):
+        SQLiteStore(path, create=False)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wrong.db"]  # no -wal, no -shm

@@ -135,7 +135,51 @@ def test_the_login_form_sets_a_cookie_that_is_not_the_token(store: SQLiteStore) 
     assert ok.status_code == 303 and ok.headers["location"] == "/jobs"
     assert TOKEN not in ok.headers["set-cookie"]
     assert "httponly" in ok.headers["set-cookie"].lower()
+    assert "max-age=43200" in ok.headers["set-cookie"].lower()
     assert c.get("/jobs", headers=HTML).status_code == 200
+
+
+def test_a_login_redirect_keeps_every_filter(store: SQLiteStore) -> None:
+    """A browser sent to log in from ``/jobs?state=unknown&queue=billing&limit=5`` comes back
+    to that page with all three filters (the "&" once cut the target after the first)."""
+    c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
+    r = c.get("/jobs?state=unknown&queue=billing&limit=5", headers=HTML, follow_redirects=False)
+    assert r.status_code == 303
+    assert (
+        r.headers["location"] == "/login?next=/jobs%3Fstate%3Dunknown%26queue%3Dbilling%26limit%3D5"
+    )
+    c.page(r.headers["location"])
+    ok = c.post(
+        r.headers["location"], data={"csrf_token": c.csrf, "token": TOKEN}, follow_redirects=False
+    )
+    assert ok.status_code == 303
+    assert ok.headers["location"] == "/jobs?state=unknown&queue=billing&limit=5"
+
+
+def test_each_login_gets_its_own_cookie_which_expires() -> None:
+    """Two logins get different cookies; a cookie older than 12 hours, from the future, of
+    another token, or tampered with opens nothing."""
+    from retrysafe.ui._security import LOGIN_MAX_AGE, Secrets
+
+    secrets_, other = Secrets(TOKEN), Secrets(TOKEN + "-other")
+    a, b = secrets_.auth_value(now=1_000_000), secrets_.auth_value(now=1_000_000)
+    assert a != b and TOKEN not in a
+    assert secrets_.login_ok(a, now=1_000_000 + LOGIN_MAX_AGE - 1)
+    assert not secrets_.login_ok(a, now=1_000_000 + LOGIN_MAX_AGE)
+    assert not secrets_.login_ok(a, now=1_000_000 - 3600)
+    assert not other.login_ok(a, now=1_000_001)
+    issued, nonce, mac = a.split(".")
+    for forged in (
+        f"{int(issued) + 1}.{nonce}.{mac}",
+        f"{issued}.{nonce}x.{mac}",
+        f"{issued}..{mac}",
+        f"{issued}.{nonce}",
+        "",
+        "...",
+        "9" * 40 + ".a.b",
+        f"-{issued}.{nonce}.{mac}",
+    ):
+        assert not secrets_.login_ok(forged, now=1_000_001), forged
 
 
 def test_a_login_redirect_never_leaves_the_console(store: SQLiteStore) -> None:

@@ -23,6 +23,7 @@ import functools
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -196,15 +197,29 @@ class _Conn:
     as soon as :meth:`SQLiteConnector.healed` says a new connection would do better.
     """
 
-    __slots__ = ("__weakref__", "conn", "degraded")
+    __slots__ = ("__weakref__", "checked", "conn", "degraded", "file")
 
-    def __init__(self, conn: sqlite3.Connection, degraded: bool = False) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        degraded: bool = False,
+        file: tuple[int, int] | None = None,
+    ) -> None:
         self.conn = conn
         self.degraded = degraded
+        #: The database file's (device, inode) when the connection was opened (None: not a
+        #: plain file), and when :meth:`SQLiteConnector.replaced` last compared it (monotonic).
+        self.file = file
+        self.checked = time.monotonic()
 
     def close(self) -> None:
         with suppress(sqlite3.Error):
             self.conn.close()
+
+
+#: Seconds between two checks that a connection's file is still the store's (see
+#: :meth:`SQLiteConnector.replaced`).
+_REPLACED_EVERY = 1.0
 
 
 class SQLiteConnector(Transactions):
@@ -278,7 +293,38 @@ class SQLiteConnector(Transactions):
                 conn, degraded = self._connect_writable(busy_timeout)
         except sqlite3.Error as exc:
             raise _translate(exc, self.url) from exc
-        return _Conn(conn, degraded)
+        return _Conn(conn, degraded, self._identity())
+
+    def _identity(self) -> tuple[int, int] | None:
+        """The database file's (device, inode), or None (``:memory:``, a ``file:`` URI)."""
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            return None
+        try:
+            st = os.stat(Path(self.path).expanduser())
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def replaced(self, holder: _Conn) -> bool:
+        """Whether ``holder``'s file is no longer the store's: deleted, or replaced by another
+        file (a restored backup, ``mv``). An open connection goes on reading and writing the
+        file it opened even once it is unlinked, so without this a long-running process (a
+        worker, the console) would record into a file nobody else can see. Asked at most
+        once a second per connection (one ``stat``); the caller then opens a new connection,
+        which reports a missing file as unavailable (it is never re-created empty) and reads
+        a replacing one."""
+        if holder.file is None:
+            return False
+        now = time.monotonic()
+        if now - holder.checked < _REPLACED_EVERY:
+            return False
+        holder.checked = now
+        file = Path(self.path).expanduser()
+        try:
+            st = os.stat(file)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != holder.file
 
     def _connect_writable(self, busy_timeout: float) -> tuple[sqlite3.Connection, bool]:
         # A file this process may not write is opened read-only, silently (SQLite's fallback):
@@ -373,7 +419,7 @@ class SQLiteConnector(Transactions):
         if self._closed:
             raise StoreError(f"SQLite store {self.url} is closed", store=self.url)
         holder: _Conn | None = getattr(self._local, "conn", None)
-        if holder is not None and holder.degraded and self.healed():
+        if holder is not None and ((holder.degraded and self.healed()) or self.replaced(holder)):
             self._drop_thread_connection()
             holder = None
         if holder is None:
@@ -439,9 +485,32 @@ class SQLiteConnector(Transactions):
                 store=self.url,
             )
 
+        if not create and not self.readonly and self._rw_uri is not None:
+            self._check_schema_read_only(where)
         self.migration = self.with_connection(
             functools.partial(ensure_schema, where=where, create=create)
         )
+
+    def _check_schema_read_only(self, where: str) -> None:
+        """Refuse a file without a usable schema before the first writable connection, which
+        switches the file to WAL: a command pointed at the wrong file (an empty one, another
+        application's database) must leave it exactly as it was.
+
+        Raises:
+            SchemaError: the schema is missing, older, or newer than this release.
+        """
+        assert self._rw_uri is not None
+        uri = self._rw_uri.replace("?mode=rw", "?mode=ro")
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, isolation_level=None)
+        except sqlite3.Error:
+            return  # the writable path reports it, with its own translation
+        try:
+            ensure_schema(conn, where=where, create=False)
+        except sqlite3.Error:
+            return  # e.g. a read-only directory that cannot hold a WAL index: as above
+        finally:
+            conn.close()
 
     def close(self) -> None:
         """Close every connection this connector opened. Idempotent."""
@@ -631,7 +700,9 @@ class AsyncSQLiteConnector:
 
     def _inline_conn(self) -> sqlite3.Connection:
         holder = self._inline
-        if holder is not None and holder.degraded and self._sync.healed():
+        if holder is not None and (
+            (holder.degraded and self._sync.healed()) or self._sync.replaced(holder)
+        ):
             self._drop_inline()
             holder = None
         if holder is None:

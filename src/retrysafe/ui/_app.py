@@ -53,7 +53,14 @@ from retrysafe.ui._params import (
     parse_run_id,
     parse_states,
 )
-from retrysafe.ui._security import AUTH_COOKIE, SESSION_COOKIE, Guard, Secrets, local_path
+from retrysafe.ui._security import (
+    AUTH_COOKIE,
+    LOGIN_MAX_AGE,
+    SESSION_COOKIE,
+    Guard,
+    Secrets,
+    local_path,
+)
 
 __all__ = ["console_app"]
 
@@ -771,6 +778,7 @@ def _pages(app: _App) -> list[Any]:
         response.set_cookie(
             AUTH_COOKIE,
             app.secrets.auth_value(),
+            max_age=LOGIN_MAX_AGE,
             httponly=True,
             samesite="strict",
             path=root or "/",

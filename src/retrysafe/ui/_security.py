@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "AUTH_COOKIE",
+    "LOGIN_MAX_AGE",
     "SESSION_COOKIE",
     "Guard",
     "Secrets",
@@ -47,6 +49,8 @@ SESSION_COOKIE = "retrysafe_console_session"
 #: Seconds a wrong token (login form or Bearer) costs its sender.
 REFUSAL_DELAY = 1.0
 AUTH_COOKIE = "retrysafe_console_auth"
+#: Seconds a login lasts (the cookie's Max-Age, and checked on every request): 12 hours.
+LOGIN_MAX_AGE = 12 * 3600
 #: Paths reachable without the token (relative to the console's root).
 _OPEN = ("/login", "/static/")
 _CSP = (
@@ -107,11 +111,35 @@ class Secrets:
             return False
         return hmac.compare_digest(self.csrf_token(session), given)
 
-    def auth_value(self) -> str:
-        """The login cookie's value: an HMAC of the token (never the token itself)."""
+    def auth_value(self, now: float | None = None) -> str:
+        """A new login cookie's value, ``<issued>.<nonce>.<mac>``: when it was issued (Unix
+        seconds), 16 random bytes (every login gets its own value), and an HMAC-SHA256 of both
+        keyed by the token (never the token itself). Stateless, so a console mounted in an app
+        with several worker processes accepts it in each; valid for :data:`LOGIN_MAX_AGE`
+        seconds or until the token changes."""
         assert self.token is not None
-        digest = hmac.new(self.token.encode(), b"retrysafe-console-login", hashlib.sha256)
-        return digest.hexdigest()
+        issued = str(int(time.time() if now is None else now))
+        nonce = secrets.token_hex(16)
+        return f"{issued}.{nonce}.{self._login_mac(issued, nonce)}"
+
+    def _login_mac(self, issued: str, nonce: str) -> str:
+        assert self.token is not None
+        message = f"retrysafe-console-login:{issued}:{nonce}".encode()
+        return hmac.new(self.token.encode(), message, hashlib.sha256).hexdigest()
+
+    def login_ok(self, cookie: str, now: float | None = None) -> bool:
+        """Whether ``cookie`` is a login cookie of this token, issued less than
+        :data:`LOGIN_MAX_AGE` seconds ago (and not in the future)."""
+        if self.token is None:
+            return False
+        issued, _, rest = cookie.partition(".")
+        nonce, _, mac = rest.partition(".")
+        if not (issued.isdigit() and len(issued) <= 12 and nonce and mac):
+            return False
+        age = (time.time() if now is None else now) - int(issued)
+        if not -60 <= age < LOGIN_MAX_AGE:
+            return False
+        return hmac.compare_digest(self._login_mac(issued, nonce), mac)
 
     def token_ok(self, given: str | None) -> bool:
         """Whether ``given`` is the token (constant-time)."""
@@ -133,7 +161,7 @@ class Secrets:
         if self.token is None or self.bearer(headers):
             return True
         cookie = cookies.get(AUTH_COOKIE)
-        return cookie is not None and hmac.compare_digest(cookie, self.auth_value())
+        return cookie is not None and self.login_ok(cookie)
 
 
 def cookies_of(headers: dict[bytes, bytes]) -> dict[str, str]:
@@ -246,7 +274,9 @@ def _safe_next(path: str) -> str:
     """A login redirect's target: a path of this console only (never ``//evil``)."""
     from urllib.parse import quote
 
-    return quote(local_path(path), safe="/?=&")
+    # Every "?", "=" and "&" encoded: the whole target is the one value of ``next``, so
+    # /jobs?state=unknown&queue=billing comes back with both filters.
+    return quote(local_path(path), safe="/")
 
 
 def _cross_site(headers: dict[bytes, bytes], host: str) -> bool:
