@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from starlette.applications import Starlette
@@ -99,6 +101,24 @@ def test_a_console_without_token_refuses_a_host_that_is_not_loopback(store: SQLi
     r = c.get("/", headers=HTML)
     assert r.status_code == 421
     assert "loopback" in r.text
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1:8090, evil.example",
+        "127.0.0.1:evil",
+        "[::1]x",
+        "[::1]:80:80",
+        "[::1]:evil",
+        "127.0.0.1:",
+        "localhost:8090 ",
+    ],
+)
+def test_a_host_whose_port_is_not_one_is_not_loopback(store: SQLiteStore, host: str) -> None:
+    """A Host value with junk after the name names no host: 421 (was: read as 127.0.0.1)."""
+    c = TestClient(console_app(store), base_url=BASE)
+    assert c.get("/jobs", headers={**HTML, "host": host}).status_code == 421
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8090", "localhost:8090", "[::1]:8090", "127.0.0.1"])
@@ -343,6 +363,12 @@ def test_a_queue_name_with_markup_is_refused_on_every_page(client: Client) -> No
         ("since=yesterday", "since"),
         ("since=2026-12-01&until=2026-11-01", "until"),
         ("host=a%20b", "host"),
+        ("host=127.0.0.1:-1", "host"),
+        ("host=api.example:", "host"),
+        ("host=api.example:http", "host"),
+        ("after=-1_abc", "after"),
+        ("after=99999999999999999999_aa", "after"),
+        ("since=1969-12-31", "since"),
     ],
 )
 def test_a_bad_parameter_is_a_400_naming_it(client: Client, query: str, param: str) -> None:
@@ -652,6 +678,25 @@ def test_reconcile_against_a_dead_endpoint_leaves_the_job_unknown_and_says_so(
     assert "still unknown" in r.text
     assert outbox.get(job_id).state is JobState.UNKNOWN
     assert len(outbox.attempts(job_id)) == 1
+
+
+def test_a_reconcile_cut_short_by_shutdown_is_a_503_and_logged(
+    client: Client, outbox: Outbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The console stopping mid-reconcile (its attempts cancelled) answers a 503 page that
+    says so, and the action is logged like any other (was: a bare 500, no log line)."""
+    import asyncio
+
+    (job_id,) = make(outbox, JobState.UNKNOWN, url="http://127.0.0.1:9/x")
+
+    async def cancelled(*args: Any, **kwargs: Any) -> Any:
+        raise asyncio.CancelledError
+
+    with patch("retrysafe.client.areconcile", cancelled), caplog.at_level(logging.INFO):
+        r = client.act("reconcile", [job_id])
+    assert r.status_code == 503 and "console was stopped during this reconcile" in r.text
+    (line,) = [rec for rec in caplog.records if hasattr(rec, "console_action")]
+    assert "stopped during this reconcile" in line.console_action["error"]
 
 
 def test_webhook_replay_enable_and_disable(client: Client, store: SQLiteStore) -> None:
@@ -1028,10 +1073,11 @@ def test_logout_forgets_the_login(store: SQLiteStore) -> None:
     c = Client(console_app(store, token=TOKEN), base_url="http://console.example")
     c.page("/login")
     c.post("/login", data={"csrf_token": c.csrf, "token": TOKEN})
-    c.page("/jobs")
+    assert 'action="/logout"' in c.page("/jobs").text
     out = c.post("/logout", data={"csrf_token": c.csrf}, follow_redirects=False)
     assert out.status_code == 303 and out.headers["location"] == "/login"
     assert c.get("/jobs").status_code == 401
+    assert 'action="/logout"' not in c.page("/login").text  # not logged in: nothing to end
 
 
 def test_a_wrong_bearer_token_is_logged_like_a_wrong_login(
@@ -1104,3 +1150,41 @@ def test_an_unbracketed_ipv6_host_filter_matches(client: Client, outbox: Outbox)
     (v6,) = make(outbox, JobState.UNKNOWN, url="http://[::1]:9000/v6")
     text = client.page("/jobs?host=::1").text
     assert re.findall(r'data-job="([0-9a-f]+)"', text) == [v6]
+
+
+def test_templates_are_read_once_at_start(store: SQLiteStore, tmp_path: Path) -> None:
+    """A console keeps its pages while the installed package changes under it: every
+    template is compiled when the app is made, and a changed file on disk is not re-read."""
+    import jinja2
+
+    from retrysafe.ui import _app
+
+    made = []
+
+    class Loader(jinja2.FileSystemLoader):
+        def get_source(self, environment: Any, template: str) -> Any:
+            made.append(template)
+            return super().get_source(environment, template)
+
+    templates = tmp_path / "templates"
+    shutil.copytree(Path(_app.__file__).parent / "templates", templates)
+    with patch("jinja2.PackageLoader", lambda *a: Loader(str(templates))):
+        c = Client(console_app(store), base_url=BASE)
+    assert "agents.html" in made and "overview.html" in made  # compiled up front
+    (templates / "agents.html").write_text("{{ undefined_now }}")
+    assert c.get("/agents", headers=HTML).status_code == 200
+
+
+def test_a_short_job_id_opens_its_job(client: Client, outbox: Outbox) -> None:
+    """The 12-character id a list shows opens the job (303 to its full id, as `retrysafe
+    jobs show` takes a prefix); a prefix two jobs share is a 400 saying so; no match, 404."""
+    ids = make(outbox, JobState.UNKNOWN, 17)  # 17 hex ids: two share a first character
+    r = client.get(f"/jobs/{ids[0][:12]}", headers=HTML, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{ids[0]}"
+    firsts = [i[0] for i in ids]
+    shared = next(c for c in firsts if firsts.count(c) > 1)
+    r = client.get(f"/jobs/{shared}", headers=HTML)
+    assert r.status_code == 400 and "Several jobs" in r.text
+    assert client.get("/jobs/zzzzzzzzzzzz", headers=HTML).status_code == 404
+    r = client.get(f"/jobs/{ids[0][:12]}?queue=billing", headers=HTML, follow_redirects=False)
+    assert r.status_code == 404  # not in the queue the link named

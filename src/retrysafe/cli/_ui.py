@@ -141,7 +141,8 @@ def ui(
             # Behind a token the Host check is the token's job; on loopback it stops
             # DNS rebinding.
             loopback_only=token is None,
-            store_name=redact_url(store),
+            # Two consoles on two schemas of one database must not look alike.
+            store_name=redact_url(store) + (f" (schema {schema})" if schema else ""),
         )
         server = stopper.server = quiet_server(
             server_config(
@@ -161,6 +162,7 @@ def ui(
                 extra={
                     "url": f"http://{shown_host}:{port}/",
                     "store": redact_url(store),
+                    **({"schema": schema} if schema else {}),
                     "token": token is not None,
                     "pid": os.getpid(),
                 },

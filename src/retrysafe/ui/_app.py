@@ -264,6 +264,11 @@ class _App:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
             finalize=visible,
+            # Every template is compiled now and never re-read: a console keeps serving the
+            # pages of the code it runs while the package is upgraded under it (a template
+            # read from the new release beside the old code failed with a 500).
+            auto_reload=False,
+            cache_size=-1,
         )
         self.env.globals.update(
             when=when,
@@ -276,6 +281,8 @@ class _App:
             JobState=JobState,
             WEBHOOK_QUEUE=WEBHOOK_QUEUE,
         )
+        for name in self.env.list_templates(extensions=["html"]):
+            self.env.get_template(name)
 
     def action_lock(self) -> asyncio.Lock:
         """The lock every action holds (made on the serving event loop at first use)."""
@@ -303,6 +310,8 @@ class _App:
             has_keys=self.console.has_keys,
             csrf=self.secrets.csrf_token(session),
             token_required=self.secrets.token is not None,
+            # "Log out" only for a browser that is logged in (its cookie, not a Bearer script).
+            logged_in=self.secrets.login_ok(cookies.get(AUTH_COOKIE, "")),
             now=time.time(),
             **context,
         )
@@ -492,6 +501,22 @@ def _pages(app: _App) -> list[Any]:
         queue = (query.get("queue") or [""])[0] or None
         found, attempts = await app.io(lambda: (console.job(job_id), console.attempts(job_id)))
         if found is None:
+            # The short id a list shows (its first 12 characters), as `retrysafe jobs show`
+            # takes it: one match is that job's page; two say so.
+            same = await app.io(
+                console.jobs_with_prefix, job_id, None if queue is None else parse_queue(queue)
+            )
+            if len(same) == 1:
+                target = f"{request.scope.get('root_path', '')}/jobs/{same[0]}"
+                return RedirectResponse(
+                    target + ("?" + request.url.query if request.url.query else ""), 303
+                )
+            if same:
+                return app.error(
+                    request,
+                    400,
+                    f"Several jobs have ids starting with {job_id}; give more of the id.",
+                )
             return app.error(
                 request, 404, f"No job {job_id} in this store (purged, or never submitted)."
             )
@@ -562,8 +587,9 @@ def _pages(app: _App) -> list[Any]:
         if spec["what"] == "jobs" and queue == WEBHOOK_QUEUE:
             raise BadInput(
                 "queue",
-                "webhook deliveries are replayed from the Webhooks pages (each attempt is "
-                "signed), not reconciled as plain jobs",
+                f"webhook deliveries are not given the jobs' {action}: replay them from the "
+                "Webhooks pages (each attempt is signed), or purge them with `retrysafe "
+                "webhooks dlq purge`",
             )
         if spec["what"] == "endpoint" and len(ids) != 1:
             raise BadInput("id", "enable and disable take one endpoint")

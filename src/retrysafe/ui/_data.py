@@ -10,6 +10,7 @@ opened for keys only) offers the keys page alone (:attr:`Console.has_outbox` is 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -278,6 +279,19 @@ class Console:
         job: Job | None = self._run(get_job(self.kind, job_id))
         return job
 
+    def jobs_with_prefix(self, prefix: str, queue: str | None) -> list[str]:
+        """Up to two ids of jobs whose id starts with ``prefix`` (the short ids the lists
+        show), in ``queue`` or, when None, in any queue: none, the one, or two of an
+        ambiguous prefix."""
+        from retrysafe.client._store import job_ids_with_prefix
+
+        found: list[str] = []
+        for q in [queue] if queue is not None else self.queues():
+            found += self._run(job_ids_with_prefix(self.kind, prefix, queue=q))
+            if len(found) > 1:
+                break
+        return found[:2]
+
     def attempts(self, job_id: str) -> list[Attempt]:
         from retrysafe.client._store import list_attempts
 
@@ -395,6 +409,15 @@ class Console:
                         result.changed.append((job_id, "unknown", done.state.value))
         except StoreError as exc:
             result.error = str(exc)
+        except asyncio.CancelledError:
+            # The console is stopping (SIGINT, SIGTERM) while attempts run: each cancelled
+            # attempt gave its job back as UNKNOWN. Said on the page and in the action's log
+            # line, instead of a bare 500 and no record of the action at all.
+            result.error = (
+                "the console was stopped during this reconcile: attempts that had ended are "
+                "recorded, the others gave their jobs back as UNKNOWN (open the dead letters "
+                "to see which)"
+            )
         return result
 
     def retry(self, queue: str, ids: Sequence[str]) -> ActionResult:

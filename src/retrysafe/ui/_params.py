@@ -73,6 +73,10 @@ def parse_limit(query: Mapping[str, Sequence[str]]) -> int:
     return int(text)
 
 
+#: 10000-01-01T00:00:00Z in Unix seconds: no keyset position is at or after it.
+_YEAR_10000 = 253402300800.0
+
+
 def parse_position(query: Mapping[str, Sequence[str]]) -> Position | None:
     """``after``: the keyset position a "next page" link carries (``<created_at>_<id>``)."""
     text = _one(query, "after")
@@ -83,7 +87,8 @@ def parse_position(query: Mapping[str, Sequence[str]]) -> Position | None:
         when = float(at)
     except ValueError:
         when = math.nan
-    if not sep or not math.isfinite(when) or not _ID.fullmatch(ident):
+    # A page's last row was created between 1970 and 9999 (the times the console shows).
+    if not sep or not 0 <= when < _YEAR_10000 or not _ID.fullmatch(ident):
         raise BadInput(
             "after",
             f"{clip(text)!r} is not a page position of this console (follow the page's "
@@ -123,8 +128,10 @@ def parse_time(query: Mapping[str, Sequence[str]], name: str) -> float | None:
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         moment = None
-    if moment is None or not 1970 <= moment.year <= 9999:
+    if moment is None:
         raise BadInput(name, f"{clip(text)!r} is not a date-time such as 2026-12-01T14:00 (UTC)")
+    if not 1970 <= moment.year <= 9999:
+        raise BadInput(name, f"{clip(text)!r} is outside the years 1970–9999 (no job is)")
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     return moment.timestamp()
@@ -177,10 +184,12 @@ def parse_host(text: str) -> tuple[str, int | None]:
             raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
     else:
         name, sep, tail = value.rpartition(":")
-        if not sep or not tail.isdigit():
+        if not sep:
             name, port = value, ""
-        else:
+        elif tail.isascii() and tail.isdigit():
             port = tail
+        else:  # "host:-1", "host:", "host:x": a port that is not one, never part of a name
+            raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
         if not name or len(name) > 253 or any(c.isspace() or c in _NOT_IN_HOST for c in name):
             raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
     if port and not 0 < int(port[:6]) < 65536:

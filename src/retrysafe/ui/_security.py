@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -83,10 +84,20 @@ def is_loopback_host(host: str) -> bool:
 
 
 def _host_name(value: str) -> str:
-    """The name part of a Host header value (``[::1]:8090`` → ``[::1]``)."""
+    """The name part of a Host header value (``[::1]:8090`` → ``[::1]``); a value whose
+    "port" is not one (``127.0.0.1:8090, evil``) is returned whole, so it names no host."""
     if value.startswith("["):
-        return value.partition("]")[0] + "]"
-    return value.rpartition(":")[0] if value.count(":") == 1 else value
+        name, close, rest = value.partition("]")
+        if not close or (rest and not (rest[0] == ":" and _PORT.fullmatch(rest[1:]))):
+            return value
+        return name + "]"
+    if value.count(":") == 1:
+        name, _, port = value.partition(":")
+        return name if _PORT.fullmatch(port) else value
+    return value
+
+
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
 class Secrets:
