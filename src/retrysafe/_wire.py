@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from retrysafe._http import no_cookie_jar
+
 if TYPE_CHECKING:
     import aiohttp
     import httpx
@@ -235,6 +237,10 @@ class AiohttpEngine:
             auto_decompress=False,
             trust_env=False,
             raise_for_status=False,
+            # No cookie jar: each job is its own request, and a Set-Cookie in one answer (an
+            # API's session, a webhook receiver's) must never ride along on the next job's
+            # request to that host — it may be another tenant's.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         # aiohttp re-sends PUT, DELETE (and GET, HEAD, OPTIONS, TRACE) once, by itself, when
         # the connection breaks (ClientOSError, ServerDisconnectedError), on any connection:
@@ -455,6 +461,8 @@ class HttpxEngine:
             follow_redirects=False,
             trust_env=False,
             headers={"Accept-Encoding": "identity"},
+            # As the default engine: no cookie is kept from one answer for another request.
+            cookies=no_cookie_jar(),
         )
 
     async def send(

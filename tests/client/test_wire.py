@@ -917,3 +917,78 @@ def test_a_transports_own_httpx_error_keeps_its_name_and_its_row(
     ]
     assert {a.key for a in attempts} == {job.key}
     assert "unexpected error" not in caplog.text
+
+
+# ---------------------------------------------------------------------- 6. no cookie jar
+
+
+@pytest.mark.parametrize("engine_kind", ["aiohttp", "httpx"])
+def test_a_cookie_one_answer_sets_is_never_sent_with_another_request(engine_kind: str) -> None:
+    """Each job is its own request: a ``Set-Cookie`` in one answer (a session cookie of the
+    API, a webhook receiver's) must not ride along on the next job's request to that host,
+    which may be another tenant's. Both engines, to a host name (a cookie jar keeps cookies
+    for names, not for IP addresses)."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            seen.append(head)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nSet-Cookie: session=tenant-a; Path=/\r\n"
+                b"Set-Cookie: other=x; Domain=localhost; Path=/\r\nContent-Length: 2\r\n\r\nok"
+            )
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine: Any
+        if engine_kind == "aiohttp":
+            engine = AiohttpEngine(connect_timeout=2, read_timeout=2)
+        else:
+            engine = HttpxEngine(httpx.AsyncHTTPTransport(), connect_timeout=2, read_timeout=2)
+        try:
+            for _ in range(3):
+                answer = await engine.send(
+                    "POST", f"http://localhost:{port}/jobs", headers=[], body=b"{}", keep=16
+                )
+                assert answer.status == 200
+        finally:
+            await engine.aclose()
+            server.close()
+
+    asyncio.run(main())
+    assert len(seen) == 3
+    assert not [h for h in seen if b"cookie:" in h.lower()], seen
+
+
+def test_the_gateway_keeps_no_upstream_cookie_for_another_client() -> None:
+    """The gateway's one upstream client serves every caller: user A's ``Set-Cookie`` passes
+    to A (as a header) and is never added to B's request (a shared jar would hand B A's
+    session)."""
+    from retrysafe.server._gateway import ReverseProxy
+
+    seen: list[httpx.Request] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"set-cookie": "session=user-a; Path=/"}, text="ok")
+
+    async def main() -> list[str]:
+        gateway = ReverseProxy("http://api.example")
+        client = gateway._get_client()
+        client._transport = httpx.MockTransport(upstream)
+        try:
+            first = await client.get("http://api.example/me")
+            await client.get("http://api.example/me")
+        finally:
+            await gateway.aclose()
+        return first.headers.get_list("set-cookie")
+
+    assert asyncio.run(main()) == ["session=user-a; Path=/"]
+    assert [r.headers.get("cookie") for r in seen] == [None, None]

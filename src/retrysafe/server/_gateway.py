@@ -23,7 +23,7 @@ import anyio
 import httpx
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe._http import HOP_BY_HOP
+from retrysafe._http import HOP_BY_HOP, no_cookie_jar
 from retrysafe.core import Problem
 from retrysafe.server._outcome import mark_outcome_unknown
 
@@ -97,6 +97,9 @@ class ReverseProxy:
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
                 follow_redirects=False,
                 trust_env=False,
+                # Cookies pass through as headers, both ways; the client keeps none (a jar
+                # would add one user's session cookie to the next anonymous request).
+                cookies=no_cookie_jar(),
             )
         return self._client
 
