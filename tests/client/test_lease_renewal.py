@@ -5,6 +5,7 @@ its job is taken over one lease later, re-sent with the same key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -217,3 +218,47 @@ def test_reconcile_renews_its_jobs_while_a_worker_polls(
     assert report.succeeded == 1 and worker.stats.claimed == 0
     assert [s.key for s in script.requests(path)] == [job.key]
     assert outbox.get(job.id).state is JobState.SUCCEEDED
+
+
+def test_a_cancelled_reconcile_gives_every_claimed_job_back_as_unknown(tmp_path: Path) -> None:
+    """``areconcile`` claims all its jobs up front and sends ``concurrency`` at a time.
+    Cancelled (a console stopped, Ctrl-C) with two attempts in flight and ten jobs waiting
+    for a slot: all twelve are UNKNOWN again at once — the waiting ones were left IN_FLIGHT,
+    for a worker to take over one day."""
+    from retrysafe.client import areconcile
+
+    store = SQLiteStore(tmp_path / "o.db")
+    outbox = Outbox(store)
+    box = outbox_store(store)
+
+    async def main() -> None:
+        arrived = asyncio.Event()
+        reached = 0
+
+        async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal reached
+            reached += 1
+            if reached == 2:
+                arrived.set()
+            await asyncio.Event().wait()  # never answers
+
+        server = await asyncio.start_server(hang, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for i in range(12):
+            job = outbox.submit(f"http://127.0.0.1:{port}/x", json={"n": i})
+            box.transition_job(
+                job.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=0.0
+            )
+        task = asyncio.ensure_future(
+            areconcile(store, policy=RetryPolicy(attempts=1, timeout=60), concurrency=2)
+        )
+        await asyncio.wait_for(arrived.wait(), 10)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        server.close()
+
+    asyncio.run(main())
+    counts = box.count_jobs(queue="default")
+    assert (counts[JobState.UNKNOWN], counts[JobState.IN_FLIGHT]) == (12, 0), counts
+    store.close()

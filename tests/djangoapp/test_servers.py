@@ -91,8 +91,16 @@ def test_fifty_concurrent_identical_requests_run_the_view_once(
             )
 
     answers = asyncio.run(burst())
-    statuses = sorted(r.status_code for r in answers)
-    assert statuses.count(201) == 1 and statuses.count(409) == 49, statuses
+    # One ran; the others overlapped it (409) or, on a loaded machine, arrived once it had
+    # finished and got its replay: never a second run.
+    ran = [r for r in answers if r.status_code == 201 and "idempotent-replayed" not in r.headers]
+    rest = sorted(
+        "replay" if r.headers.get("idempotent-replayed") == "true" else str(r.status_code)
+        for r in answers
+        if r not in ran
+    )
+    assert len(ran) == 1 and set(rest) <= {"409", "replay"}, rest
+    assert rest.count("409") >= 25, rest  # the burst did overlap the running view
     replay = httpx.post(f"{app.url}/charge", json={"amount": 9}, headers=headers, timeout=30)
     assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
     assert _charges(app, key) == 1

@@ -369,6 +369,12 @@ def test_a_queue_name_with_markup_is_refused_on_every_page(client: Client) -> No
         ("after=-1_abc", "after"),
         ("after=99999999999999999999_aa", "after"),
         ("since=1969-12-31", "since"),
+        ("since=9999-12-31T23:59:59-14:00", "since"),
+        ("until=1970-01-01T00:00%2B14:00", "until"),
+        ("after=1e5_abc", "after"),
+        ("after=%2B1_abc", "after"),
+        ("after=%D9%A1_abc", "after"),
+        ("host=127.0.0.1%00", "host"),
     ],
 )
 def test_a_bad_parameter_is_a_400_naming_it(client: Client, query: str, param: str) -> None:
@@ -687,16 +693,23 @@ def test_a_reconcile_cut_short_by_shutdown_is_a_503_and_logged(
     says so, and the action is logged like any other (was: a bare 500, no log line)."""
     import asyncio
 
-    (job_id,) = make(outbox, JobState.UNKNOWN, url="http://127.0.0.1:9/x")
+    settled, waiting = make(outbox, JobState.UNKNOWN, 2, url="http://127.0.0.1:9/x")
 
     async def cancelled(*args: Any, **kwargs: Any) -> Any:
+        # One attempt ended (its job SUCCEEDED) before the stop; the other job is UNKNOWN.
+        outbox_store(outbox.store).transition_job(
+            settled, from_states=[JobState.UNKNOWN], state=JobState.SUCCEEDED, now=0.0
+        )
         raise asyncio.CancelledError
 
     with patch("retrysafe.client.areconcile", cancelled), caplog.at_level(logging.INFO):
-        r = client.act("reconcile", [job_id])
+        r = client.act("reconcile", [settled, waiting])
     assert r.status_code == 503 and "console was stopped during this reconcile" in r.text
     (line,) = [rec for rec in caplog.records if hasattr(rec, "console_action")]
     assert "stopped during this reconcile" in line.console_action["error"]
+    assert line.console_action["changed"] == [
+        {"id": settled, "from": "unknown", "to": "succeeded"}
+    ]
 
 
 def test_webhook_replay_enable_and_disable(client: Client, store: SQLiteStore) -> None:
@@ -1187,4 +1200,45 @@ def test_a_short_job_id_opens_its_job(client: Client, outbox: Outbox) -> None:
     assert r.status_code == 400 and "Several jobs" in r.text
     assert client.get("/jobs/zzzzzzzzzzzz", headers=HTML).status_code == 404
     r = client.get(f"/jobs/{ids[0][:12]}?queue=billing", headers=HTML, follow_redirects=False)
-    assert r.status_code == 404  # not in the queue the link named
+    assert r.status_code == 404 and "belongs to queue" in r.text  # not the link's queue
+    r = client.get(f"/jobs/{ids[0][:12].upper()}", headers=HTML, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{ids[0]}"
+
+
+def test_an_action_just_after_the_store_file_was_deleted_is_a_503_and_changes_nothing(
+    client: Client, outbox: Outbox, store: SQLiteStore
+) -> None:
+    """The store's files removed a moment before a purge (inside the connections' once-a-
+    second check): the action compares the file first, answers 503, and reports no change
+    (it used to answer "1 changed" into the unlinked file)."""
+    (job_id,) = make(outbox, JobState.REJECTED)
+    client.page("/dead-letters")
+    path = Path(store.connector.path)
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    r = client.act("purge", [job_id])
+    assert r.status_code == 503 and "0 changed" in r.text, r.text
+    assert not path.exists()
+
+
+def test_an_agent_calls_secret_looking_arguments_are_hidden(
+    client: Client, store: SQLiteStore
+) -> None:
+    """Arguments named like credentials (api_key, password, token, at any depth) show as
+    ••••; the others as given."""
+    from retrysafe.agents import start_run, tool
+
+    @tool(kind="write", attempts=1)
+    def connect(host: str, api_key: str, options: dict[str, Any]) -> str:
+        return "ok"
+
+    with start_run(store, "secrets-run") as run, run.step(1):
+        connect("db.example", "sk-live-SECRET", {"password": "pw-SECRET", "port": 5432})
+    page = client.page("/agents/run?id=secrets-run").text
+    assert "SECRET" not in page
+    assert "db.example" in page and "5432" in page and "\u2022\u2022\u2022\u2022" in page
+
+
+def test_a_repeated_key_hash_is_a_400(client: Client) -> None:
+    r = client.get("/keys?hash=ffe1&hash=db6f", headers=HTML)
+    assert r.status_code == 400 and 'id="error-message">hash: give it once' in r.text

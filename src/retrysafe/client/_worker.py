@@ -1110,19 +1110,22 @@ async def areconcile(
 
             async def resend(held: _JobLease) -> None:
                 job, token = held.job, held.token
-                async with sem:
-                    try:
+                try:
+                    async with sem:
                         result = await send_attempt(
                             client, job, timeout=policy.timeout_s, clock=clock, telemetry=tel
                         )
-                    except asyncio.CancelledError:
-                        now = clock()
-                        release = astore.release_job(
-                            job.id, token, state=JobState.UNKNOWN, due_at=now, error=None, now=now
-                        )
-                        with contextlib.suppress(StoreUnavailableError):
-                            await asyncio.shield(release)
-                        raise
+                except asyncio.CancelledError:
+                    # Cancelled mid-attempt or still waiting for a slot (every job is claimed
+                    # up front): either way the job goes back to UNKNOWN now, not IN_FLIGHT
+                    # until some worker takes it over.
+                    now = clock()
+                    release = astore.release_job(
+                        job.id, token, state=JobState.UNKNOWN, due_at=now, error=None, now=now
+                    )
+                    with contextlib.suppress(StoreUnavailableError):
+                        await asyncio.shield(release)
+                    raise
                 held.settle()
                 if held.is_lost():
                     logger.warning(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import sqlite3
 import threading
@@ -390,6 +391,14 @@ class SQLiteConnector(Transactions):
         file = Path(self.path).expanduser().resolve()
         writable_dir = os.access(file.parent, os.W_OK, effective_ids=_EFFECTIVE_IDS)
         return writable_dir or os.path.exists(str(file) + "-wal")
+
+    def recheck_files(self) -> None:
+        """Make the next use of every connection compare its file with the path (see
+        :meth:`replaced`) whatever the time since the last comparison: before a change an
+        operator asked for (the console's actions), the one-second window is closed."""
+        with self._lock:
+            for holder in self._connections:
+                holder.checked = -math.inf
 
     def track(self, holder: _Conn) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import json
 import logging
 import math
 import re
@@ -120,13 +121,16 @@ _ACTIONS: dict[str, dict[str, Any]] = {
     "enable": {
         "what": "endpoint",
         "verb": "Enable",
-        "explain": "New deliveries are sent to this endpoint again.",
+        "explain": "New deliveries are sent to this endpoint again. Deliveries parked while "
+        "it was disabled are not: send them with `retrysafe webhooks endpoints enable "
+        "--replay-missed`.",
     },
     "disable": {
         "what": "endpoint",
         "verb": "Disable",
-        "explain": "Deliveries to this endpoint stop; pending ones are parked (CANCELLED) "
-        "and stay replayable.",
+        "explain": "Deliveries to this endpoint stop; pending ones are parked (CANCELLED). "
+        "The console does not replay parked deliveries: `retrysafe webhooks endpoints enable "
+        "--replay-missed` does.",
     },
 }
 
@@ -164,6 +168,29 @@ def is_secret_name(name: str) -> bool:
     if lower in _NOT_SECRET:
         return False
     return lower in _SECRET_HEADERS or any(w in lower for w in _SECRET_WORDS)
+
+
+def shown_arguments(arguments_json: str) -> str:
+    """An agent call's arguments as the run page shows them: the value of every field whose
+    name carries a credential (``api_key``, ``password``, ``token``, … — the rule of
+    :func:`is_secret_name`, at any depth) replaced by ``"••••"``; text that is not JSON as
+    it is."""
+    try:
+        arguments = json.loads(arguments_json)
+    except ValueError:
+        return arguments_json
+
+    def hide(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                k: "\u2022\u2022\u2022\u2022" if is_secret_name(str(k)) else hide(v)
+                for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [hide(v) for v in value]
+        return value
+
+    return json.dumps(hide(arguments), ensure_ascii=False, separators=(",", ":"))
 
 
 def shown_header(name: str, value: str) -> str:
@@ -277,6 +304,7 @@ class _App:
             clip=clip,
             shown_url=safe_url,
             shown_header=shown_header,
+            shown_arguments=shown_arguments,
             mask_secret=mask_secret,
             JobState=JobState,
             WEBHOOK_QUEUE=WEBHOOK_QUEUE,
@@ -502,21 +530,31 @@ def _pages(app: _App) -> list[Any]:
         found, attempts = await app.io(lambda: (console.job(job_id), console.attempts(job_id)))
         if found is None:
             # The short id a list shows (its first 12 characters), as `retrysafe jobs show`
-            # takes it: one match is that job's page; two say so.
-            same = await app.io(
-                console.jobs_with_prefix, job_id, None if queue is None else parse_queue(queue)
-            )
+            # takes it (ids are lower-case hex): one match is that job's page; two say so.
+            prefix = job_id.lower()
+            in_queue = None if queue is None else parse_queue(queue)
+            same = await app.io(console.jobs_with_prefix, prefix, in_queue)
             if len(same) == 1:
                 target = f"{request.scope.get('root_path', '')}/jobs/{same[0]}"
-                return RedirectResponse(
-                    target + ("?" + request.url.query if request.url.query else ""), 303
-                )
+                raw = request.url.query
+                return RedirectResponse(target + ("?" + raw if raw else ""), 303)
             if same:
                 return app.error(
                     request,
                     400,
                     f"Several jobs have ids starting with {job_id}; give more of the id.",
                 )
+            if in_queue is not None:
+                elsewhere = await app.io(console.jobs_with_prefix, prefix, None)
+                if len(elsewhere) == 1:
+                    other = await app.io(console.job, elsewhere[0])
+                    if other is not None:
+                        return app.error(
+                            request,
+                            404,
+                            f"Job {other.id} belongs to queue {other.queue!r}, "
+                            f"not {clip(in_queue)!r}.",
+                        )
             return app.error(
                 request, 404, f"No job {job_id} in this store (purged, or never submitted)."
             )
@@ -612,6 +650,7 @@ def _pages(app: _App) -> list[Any]:
         # One action at a time per console: what an item was before and after is then what
         # this action did, not what a concurrent one did (the log names each change once).
         async with app.action_lock():
+            console.before_action()
             if action == "reconcile":
                 result = await console.reconcile(queue, ids)
             elif action == "retry":
@@ -751,6 +790,8 @@ def _pages(app: _App) -> list[Any]:
             form = await app.form(request)
             lookup, shown = _key_target(form)
         elif query.get("hash"):
+            if len(query["hash"]) > 1:
+                raise BadInput("hash", "give it once")
             text = query["hash"][0].strip().lower()
             if not (0 < len(text) <= 64) or any(c not in "0123456789abcdef" for c in text):
                 raise BadInput("hash", f"{clip(text)!r} is not a key hash (hex digits)")
@@ -780,8 +821,8 @@ def _pages(app: _App) -> list[Any]:
         await app.form(request)
         root = request.scope.get("root_path", "")
         response = RedirectResponse(root + ("/login" if app.secrets.token else "/"), 303)
-        response.delete_cookie(AUTH_COOKIE, path=root or "/")
-        response.delete_cookie(SESSION_COOKIE, path=root or "/")
+        response.delete_cookie(AUTH_COOKIE, path=root or "/", samesite="strict")
+        response.delete_cookie(SESSION_COOKIE, path=root or "/", samesite="strict")
         return response
 
     async def actions(request: Request) -> Response:

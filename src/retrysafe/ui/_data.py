@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,6 +279,14 @@ class Console:
         job: Job | None = self._run(get_job(self.kind, job_id))
         return job
 
+    def before_action(self) -> None:
+        """Before an action writes: a SQLite store's connections compare their file with the
+        path at their next use (a file deleted a moment ago is a 503, never a change written
+        into the unlinked file)."""
+        recheck = getattr(getattr(self.store, "connector", None), "recheck_files", None)
+        if recheck is not None:
+            recheck()
+
     def jobs_with_prefix(self, prefix: str, queue: str | None) -> list[str]:
         """Up to two ids of jobs whose id starts with ``prefix`` (the short ids the lists
         show), in ``queue`` or, when None, in any queue: none, the one, or two of an
@@ -378,9 +386,9 @@ class Console:
         from retrysafe.client import RetryPolicy, areconcile
 
         result = ActionResult("reconcile")
+        todo: list[str] = []
         try:
             jobs = await run_in_threadpool(self._jobs_in, queue, ids, result)
-            todo = []
             for job in jobs:
                 if job.state is JobState.UNKNOWN:
                     todo.append(job.id)
@@ -410,13 +418,21 @@ class Console:
         except StoreError as exc:
             result.error = str(exc)
         except asyncio.CancelledError:
-            # The console is stopping (SIGINT, SIGTERM) while attempts run: each cancelled
-            # attempt gave its job back as UNKNOWN. Said on the page and in the action's log
-            # line, instead of a bare 500 and no record of the action at all.
+            # The console is stopping (SIGINT, SIGTERM) while attempts run: every job whose
+            # attempt had not ended is back to UNKNOWN. The page and the action's log line
+            # say so, and list the jobs that did settle (read now, in this thread: the event
+            # loop is stopping), instead of a bare 500 and no record of the action at all.
+            for job_id in todo:
+                with suppress(StoreError):
+                    done = self.job(job_id)
+                    if done is not None and done.state not in (
+                        JobState.UNKNOWN,
+                        JobState.IN_FLIGHT,
+                    ):
+                        result.changed.append((job_id, "unknown", done.state.value))
             result.error = (
-                "the console was stopped during this reconcile: attempts that had ended are "
-                "recorded, the others gave their jobs back as UNKNOWN (open the dead letters "
-                "to see which)"
+                "the console was stopped during this reconcile: the jobs listed as changed "
+                "settled, every other one is back to UNKNOWN"
             )
         return result
 

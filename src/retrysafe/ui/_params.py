@@ -73,6 +73,8 @@ def parse_limit(query: Mapping[str, Sequence[str]]) -> int:
     return int(text)
 
 
+_POSITION_TIME = re.compile(r"[0-9]{1,12}(\.[0-9]{1,20})?")
+
 #: 10000-01-01T00:00:00Z in Unix seconds: no keyset position is at or after it.
 _YEAR_10000 = 253402300800.0
 
@@ -83,10 +85,9 @@ def parse_position(query: Mapping[str, Sequence[str]]) -> Position | None:
     if text is None:
         return None
     at, sep, ident = text.partition("_")
-    try:
-        when = float(at)
-    except ValueError:
-        when = math.nan
+    # Only what the console writes (repr of a Unix time: ASCII digits, a fraction):
+    # not "1e5", "+1" or other digits float() would take.
+    when = float(at) if _POSITION_TIME.fullmatch(at) else math.nan
     # A page's last row was created between 1970 and 9999 (the times the console shows).
     if not sep or not 0 <= when < _YEAR_10000 or not _ID.fullmatch(ident):
         raise BadInput(
@@ -130,11 +131,13 @@ def parse_time(query: Mapping[str, Sequence[str]], name: str) -> float | None:
         moment = None
     if moment is None:
         raise BadInput(name, f"{clip(text)!r} is not a date-time such as 2026-12-01T14:00 (UTC)")
-    if not 1970 <= moment.year <= 9999:
-        raise BadInput(name, f"{clip(text)!r} is outside the years 1970–9999 (no job is)")
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
-    return moment.timestamp()
+    at = moment.timestamp()
+    # In UTC, as the console shows it: 9999-12-31T23:59-14:00 is already year 10000.
+    if not 0 <= at < _YEAR_10000:
+        raise BadInput(name, f"{clip(text)!r} is outside the years 1970–9999 UTC (no job is)")
+    return at
 
 
 def parse_queue(value: str | None) -> str:
@@ -190,7 +193,11 @@ def parse_host(text: str) -> tuple[str, int | None]:
             port = tail
         else:  # "host:-1", "host:", "host:x": a port that is not one, never part of a name
             raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
-        if not name or len(name) > 253 or any(c.isspace() or c in _NOT_IN_HOST for c in name):
+        if (
+            not name
+            or len(name) > 253
+            or any(c.isspace() or c in _NOT_IN_HOST or not c.isprintable() for c in name)
+        ):
             raise BadInput("host", f"{clip(text)!r} is not a host or host:port")
     if port and not 0 < int(port[:6]) < 65536:
         raise BadInput("host", f"{clip(text)!r}: the port must be 1–65535")
