@@ -314,12 +314,59 @@ def finish_attempt(
 ) -> Op[Attempt | None]:
     """Record ``attempt`` (its ``number`` is assigned here: the job's new send count) and move
     the job to ``state``, in one transaction; None when the token no longer owns the job
-    (nothing is written). The rule of :func:`finish_attempts` for one finish, as one
-    statement with plain parameters (no JSON to take apart): the worker's hot path, whose
-    finishes of one event-loop iteration the async connectors commit together."""
-    params = _finish_params(clock, job_id, token, attempt, state, due_at, last_delay, error, now)
-    row = yield one(_SQL["finish_attempt"], params)
-    return None if row is None else _numbered(attempt, job_id, int(row[0]))
+    (nothing is written). A batch of one :func:`finish_attempts`."""
+    finish = Finish(
+        job_id=job_id,
+        token=token,
+        attempt=attempt,
+        state=state,
+        due_at=due_at,
+        last_delay=last_delay,
+        error=error,
+        now=now,
+    )
+    recorded = yield from finish_attempts(clock, [finish])
+    return recorded[0]
+
+
+def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt | None]]:
+    """Record a batch of attempts and move their jobs, in one transaction of two statements
+    whatever the batch's size (the worker's hot path: one round trip per batch, not per
+    job). Each finish is fenced on its own: one whose token no longer owns its job writes
+    nothing and comes back as None; the others are recorded.
+
+    Raises:
+        ValueError: a job appears twice in the batch.
+    """
+    if not finishes:
+        return []
+    rows = []
+    for f in finishes:
+        a = f.attempt
+        rows.append(
+            {
+                **_lease_end(clock, f.job_id, f.token, f.state, f.due_at, f.error, f.now),
+                "counted": a.counted,
+                "last_delay": f.last_delay,
+                "status": a.status,
+                "outcome": a.outcome,
+                "key": a.key,
+                "started_at": a.started_at,
+                "duration": a.duration,
+                "error_type": a.error_type,
+                "replayed": a.replayed,
+            }
+        )
+    if len({f.job_id for f in finishes}) != len(finishes):
+        raise ValueError("a batch of finishes names the same job twice")
+    numbers = dict((yield all_rows(_SQL["finish_attempts"], {"finishes": json.dumps(rows)})))
+    out: list[Attempt | None] = []
+    for f in finishes:
+        number = numbers.get(f.job_id)
+        out.append(
+            None if number is None else _numbered(f.attempt, f.job_id, int(number))
+        )
+    return out
 
 
 def _numbered(a: Attempt, job_id: str, number: int) -> Attempt:
@@ -337,63 +384,6 @@ def _numbered(a: Attempt, job_id: str, number: int) -> Attempt:
         replayed=a.replayed,
         counted=a.counted,
     )
-
-
-def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt | None]]:
-    """Record a batch of attempts and move their jobs, in one transaction: the statement of
-    :func:`finish_attempt` once per finish (the store methods run this operation atomically).
-    Each finish is fenced on its own: one whose token no longer owns its job writes nothing
-    and comes back as None; the others are recorded. (The worker records each finish with
-    :func:`finish_attempt`; the async connectors commit one event-loop iteration's together.)
-
-    Raises:
-        ValueError: a job appears twice in the batch (nothing is written).
-    """
-    if len({f.job_id for f in finishes}) != len(finishes):
-        raise ValueError("a batch of finishes names the same job twice")
-    out: list[Attempt | None] = []
-    for f in finishes:
-        params = _finish_params(
-            clock, f.job_id, f.token, f.attempt, f.state, f.due_at, f.last_delay, f.error, f.now
-        )
-        row = yield one(_SQL["finish_attempt"], params)
-        out.append(None if row is None else _numbered(f.attempt, f.job_id, int(row[0])))
-    return out
-
-
-def _finish_params(
-    clock: Clock,
-    job_id: str,
-    token: str,
-    a: Attempt,
-    state: JobState,
-    due_at: float,
-    last_delay: float,
-    error: str | None,
-    now: float,
-) -> dict[str, Any]:
-    """The parameters of one finish: the lease's end (as :func:`_lease_end` gives them,
-    written out: this runs once per attempt on the worker's hot path) and the attempt."""
-    caller = clock == "caller"
-    return {
-        "id": job_id,
-        "token": token,
-        "state": state.value,
-        "due_at": due_at if caller else None,
-        "due_in": due_at - now,
-        "terminal": state.is_terminal,
-        "error": error,
-        "now": now if caller else None,
-        "counted": a.counted,
-        "last_delay": last_delay,
-        "status": a.status,
-        "outcome": a.outcome,
-        "key": a.key,
-        "started_at": a.started_at,
-        "duration": a.duration,
-        "error_type": a.error_type,
-        "replayed": a.replayed,
-    }
 
 
 def release_job(
@@ -612,7 +602,7 @@ class SQLOutboxStore(OnConnector):
     claim_jobs = sync_op(claim_jobs)
     claim_unknown_jobs = sync_op(claim_unknown_jobs)
     finish_attempt = sync_op(finish_attempt)
-    finish_attempts = sync_op(finish_attempts, atomic=True)
+    finish_attempts = sync_op(finish_attempts)
     release_job = sync_op(release_job)
     extend_job_lease = sync_op(extend_job_lease)
     transition_job = sync_op(transition_job)
@@ -642,7 +632,7 @@ class AsyncSQLOutboxStore(OnAsyncConnector):
     claim_jobs = async_op(claim_jobs, skippable=True)
     claim_unknown_jobs = async_op(claim_unknown_jobs, skippable=True)
     finish_attempt = async_op(finish_attempt)
-    finish_attempts = async_op(finish_attempts, atomic=True)
+    finish_attempts = async_op(finish_attempts)
     release_job = async_op(release_job)
     extend_job_lease = async_op(extend_job_lease)
     get_job = async_op(get_job, skippable=True)

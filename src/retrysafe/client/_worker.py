@@ -32,7 +32,7 @@ from retrysafe._exceptions import (
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
-from retrysafe.client._models import AsyncOutboxStore, Attempt, Job, JobState
+from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, JobState
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
@@ -278,6 +278,60 @@ def _max_run_time(value: float | timedelta | None, policy: RetryPolicy) -> float
     return value
 
 
+class _Finishes:
+    """Batches the worker's attempt records: every finish that arrives while the previous
+    batch is being written (or in the same event-loop iteration) goes to the store in one
+    :meth:`~retrysafe.client.AsyncOutboxStore.finish_attempts` call — one transaction of
+    two statements, not two statements and a commit per job. Each finish is still fenced by
+    its own lease token, and each caller gets its own result (or the batch's error, and
+    retries alone)."""
+
+    __slots__ = ("_astore", "_pending", "_task", "_writing")
+
+    def __init__(self, astore: AsyncOutboxStore) -> None:
+        self._astore = astore
+        self._pending: list[tuple[Finish, asyncio.Future[Attempt | None]]] = []
+        self._writing = False
+        self._task: asyncio.Future[None] | None = None
+
+    async def record(self, finish: Finish) -> Attempt | None:
+        """Record ``finish`` with the next batch; its attempt, or None when not the owner.
+
+        Raises:
+            StoreUnavailableError, StoreError: the batch could not be written.
+        """
+        future: asyncio.Future[Attempt | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((finish, future))
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().call_soon(self._write_next)
+        return await future
+
+    def _write_next(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            self._writing = False
+            return
+        self._task = task = asyncio.ensure_future(self._write(batch))
+        task.add_done_callback(lambda _: self._write_next())
+
+    async def _write(self, batch: list[tuple[Finish, asyncio.Future[Attempt | None]]]) -> None:
+        try:
+            results = await self._astore.finish_attempts([f for f, _ in batch])
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:  # cancelled with the worker: so are its waiters
+            for _, future in batch:
+                future.cancel()
+            raise
+        for (_, future), recorded in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(recorded)
+
+
 class _JobLease:
     """The lease of one claimed job while this worker holds it (SPEC §5 "Crash safety").
 
@@ -505,6 +559,7 @@ class Worker:
         self._budgets = None if budget is None else _Budgets(budget)
         self._transport = transport
         self._guard = address_guard
+        self._finishes: _Finishes | None = None
         self._rng = rng or random.Random()
         self._clock = clock
         self._on_attempt = on_attempt
@@ -605,6 +660,7 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, self.stop)
         tasks: set[asyncio.Task[None]] = set()
+        self._finishes = _Finishes(self._astore)
         client = make_engine(
             self.policy,
             transport=self._transport,
@@ -912,24 +968,19 @@ class Worker:
         hooks: AttemptHooks | None = None,
     ) -> None:
         attempt = _attempt_of(job, result, counted=step.counted)
-        astore = self._astore
-
-        def record() -> Awaitable[Attempt | None]:
-            # One finish per call: the connector commits the finishes of one event-loop
-            # iteration together (SQLite: one transaction; PostgreSQL: one pipeline too).
-            pending: Awaitable[Attempt | None] = astore.finish_attempt(
-                job.id,
-                token,
-                attempt,
-                state=step.state,
-                due_at=step.due_at,
-                last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
-                error=None if step.state is JobState.SUCCEEDED else result.detail,
-                now=end,
-            )
-            return pending
-
-        recorded = await self._outage.call(record, until=until)
+        finish = Finish(
+            job_id=job.id,
+            token=token,
+            attempt=attempt,
+            state=step.state,
+            due_at=step.due_at,
+            last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
+            error=None if step.state is JobState.SUCCEEDED else result.detail,
+            now=end,
+        )
+        assert self._finishes is not None
+        finishes = self._finishes
+        recorded = await self._outage.call(lambda: finishes.record(finish), until=until)
         if recorded is None:
             self.stats.lease_lost += 1
             logger.warning("job=%s lost its lease during the attempt; not recorded", job.id)

@@ -92,38 +92,47 @@ WHERE id IN (
 )
 RETURNING {job_columns};
 
--- name: finish_attempt
+-- name: finish_attempts
 
--- One finish, with plain parameters, in one statement (the worker's hot path: the finishes
--- of one event-loop iteration go in one pipeline and one transaction through the
--- connector's group commit). Fenced by the lease token; the job's
--- update and its attempt's insert are one statement, so both happen or neither does.
--- Returns the attempt's number (the job's new send count), or no row: not the owner.
+-- A batch of finishes, %(finishes)s a JSON array of objects (id, token, state, due_at, due_in,
+-- terminal, error, now, counted, last_delay, status, outcome, key, started_at, duration,
+-- error_type, replayed), in one statement whatever the batch's size. Each finish is fenced
+-- by its lease token: a worker whose lease was taken over writes nothing for that job. A
+-- job's update and its attempt's insert are the same statement, so both happen or neither
+-- does; the attempt's number is the job's new send count. A finish's now is NULL on the
+-- server's clock (then the statement's time is used, and due_in is added to it). Returns
+-- (job id, number) per recorded attempt.
 WITH t AS (
-    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+    SELECT extract(epoch FROM statement_timestamp())::float8 AS now
+), f AS (
+    SELECT f.*, coalesce(f.now, (SELECT now FROM t)) AS at
+    FROM jsonb_to_recordset(%(finishes)s::jsonb) AS f(
+        id text, token text, state text, due_at float8, due_in float8, terminal boolean,
+        error text, now float8, counted boolean, last_delay float8, status integer,
+        outcome text, key text, started_at float8, duration float8, error_type text,
+        replayed boolean)
 ), j AS (
-    UPDATE outbox_jobs
-    SET state = %(state)s::text,
-        due_at = coalesce(%(due_at)s::float8, (SELECT now FROM t) + %(due_in)s::float8),
-        attempts = attempts + (CASE WHEN %(counted)s::boolean THEN 1 ELSE 0 END),
-        sends = sends + 1,
-        polls = polls + (CASE WHEN %(counted)s::boolean THEN 0 ELSE 1 END),
-        last_delay = %(last_delay)s::float8, lease_token = NULL, lease_expires_at = NULL,
-        finished_at = CASE WHEN %(terminal)s::boolean THEN (SELECT now FROM t) END,
-        last_status = %(status)s::integer, last_outcome = %(outcome)s::text,
-        last_error = %(error)s::text,
-        updated_at = (SELECT now FROM t)
-    WHERE id = %(id)s::text AND lease_token = %(token)s::text AND state = 'in_flight'
-    RETURNING id, sends
+    UPDATE outbox_jobs AS o
+    SET state = f.state,
+        due_at = coalesce(f.due_at, f.at + f.due_in),
+        attempts = o.attempts + (CASE WHEN f.counted THEN 1 ELSE 0 END),
+        sends = o.sends + 1,
+        polls = o.polls + (CASE WHEN f.counted THEN 0 ELSE 1 END),
+        last_delay = f.last_delay, lease_token = NULL, lease_expires_at = NULL,
+        finished_at = CASE WHEN f.terminal THEN f.at END,
+        last_status = f.status, last_outcome = f.outcome, last_error = f.error,
+        updated_at = f.at
+    FROM f
+    WHERE o.id = f.id AND o.lease_token = f.token AND o.state = 'in_flight'
+    RETURNING o.id, o.sends
 )
 INSERT INTO outbox_attempts
     (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
      replayed, counted)
-SELECT j.id, j.sends, %(key)s::text, %(started_at)s::float8, %(duration)s::float8,
-       %(outcome)s::text, %(status)s::integer, %(error_type)s::text, %(replayed)s::boolean,
-       %(counted)s::boolean
-FROM j
-RETURNING number;
+SELECT j.id, j.sends, f.key, f.started_at, f.duration, f.outcome, f.status, f.error_type,
+       f.replayed, f.counted
+FROM j JOIN f ON f.id = j.id
+RETURNING job_id, number;
 
 -- name: release_job
 
