@@ -451,6 +451,20 @@ def _page(rows: list[Any], limit: int) -> tuple[list[Any], str | None]:
     return rows, Position(rows[-1].created_at, rows[-1].id).token()
 
 
+async def _keyset_page(
+    request: Request, read: Callable[..., list[Any]]
+) -> tuple[list[Any], str | None, int, Position | None]:
+    """A list page's rows by the request's ``limit`` and ``after``: ``read(limit=, after=)``
+    in a thread, one row more than shown (so the "older" link appears only when there is
+    more). Returns the rows, the next position, the limit and the position read after."""
+    query = _query(request)
+    limit = parse_limit(query)
+    after = parse_position(query)
+    rows = await run_in_threadpool(read, limit=limit + 1, after=after)
+    shown, nxt = _page(rows, limit)
+    return shown, nxt, limit, after
+
+
 def _query(request: Request) -> dict[str, list[str]]:
     """The query string's parameters (at most 200: more is a 400, not a parse)."""
     try:
@@ -741,11 +755,7 @@ def _pages(app: _App) -> list[Any]:
     async def webhook_dlq(request: Request) -> Response:
         if (refusal := app.needs_outbox(request)) is not None:
             return refusal
-        query = _query(request)
-        limit = parse_limit(query)
-        after = parse_position(query)
-        found = await app.io(console.dead_deliveries, limit=limit + 1, after=after)
-        found, nxt = _page(found, limit)
+        found, nxt, limit, _ = await _keyset_page(request, console.dead_deliveries)
         return app.render(
             request, "webhook_dlq.html", deliveries=found, next_after=nxt, limit=limit
         )
@@ -753,11 +763,7 @@ def _pages(app: _App) -> list[Any]:
     async def agents(request: Request) -> Response:
         if (refusal := app.needs_outbox(request)) is not None:
             return refusal
-        query = _query(request)
-        limit = parse_limit(query)
-        after = parse_position(query)
-        runs = await app.io(console.agent_runs, limit=limit + 1, after=after)
-        runs, nxt = _page(runs, limit)
+        runs, nxt, limit, after = await _keyset_page(request, console.agent_runs)
         return app.render(
             request,
             "agents.html",
