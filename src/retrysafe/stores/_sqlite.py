@@ -129,22 +129,12 @@ _EFFECTIVE_IDS = os.access in os.supports_effective_ids
 # ---------------------------------------------------------------------- running operations
 def _execute(conn: sqlite3.Connection, request: Exec) -> Any:
     parts = request.statement.parts["sqlite"]
-    params = request.params
     if len(parts) == 1:
-        return _fetch(conn.execute(parts[0], params), request.fetch)
-    # A block of several statements is atomic: what _atomic does, written out (a block runs
-    # once per attempt on the worker's hot path, and the context manager costs as much as a
-    # statement).
-    nested = conn.in_transaction
-    conn.execute("SAVEPOINT retrysafe_op" if nested else "BEGIN IMMEDIATE")
-    try:
-        result = _fetch(conn.execute(parts[0], params), request.fetch)
+        return _fetch(conn.execute(parts[0], request.params), request.fetch)
+    with _atomic(conn):
+        result = _fetch(conn.execute(parts[0], request.params), request.fetch)
         for part in parts[1:]:
-            conn.execute(part, params)
-    except BaseException:
-        _undo(conn, nested)
-        raise
-    conn.execute("RELEASE retrysafe_op" if nested else "COMMIT")
+            conn.execute(part, request.params)
     return result
 
 
@@ -164,20 +154,15 @@ def _atomic(conn: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        _undo(conn, nested)
+        if conn.in_transaction:
+            with suppress(sqlite3.Error):
+                if nested:
+                    conn.execute("ROLLBACK TO retrysafe_op")
+                    conn.execute("RELEASE retrysafe_op")
+                else:
+                    conn.execute("ROLLBACK")
         raise
     conn.execute("RELEASE retrysafe_op" if nested else "COMMIT")
-
-
-def _undo(conn: sqlite3.Connection, nested: bool) -> None:
-    """Roll back what :func:`_atomic` began: to its savepoint, or the whole transaction."""
-    if conn.in_transaction:
-        with suppress(sqlite3.Error):
-            if nested:
-                conn.execute("ROLLBACK TO retrysafe_op")
-                conn.execute("RELEASE retrysafe_op")
-            else:
-                conn.execute("ROLLBACK")
 
 
 def _drive(conn: sqlite3.Connection, op: Op[_T], atomic: bool) -> _T:
