@@ -739,6 +739,8 @@ def test_webhook_replay_enable_and_disable(client: Client, store: SQLiteStore) -
         assert "1 changed" in client.act("enable", [e.id]).text
         assert "enabled already" in client.act("enable", [e.id]).text
         assert "no such endpoint" in client.act("enable", ["ep_missing"]).text
+        hooks.add_endpoint("http://127.0.0.1:9/other")
+        assert "give more of the id" in client.act("enable", ["ep_"]).text  # both match
 
 
 def test_every_action_is_logged_with_what_it_changed(

@@ -511,8 +511,13 @@ class Console:
             with self.webhooks() as hooks:
                 try:
                     before = hooks.get_endpoint(endpoint_id)
-                except EndpointNotFoundError:
-                    result.unchanged.append((endpoint_id, "no such endpoint"))
+                except EndpointNotFoundError as exc:
+                    why = (
+                        "several endpoints have ids starting with it: give more of the id"
+                        if "ambiguous" in str(exc)
+                        else "no such endpoint"
+                    )
+                    result.unchanged.append((endpoint_id, why))
                     return result
                 if before.enabled == enabled:
                     result.unchanged.append(
