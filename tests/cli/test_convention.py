@@ -127,3 +127,18 @@ def test_an_error_to_a_closed_stderr_keeps_its_exit_status(args: list[str], tmp_
     finally:
         os.close(write)
     assert (done.returncode, done.stdout) == (2, b"")
+
+
+@pytest.mark.parametrize("args", [["jobs", "list"], ["webhooks", "endpoints", "list"]])
+def test_a_store_without_the_schema_names_the_migrate_command_to_run(
+    args: list[str], tmp_path: Path
+) -> None:
+    """On the command line the hint is the command itself, for this store; the Python
+    option (create=True) is for the API's messages."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    url = f"sqlite:///{empty}"
+    result = CliRunner().invoke(cli, [*args, "--store", url])
+    assert result.exit_code == 1, result.output
+    assert f"run `retrysafe migrate --store {url}`" in result.output
+    assert "create=True" not in result.output

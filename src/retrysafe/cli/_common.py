@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import shlex
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -38,6 +39,7 @@ from retrysafe._exceptions import (
     InvalidKeyError,
     PayloadError,
     RetrysafeError,
+    SchemaError,
     StoreUnavailableError,
 )
 
@@ -186,7 +188,15 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
     except RetrysafeError as exc:
         code = exit_code_of(exc)
         flag = _flag_of(exc, flags or {}) if code == EXIT_USAGE else None
-        fail(f"{flag}: {exc}" if flag else str(exc), code)
+        message = str(exc)
+        if isinstance(exc, SchemaError) and store is not None:
+            # On the command line, the command to run (not the Python way too).
+            from retrysafe.stores._schema import MIGRATE_HINT
+            from retrysafe.stores._url_check import redact_url
+
+            command = f"run `retrysafe migrate --store {shlex.quote(redact_url(store))}`"
+            message = message.replace(MIGRATE_HINT, command)
+        fail(f"{flag}: {message}" if flag else message, code)
 
 
 def json_option(fn: _F) -> _F:

@@ -67,6 +67,7 @@ from retrysafe.core import (
     scope_from_authorization,
 )
 from retrysafe.stores._base import ENTRY_STATES, KeyAdmin, KeyEntry, KeyPosition
+from retrysafe.stores._schema import MIGRATE_HINT
 
 __all__ = ["KeyAdminSource", "key_lookup", "keys", "next_attempt"]
 
@@ -386,8 +387,8 @@ class _Where:
             if head and message.startswith(head):
                 message = f"{self}{message[len(head) :]}"
                 break
-        message = message.replace(", or open it with create=True", "")
-        return message.replace("`retrysafe migrate --store URL`", f"`{self.migrate_command()}`")
+        message = message.replace(MIGRATE_HINT, f"run `{self.migrate_command()}`")
+        return message
 
 
 def _not_found(target: _Target, where: _Where) -> str:

@@ -59,6 +59,7 @@ from retrysafe.stores._connector import (
 from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import AsyncSQLKeyStore, KeyEffect, SQLKeyStore
 from retrysafe.stores._schema import (
+    MIGRATE_HINT,
     SCHEMA_VERSION,
     Migration,
     State,
@@ -344,8 +345,7 @@ class PostgresConnector(Transactions):
             url=self.url,
             password=self._password,
             no_schema=f"PostgreSQL store {self.where} has no retrysafe schema in "
-            f"{self.schema!r}: {{msg}} (run `retrysafe migrate --store URL`, or open it with "
-            "create=True)",
+            f"{self.schema!r}: {{msg}} ({MIGRATE_HINT})",
         )
 
     @contextmanager

@@ -21,6 +21,7 @@ from retrysafe._exceptions import SchemaError
 
 __all__ = [
     "ADDED_COLUMNS",
+    "MIGRATE_HINT",
     "SCHEMA_VERSION",
     "Migration",
     "State",
@@ -30,6 +31,10 @@ __all__ = [
     "schema_check",
     "tables",
 ]
+
+#: What a store without a usable schema says to do: the command first, then the Python way
+#: (``retrysafe keys`` names its own migrate command in place of the first).
+MIGRATE_HINT = "run `retrysafe migrate --store URL`; from Python, open the store with create=True"
 
 #: The schema version this release writes and understands.
 #:
@@ -120,11 +125,7 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
         what = f"an older schema (version {state.version}; this retrysafe writes {SCHEMA_VERSION})"
     else:
         what = f"schema version {state.version} without the tables " + ", ".join(state.missing)
-    raise SchemaError(
-        f"{where} has {what} (run `retrysafe migrate --store URL`, or open it with "
-        "create=True)",
-        store=where,
-    )
+    raise SchemaError(f"{where} has {what} ({MIGRATE_HINT})", store=where)
 
 
 def migrate(

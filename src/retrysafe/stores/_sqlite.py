@@ -50,6 +50,7 @@ from retrysafe.stores._connector import _load as load_sql
 from retrysafe.stores._keys import KeyEffect, SQLKeyStore
 from retrysafe.stores._schema import (
     ADDED_COLUMNS,
+    MIGRATE_HINT,
     SCHEMA_VERSION,
     Migration,
     State,
@@ -474,8 +475,7 @@ class SQLiteConnector(Transactions):
         if not create and self._rw_uri is not None and not os.path.exists(self.path):
             # Not created empty (mode=rw): a missing file is a store without a schema.
             raise SchemaError(
-                f"{where} has no retrysafe schema: the file does not exist (run `retrysafe "
-                "migrate --store URL`, or open it with create=True)",
+                f"{where} has no retrysafe schema: the file does not exist ({MIGRATE_HINT})",
                 store=self.url,
             )
 
