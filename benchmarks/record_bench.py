@@ -5,12 +5,14 @@ Submits N jobs to a fresh SQLite file, then claims them 32 at a time and records
 succeeded, on one connection, in a transaction per claim and per record, as the worker's group
 commit does:
 
-(json)  the store's ``finish_attempts`` operation: the batch as one JSON array, taken apart
-        by two statements (``json_each`` and ``json_extract``), the shipped way;
-(many)  the same two writes as ``executemany`` with positional parameters, one row per
-        finish: the candidate (it learns only a row count, so it is not shipped).
+(json)  the baseline: the batch as one JSON array, taken apart by two statements
+        (``json_each`` and ``json_extract``), the worker's way until 2026-12-03 (its
+        statements are kept here, as they were shipped);
+(rows)  the store's ``finish_attempts`` operation now: on SQLite its block runs once per
+        finish with plain parameters (an insert ``RETURNING`` the number, an update), in
+        the same one transaction.
 
-Prints CPU microseconds per job of the claim and of each record, and (many)/(json).
+Prints CPU microseconds per job of the claim and of each record, and (rows)/(json).
 
     python benchmarks/record_bench.py --jobs 20000
 """
@@ -18,6 +20,7 @@ Prints CPU microseconds per job of the claim and of each record, and (many)/(jso
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import tempfile
 import time
@@ -27,24 +30,13 @@ from pathlib import Path
 from retrysafe import Outbox, SQLiteStore
 from retrysafe.client import _store as ops
 from retrysafe.client._models import Attempt, Finish, Job, JobState
+from retrysafe.client._store import _numbered
 from retrysafe.stores._connector import drive
 from retrysafe.stores._sqlite import _execute
 
-_INSERT = """
-INSERT INTO outbox_attempts (job_id, number, idempotency_key, started_at, duration, outcome,
-                             status, error_type, replayed, counted)
-SELECT id, sends + 1, ?, ?, ?, ?, ?, ?, ?, ? FROM outbox_jobs
-WHERE id = ? AND lease_token = ? AND state = 'in_flight'"""
-_UPDATE = """
-UPDATE outbox_jobs
-SET state = ?, due_at = ?, attempts = attempts + 1, sends = sends + 1, last_delay = ?,
-    lease_token = NULL, lease_expires_at = NULL, finished_at = ?, last_status = ?,
-    last_outcome = ?, last_error = NULL, updated_at = ?
-WHERE id = ? AND lease_token = ? AND state = 'in_flight'"""
 
-
-def _record_json(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
-    finishes = [
+def _finishes(jobs: list[Job], now: float) -> list[Finish]:
+    return [
         Finish(
             job_id=j.id,
             token=j.lease_token or "",
@@ -68,17 +60,100 @@ def _record_json(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
         )
         for j in jobs
     ]
-    drive(ops.finish_attempts("caller", finishes), lambda req: _execute(conn, req))
 
 
-def _record_many(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
-    conn.executemany(
-        _INSERT, [(j.key, now, 0.01, "success", 201, None, 0, 1, j.id, j.lease_token) for j in jobs]
+#: The baseline's two statements (``outbox.sqlite.sql``'s ``finish_attempts`` until 2026-12-03).
+_JSON_INSERT = """
+INSERT INTO outbox_attempts
+    (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
+     replayed, counted)
+SELECT j.id, j.sends + 1, f.key, f.started_at, f.duration, f.outcome, f.status, f.error_type,
+       f.replayed, f.counted
+FROM (
+    SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.token') AS token,
+           json_extract(value, '$.key') AS key,
+           json_extract(value, '$.started_at') AS started_at,
+           json_extract(value, '$.duration') AS duration,
+           json_extract(value, '$.outcome') AS outcome,
+           json_extract(value, '$.status') AS status,
+           json_extract(value, '$.error_type') AS error_type,
+           json_extract(value, '$.replayed') AS replayed,
+           json_extract(value, '$.counted') AS counted
+    FROM json_each(:finishes)
+) AS f
+JOIN outbox_jobs AS j ON j.id = f.id AND j.lease_token = f.token AND j.state = 'in_flight'
+RETURNING job_id, number
+"""
+_JSON_UPDATE = """
+UPDATE outbox_jobs
+SET state = f.state, due_at = f.due_at,
+    attempts = attempts + (CASE WHEN f.counted THEN 1 ELSE 0 END),
+    sends = sends + 1,
+    polls = polls + (CASE WHEN f.counted THEN 0 ELSE 1 END),
+    last_delay = f.last_delay, lease_token = NULL, lease_expires_at = NULL,
+    finished_at = CASE WHEN f.terminal THEN f.now END,
+    last_status = f.status, last_outcome = f.outcome, last_error = f.error, updated_at = f.now
+FROM (
+    SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.token') AS token,
+           json_extract(value, '$.state') AS state,
+           json_extract(value, '$.due_at') AS due_at,
+           json_extract(value, '$.terminal') AS terminal,
+           json_extract(value, '$.error') AS error,
+           json_extract(value, '$.now') AS now,
+           json_extract(value, '$.counted') AS counted,
+           json_extract(value, '$.last_delay') AS last_delay,
+           json_extract(value, '$.status') AS status,
+           json_extract(value, '$.outcome') AS outcome
+    FROM json_each(:finishes)
+) AS f
+WHERE outbox_jobs.id = f.id AND outbox_jobs.lease_token = f.token
+  AND outbox_jobs.state = 'in_flight'
+"""
+
+
+def _record_json(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    rows = []
+    finishes = _finishes(jobs, now)
+    for f in finishes:
+        a = f.attempt
+        rows.append(
+            {
+                "id": f.job_id,
+                "token": f.token,
+                "state": f.state.value,
+                "due_at": f.due_at,
+                "terminal": f.state.is_terminal,
+                "error": f.error,
+                "now": f.now,
+                "counted": a.counted,
+                "last_delay": f.last_delay,
+                "status": a.status,
+                "outcome": a.outcome,
+                "key": a.key,
+                "started_at": a.started_at,
+                "duration": a.duration,
+                "error_type": a.error_type,
+                "replayed": a.replayed,
+            }
+        )
+    params = {"finishes": json.dumps(rows)}
+    conn.execute("SAVEPOINT bench")
+    numbers = dict(conn.execute(_JSON_INSERT, params).fetchall())
+    conn.execute(_JSON_UPDATE, params)
+    conn.execute("RELEASE bench")
+    recorded = [
+        _numbered(f.attempt, f.job_id, numbers[f.job_id]) for f in finishes if f.job_id in numbers
+    ]
+    if len(recorded) != len(jobs):
+        raise SystemExit("a job was not recorded")
+
+
+def _record_rows(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    recorded = drive(
+        ops.finish_attempts("caller", _finishes(jobs, now)), lambda req: _execute(conn, req)
     )
-    conn.executemany(
-        _UPDATE,
-        [("succeeded", now, 0.0, now, 201, "success", now, j.id, j.lease_token) for j in jobs],
-    )
+    if None in recorded:
+        raise SystemExit("a job was not recorded")
 
 
 def _run(n: int, record: object) -> tuple[float, float]:
@@ -121,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    rows: dict[str, list[tuple[float, float]]] = {"json": [], "many": []}
+    rows: dict[str, list[tuple[float, float]]] = {"json": [], "rows": []}
     for _ in range(args.rounds):  # interleaved: noise hits both alike
         rows["json"].append(_run(args.jobs, _record_json))
-        rows["many"].append(_run(args.jobs, _record_many))
+        rows["rows"].append(_run(args.jobs, _record_rows))
     med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
     for name, (claim, write) in med.items():
         print(f"({name}) claim {claim:6.1f} us/job   record {write:6.1f} us/job")
-    print(f"record (many)/(json) = {med['many'][1] / med['json'][1]:.2f}")
+    print(f"record (rows)/(json) = {med['rows'][1] / med['json'][1]:.2f}")
     return 0
 
 

@@ -302,3 +302,34 @@ def test_two_concurrent_migrations_of_one_postgres_schema_both_succeed(
     _both_succeed(pg_url, "--schema", pg_schema)
     with PostgresStore(pg_url, schema=pg_schema, create=False) as store:
         assert store.get("nothing") is None
+
+
+def test_an_each_block_runs_per_row_in_one_transaction_and_is_all_or_nothing() -> None:
+    """A block marked ``-- each: rows`` (SQLite's form of a batch another dialect takes as
+    one JSON statement): every statement once per row; "all" returns every run's rows,
+    "count" their total; a row that fails undoes the rows before it."""
+    from retrysafe.stores._connector import Exec, Statement
+    from retrysafe.stores._sqlite import _execute
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER NOT NULL CHECK (n < 10))")
+    conn.execute("CREATE TABLE log (id INTEGER)")
+    insert = Statement(
+        "test.insert",
+        {"sqlite": ("INSERT INTO t (id, n) VALUES (:id, :n) RETURNING id, n",
+                    "INSERT INTO log (id) VALUES (:id)"), "postgres": (b"",)},
+        {"sqlite": "rows", "postgres": None},
+    )  # fmt: skip
+    rows = [{"id": 1, "n": 1}, {"id": 2, "n": 2}]
+    assert _execute(conn, Exec(insert, {"rows": rows}, "all")) == [(1, 1), (2, 2)]
+    assert conn.execute("SELECT count(*) FROM log").fetchone() == (2,)
+    counted = Statement(
+        "test.bump", {"sqlite": ("UPDATE t SET n = n + 1 WHERE id = :id",), "postgres": (b"",)},
+        {"sqlite": "rows", "postgres": None},
+    )  # fmt: skip
+    assert _execute(conn, Exec(counted, {"rows": [{"id": 1}, {"id": 2}, {"id": 9}]}, "count")) == 2
+    bad = [{"id": 3, "n": 3}, {"id": 4, "n": 99}]  # the second breaks the CHECK
+    with pytest.raises(sqlite3.IntegrityError):
+        _execute(conn, Exec(insert, {"rows": bad}, "all"))
+    assert conn.execute("SELECT count(*) FROM t WHERE id = 3").fetchone() == (0,)
+    assert not conn.in_transaction

@@ -330,10 +330,10 @@ def finish_attempt(
 
 
 def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt | None]]:
-    """Record a batch of attempts and move their jobs, in one transaction of two statements
-    whatever the batch's size (the worker's hot path: one round trip per batch, not per
-    job). Each finish is fenced on its own: one whose token no longer owns its job writes
-    nothing and comes back as None; the others are recorded.
+    """Record a batch of attempts and move their jobs, in one transaction (the worker's hot
+    path: one round trip per batch, not per job; PostgreSQL: one statement; SQLite: two
+    plain statements per finish). Each finish is fenced on its own: one whose token no
+    longer owns its job writes nothing and comes back as None; the others are recorded.
 
     Raises:
         ValueError: a job appears twice in the batch.
@@ -359,7 +359,10 @@ def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt
         )
     if len({f.job_id for f in finishes}) != len(finishes):
         raise ValueError("a batch of finishes names the same job twice")
-    numbers = dict((yield all_rows(_SQL["finish_attempts"], {"finishes": json.dumps(rows)})))
+    # Both forms of the batch: one JSON array (PostgreSQL, one statement) and the rows
+    # themselves (SQLite runs its block once per row: see the statement's "each").
+    params = {"finishes": json.dumps(rows), "rows": rows}
+    numbers = dict((yield all_rows(_SQL["finish_attempts"], params)))
     out: list[Attempt | None] = []
     for f in finishes:
         number = numbers.get(f.job_id)

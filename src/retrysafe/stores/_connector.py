@@ -89,13 +89,26 @@ _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 class Statement:
     """One named statement, in every dialect: ``parts[dialect]`` is a tuple of SQL texts (``str``
-    for SQLite, ``bytes`` for psycopg), one per ``;``-separated statement of the block."""
+    for SQLite, ``bytes`` for psycopg), one per ``;``-separated statement of the block.
 
-    __slots__ = ("name", "parts")
+    ``each[dialect]``: the parameter a block marked ``-- each: NAME`` runs once per element of
+    there (a list of mappings, each the parameters of one run; ``"all"`` returns the rows of
+    every run's first statement, ``"count"`` their total), or None. A batch one dialect
+    takes in one statement (PostgreSQL: ``jsonb_to_recordset``) can so be plain statements
+    per row in another (SQLite, where taking JSON apart costs more than the rows' writes);
+    the operation passes both forms."""
 
-    def __init__(self, name: str, parts: dict[str, tuple[Any, ...]]) -> None:
+    __slots__ = ("each", "name", "parts")
+
+    def __init__(
+        self,
+        name: str,
+        parts: dict[str, tuple[Any, ...]],
+        each: dict[str, str | None] | None = None,
+    ) -> None:
         self.name = name
         self.parts = parts
+        self.each = each or dict.fromkeys(parts)
 
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
@@ -135,6 +148,7 @@ class Statements:
                 raise RuntimeError(f"{feature}.{name}: no column list {unknown.group(0)}")
             return split_statements(text)
 
+        each = {d: _each(package, f"sql/{feature}.{d}.sql") for d in DIALECTS}
         self._by_name = {
             name: Statement(
                 f"{feature}.{name}",
@@ -142,6 +156,7 @@ class Statements:
                     "sqlite": tuple(parts("sqlite", name)),
                     "postgres": tuple(p.encode() for p in parts("postgres", name)),
                 },
+                {d: each[d].get(name) for d in DIALECTS},
             )
             for name in names
         }
@@ -165,6 +180,22 @@ def _load(package: str, path: str) -> dict[str, str]:
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         out[name] = "\n".join(lines).strip()
     return out
+
+
+_EACH = re.compile(r"^--\s*each:\s*(\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def _each(package: str, path: str) -> dict[str, str]:
+    """The ``-- each: NAME`` line of each block that has one (see :class:`Statement`)."""
+    text = resources.files(package).joinpath(path).read_text("utf-8")
+    parts = _NAME.split(text)
+    found: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        match = _EACH.search(body)
+        if match:
+            found[name] = match.group(1)
+    return found
 
 
 _END = re.compile(r";[ \t]*(?:\n|$)")

@@ -129,7 +129,11 @@ _EFFECTIVE_IDS = os.access in os.supports_effective_ids
 
 # ---------------------------------------------------------------------- running operations
 def _execute(conn: sqlite3.Connection, request: Exec) -> Any:
-    parts = request.statement.parts["sqlite"]
+    statement = request.statement
+    parts = statement.parts["sqlite"]
+    each = statement.each["sqlite"]
+    if each is not None:
+        return _execute_each(conn, parts, request.params[each], request.fetch)
     if len(parts) == 1:
         return _fetch(conn.execute(parts[0], request.params), request.fetch)
     with _atomic(conn):
@@ -137,6 +141,28 @@ def _execute(conn: sqlite3.Connection, request: Exec) -> Any:
         for part in parts[1:]:
             conn.execute(part, request.params)
     return result
+
+
+def _execute_each(
+    conn: sqlite3.Connection, parts: tuple[str, ...], rows: Any, fetch: str
+) -> Any:
+    """A block marked ``-- each:``: every statement once per element of ``rows``, all in one
+    transaction (a savepoint inside an open one); the first statement's rows of every run
+    (``"all"``) or their total count."""
+    out: list[Any] = []
+    total = 0
+    with _atomic(conn):
+        for row in rows:
+            cur = conn.execute(parts[0], row)
+            if fetch == "count":
+                total += cur.rowcount
+            else:
+                out.extend(cur.fetchall())
+            for part in parts[1:]:
+                conn.execute(part, row)
+    if fetch == "count":
+        return total
+    return out[0] if fetch == "one" and out else (None if fetch == "one" else out)
 
 
 def _fetch(cur: sqlite3.Cursor, fetch: str) -> Any:
