@@ -31,11 +31,14 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -186,10 +189,25 @@ def submit(driver: WebDriver, button: WebElement) -> None:
     """Press a button that submits its form, and wait for the next page to have loaded."""
     page = driver.find_element(By.TAG_NAME, "html")
     button.click()
-    WebDriverWait(driver, WAIT).until(staleness_of(page))
+    WebDriverWait(driver, WAIT).until(lambda _: _gone(page))
     WebDriverWait(driver, WAIT).until(
         lambda d: d.execute_script("return document.readyState") == "complete"
     )
+
+
+def _gone(element: WebElement) -> bool:
+    """Whether ``element``'s document was replaced (selenium's ``staleness_of``, plus the
+    error chromedriver sometimes answers instead of "stale" while the old document is being
+    torn down: "Node with given id does not belong to the document")."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 def status(driver: WebDriver) -> int:
