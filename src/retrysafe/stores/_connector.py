@@ -172,11 +172,17 @@ _PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 
 
 @cache
-def _load(package: str, path: str) -> dict[str, str]:
+def _blocks(package: str, path: str) -> dict[str, str]:
+    """The ``-- name:`` blocks of one SQL file, by name, as written (comments included)."""
     text = resources.files(package).joinpath(path).read_text("utf-8")
     parts = _NAME.split(text)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _load(package: str, path: str) -> dict[str, str]:
+    """Each block's SQL, comment lines dropped."""
     out: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    for name, body in _blocks(package, path).items():
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         out[name] = "\n".join(lines).strip()
     return out
@@ -185,13 +191,10 @@ def _load(package: str, path: str) -> dict[str, str]:
 _EACH = re.compile(r"^--\s*each:\s*(\w+)\s*$", re.MULTILINE)
 
 
-@cache
 def _each(package: str, path: str) -> dict[str, str]:
     """The ``-- each: NAME`` line of each block that has one (see :class:`Statement`)."""
-    text = resources.files(package).joinpath(path).read_text("utf-8")
-    parts = _NAME.split(text)
     found: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    for name, body in _blocks(package, path).items():
         match = _EACH.search(body)
         if match:
             found[name] = match.group(1)
