@@ -112,30 +112,8 @@ WHERE outbox_jobs.id = f.id AND outbox_jobs.lease_token = f.token
 
 
 def _record_json(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
-    rows = []
     finishes = _finishes(jobs, now)
-    for f in finishes:
-        a = f.attempt
-        rows.append(
-            {
-                "id": f.job_id,
-                "token": f.token,
-                "state": f.state.value,
-                "due_at": f.due_at,
-                "terminal": f.state.is_terminal,
-                "error": f.error,
-                "now": f.now,
-                "counted": a.counted,
-                "last_delay": f.last_delay,
-                "status": a.status,
-                "outcome": a.outcome,
-                "key": a.key,
-                "started_at": a.started_at,
-                "duration": a.duration,
-                "error_type": a.error_type,
-                "replayed": a.replayed,
-            }
-        )
+    rows = ops.finish_rows("caller", finishes)  # the same parameters as the store's
     params = {"finishes": json.dumps(rows)}
     conn.execute("SAVEPOINT bench")
     numbers = dict(conn.execute(_JSON_INSERT, params).fetchall())

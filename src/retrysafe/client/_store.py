@@ -340,6 +340,25 @@ def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt
     """
     if not finishes:
         return []
+    rows = finish_rows(clock, finishes)
+    if len({f.job_id for f in finishes}) != len(finishes):
+        raise ValueError("a batch of finishes names the same job twice")
+    # Both forms of the batch: one JSON array (PostgreSQL, one statement) and the rows
+    # themselves (SQLite runs its block once per row: see the statement's "each").
+    params = {"finishes": json.dumps(rows), "rows": rows}
+    numbers = dict((yield all_rows(_SQL["finish_attempts"], params)))
+    out: list[Attempt | None] = []
+    for f in finishes:
+        number = numbers.get(f.job_id)
+        out.append(
+            None if number is None else _numbered(f.attempt, f.job_id, int(number))
+        )
+    return out
+
+
+def finish_rows(clock: Clock, finishes: Sequence[Finish]) -> list[dict[str, Any]]:
+    """The parameters of each finish of a batch: the lease's end (:func:`_lease_end`) and
+    the attempt's fields, one mapping per finish."""
     rows = []
     for f in finishes:
         a = f.attempt
@@ -357,19 +376,7 @@ def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt
                 "replayed": a.replayed,
             }
         )
-    if len({f.job_id for f in finishes}) != len(finishes):
-        raise ValueError("a batch of finishes names the same job twice")
-    # Both forms of the batch: one JSON array (PostgreSQL, one statement) and the rows
-    # themselves (SQLite runs its block once per row: see the statement's "each").
-    params = {"finishes": json.dumps(rows), "rows": rows}
-    numbers = dict((yield all_rows(_SQL["finish_attempts"], params)))
-    out: list[Attempt | None] = []
-    for f in finishes:
-        number = numbers.get(f.job_id)
-        out.append(
-            None if number is None else _numbered(f.attempt, f.job_id, int(number))
-        )
-    return out
+    return rows
 
 
 def _numbered(a: Attempt, job_id: str, number: int) -> Attempt:
