@@ -181,6 +181,44 @@ def test_lease_renewal_moves_the_owners_lease_end(outbox_store: OutboxStore) -> 
     assert outbox_store.next_due(queue="default") == T0 + 18
 
 
+def test_a_leased_jobs_due_time_is_its_lease_end(outbox_store: OutboxStore) -> None:
+    """While IN_FLIGHT a job's due_at is its lease's end (one index finds due jobs and expired
+    leases): set by the claim, moved by every renewal, replaced by the finish."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    [leased] = outbox_store.claim_jobs(queue="default", token="t", now=T0 + 1, lease=10, limit=1)
+    assert leased.due_at == leased.lease_expires_at == T0 + 11
+    assert outbox_store.extend_job_lease(job.id, "t", now=T0 + 9, lease=10)
+    renewed = outbox_store.get_job(job.id)
+    assert renewed is not None and renewed.due_at == renewed.lease_expires_at == T0 + 19
+    outbox_store.finish_attempt(
+        job.id,
+        "t",
+        _attempt(job.id, job.key),
+        state=JobState.PENDING,
+        due_at=T0 + 30,
+        last_delay=1,
+        error="503",
+        now=T0 + 12,
+    )
+    retried = outbox_store.get_job(job.id)
+    assert retried is not None and (retried.due_at, retried.lease_expires_at) == (T0 + 30, None)
+
+
+def test_a_lease_taken_by_an_earlier_release_is_never_taken_while_it_lives(
+    outbox_store: Any,
+) -> None:
+    """A worker of an earlier release left due_at at the claim's due time: its live lease is
+    still not claimed (the claim checks lease_expires_at too), and is once it has ended."""
+    job = outbox_store.insert_job(_job(), now=T0)[1]
+    outbox_store.claim_jobs(queue="default", token="old", now=T0 + 1, lease=10, limit=1)
+    with outbox_store.transaction() as conn:  # the row as the earlier release left it
+        conn.execute(f"UPDATE outbox_jobs SET due_at = {T0} WHERE id = '{job.id}'")
+    assert outbox_store.claim_jobs(queue="default", token="new", now=T0 + 5, lease=10, limit=1) == []
+    assert outbox_store.next_due(queue="default") == T0 + 11
+    [taken] = outbox_store.claim_jobs(queue="default", token="new", now=T0 + 11, lease=10, limit=1)
+    assert (taken.id, taken.lease_token, taken.due_at) == (job.id, "new", T0 + 21)
+
+
 def test_lease_renewal_is_refused_to_a_stale_token(outbox_store: OutboxStore) -> None:
     """After a take-over the old owner's renewal returns False and leaves the new lease alone."""
     job = outbox_store.insert_job(_job(), now=T0)[1]

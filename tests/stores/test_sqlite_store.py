@@ -534,3 +534,24 @@ def test_a_refused_file_is_left_exactly_as_it_was(tmp_path: Path, kind: str) -> 
         SQLiteStore(path, create=False)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wrong.db"]  # no -wal, no -shm
+
+
+def test_one_index_finds_due_jobs_and_expired_leases(tmp_path: Path) -> None:
+    """A new store has no index on lease_expires_at (a leased job's due_at is its lease's
+    end), and both branches of the claim walk outbox_jobs_due: a claim or a finish moves
+    one index entry per job, and no claim scans the table."""
+    from retrysafe.client._store import _SQL
+
+    with SQLiteStore(tmp_path / "s.db") as store:
+        Outbox(store).submit("http://example.test/x", json={})
+    conn = sqlite3.connect(tmp_path / "s.db")
+    try:
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert "outbox_jobs_due" in indexes and "outbox_jobs_lease" not in indexes
+        [claim] = _SQL["claim_jobs"].parts["sqlite"]
+        params = {"queue": "default", "token": "t", "now": 1.0, "lease": 1.0, "limit": 8}
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + claim, params)]
+    finally:
+        conn.close()
+    assert sum("USING INDEX outbox_jobs_due" in step for step in plan) == 2, plan
+    assert not any(step.startswith("SCAN outbox_jobs") for step in plan), plan

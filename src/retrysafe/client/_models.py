@@ -83,7 +83,9 @@ class Job:
         id, key, state, method, url, destination, headers, body: as submitted / current state.
         queue: the queue it belongs to; workers claim only their own queue's jobs.
         created_at, updated_at: when the job was created / last changed.
-        due_at: when it is next claimable (PENDING).
+        due_at: when it is next claimable: its next attempt's time (PENDING) or its
+            lease's end (IN_FLIGHT, equal to ``lease_expires_at``; jobs leased by an
+            earlier release keep the due time they were claimed at).
         deadline_at: no attempt starts after it (None: no deadline).
         attempts: counted attempts (409 polls and cancelled attempts do not count).
         sends: attempts recorded, counted or not (the last attempt's number).

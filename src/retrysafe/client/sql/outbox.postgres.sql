@@ -48,6 +48,9 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- claimant is leasing right now is skipped, not waited for, so concurrent workers get
 -- disjoint batches without blocking each other. A row changed by a claimant that committed
 -- first is re-checked against the WHERE clause after the lock, so it is never leased twice.
+-- A leased job's due_at is its lease's end, so one index serves both branches (see the SQLite
+-- statement); the expired branch checks lease_expires_at too, for jobs leased by a worker of
+-- an earlier release, which left due_at as it was.
 WITH t AS (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
 ), due AS (
@@ -56,14 +59,16 @@ WITH t AS (
     ORDER BY due_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT id, lease_expires_at AS at FROM outbox_jobs
-    WHERE queue = %(queue)s AND state = 'in_flight' AND lease_expires_at <= (SELECT now FROM t)
-    ORDER BY lease_expires_at LIMIT %(limit)s
+    SELECT id, due_at AS at FROM outbox_jobs
+    WHERE queue = %(queue)s AND state = 'in_flight' AND due_at <= (SELECT now FROM t)
+      AND lease_expires_at <= (SELECT now FROM t)
+    ORDER BY due_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox_jobs
 SET state = 'in_flight', lease_token = %(token)s,
     lease_expires_at = (SELECT now FROM t) + %(lease)s::float8,
+    due_at = (SELECT now FROM t) + %(lease)s::float8,
     updated_at = (SELECT now FROM t)
 WHERE id IN (
     SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c
@@ -81,6 +86,7 @@ WITH t AS (
 UPDATE outbox_jobs
 SET state = 'in_flight', lease_token = %(token)s,
     lease_expires_at = (SELECT now FROM t) + %(lease)s::float8,
+    due_at = (SELECT now FROM t) + %(lease)s::float8,
     updated_at = (SELECT now FROM t)
 WHERE id IN (
     SELECT id FROM outbox_jobs
@@ -155,11 +161,14 @@ WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight';
 -- claimed again while its worker lives. Fenced like finish_attempt: once the job was taken
 -- over, finished, released or deleted, nothing changes (no row). The row lock orders it with
 -- a concurrent claim: a claim that locked the row first leaves it under another token.
--- updated_at stays: a renewal is not a change of the job.
+-- updated_at stays: a renewal is not a change of the job. The lease's end is due_at too (see
+-- claim_jobs).
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)
+           + %(lease)s::float8 AS until
+)
 UPDATE outbox_jobs
-SET lease_expires_at = coalesce(%(now)s::float8,
-                                extract(epoch FROM statement_timestamp())::float8)
-    + %(lease)s::float8
+SET lease_expires_at = (SELECT until FROM t), due_at = (SELECT until FROM t)
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'in_flight';
 
 -- name: transition_job

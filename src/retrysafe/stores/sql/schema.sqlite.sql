@@ -62,7 +62,10 @@ CREATE TABLE IF NOT EXISTS outbox_jobs (
 -- a worker claims, lists, counts and purges only its own queue, so every index a worker
 -- walks starts with it.
 CREATE INDEX IF NOT EXISTS outbox_jobs_due ON outbox_jobs (queue, state, due_at);
-CREATE INDEX IF NOT EXISTS outbox_jobs_lease ON outbox_jobs (queue, state, lease_expires_at);
+-- A leased job's due_at is its lease's end, so outbox_jobs_due finds expired leases too; the
+-- index on (queue, state, lease_expires_at) of earlier releases made every claim and every
+-- finish move a second index entry, and is dropped where this script runs.
+DROP INDEX IF EXISTS outbox_jobs_lease;
 CREATE INDEX IF NOT EXISTS outbox_jobs_created ON outbox_jobs (queue, created_at);
 CREATE TABLE IF NOT EXISTS outbox_attempts (
     job_id          TEXT NOT NULL REFERENCES outbox_jobs (id) ON DELETE CASCADE,

@@ -53,7 +53,7 @@ LIMIT :limit;
 -- name: dead_deliveries
 
 -- The webhook dead-letter queue, newest first: walked from the jobs of the 'webhooks' queue in
--- the dead-letter states (index outbox_jobs_lease: queue, state), not from every delivery, so
+-- the dead-letter states (index outbox_jobs_due: queue, state, …), not from every delivery, so
 -- its cost follows the dead letters, not the deliveries.
 SELECT d.job_id, d.event_id, v.event_type, d.endpoint_id, j.url, j.state, j.attempts, j.sends,
        j.last_status, j.last_outcome, j.last_error, j.due_at, d.created_at, j.updated_at
