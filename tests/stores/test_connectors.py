@@ -333,3 +333,27 @@ def test_an_each_block_runs_per_row_in_one_transaction_and_is_all_or_nothing() -
         _execute(conn, Exec(insert, {"rows": bad}, "all"))
     assert conn.execute("SELECT count(*) FROM t WHERE id = 3").fetchone() == (0,)
     assert not conn.in_transaction
+
+
+def test_a_json_text_parameter_is_json_on_postgres_and_never_written_on_sqlite(
+    pg_url: str,
+) -> None:
+    """JsonText binds as its JSON text on PostgreSQL (cast as the statement says), and SQLite,
+    which binds only the parameters its statement names, never serialises it."""
+    import psycopg
+
+    from retrysafe.stores._connector import JsonText
+    from retrysafe.stores._postgres import _JsonTextDumper  # registered on import
+
+    assert _JsonTextDumper is not None
+    with psycopg.connect(pg_url) as conn:
+        [(value,)] = conn.execute("SELECT %(j)s::jsonb", {"j": JsonText([{"a": 1, "b": None}])})
+    assert value == [{"a": 1, "b": None}]
+
+    class Unwritable:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError("serialised")
+
+    conn2 = sqlite3.connect(":memory:")
+    assert conn2.execute("SELECT :n", {"n": 1, "j": JsonText(Unwritable())}).fetchone() == (1,)
+    conn2.close()

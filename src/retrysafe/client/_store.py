@@ -37,6 +37,7 @@ from retrysafe.client._policy import count as positive
 from retrysafe.core import RACE_LIMIT
 from retrysafe.stores._connector import (
     Clock,
+    JsonText,
     OnAsyncConnector,
     OnConnector,
     Op,
@@ -343,9 +344,9 @@ def finish_attempts(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt
     rows = finish_rows(clock, finishes)
     if len({f.job_id for f in finishes}) != len(finishes):
         raise ValueError("a batch of finishes names the same job twice")
-    # Both forms of the batch: one JSON array (PostgreSQL, one statement) and the rows
-    # themselves (SQLite runs its block once per row: see the statement's "each").
-    params = {"finishes": json.dumps(rows), "rows": rows}
+    # Both forms of the batch: one JSON array (PostgreSQL, one statement; written only there)
+    # and the rows themselves (SQLite runs its block once per row: see the statement's "each").
+    params = {"finishes": JsonText(rows), "rows": rows}
     numbers = dict((yield all_rows(_SQL["finish_attempts"], params)))
     out: list[Attempt | None] = []
     for f in finishes:

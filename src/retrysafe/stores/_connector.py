@@ -23,6 +23,7 @@ anything else → :class:`~retrysafe.StoreError`.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import (
@@ -56,6 +57,7 @@ __all__ = [
     "Connector",
     "Exec",
     "HasConnector",
+    "JsonText",
     "OnAsyncConnector",
     "OnConnector",
     "Op",
@@ -208,6 +210,24 @@ def split_statements(block: str) -> list[str]:
     """The statements of a block: each ends with ``;`` at the end of a line (so a ``;`` inside
     a string literal or mid-line stays part of its statement)."""
     return [part.strip() for part in _END.split(block) if part.strip()]
+
+
+class JsonText:
+    """A parameter sent as the JSON text of ``value``, written only by a dialect whose
+    statement binds it (PostgreSQL's connector registers it with psycopg): an operation can
+    pass a batch both as JSON and as rows (a block marked ``-- each:``) and SQLite, which
+    binds only the rows, never serialises it. ``str()`` gives the text too."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return json.dumps(self.value)
+
+    def __repr__(self) -> str:
+        return f"JsonText({self.value!r})"
 
 
 class Exec(NamedTuple):

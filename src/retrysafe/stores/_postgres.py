@@ -34,6 +34,7 @@ retrysafe[postgres]``); ``import retrysafe`` never imports them.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -50,6 +51,7 @@ from retrysafe._exceptions import ConfigurationError, SchemaError, StoreError, S
 from retrysafe.stores._connector import (
     Clock,
     Exec,
+    JsonText,
     Op,
     Transactions,
     adrive,
@@ -83,6 +85,21 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+
+class _JsonTextDumper(psycopg.adapt.Dumper):
+    """A :class:`~retrysafe.stores._connector.JsonText` parameter as its JSON text, with the
+    OID psycopg gives a ``str`` (unknown: the statement's cast, e.g. ``::jsonb``, types it)."""
+
+    oid = 0
+
+    def dump(self, obj: Any) -> bytes:
+        return json.dumps(obj.value).encode()
+
+
+# Global adapters: only this package's own type, so no other connection's dumping changes.
+psycopg.adapters.register_dumper(JsonText, _JsonTextDumper)
+
 # bytes: psycopg accepts them as queries, and they are not LiteralString-checked.
 _SCHEMA = {
     k: v.encode() for k, v in load_sql("retrysafe.stores", "sql/schema.postgres.sql").items()
