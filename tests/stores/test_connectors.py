@@ -357,3 +357,21 @@ def test_a_json_text_parameter_is_json_on_postgres_and_never_written_on_sqlite(
     conn2 = sqlite3.connect(":memory:")
     assert conn2.execute("SELECT :n", {"n": 1, "j": JsonText(Unwritable())}).fetchone() == (1,)
     conn2.close()
+
+
+def test_a_postgres_urls_own_options_are_kept_and_keepalives_are_on(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The URL's ``options`` (here a statement timeout) reach the server, the store's schema
+    is the search_path all the same, and TCP keepalives are on unless the URL sets its own:
+    a server that vanished without a word fails a connection within about a minute."""
+    url = f"{pg_url}?options=-c%20statement_timeout%3D1234%20-c%20search_path%3Delsewhere"
+    with PostgresStore(url, schema=pg_schema) as store, store.connector.transaction() as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("1234ms",)
+        assert conn.execute("SHOW search_path").fetchone() == (pg_schema,)
+        params = conn.info.get_parameters()
+        assert (params["keepalives"], params["keepalives_idle"]) == ("1", "30")
+        assert params["tcp_user_timeout"] == "60000"
+    own = f"{pg_url}?keepalives_idle=7"
+    with PostgresStore(own, schema=pg_schema) as store, store.connector.transaction() as conn:
+        assert conn.info.get_parameters()["keepalives_idle"] == "7"

@@ -260,6 +260,27 @@ async def _drive_batch(
     return outcomes
 
 
+#: libpq's TCP keepalives, unless the URL sets its own: a connection whose server or network
+#: went away without a word (a failover, a dropped NAT entry) fails within about a minute
+#: (30 s idle, then 3 probes 10 s apart) instead of leaving a worker waiting on it for the
+#: kernel's two hours; ``tcp_user_timeout`` (ms) bounds a write the peer never acknowledges.
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+
+
+def _options(url_options: object, schema: str) -> str:
+    """The connection's ``options``: the URL's own (e.g. ``-c statement_timeout=5000``), then
+    ``-c search_path=<schema>``, last, so the store's schema wins over a ``search_path`` the
+    URL names."""
+    own = f"-c search_path={schema}"
+    return own if not url_options else f"{url_options} {own}"
+
+
 class PostgresOptions(TypedDict, total=False):
     """The keyword arguments of :class:`PostgresStore` (see there)."""
 
@@ -322,8 +343,9 @@ class PostgresConnector(Transactions):
         self.max_size = max_size
         self.kwargs: dict[str, Any] = {
             "autocommit": True,
-            "options": f"-c search_path={schema}",
+            "options": _options(params.get("options"), schema),
             "connect_timeout": max(2, round(connect_timeout)),
+            **{k: v for k, v in _KEEPALIVES.items() if k not in params},
         }
         self.conninfo = make_conninfo(url)
         self._closed = False
