@@ -4,6 +4,7 @@ down). One test per operation and promise of :class:`~retrysafe.webhooks.Webhook
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -467,6 +468,39 @@ async def test_the_async_face_reads_and_writes_the_same_tables(stores: Stores) -
         await face.aclose()
     job = stores.outbox.get_job(job_id)
     assert job is not None and job.state is JobState.CANCELLED
+
+
+@pytest.mark.anyio
+async def test_the_async_faces_reads_asked_for_together_are_one_statement_each(
+    stores: Stores,
+) -> None:
+    """get_endpoint and delivery_context of concurrent attempts are batched: one statement
+    for each kind of read, every caller with the result a read of its own gives (None for a
+    missing id, the same endpoint twice for a repeated one)."""
+    endpoints = [stores.hooks.insert_endpoint(_endpoint(n)) for n in range(3)]
+    job_ids = _send(stores, _event(), *endpoints)
+    face: Any = stores.hooks.asyncio_webhook_store()
+    runs = 0
+    run = face.connector.run
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        return await run(*args, **kwargs)
+
+    face.connector.run = counted
+    try:
+        ids = [e.id for e in endpoints] + [endpoints[0].id, "ep_" + "f" * 32]
+        contexts = [*job_ids, "0" * 32]
+        got = await asyncio.gather(
+            *(face.get_endpoint(i) for i in ids), *(face.delivery_context(j) for j in contexts)
+        )
+        assert runs == 2
+        assert got[: len(ids)] == [*endpoints, endpoints[0], None]
+        assert got[len(ids) :] == [("evt_1", e) for e in endpoints] + [None]
+        assert await face.get_endpoint(endpoints[1].id) == endpoints[1] and runs == 3
+    finally:
+        await face.aclose()
 
 
 # ---------------------------------------------------------------------- opening

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from retrysafe._batch import Batcher
 from retrysafe._exceptions import (
     ConfigurationError,
     RetrysafeWarning,
@@ -278,60 +279,6 @@ def _max_run_time(value: float | timedelta | None, policy: RetryPolicy) -> float
     return value
 
 
-class _Finishes:
-    """Batches the worker's attempt records: every finish that arrives while the previous
-    batch is being written (or in the same event-loop iteration) goes to the store in one
-    :meth:`~retrysafe.client.AsyncOutboxStore.finish_attempts` call — one transaction of
-    two statements, not two statements and a commit per job. Each finish is still fenced by
-    its own lease token, and each caller gets its own result (or the batch's error, and
-    retries alone)."""
-
-    __slots__ = ("_astore", "_pending", "_task", "_writing")
-
-    def __init__(self, astore: AsyncOutboxStore) -> None:
-        self._astore = astore
-        self._pending: list[tuple[Finish, asyncio.Future[Attempt | None]]] = []
-        self._writing = False
-        self._task: asyncio.Future[None] | None = None
-
-    async def record(self, finish: Finish) -> Attempt | None:
-        """Record ``finish`` with the next batch; its attempt, or None when not the owner.
-
-        Raises:
-            StoreUnavailableError, StoreError: the batch could not be written.
-        """
-        future: asyncio.Future[Attempt | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((finish, future))
-        if not self._writing:
-            self._writing = True
-            asyncio.get_running_loop().call_soon(self._write_next)
-        return await future
-
-    def _write_next(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            self._writing = False
-            return
-        self._task = task = asyncio.ensure_future(self._write(batch))
-        task.add_done_callback(lambda _: self._write_next())
-
-    async def _write(self, batch: list[tuple[Finish, asyncio.Future[Attempt | None]]]) -> None:
-        try:
-            results = await self._astore.finish_attempts([f for f, _ in batch])
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        except BaseException:  # cancelled with the worker: so are its waiters
-            for _, future in batch:
-                future.cancel()
-            raise
-        for (_, future), recorded in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(recorded)
-
-
 class _JobLease:
     """The lease of one claimed job while this worker holds it (SPEC §5 "Crash safety").
 
@@ -559,7 +506,11 @@ class Worker:
         self._budgets = None if budget is None else _Budgets(budget)
         self._transport = transport
         self._guard = address_guard
-        self._finishes: _Finishes | None = None
+        #: The attempt records, batched (see :mod:`retrysafe._batch`): every finish that
+        #: arrives while the previous batch is being written goes to the store in one
+        #: ``finish_attempts`` call, one transaction. Each is still fenced by its own lease
+        #: token, and each caller gets its own result (or the batch's error, and retries alone).
+        self._finishes: Batcher[Finish, Attempt | None] | None = None
         self._rng = rng or random.Random()
         self._clock = clock
         self._on_attempt = on_attempt
@@ -660,7 +611,7 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, self.stop)
         tasks: set[asyncio.Task[None]] = set()
-        self._finishes = _Finishes(self._astore)
+        self._finishes = Batcher(self._astore.finish_attempts)
         client = make_engine(
             self.policy,
             transport=self._transport,
@@ -980,7 +931,7 @@ class Worker:
         )
         assert self._finishes is not None
         finishes = self._finishes
-        recorded = await self._outage.call(lambda: finishes.record(finish), until=until)
+        recorded = await self._outage.call(lambda: finishes.submit(finish), until=until)
         if recorded is None:
             self.stats.lease_lost += 1
             logger.warning("job=%s lost its lease during the attempt; not recorded", job.id)

@@ -19,12 +19,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from retrysafe._batch import Batcher
 from retrysafe._exceptions import StoreError
 from retrysafe.client._jobs import destination_of
 from retrysafe.client._models import JobState, NewJob
 from retrysafe.client._policy import count as positive
 from retrysafe.client._store import insert_job, states_param
 from retrysafe.stores._connector import (
+    AsyncConnector,
     Clock,
     OnAsyncConnector,
     OnConnector,
@@ -160,6 +162,12 @@ def get_endpoint(clock: Clock, endpoint_id: str) -> Op[WebhookEndpoint | None]:
     return None if row is None else _endpoint(row)
 
 
+def get_endpoints(clock: Clock, ids: Sequence[str]) -> Op[dict[str, WebhookEndpoint]]:
+    """The endpoints of ``ids`` that exist, by id (one statement for many)."""
+    rows = yield all_rows(_SQL["get_endpoints"], {"ids": _ids(ids)})
+    return {e.id: e for e in map(_endpoint, rows)}
+
+
 def list_endpoints(clock: Clock) -> Op[list[WebhookEndpoint]]:
     rows = yield all_rows(_SQL["list_endpoints"], {})
     return [_endpoint(r) for r in rows]
@@ -272,6 +280,15 @@ def delivery_context(clock: Clock, job_id: str) -> Op[tuple[str, WebhookEndpoint
     return None if row is None else (str(row[0]), _endpoint(row[1:]))
 
 
+def delivery_contexts(
+    clock: Clock, job_ids: Sequence[str]
+) -> Op[dict[str, tuple[str, WebhookEndpoint]]]:
+    """:func:`delivery_context` of each of ``job_ids`` that is a delivery, by job id (one
+    statement for many)."""
+    rows = yield all_rows(_SQL["delivery_contexts"], {"ids": _ids(job_ids)})
+    return {str(r[0]): (str(r[1]), _endpoint(r[2:])) for r in rows}
+
+
 def list_deliveries(
     clock: Clock,
     *,
@@ -361,13 +378,43 @@ class SQLWebhookStore(OnConnector):
 
 class AsyncSQLWebhookStore(OnAsyncConnector):
     """The async face of :class:`SQLWebhookStore`: what the webhook worker's hooks read and
-    write per attempt, on an :class:`~retrysafe.stores._connector.AsyncConnector`."""
+    write per attempt, on an :class:`~retrysafe.stores._connector.AsyncConnector`.
 
-    get_endpoint = async_op(get_endpoint, skippable=True)
-    delivery_context = async_op(delivery_context, skippable=True)
+    :meth:`get_endpoint` and :meth:`delivery_context` are batched (:mod:`retrysafe._batch`):
+    the reads that concurrent attempts ask for together are one statement (each delivery is
+    read twice per attempt, so a worker at concurrency 32 sent dozens of one-row reads where
+    a few do).
+    """
+
+    _get_endpoints = async_op(get_endpoints, skippable=True)
+    _delivery_contexts = async_op(delivery_contexts, skippable=True)
     set_endpoint_enabled = async_op(set_endpoint_enabled, atomic=True)
     record_endpoint_failure = async_op(record_endpoint_failure)
     reset_endpoint_failures = async_op(reset_endpoint_failures)
+
+    def __init__(self, connector: AsyncConnector) -> None:
+        super().__init__(connector)
+        self._endpoints: Batcher[str, WebhookEndpoint | None] = Batcher(self._endpoints_of)
+        self._contexts: Batcher[str, tuple[str, WebhookEndpoint] | None] = Batcher(
+            self._contexts_of
+        )
+
+    async def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint | None:
+        """The endpoint as stored now, or None (read with the others asked for together)."""
+        return await self._endpoints.submit(endpoint_id)
+
+    async def delivery_context(self, job_id: str) -> tuple[str, WebhookEndpoint] | None:
+        """``(event_id, endpoint)`` of the delivery that is job ``job_id``, or None (read
+        with the others asked for together)."""
+        return await self._contexts.submit(job_id)
+
+    async def _endpoints_of(self, ids: list[str]) -> list[WebhookEndpoint | None]:
+        found = await self._get_endpoints(sorted(set(ids)))
+        return [found.get(i) for i in ids]
+
+    async def _contexts_of(self, job_ids: list[str]) -> list[tuple[str, WebhookEndpoint] | None]:
+        found = await self._delivery_contexts(sorted(set(job_ids)))
+        return [found.get(i) for i in job_ids]
 
 
 def webhook_store(store: object) -> WebhookStore:

@@ -21,6 +21,13 @@ RETURNING {endpoint_columns};
 SELECT {endpoint_columns}
 FROM webhook_endpoints WHERE id = :id;
 
+-- name: get_endpoints
+
+-- The endpoints of the JSON array :ids (the webhook worker's reads of one event-loop
+-- iteration, in one statement); an id with no endpoint has no row.
+SELECT {endpoint_columns}
+FROM webhook_endpoints WHERE id IN (SELECT value FROM json_each(:ids));
+
 -- name: list_endpoints
 
 SELECT {endpoint_columns}
@@ -127,6 +134,17 @@ SELECT d.event_id, e.id, e.url, e.secrets, e.event_types, e.description, e.sched
        e.created_at, e.updated_at
 FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
 WHERE d.job_id = :job_id;
+
+-- name: delivery_contexts
+
+-- delivery_context of every job of the JSON array :ids, each row led by its job id (the
+-- webhook worker's reads of one event-loop iteration, in one statement); a job that is no
+-- delivery has no row.
+SELECT d.job_id, d.event_id, e.id, e.url, e.secrets, e.event_types, e.description, e.schedule,
+       e.rate_limit, e.enabled, e.disabled_reason, e.failure_count, e.first_failure_at,
+       e.created_at, e.updated_at
+FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+WHERE d.job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: list_deliveries
 
