@@ -13,7 +13,9 @@ Cases (each on a fresh SQLite file, in one process, no sockets):
 ``submit``     ``Outbox.submit`` of a small JSON job, all in one transaction;
 ``send``       ``Webhooks.send`` of a small event to one endpoint;
 ``deliver``    the outbox worker delivering jobs (claim, send, record) at concurrency 32, to
-               an ``httpx.MockTransport`` answering 201 (the submits counted too).
+               an ``httpx.MockTransport`` answering 201 (the submits counted too);
+``deliver-webhooks``  the webhook worker delivering events to 10 endpoints the same way
+               (signed, the endpoint read before and after each attempt; the sends counted).
 
 Kernel time (system calls, page faults) is not counted: compare the figures with the
 throughput benchmarks, which count everything.
@@ -117,9 +119,32 @@ with tempfile.TemporaryDirectory() as d:
         deliver(outbox, 100, store)
         deliver(outbox, N, store)
 """,
+    "deliver-webhooks": """
+import httpx
+from retrysafe.webhooks import Webhooks
+import tempfile
+
+def answer(request):
+    return httpx.Response(204)
+
+def deliver(hooks, n):
+    for i in range(n):
+        hooks.send(f"bench.{i % 10}", {"n": i})
+    stats = hooks.worker(
+        concurrency=32, poll_interval=0.01, transport=httpx.MockTransport(answer)
+    ).run_until_idle()
+    assert stats.succeeded == n, stats
+
+with tempfile.TemporaryDirectory() as d:
+    with Webhooks(f"sqlite:///{d}/hooks.db", allow_private=True) as hooks:
+        for e in range(10):
+            hooks.add_endpoint(f"http://127.0.0.1:9/ep{e}", event_types=[f"bench.{e}"])
+        deliver(hooks, 100)
+        deliver(hooks, N)
+""",
 }
 #: Operations of the small run of each case (the large one does five times as many).
-SIZES = {"first-key": 1000, "submit": 500, "send": 300, "deliver": 300}
+SIZES = {"first-key": 1000, "submit": 500, "send": 300, "deliver": 300, "deliver-webhooks": 300}
 
 
 def _instructions(src: Path, code: str, n: int) -> int:
