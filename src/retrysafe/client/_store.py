@@ -264,8 +264,9 @@ def insert_job(clock: Clock, job: NewJob, *, now: float) -> Op[tuple[bool, Job]]
 def claim_jobs(
     clock: Clock, *, queue: str, token: str, now: float, lease: float, limit: int
 ) -> Op[list[Job]]:
-    """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease`` (earliest due
-    first)."""
+    """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease``: the earliest
+    due (or whose lease ended earliest), returned oldest first (once leased, every one is due
+    at the lease's end, so the due time no longer orders them)."""
     params = {
         "queue": queue,
         "token": token,
@@ -274,7 +275,11 @@ def claim_jobs(
         "limit": limit,
     }
     rows = yield all_rows(_SQL["claim_jobs"], params)
-    return sorted((job_from_row(r) for r in rows), key=lambda j: j.due_at)
+    return sorted((job_from_row(r) for r in rows), key=_oldest_first)
+
+
+def _oldest_first(job: Job) -> tuple[float, str]:
+    return (job.created_at, job.id)
 
 
 def claim_unknown_jobs(
