@@ -213,7 +213,8 @@ def test_a_lease_taken_by_an_earlier_release_is_never_taken_while_it_lives(
     outbox_store.claim_jobs(queue="default", token="old", now=T0 + 1, lease=10, limit=1)
     with outbox_store.transaction() as conn:  # the row as the earlier release left it
         conn.execute(f"UPDATE outbox_jobs SET due_at = {T0} WHERE id = '{job.id}'")
-    assert outbox_store.claim_jobs(queue="default", token="new", now=T0 + 5, lease=10, limit=1) == []
+    early = outbox_store.claim_jobs(queue="default", token="new", now=T0 + 5, lease=10, limit=1)
+    assert early == []
     assert outbox_store.next_due(queue="default") == T0 + 11
     [taken] = outbox_store.claim_jobs(queue="default", token="new", now=T0 + 11, lease=10, limit=1)
     assert (taken.id, taken.lease_token, taken.due_at) == (job.id, "new", T0 + 21)
