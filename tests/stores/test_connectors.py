@@ -375,3 +375,10 @@ def test_a_postgres_urls_own_options_are_kept_and_keepalives_are_on(
     own = f"{pg_url}?keepalives_idle=7"
     with PostgresStore(own, schema=pg_schema) as store, store.connector.transaction() as conn:
         assert conn.info.get_parameters()["keepalives_idle"] == "7"
+
+
+def test_a_postgres_urls_options_ending_in_a_backslash_are_refused(pg_url: str) -> None:
+    """A trailing backslash would escape the space before the store's -c search_path (libpq
+    quoting), and the server would refuse the connection as if it were down: bad input."""
+    with pytest.raises(ConfigurationError, match="backslash"):
+        PostgresStore(f"{pg_url}?options=-c%20application_name%3Dx%5C")

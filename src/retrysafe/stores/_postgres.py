@@ -276,9 +276,23 @@ _KEEPALIVES = {
 def _options(url_options: object, schema: str) -> str:
     """The connection's ``options``: the URL's own (e.g. ``-c statement_timeout=5000``), then
     ``-c search_path=<schema>``, last, so the store's schema wins over a ``search_path`` the
-    URL names."""
+    URL names.
+
+    Raises:
+        ConfigurationError: the URL's options end in an unescaped backslash, which would
+            escape the space before the store's own option (libpq's quoting).
+    """
     own = f"-c search_path={schema}"
-    return own if not url_options else f"{url_options} {own}"
+    if not url_options:
+        return own
+    text = str(url_options)
+    if (len(text) - len(text.rstrip("\\"))) % 2:
+        raise ConfigurationError(
+            "the URL's options end with a backslash, which would swallow the store's own "
+            "-c search_path; remove it (or double it for a literal backslash)",
+            option="store",
+        )
+    return f"{text} {own}"
 
 
 class PostgresOptions(TypedDict, total=False):
