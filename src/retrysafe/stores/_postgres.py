@@ -34,7 +34,6 @@ retrysafe[postgres]``); ``import retrysafe`` never imports them.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -94,7 +93,7 @@ class _JsonTextDumper(psycopg.adapt.Dumper):
     oid = 0
 
     def dump(self, obj: Any) -> bytes:
-        return json.dumps(obj.value).encode()
+        return str(obj).encode()  # JsonText's own text: one rule for what it writes
 
 
 # Global adapters: only this package's own type, so no other connection's dumping changes.
