@@ -281,7 +281,7 @@ def _inline(keys: Any) -> sqlite3.Connection:
     """The async face's loop-thread connection (the group-commit batches run on it)."""
     connector = keys.connector
     assert isinstance(connector, AsyncSQLiteConnector)
-    return connector._inline_conn()
+    return connector._inline_conn().conn
 
 
 # ---------------------------------------------------------------------- recovering by itself
@@ -555,3 +555,55 @@ def test_one_index_finds_due_jobs_and_expired_leases(tmp_path: Path) -> None:
         conn.close()
     assert sum("USING INDEX outbox_jobs_due" in step for step in plan) == 2, plan
     assert not any(step.startswith("SCAN outbox_jobs") for step in plan), plan
+
+
+_CLOSE_DURING_USE = r"""
+import sys, threading, time
+from retrysafe import StoreError
+from retrysafe.stores import SQLiteStore
+
+out = []
+for round in range(20):
+    store = SQLiteStore(f"{sys.argv[1]}/c{round}.db")
+    inside = threading.Event()
+
+    def statements(conn):
+        inside.set()
+        conn.execute("CREATE TABLE t (x)")
+        for i in range(3000):
+            conn.execute("INSERT INTO t VALUES (?)", (i,))
+            conn.execute("SELECT count(*) FROM t").fetchone()
+        return conn.execute("SELECT count(*) FROM t").fetchone()[0]
+
+    def user():
+        out.append(store.run(statements))
+
+    t = threading.Thread(target=user)
+    t.start()
+    inside.wait(10)
+    time.sleep(0.002)  # mid-way through the statements
+    store.close()
+    t.join(60)
+    try:
+        store.run(lambda conn: conn.execute("SELECT 1").fetchone())
+    except StoreError as exc:
+        out.append(type(exc).__name__)
+print(sorted(set(out), key=str), len(out))
+"""
+
+
+def test_closing_the_store_while_a_thread_uses_it_waits_for_that_use(tmp_path: Path) -> None:
+    """close() never closes a connection another thread is running statements on (sqlite3
+    frees its statements: the process would crash, as a heartbeat renewal still in flight at
+    close did); that use finishes, and its connection closes as it ends."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSE_DURING_USE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[3000, 'StoreError'] 40"

@@ -203,14 +203,20 @@ def _drive(conn: sqlite3.Connection, op: Op[_T], atomic: bool) -> _T:
 
 
 class _Conn:
-    """Holder so a WeakSet can track per-thread connections for close().
+    """One tracked connection (a WeakSet tracks them for :meth:`SQLiteConnector.close`).
 
     ``degraded``: opened while the store could not be used fully (the file could not be written,
     so SQLite opened it read-only; or, for a read-only store, read as immutable): it is replaced
     as soon as :meth:`SQLiteConnector.healed` says a new connection would do better.
+
+    Every use holds ``lock`` (``with holder as conn:``), and :meth:`close` never closes a
+    connection in use: ``sqlite3`` frees a connection's statements on close, so closing one
+    while another thread steps a statement on it crashes the process (a heartbeat renewal
+    still in flight when the store closes). A connection in use is closed by its user, as its
+    use ends.
     """
 
-    __slots__ = ("__weakref__", "checked", "conn", "degraded", "file")
+    __slots__ = ("__weakref__", "checked", "closing", "conn", "degraded", "file", "lock")
 
     def __init__(
         self,
@@ -224,10 +230,29 @@ class _Conn:
         #: plain file), and when :meth:`SQLiteConnector.replaced` last compared it (monotonic).
         self.file = file
         self.checked = time.monotonic()
+        self.lock = threading.Lock()
+        self.closing = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+        # close() set ``closing`` before it found the lock taken, so it is seen here.
+        if self.closing:
+            self.close()
 
     def close(self) -> None:
-        with suppress(sqlite3.Error):
-            self.conn.close()
+        """Close now if no thread is using the connection, else as that use ends. Idempotent;
+        never raises."""
+        self.closing = True
+        if self.lock.acquire(blocking=False):
+            try:
+                with suppress(sqlite3.Error):
+                    self.conn.close()
+            finally:
+                self.lock.release()
 
 
 #: Seconds between two checks that a connection's file is still the store's (see
@@ -430,9 +455,10 @@ class SQLiteConnector(Transactions):
             return False
         return not (self.readonly and "readonly" in str(exc).lower())
 
-    def thread_connection(self) -> sqlite3.Connection:
-        """This thread's connection: opened on first use, and opened anew when the one it had
-        was degraded and the store healed, or failed because the store was unusable.
+    def thread_connection(self) -> _Conn:
+        """This thread's connection (use it as ``with holder as conn:``): opened on first use,
+        and opened anew when the one it had was degraded and the store healed, or failed
+        because the store was unusable.
 
         Raises:
             StoreError: the connector is closed, or the file cannot be opened.
@@ -446,7 +472,7 @@ class SQLiteConnector(Transactions):
         if holder is None:
             holder = self.open(self.busy_timeout)
             self._local.conn = holder
-        return holder.conn
+        return holder
 
     def _drop_thread_connection(self) -> None:
         holder: _Conn | None = getattr(self._local, "conn", None)
@@ -466,9 +492,10 @@ class SQLiteConnector(Transactions):
         """``fn(connection)`` on this thread's connection, driver errors translated; a
         connection that failed because the store was unusable is closed (the next call opens a
         new one)."""
-        conn = self.thread_connection()
+        holder = self.thread_connection()
         try:
-            return fn(conn)
+            with holder as conn:
+                return fn(conn)
         except sqlite3.Error as exc:
             if self.fails_for_good(exc):
                 self._drop_thread_connection()
@@ -718,7 +745,9 @@ class AsyncSQLiteConnector:
     def url(self) -> str:
         return self._sync.url
 
-    def _inline_conn(self) -> sqlite3.Connection:
+    def _inline_conn(self) -> _Conn:
+        if self._sync._closed:
+            raise StoreError(f"SQLite store {self.url} is closed", store=self.url)
         holder = self._inline
         if holder is not None and (
             (holder.degraded and self._sync.healed()) or self._sync.replaced(holder)
@@ -727,7 +756,7 @@ class AsyncSQLiteConnector:
             holder = None
         if holder is None:
             holder = self._inline = self._sync.open(0.0)
-        return holder.conn
+        return holder
 
     def _drop_inline(self) -> None:
         holder, self._inline = self._inline, None
@@ -767,7 +796,7 @@ class AsyncSQLiteConnector:
             return
         url = self.url
         try:
-            conn = self._inline_conn()
+            holder = self._inline_conn()
         except StoreError as exc:
             for _, fut, _ in batch:
                 if not fut.done():
@@ -776,7 +805,8 @@ class AsyncSQLiteConnector:
         if len(batch) == 1:
             fn, fut, _ = batch[0]
             try:
-                result = fn(conn)
+                with holder as conn:
+                    result = fn(conn)
             except sqlite3.Error as exc:
                 if _is_busy(exc):
                     self._spawn(self._one_by_one(batch, in_thread=True))
@@ -789,7 +819,8 @@ class AsyncSQLiteConnector:
                 _deliver(fut, True, result, url)
             return
         try:
-            outcomes = _run_batch(conn, [q[0] for q in batch])
+            with holder as conn:
+                outcomes = _run_batch(conn, [q[0] for q in batch])
         except sqlite3.Error as exc:
             if _is_busy(exc):
                 self._spawn(self._batch_in_thread(batch))
@@ -836,7 +867,8 @@ class AsyncSQLiteConnector:
                 continue
             if not in_thread:
                 try:
-                    result = fn(self._inline_conn())
+                    with self._inline_conn() as conn:
+                        result = fn(conn)
                 except sqlite3.Error as exc:
                     if not _is_busy(exc):
                         self._failed(exc)
