@@ -8,7 +8,10 @@ The rule — how often, until when, what a failed renewal means — is
   never delays the others).
 * Neither schedules anything per claim: starting one adds it to a set, stopping removes it.
   One sweeper per event loop (a task) or per process (a daemon thread) wakes every quarter of
-  the shortest heartbeat interval it serves and renews the claims that are due. Requests
+  the shortest heartbeat interval it serves and renews the claims that are due. A claim with
+  a shorter interval than any before wakes the sweeper at once (else a sweeper asleep for a
+  long lease's tick would let a short lease run out before its first renewal), and the tick
+  grows back once the short claims are gone. Requests
   shorter than one interval therefore cost a set insert and a set removal — measured by
   variant (h) of ``benchmarks/middleware_bench.py``. A renewal may come up to a quarter of an
   interval late; the default interval (a third of the lease) leaves room for that and for two
@@ -187,6 +190,12 @@ class AsyncHeartbeat(_Base[Awaitable[bool]]):
             self._after(ok)
 
 
+def _tick_of(beats: set[AsyncHeartbeat] | set[Heartbeat], default: float) -> float:
+    """A sweeper's wake-up interval in seconds: a quarter of the shortest heartbeat it serves,
+    or ``default`` while it serves none."""
+    return min((b.timing.heartbeat / 4.0 for b in beats), default=default)
+
+
 class _LoopSweeper:
     """The live heartbeats of one event loop, and the task that renews the due ones."""
 
@@ -196,20 +205,34 @@ class _LoopSweeper:
         self.tick = 0.0
         self.task: asyncio.Task[None] | None = None
         self.renewals: set[asyncio.Task[None]] = set()
+        self.waiter: asyncio.Future[None] | None = None  # the sleep in progress
 
     def add(self, beat: AsyncHeartbeat) -> None:
         self.beats.add(beat)
         tick = beat.timing.heartbeat / 4.0
         if not self.tick or tick < self.tick:
             self.tick = tick
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)  # asleep for a longer tick: sleep anew for this one
         if self.task is None:
             self.task = self.loop.create_task(self._run())
+
+    async def _sleep(self) -> None:
+        """Sleep one tick, or less if :meth:`add` wakes us."""
+        waiter = self.waiter = self.loop.create_future()
+        timer = self.loop.call_later(self.tick, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
 
     async def _run(self) -> None:
         idle = 0
         try:
             while idle < 4:  # gone after four idle ticks; the next add starts it again
-                await asyncio.sleep(self.tick)
+                await self._sleep()
                 if not self.beats:
                     idle += 1
                     continue
@@ -217,6 +240,7 @@ class _LoopSweeper:
                 now = time.monotonic()
                 # Lost or past max_run_time: nothing more to renew, even if never stop()ped.
                 self.beats.difference_update([b for b in self.beats if b.stopped])
+                self.tick = _tick_of(self.beats, self.tick)
                 for beat in [b for b in self.beats if b.due <= now and not b.busy]:
                     beat.busy = True
                     task = self.loop.create_task(beat._beat())
@@ -224,7 +248,7 @@ class _LoopSweeper:
                     task.add_done_callback(self.renewals.discard)
         finally:
             self.task = None  # cancelled with its loop: nothing more to renew there
-        self.tick = min((b.timing.heartbeat for b in self.beats), default=0.0) / 4.0
+        self.tick = _tick_of(self.beats, 0.0)
         if self.beats:  # added during the last idle tick
             self.task = self.loop.create_task(self._run())
 
@@ -263,19 +287,33 @@ class Heartbeat(_Base[bool]):
             self._after(ok)
 
 
-class _ThreadSweeper:
-    """The live thread heartbeats of this process, and the daemon thread that renews them."""
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
-    def __init__(self) -> None:
+
+class _ThreadSweeper:
+    """The live thread heartbeats of this process, and the daemon thread that renews them.
+
+    Args:
+        idle_tick: seconds between wake-ups at most (and while nothing is served).
+    """
+
+    def __init__(self, idle_tick: float = 1.0) -> None:
         self._beats: set[Heartbeat] = set()
         self._lock = threading.Lock()
-        self._tick = 1.0
+        self._idle_tick = idle_tick
+        self._tick = idle_tick
+        self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, beat: Heartbeat) -> None:
         with self._lock:
             self._beats.add(beat)
-            self._tick = min(self._tick, beat.timing.heartbeat / 4.0)
+            tick = beat.timing.heartbeat / 4.0
+            if tick < self._tick:
+                self._tick = tick
+                self._wakeup.set()  # asleep for a longer tick: sleep anew for this one
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="retrysafe-heartbeat", daemon=True
@@ -288,10 +326,12 @@ class _ThreadSweeper:
 
     def _run(self) -> None:
         while True:
-            time.sleep(self._tick)
+            self._wakeup.wait(self._tick)
+            self._wakeup.clear()
             now = time.monotonic()
             with self._lock:
                 self._beats.difference_update([b for b in self._beats if b.stopped])
+                self._tick = min(self._idle_tick, _tick_of(self._beats, self._idle_tick))
                 due = [b for b in self._beats if b.due <= now and not b.busy]
                 for beat in due:
                     beat.busy = True

@@ -278,3 +278,68 @@ async def test_async_heartbeat_stops_after_max_run_time() -> None:
     seen = len(calls)
     await _two_more_async_intervals(lease_timing(0.15))
     assert len(calls) == seen
+
+
+def test_a_shorter_heartbeat_wakes_the_sleeping_thread_sweeper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A claim with a shorter heartbeat than the sweeper sleeps for is renewed on its own
+    interval: the sweeper does not finish a long lease's tick first (a 0.3 s lease added while
+    the sweeper slept for a 30 s lease's tick ran out before its first renewal)."""
+    from retrysafe import _heartbeat
+
+    sweeper = _heartbeat._ThreadSweeper(idle_tick=60.0)
+    monkeypatch.setattr(_heartbeat, "_THREAD_SWEEPER", sweeper)
+    long_calls: list[float] = []
+    long = Heartbeat(_counting(long_calls), lease_timing(120.0)).start()  # ticks of 10 s
+    time.sleep(0.05)  # the sweeper is asleep for its first tick
+    calls: list[float] = []
+    short = Heartbeat(_counting(calls), lease_timing(0.3)).start()
+    _wait(lambda: len(calls) >= 2, timeout=5.0)
+    short.stop()
+    long.stop()
+    assert long_calls == []
+
+
+def test_the_thread_sweeper_tick_grows_back_when_short_claims_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the short-lease claims are gone the sweeper wakes at the longer claims' pace again,
+    not at the shortest pace it ever served."""
+    from retrysafe import _heartbeat
+
+    sweeper = _heartbeat._ThreadSweeper(idle_tick=1.0)
+    monkeypatch.setattr(_heartbeat, "_THREAD_SWEEPER", sweeper)
+    long = Heartbeat(_counting([]), lease_timing(12.0)).start()
+    calls: list[float] = []
+    short = Heartbeat(_counting(calls), lease_timing(0.3)).start()
+    _wait(lambda: len(calls) >= 1)
+    assert sweeper._tick == pytest.approx(0.1 / 4)
+    short.stop()
+    _wait(lambda: sweeper._tick == pytest.approx(1.0))
+    long.stop()
+
+
+@pytest.mark.anyio
+async def test_a_shorter_heartbeat_wakes_the_sleeping_loop_sweeper() -> None:
+    """The event-loop driver likewise: a short lease started while the loop's sweeper sleeps
+    for a long lease's tick is renewed on its own interval."""
+    long_calls: list[int] = []
+
+    async def long_renew() -> bool:
+        long_calls.append(1)
+        return True
+
+    renewed = asyncio.Event()
+
+    async def renew() -> bool:
+        renewed.set()
+        return True
+
+    long = AsyncHeartbeat(long_renew, lease_timing(120.0)).start()  # ticks of 10 s
+    await asyncio.sleep(0.05)
+    short = AsyncHeartbeat(renew, lease_timing(0.3)).start()
+    await asyncio.wait_for(renewed.wait(), 5)
+    short.stop()
+    long.stop()
+    assert long_calls == []
