@@ -27,6 +27,9 @@ class Batcher(Generic[_T, _R]):
 
     Args:
         run: the batched call: one result per item, in the items' order.
+        loop: the one event loop every :meth:`submit` runs on, when the caller knows it (the
+            worker's hot path: looking up the running loop is a system call on Python 3.11);
+            by default it is looked up on every submit.
 
     An exception of ``run`` goes to every submitter of that call (each may retry alone);
     cancelling the call (its event loop shutting down) cancels its submitters. A submitter
@@ -35,14 +38,20 @@ class Batcher(Generic[_T, _R]):
     nobody awaits it).
     """
 
-    __slots__ = ("_loop", "_pending", "_run", "_task", "_writing")
+    __slots__ = ("_bound", "_loop", "_pending", "_run", "_task", "_writing")
 
-    def __init__(self, run: Callable[[list[_T]], Awaitable[Sequence[_R]]]) -> None:
+    def __init__(
+        self,
+        run: Callable[[list[_T]], Awaitable[Sequence[_R]]],
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self._run = run
         self._pending: list[tuple[_T, asyncio.Future[_R]]] = []
         self._writing = False
         self._task: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = loop
+        self._bound = loop is not None
 
     async def submit(self, item: _T) -> _R:
         """``item``'s result from the next call.
@@ -50,9 +59,12 @@ class Batcher(Generic[_T, _R]):
         Raises:
             Exception: what that call raised.
         """
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._loop, self._pending, self._writing = loop, [], False
+        loop = self._loop
+        if not self._bound:
+            loop = asyncio.get_running_loop()
+            if loop is not self._loop:
+                self._loop, self._pending, self._writing = loop, [], False
+        assert loop is not None
         future: asyncio.Future[_R] = loop.create_future()
         self._pending.append((item, future))
         if not self._writing:
@@ -65,7 +77,8 @@ class Batcher(Generic[_T, _R]):
         if not batch:
             self._writing = False
             return
-        self._task = task = asyncio.ensure_future(self._call(batch))
+        assert self._loop is not None
+        self._task = task = self._loop.create_task(self._call(batch))
         task.add_done_callback(lambda _: self._next())
 
     async def _call(self, batch: list[tuple[_T, asyncio.Future[_R]]]) -> None:

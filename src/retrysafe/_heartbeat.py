@@ -161,12 +161,10 @@ class AsyncHeartbeat(_Base[Awaitable[bool]]):
 
     __slots__ = ("_sweeper",)
 
-    def start(self) -> AsyncHeartbeat:
-        """Renew from one interval from now on. Must run on the event loop."""
-        loop = asyncio.get_running_loop()
-        sweeper = _LOOP_SWEEPERS.get(loop)
-        if sweeper is None:
-            sweeper = _LOOP_SWEEPERS[loop] = _LoopSweeper(loop)
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> AsyncHeartbeat:
+        """Renew from one interval from now on. Must run on the event loop: ``loop``, if the
+        caller knows it (saves looking it up)."""
+        sweeper = _loop_sweeper(asyncio.get_running_loop() if loop is None else loop)
         self._sweeper = sweeper
         self.due = time.monotonic() + self.timing.heartbeat
         sweeper.add(self)
@@ -342,4 +340,20 @@ class _ThreadSweeper:
 _LOOP_SWEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopSweeper] = (
     weakref.WeakKeyDictionary()
 )
+#: The last loop asked for and its sweeper: a process usually runs one loop, and a weak
+#: reference's call costs a quarter of a WeakKeyDictionary look-up (which makes a new one).
+_LAST: tuple[weakref.ref[asyncio.AbstractEventLoop], _LoopSweeper] | None = None
+
+
+def _loop_sweeper(loop: asyncio.AbstractEventLoop) -> _LoopSweeper:
+    """The sweeper of ``loop``, made on first use."""
+    global _LAST
+    last = _LAST
+    if last is not None and last[0]() is loop:
+        return last[1]
+    sweeper = _LOOP_SWEEPERS.get(loop)
+    if sweeper is None:
+        sweeper = _LOOP_SWEEPERS[loop] = _LoopSweeper(loop)
+    _LAST = (weakref.ref(loop), sweeper)
+    return sweeper
 _THREAD_SWEEPER = _ThreadSweeper()

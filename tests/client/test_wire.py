@@ -992,3 +992,69 @@ def test_the_gateway_keeps_no_upstream_cookie_for_another_client() -> None:
 
     assert asyncio.run(main()) == ["session=user-a; Path=/"]
     assert [r.headers.get("cookie") for r in seen] == [None, None]
+
+
+# ---------------------------------------------------------------------- the attempt's timeout
+def test_the_total_timeout_ends_a_slow_block_with_timeout_error() -> None:
+    """A block still running at its limit is cancelled and raises asyncio.TimeoutError, with
+    the loop given or looked up."""
+    from retrysafe._wire import total_timeout
+
+    async def main(pass_loop: bool) -> None:
+        loop = asyncio.get_running_loop() if pass_loop else None
+        with pytest.raises(asyncio.TimeoutError):
+            async with total_timeout(0.05, loop):
+                await asyncio.sleep(5)
+
+    asyncio.run(main(True))
+    asyncio.run(main(False))
+
+
+def test_the_total_timeout_lets_a_quick_block_and_its_errors_through() -> None:
+    """A block that ends in time returns normally (its timer is dropped), and its own
+    exception passes unchanged."""
+    from retrysafe._wire import total_timeout
+
+    async def main() -> None:
+        async with total_timeout(5):
+            await asyncio.sleep(0)
+        with pytest.raises(KeyError):
+            async with total_timeout(5):
+                raise KeyError("mine")
+        await asyncio.sleep(0.01)  # no late cancellation from a dropped timer
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Task, "uncancel"), reason="Python 3.11+ counts cancels")
+def test_a_cancellation_from_outside_is_not_turned_into_a_timeout() -> None:
+    """Cancelling the task (Ctrl-C, shutdown) while the block runs stays a cancellation, even
+    when the limit passes meanwhile: the worker must not record a cancelled attempt as timed
+    out (asyncio.timeout's rule)."""
+    from retrysafe._wire import total_timeout
+
+    seen: list[str] = []
+
+    async def attempt() -> None:
+        try:
+            async with total_timeout(0.05):
+                try:
+                    await asyncio.sleep(5)
+                finally:
+                    await asyncio.sleep(0.1)  # the limit passes while the cancel unwinds
+        except asyncio.TimeoutError:
+            seen.append("timeout")
+            raise
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(attempt())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert seen == ["cancelled"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
@@ -96,6 +96,8 @@ class RetryPolicy:
     retry_after_max: float | timedelta = 120.0
     poll_interval: float | timedelta = 1.0
     polls: int = 60
+    #: The backoff of wait_initial, wait_max and jitter, built once (next_step asks per job).
+    _backoff: Backoff = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("attempts", "polls"):
@@ -131,7 +133,8 @@ class RetryPolicy:
             ) from None
         object.__setattr__(self, "jitter", jitter)
         # Validates wait_initial <= wait_max.
-        Backoff(base=self.wait_initial_s, cap=self.wait_max_s, jitter=jitter)
+        backoff = Backoff(base=self.wait_initial_s, cap=self.wait_max_s, jitter=jitter)
+        object.__setattr__(self, "_backoff", backoff)
 
     # Normalised views (the constructor converted every duration to float seconds).
     @property
@@ -164,7 +167,7 @@ class RetryPolicy:
 
     @property
     def backoff(self) -> Backoff:
-        return Backoff(base=self.wait_initial_s, cap=self.wait_max_s, jitter=Jitter(self.jitter))
+        return self._backoff
 
 
 @dataclass(frozen=True, slots=True)

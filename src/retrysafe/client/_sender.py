@@ -112,6 +112,7 @@ async def send_attempt(
     timeout: float,
     clock: Callable[[], float] = time.time,
     telemetry: Telemetry | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> SendResult:
     """Send one attempt of ``job`` with its key and classify what happened.
 
@@ -122,6 +123,7 @@ async def send_attempt(
         clock: Unix-seconds clock (for ``started_at`` and HTTP-date ``Retry-After``).
         telemetry: traces the attempt (its span, and the trace context it sends in
             ``traceparent`` instead of any stored one).
+        loop: the running event loop, if the caller knows it (saves looking it up).
 
     Returns:
         A :class:`SendResult`. Never raises for network or HTTP trouble; cancellation
@@ -131,7 +133,7 @@ async def send_attempt(
     if trace is None:
         headers = [(k, v) for k, v in job.headers if k.lower() != "idempotency-key"]
         headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
-        return await _send(engine, job, headers, timeout, clock)
+        return await _send(engine, job, headers, timeout, clock, loop)
     # The attempt's own trace context replaces the stored one (the submission's), whatever
     # headers the propagator uses (traceparent, tracestate, baggage, b3, ...).
     traced = list(trace.headers())
@@ -140,7 +142,7 @@ async def send_attempt(
     headers.extend(traced)
     headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
     try:
-        result = await _send(engine, job, headers, timeout, clock)
+        result = await _send(engine, job, headers, timeout, clock, loop)
     except asyncio.CancelledError:
         trace.cancelled()
         raise
@@ -154,11 +156,12 @@ async def _send(
     headers: list[tuple[str, str]],
     timeout: float,
     clock: Callable[[], float],
+    loop: asyncio.AbstractEventLoop | None,
 ) -> SendResult:
     started = clock()
     t0 = time.perf_counter()
     try:
-        async with total_timeout(timeout):
+        async with total_timeout(timeout, loop):
             answer = await engine.send(
                 job.method, job.url, headers=headers, body=job.body or None, keep=_BODY_KEPT
             )

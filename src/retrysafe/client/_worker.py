@@ -296,6 +296,7 @@ class _JobLease:
         "_astore",
         "_beat",
         "_clock",
+        "_loop",
         "_lost",
         "_outage",
         "_settling",
@@ -313,8 +314,10 @@ class _JobLease:
         timing: LeaseTiming,
         clock: Callable[[], float],
         outage: _StoreOutage,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.job = job
+        self._loop = loop  # the running loop, if known (the heartbeat needs not look it up)
         self.token = job.lease_token or ""
         self.timing = timing
         self.expires_at = job.lease_expires_at or (clock() + timing.lease)
@@ -333,7 +336,7 @@ class _JobLease:
         )
 
     def __enter__(self) -> _JobLease:
-        self._beat.start()
+        self._beat.start(self._loop)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -611,7 +614,7 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, self.stop)
         tasks: set[asyncio.Task[None]] = set()
-        self._finishes = Batcher(self._astore.finish_attempts)
+        self._finishes = Batcher(self._astore.finish_attempts, loop=loop)
         client = make_engine(
             self.policy,
             transport=self._transport,
@@ -699,7 +702,9 @@ class Worker:
         """Claim what is due and start it; return how long to wait (None: idle, stop)."""
         free = self.concurrency - len(tasks)
         if free > 0:
-            claim = asyncio.ensure_future(
+            loop = self._loop
+            assert loop is not None
+            claim = loop.create_task(
                 self._astore.claim_jobs(
                     queue=self.queue,
                     token=uuid.uuid4().hex,
@@ -715,7 +720,7 @@ class Worker:
                 raise
             for job in claimed:
                 self.stats.claimed += 1
-                task = asyncio.create_task(self._process(client, job))
+                task = loop.create_task(self._process(client, job))
                 tasks.add(task)
                 task.add_done_callback(done)
             if len(claimed) == free:
@@ -736,7 +741,12 @@ class Worker:
         """One claimed job, from its claim to its recorded outcome (or its release), under a
         lease that is renewed all along and dropped with it."""
         lease = _JobLease(
-            job, astore=self._astore, timing=self.timing, clock=self._clock, outage=self._outage
+            job,
+            astore=self._astore,
+            timing=self.timing,
+            clock=self._clock,
+            outage=self._outage,
+            loop=self._loop,
         )
         with lease:
             await self._attempt(client, lease)
@@ -804,6 +814,7 @@ class Worker:
                 timeout=self.policy.timeout_s,
                 clock=self._clock,
                 telemetry=self._telemetry,
+                loop=self._loop,
             )
             lease.settle()
             if lease.is_lost():
