@@ -404,7 +404,7 @@ def _protected_pass(
             progress.start("retrysafe", len(ids))
             # No grace on stop: a stopped demo drops its in-flight attempts at once.
             worker = outbox.worker(concurrency=options.concurrency, grace=0.0)
-            _run_with_progress(worker, outbox, "retrysafe", len(ids), progress, stop)
+            _run_with_progress(worker, "retrysafe", len(ids), progress, stop)
             progress.finish("retrysafe")
             delivered = time.monotonic()
 
@@ -459,13 +459,17 @@ def _protected_pass(
 
 def _run_with_progress(
     worker: Worker,
-    outbox: Outbox,
     phase: str,
     total: int,
     progress: Progress,
     stop: threading.Event | None,
 ) -> None:
-    """Run ``worker`` until idle in a thread; poll the outbox's counts for the progress bar.
+    """Run ``worker`` until idle in a thread; the progress bar shows the jobs it ended.
+
+    The count is the worker's own (its stats, read every 0.2 s), not the outbox's: counting
+    the store's jobs by state reads its whole index (~10 ms at 100,000 jobs), which the
+    progress bar made the measured pass pay five times a second. The demo's one worker
+    ends every job of the pass, so the two counts agree.
 
     When ``stop`` is set (or the caller's thread is interrupted), the worker is stopped and
     its thread joined before :class:`DemoStoppedError` (or the exception) propagates, so
@@ -481,7 +485,7 @@ def _run_with_progress(
 
     thread = threading.Thread(target=target, name="retrysafe-demo-worker", daemon=True)
     thread.start()
-    terminal = (JobState.SUCCEEDED, JobState.REJECTED, JobState.UNKNOWN, JobState.CANCELLED)
+    stats = worker.stats
     polled = 0.0
     try:
         while thread.is_alive():
@@ -489,8 +493,7 @@ def _run_with_progress(
             _check_stop(stop)
             if time.monotonic() - polled >= 0.2:
                 polled = time.monotonic()
-                counts = outbox.counts()
-                progress.advance(phase, sum(counts.get(s, 0) for s in terminal))
+                progress.advance(phase, stats.succeeded + stats.rejected + stats.unknown)
     except BaseException:
         deadline = time.monotonic() + 3
         while thread.is_alive() and time.monotonic() < deadline:
