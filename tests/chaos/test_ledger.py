@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,43 @@ def test_unwritable_ledger_path_is_a_configuration_error(tmp_path: Path) -> None
     blocker.write_text("")
     with pytest.raises(ConfigurationError):
         EffectLedger(blocker / "effects.jsonl")
+
+
+def test_a_file_ledger_reads_each_line_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recording into a file ledger reads only what was appended since the last read: 200
+    effects parse 200 lines, not the whole file again per effect (200 · 201 / 2)."""
+    from retrysafe.chaos import _ledger
+
+    parsed: list[int] = []
+    real = _ledger.json.loads
+
+    def loads(raw: Any) -> Any:
+        parsed.append(1)
+        return real(raw)
+
+    monkeypatch.setattr(_ledger.json, "loads", loads)
+    ledger = EffectLedger(tmp_path / "effects.jsonl")
+    for n in range(200):
+        assert ledger.record(f"op{n % 10}") == n // 10 + 1
+    assert ledger.total() == 200
+    assert len(parsed) == 200
+
+
+def test_a_line_still_being_written_counts_once_it_is_whole(tmp_path: Path) -> None:
+    """A last line without its newline (another process mid-write) is not counted yet, and is
+    counted once, when it is complete; a bad line is reported again on the next read."""
+    path = tmp_path / "effects.jsonl"
+    ledger = EffectLedger(path)
+    ledger.record("a")
+    with path.open("a") as fh:
+        fh.write('{"operation_id": "b", "ts": 1.0, ')
+    assert ledger.counts() == {"a": 1}
+    with path.open("a") as fh:
+        fh.write('"detail": {}}\nnot json\n')
+    for _ in range(2):
+        with pytest.raises(ConfigurationError, match=r"effects\.jsonl:3"):
+            ledger.counts()
+    path.write_text("")  # truncated: read anew
+    assert ledger.total() == 0

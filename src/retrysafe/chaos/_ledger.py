@@ -54,8 +54,10 @@ class EffectLedger:
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lock = threading.Lock()
-        self._effects: list[Effect] = []
-        self._counts: Counter[str] = Counter()  # in-memory mode: effects per operation
+        self._effects: list[Effect] = []  # memory: every effect; file: those read so far
+        self._counts: Counter[str] = Counter()  # effects per operation, as far as known
+        self._offset = 0  # file: bytes read so far (whole lines only)
+        self._lines = 0  # file: lines read so far (for error messages)
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             try:
@@ -79,8 +81,8 @@ class EffectLedger:
         """
         effect = Effect(operation_id, time.time(), dict(detail))
         with self._lock:
-            self._effects.append(effect)
             if self.path is None:
+                self._effects.append(effect)
                 self._counts[operation_id] += 1
                 return self._counts[operation_id]
             line = json.dumps(
@@ -93,58 +95,72 @@ class EffectLedger:
                 os.write(fd, (line + "\n").encode("utf-8"))
             finally:
                 os.close(fd)
-        return self.count(operation_id)
+            self._catch_up()
+            return self._counts[operation_id]
 
     def effects(self, operation_id: str | None = None) -> list[Effect]:
         """Every recorded effect in commit order, or only those of ``operation_id``."""
-        if self.path is None:
-            with self._lock:
-                found = list(self._effects)
-        else:
-            found = list(self._read_file())
+        with self._lock:
+            if self.path is not None:
+                self._catch_up()
+            found = list(self._effects)
         if operation_id is not None:
             found = [e for e in found if e.operation_id == operation_id]
         return found
 
     def counts(self) -> dict[str, int]:
         """``{operation_id: number of effects}`` for every operation with at least one effect."""
-        if self.path is None:
-            with self._lock:
-                return dict(self._counts)
-        out: dict[str, int] = {}
-        for effect in self.effects():
-            out[effect.operation_id] = out.get(effect.operation_id, 0) + 1
-        return out
+        with self._lock:
+            if self.path is not None:
+                self._catch_up()
+            return dict(self._counts)
 
     def count(self, operation_id: str) -> int:
         """How many effects ``operation_id`` has (0 if none)."""
-        if self.path is None:
-            with self._lock:
-                return self._counts[operation_id]
-        return len(self.effects(operation_id))
+        with self._lock:
+            if self.path is not None:
+                self._catch_up()
+            return self._counts[operation_id]
 
     def total(self) -> int:
         """How many effects were recorded in all."""
-        return len(self.effects())
+        with self._lock:
+            if self.path is not None:
+                self._catch_up()
+            return len(self._effects)
 
-    def _read_file(self) -> list[Effect]:
+    def _catch_up(self) -> None:
+        """Read the lines appended to the file since the last read (by any process): each
+        read costs what was added, not the whole file. A last line without its newline is
+        another process still writing it: it is read next time. Call with the lock held.
+
+        Raises:
+            ConfigurationError: a complete line that is not a ledger line (its number named).
+        """
         assert self.path is not None
-        out: list[Effect] = []
-        with self.path.open("r", encoding="utf-8") as fh:
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
+        with self.path.open("rb") as fh:
+            if fh.seek(0, os.SEEK_END) < self._offset:  # truncated or replaced: read anew
+                self._effects, self._counts = [], Counter()
+                self._offset = self._lines = 0
+            fh.seek(self._offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].splitlines(keepends=True):
+            if raw.strip():
                 try:
-                    doc = json.loads(line)
-                    out.append(Effect(str(doc["operation_id"]), float(doc["ts"]), doc["detail"]))
+                    doc = json.loads(raw)
+                    effect = Effect(str(doc["operation_id"]), float(doc["ts"]), doc["detail"])
                 except (ValueError, KeyError, TypeError) as exc:
-                    if not line.endswith("\n"):
-                        continue  # another process is still writing this line
+                    text = raw.decode("utf-8", "replace").strip()[:200]
                     raise ConfigurationError(
-                        f"{self.path}:{number}: not an effect ledger line: {line.strip()[:200]!r}",
+                        f"{self.path}:{self._lines + 1}: not an effect ledger line: {text!r}",
                         option="path",
                     ) from exc
-        return out
+                self._effects.append(effect)
+                self._counts[effect.operation_id] += 1
+            # Past this line only once it counted: a bad line is reported again, next time.
+            self._lines += 1
+            self._offset += len(raw)
 
     def __repr__(self) -> str:
         where = str(self.path) if self.path is not None else "memory"
