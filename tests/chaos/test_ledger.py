@@ -78,16 +78,16 @@ def test_a_file_ledger_reads_each_line_once(
 ) -> None:
     """Recording into a file ledger reads only what was appended since the last read: 200
     effects parse 200 lines, not the whole file again per effect (200 · 201 / 2)."""
-    from retrysafe.chaos import _ledger
+    import json
 
     parsed: list[int] = []
-    real = _ledger.json.loads
+    real = json.loads
 
     def loads(raw: Any) -> Any:
         parsed.append(1)
         return real(raw)
 
-    monkeypatch.setattr(_ledger.json, "loads", loads)
+    monkeypatch.setattr(json, "loads", loads)  # the module the ledger parses with
     ledger = EffectLedger(tmp_path / "effects.jsonl")
     for n in range(200):
         assert ledger.record(f"op{n % 10}") == n // 10 + 1
