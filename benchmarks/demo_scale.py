@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 
+from retrysafe._gc import tune_for_serving
 from retrysafe.demo import DemoOptions, Progress, run_demo
 
 
@@ -42,6 +43,8 @@ def main() -> int:
     parser.add_argument("--no-naive", action="store_true", help="skip the naive pass")
     args = parser.parse_args()
     logging.getLogger("retrysafe").setLevel(logging.WARNING)
+    # What `retrysafe demo` does as a program (this script calls run_demo in-process).
+    tune_for_serving()
     options = DemoOptions(
         jobs=args.jobs,
         loss_rate=args.loss_rate,

@@ -1,21 +1,29 @@
-"""Run an ASGI app under uvicorn on a loopback port in a background thread.
-
-Used by the demo, the gateway's tests and the pytest plugin; applications can use it in their
-own tests through :mod:`retrysafe.testing`.
+"""Run an ASGI app under uvicorn on a loopback port: in a background thread
+(:class:`ServerThread`: the gateway's tests, the pytest plugin, applications' own tests
+through :mod:`retrysafe.testing`) or in a child process (:class:`ServerProcess`: the demo's
+service, which so never shares an interpreter lock with the clients it is measured against).
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from retrysafe._exceptions import ConfigurationError
 
-__all__ = ["ServerThread", "free_port"]
+__all__ = ["ServerProcess", "ServerThread", "free_port", "serve_inherited", "stop_processes"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -109,3 +117,169 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: Seconds a :class:`ServerProcess` gets to shut down on SIGTERM before it is killed.
+_STOP_WAIT = 1.5
+#: Every live :class:`ServerProcess` of this process (see :func:`stop_processes`).
+_LIVE: set[ServerProcess] = set()
+
+
+class ServerProcess:
+    """``python -m MODULE ARGS --fd FD --parent PID``: a child process serving HTTP on a
+    loopback socket that this process opened and holds (so the port is known before the child
+    starts and no other process can take it).
+
+    The child runs in a session of its own (a terminal's Ctrl-C reaches the parent, which
+    stops it) and exits when its parent is gone (see :func:`serve_inherited`). Use as a
+    context manager, or call :meth:`start` / :meth:`stop`; ``url`` is ``http://host:port``.
+
+    Args:
+        module: the child's module; its ``main`` serves with :func:`serve_inherited`.
+        args: its arguments (``--fd`` and ``--parent`` are added).
+        log: a file for the child's output (default: discarded).
+        startup_timeout: seconds to wait for the child's first answer.
+
+    Raises:
+        ConfigurationError: (``start``) the child exited or did not answer in time; the
+            message ends with its last output when ``log`` is given.
+    """
+
+    def __init__(
+        self,
+        module: str,
+        args: Sequence[str],
+        *,
+        log: Path | None = None,
+        startup_timeout: float = 20.0,
+    ) -> None:
+        self.module = module
+        self.args = list(args)
+        self.log = log
+        self.startup_timeout = startup_timeout
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ServerProcess:
+        listener = self._listener = socket.create_server((self.host, 0), backlog=1024)
+        self.port = listener.getsockname()[1]
+        fd = listener.fileno()
+        argv = [sys.executable, "-m", self.module, *self.args]
+        argv += ["--fd", str(fd), "--parent", str(os.getpid())]
+        log = self.log.open("ab") if self.log is not None else None
+        out: Any = subprocess.DEVNULL if log is None else log
+        try:
+            _LIVE.add(self)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                pass_fds=(fd,),
+                start_new_session=True,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            if log is not None:
+                log.close()
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_serving(self) -> None:
+        """Until the child answers a request (a ``GET /``, which publishes nothing): the held
+        socket accepts connections into its backlog before any process serves it."""
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ConfigurationError(
+                    f"the server process ({self.module}) exited with status {code} before it "
+                    f"served{self._last_output()}",
+                    option="listen",
+                )
+            probe = http.client.HTTPConnection(self.host, self.port, timeout=0.5)
+            try:
+                probe.request("GET", "/")
+                probe.getresponse().read()
+                return
+            except (OSError, http.client.HTTPException):
+                pass
+            finally:
+                probe.close()
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"the server process ({self.module}) did not answer within "
+                    f"{self.startup_timeout:g} s{self._last_output()}",
+                    option="listen",
+                )
+            time.sleep(0.02)
+
+    def _last_output(self) -> str:
+        if self.log is None:
+            return ""
+        with contextlib.suppress(OSError):
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+            if lines:
+                return ": " + lines[-1][:300]
+        return ""
+
+    def stop(self, wait: float = _STOP_WAIT) -> None:
+        """SIGTERM, then SIGKILL after ``wait`` seconds; returns once the child is gone and
+        the socket closed. Idempotent."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_processes() -> None:
+    """Kill every live :class:`ServerProcess` of this process at once (SIGKILL, waited
+    for): for a process about to exit without unwinding (a forced exit on a second signal)."""
+    for server in list(_LIVE):
+        server.stop(wait=0.0)
+
+
+def serve_inherited(app: Any, fd: int, parent: int) -> None:
+    """The child's side of :class:`ServerProcess`: serve ``app`` under uvicorn on the
+    inherited listening socket ``fd`` until SIGTERM, or until process ``parent`` is gone (a
+    parent killed outright cannot stop its child: the child then exits within 0.1 s)."""
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.1)
+        os._exit(0)
+
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+    config = uvicorn.Config(
+        app, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+    )
+    uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])

@@ -141,5 +141,10 @@ def _show_warning(
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Console entry point."""
+    """Console entry point. Run as a program (``argv`` None: the process is the command's
+    own), it tunes the garbage collector for long-running work (see :mod:`retrysafe._gc`)."""
+    if argv is None:
+        from retrysafe._gc import tune_for_serving
+
+        tune_for_serving()
     return cli.main(args=argv, prog_name="retrysafe")

@@ -308,6 +308,9 @@ def _supervise(
             deadline = time.monotonic() + _STOP_GRACE
         elif signals.count > 1 or time.monotonic() > deadline:
             before_forced_exit()
+            from retrysafe._serving import stop_processes  # loaded by now (the demo runs)
+
+            stop_processes()  # the service process: it holds files in workdir
             shutil.rmtree(workdir, ignore_errors=True)
             click.echo(
                 f"retrysafe: error: {signals.describe()}; the demo did not stop in time, "

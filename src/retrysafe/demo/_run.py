@@ -1,7 +1,9 @@
 """``retrysafe demo``: the lost-answer incident, reproduced end to end on loopback (SPEC §8).
 
 1. A publishing service (each job publishes one post; an :class:`EffectLedger` counts posts)
-   behind :class:`~retrysafe.IdempotencyMiddleware` on an embedded SQLite store.
+   behind :class:`~retrysafe.IdempotencyMiddleware` on an embedded SQLite store, in a process
+   of its own (as a real service runs apart from its clients: sharing one interpreter lock
+   with them, its work would be charged to the pass it serves).
 2. A :class:`~retrysafe.chaos.ChaosProxy` in front of it that loses ``loss_rate`` of the
    answers *after* the post was published, plus small rates of the other faults.
 3. The same job set sent twice: by the naive client (blind retries, no key) and through the
@@ -30,15 +32,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeError
-from retrysafe._serving import ServerThread
+from retrysafe._serving import ServerProcess
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, EffectLedger, FaultRates, Report
 from retrysafe.chaos import build_report as _build_report
 from retrysafe.client import Outbox, RetryPolicy, Worker, areconcile
 from retrysafe.client._models import JobState
 from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
-from retrysafe.demo._service import PublishingService
-from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import SQLiteStore
 
 __all__ = ["MAX_JOBS", "DemoOptions", "DemoResult", "DemoStoppedError", "Progress", "run_demo"]
@@ -258,17 +258,22 @@ def run_demo(
     rates = options.fault_rates()
     with _workdir(workdir) as work:
         _check_stop(stop)
-        ledger = EffectLedger()
+        ledger = EffectLedger(work / "effects.jsonl")  # the service's posts, read here
         progress.note("starting the publishing service and the chaos proxy on loopback")
-        keys = SQLiteStore(work / "keys.db")
-        app = IdempotencyMiddleware(
-            PublishingService(ledger), store=keys, lease=30.0, max_body_size=MAX_BODY_SIZE
+        service = ServerProcess(
+            "retrysafe.demo._child",
+            [
+                *("--keys", str(work / "keys.db"), "--ledger", str(ledger.path)),
+                *("--lease", "30", "--max-body-size", str(MAX_BODY_SIZE)),
+            ],
+            log=work / "service.log",
         )
-        try:
-            with (
-                ServerThread(app) as server,
-                ChaosProxy(server.url, rates=rates, seed=options.seed) as proxy,
-            ):
+        with contextlib.ExitStack() as running:
+            running.callback(service.stop)  # first thing: a stop during start() kills it too
+            _check_stop(stop)
+            service.start()
+            _check_stop(stop)
+            with ChaosProxy(service.url, rates=rates, seed=options.seed) as proxy:
                 url = proxy.url + "/posts"
                 naive = None
                 if options.naive:
@@ -279,8 +284,6 @@ def run_demo(
                 )
                 faults = proxy.stats().to_dict()
                 progress.note("stopping the service and the proxy")
-        finally:
-            keys.close()
     return DemoResult(options=options, naive=naive, protected=protected, faults=faults)
 
 

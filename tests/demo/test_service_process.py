@@ -1,0 +1,133 @@
+"""The demo's service runs in a process of its own (retrysafe._serving.ServerProcess), and
+retrysafe's own processes tune the garbage collector for long-running work."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from retrysafe._gc import SERVING_THRESHOLD
+from retrysafe._serving import ServerProcess, stop_processes
+from retrysafe.chaos import EffectLedger
+from retrysafe.demo import DemoOptions, run_demo
+
+
+def _service(tmp_path: Path) -> ServerProcess:
+    return ServerProcess(
+        "retrysafe.demo._child",
+        [
+            *("--keys", str(tmp_path / "keys.db"), "--ledger", str(tmp_path / "effects.jsonl")),
+            *("--lease", "30", "--max-body-size", "1024"),
+        ],
+        log=tmp_path / "service.log",
+    )
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_service_process_publishes_into_the_shared_ledger(tmp_path: Path) -> None:
+    """A post through the child process is counted in the ledger file this process reads, once
+    per key; the child is gone after stop()."""
+    with _service(tmp_path) as service:
+        assert service.proc is not None and service.proc.pid != os.getpid()
+        for _ in range(2):
+            answer = httpx.post(
+                service.url + "/posts",
+                json={"operation": "op-1"},
+                headers={"Idempotency-Key": "k-1"},
+                timeout=10,
+            )
+            assert answer.status_code == 201
+        pid = service.proc.pid
+    assert EffectLedger(tmp_path / "effects.jsonl").counts() == {"op-1": 1}
+    assert _gone(pid, 0.1)
+
+
+def test_the_service_process_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """A parent SIGKILLed outright cannot stop its child: the child notices and exits."""
+    code = (
+        "import sys, time; from pathlib import Path; "
+        "sys.path.insert(0, sys.argv[2]); "
+        "from test_service_process import _service; "
+        "s = _service(Path(sys.argv[1])).start(); "
+        "print(s.proc.pid, flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone(child, 5), "the service outlived its parent"
+
+
+def test_a_service_that_cannot_start_names_its_last_output(tmp_path: Path) -> None:
+    """A child that exits before serving (here: its key store's directory is missing) is a
+    ConfigurationError that quotes the child's last line, and nothing is left running."""
+    from retrysafe import ConfigurationError
+
+    service = ServerProcess(
+        "retrysafe.demo._child",
+        [
+            *("--keys", str(tmp_path / "no" / "keys.db"), "--ledger", str(tmp_path / "e.jsonl")),
+            *("--lease", "30", "--max-body-size", "1024"),
+        ],
+        log=tmp_path / "service.log",
+    )
+    with pytest.raises(ConfigurationError, match=r"exited with status \d+ before it served: "):
+        service.start()
+    assert service.proc is not None and service.proc.poll() is not None
+
+
+def test_stop_processes_kills_every_live_service_at_once(tmp_path: Path) -> None:
+    """The forced exit's clean-up: every live service process is killed and waited for."""
+    service = _service(tmp_path).start()
+    assert service.proc is not None
+    stop_processes()
+    assert service.proc.poll() is not None
+
+
+def test_the_demo_counts_the_posts_of_its_service_process() -> None:
+    """run_demo's effects are the child's: every protected job published exactly once."""
+    result = run_demo(DemoOptions(jobs=20, loss_rate=0.2, seed=2, concurrency=4, timeout=1.0))
+    report = result.protected.report
+    assert (report.effects, report.duplicates, report.lost) == (20, 0, 0)
+
+
+def test_the_command_tunes_the_collector_but_the_library_does_not() -> None:
+    """`retrysafe` as a program sets the serving thresholds; calling its main() with
+    arguments from a process of the application's leaves that process's collector alone."""
+    before = gc.get_threshold()
+    from retrysafe.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert gc.get_threshold() == before
+    code = (
+        "import gc, sys; from retrysafe.cli import main; sys.argv = ['retrysafe', '--version']\n"
+        "try:\n    main()\nexcept SystemExit:\n    print(gc.get_threshold())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == str(SERVING_THRESHOLD)
