@@ -23,7 +23,14 @@ import uvicorn
 
 from retrysafe._exceptions import ConfigurationError
 
-__all__ = ["ServerProcess", "ServerThread", "free_port", "serve_inherited", "stop_processes"]
+__all__ = [
+    "ServerProcess",
+    "ServerThread",
+    "answers",
+    "free_port",
+    "serve_inherited",
+    "stop_processes",
+]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -210,15 +217,8 @@ class ServerProcess:
                     f"served{self._last_output()}",
                     option="listen",
                 )
-            probe = http.client.HTTPConnection(self.host, self.port, timeout=0.5)
-            try:
-                probe.request("GET", "/")
-                probe.getresponse().read()
+            if answers(self.host, self.port):
                 return
-            except (OSError, http.client.HTTPException):
-                pass
-            finally:
-                probe.close()
             if time.monotonic() > deadline:
                 raise ConfigurationError(
                     f"the server process ({self.module}) did not answer within "
@@ -259,6 +259,21 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def answers(host: str, port: int, path: str = "/") -> bool:
+    """Whether an HTTP server on ``host:port`` answers one ``GET path`` within 0.5 s (any
+    status). A connection alone proves nothing: a held socket accepts into its backlog while
+    no process serves it."""
+    probe = http.client.HTTPConnection(host, port, timeout=0.5)
+    try:
+        probe.request("GET", path)
+        probe.getresponse().read()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        probe.close()
 
 
 def stop_processes() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import json
 import os
 import platform
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._serving import answers
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, FaultRates, build_report
 from retrysafe.client import Outbox, RetryPolicy, areconcile
 from retrysafe.client._models import JobState
@@ -611,15 +611,8 @@ class _Pass:
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             self._check_stop()
-            probe = http.client.HTTPConnection("127.0.0.1", self.port, timeout=0.5)
-            try:
-                probe.request("GET", "/ready")
-                probe.getresponse().read()
+            if answers("127.0.0.1", self.port, "/ready"):
                 return
-            except (OSError, http.client.HTTPException):
-                pass
-            finally:
-                probe.close()
             if not self.service.alive:
                 raise ProofError(f"the proof's service did not start: {self.service.tail()}")
             if time.monotonic() > deadline:
