@@ -214,7 +214,7 @@ class ServerProcess:
             if code is not None:
                 raise ConfigurationError(
                     f"the server process ({self.module}) exited with status {code} before it "
-                    f"served{self._last_output()}",
+                    f"served{self.last_output()}",
                     option="listen",
                 )
             if answers(self.host, self.port):
@@ -222,12 +222,18 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise ConfigurationError(
                     f"the server process ({self.module}) did not answer within "
-                    f"{self.startup_timeout:g} s{self._last_output()}",
+                    f"{self.startup_timeout:g} s{self.last_output()}",
                     option="listen",
                 )
             time.sleep(0.02)
 
-    def _last_output(self) -> str:
+    def exited(self) -> int | None:
+        """The child's exit status once it has exited (a negative signal number when a
+        signal ended it), else None (running, or never started)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def last_output(self) -> str:
+        """``": <the child's last line of output>"``, or ``""`` (no log, or nothing in it)."""
         if self.log is None:
             return ""
         with contextlib.suppress(OSError):

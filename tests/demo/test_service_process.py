@@ -131,3 +131,37 @@ def test_the_command_tunes_the_collector_but_the_library_does_not() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == str(SERVING_THRESHOLD)
+
+
+def _pids_with_arg(arg: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if arg.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_service_that_dies_mid_run_ends_the_demo_at_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The service process killed during the naive pass: the demo fails within seconds,
+    naming the signal, instead of sending every request into a socket nobody serves."""
+    from retrysafe import RetrysafeError
+    from retrysafe.demo import Progress
+
+    class KillOnStart(Progress):
+        def start(self, phase: str, total: int) -> None:
+            for pid in _pids_with_arg(str(tmp_path / "keys.db")):
+                os.kill(pid, sig)
+
+    options = DemoOptions(jobs=2000, loss_rate=0.0, concurrency=8, timeout=5.0)
+    started = time.monotonic()
+    with pytest.raises(RetrysafeError, match=rf"service exited \(signal {int(sig)}\)"):
+        run_demo(options, KillOnStart(), workdir=tmp_path)
+    assert time.monotonic() - started < 10
+    assert _pids_with_arg(str(tmp_path / "keys.db")) == []

@@ -210,6 +210,39 @@ class DemoStoppedError(RetrysafeError):
     """
 
 
+class _Halt:
+    """What ends a run early, looked at every :data:`_STOP_POLL` seconds: the caller's
+    ``stop`` event (:class:`DemoStoppedError`), or the service process exiting during the
+    run (a :class:`~retrysafe.RetrysafeError` naming its status and last line: a dead
+    service's held socket still accepts connections, so every request would wait out its
+    whole timeout)."""
+
+    __slots__ = ("service", "stop")
+
+    def __init__(self, stop: threading.Event | None, service: ServerProcess | None = None):
+        self.stop = stop
+        self.service = service
+
+    def error(self) -> RetrysafeError | None:
+        if self.stop is not None and self.stop.is_set():
+            return DemoStoppedError("the demo was stopped")
+        code = None if self.service is None else self.service.exited()
+        if code is not None:
+            assert self.service is not None
+            how = f"signal {-code}" if code < 0 else f"status {code}"
+            return RetrysafeError(
+                f"the demo's publishing service exited ({how}) during the run"
+                f"{self.service.last_output()}"
+            )
+        return None
+
+    def check(self) -> None:
+        """Raise :meth:`error`, if any."""
+        error = self.error()
+        if error is not None:
+            raise error
+
+
 class Progress:
     """Callbacks the demo calls while it runs (the CLI draws progress bars from them)."""
 
@@ -251,13 +284,15 @@ def run_demo(
             could not start.
         DemoStoppedError: ``stop`` was set; everything was stopped and the temporary
             directory removed first.
+        RetrysafeError: the service process exited during the run (its status and last line
+            of output are named); everything else was stopped first.
     """
     progress = progress or Progress()
     job_list = list(jobs) if jobs is not None else load_jobs(options.jobs_file, options.jobs)
     _check_distinct(job_list)
     rates = options.fault_rates()
     with _workdir(workdir) as work:
-        _check_stop(stop)
+        _Halt(stop).check()
         ledger = EffectLedger(work / "effects.jsonl")  # the service's posts, read here
         progress.note("starting the publishing service and the chaos proxy on loopback")
         service = ServerProcess(
@@ -268,19 +303,20 @@ def run_demo(
             ],
             log=work / "service.log",
         )
+        halt = _Halt(stop, service)
         with contextlib.ExitStack() as running:
             running.callback(service.stop)  # first thing: a stop during start() kills it too
-            _check_stop(stop)
+            halt.check()
             service.start()
-            _check_stop(stop)
+            halt.check()
             with ChaosProxy(service.url, rates=rates, seed=options.seed) as proxy:
                 url = proxy.url + "/posts"
                 naive = None
                 if options.naive:
-                    naive = _naive_pass(url, job_list, options, ledger, progress, stop)
+                    naive = _naive_pass(url, job_list, options, ledger, progress, halt)
                 proxy.set_rates(rates)
                 protected = _protected_pass(
-                    url, job_list, options, ledger, proxy, work, progress, stop
+                    url, job_list, options, ledger, proxy, work, progress, halt
                 )
                 faults = proxy.stats().to_dict()
                 progress.note("stopping the service and the proxy")
@@ -308,23 +344,17 @@ def _check_distinct(jobs: Sequence[dict[str, Any]]) -> None:
         seen.add(job_id)
 
 
-def _check_stop(stop: threading.Event | None) -> None:
-    if stop is not None and stop.is_set():
-        raise DemoStoppedError("the demo was stopped")
-
-
-async def _unless_stopped(coro: Coroutine[Any, Any, _T], stop: threading.Event | None) -> _T:
-    """Await ``coro``; cancel it and raise :class:`DemoStoppedError` once ``stop`` is set."""
+async def _unless_stopped(coro: Coroutine[Any, Any, _T], halt: _Halt) -> _T:
+    """Await ``coro``; cancel it and raise once ``halt`` has an error."""
     task = asyncio.ensure_future(coro)
-    if stop is None:
-        return await task
     while not task.done():
         await asyncio.wait({task}, timeout=_STOP_POLL)
-        if stop.is_set() and not task.done():
+        error = halt.error()
+        if error is not None and not task.done():
             task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
-            raise DemoStoppedError("the demo was stopped")
+            raise error
     return task.result()
 
 
@@ -344,7 +374,7 @@ def _naive_pass(
     options: DemoOptions,
     ledger: EffectLedger,
     progress: Progress,
-    stop: threading.Event | None,
+    halt: _Halt,
 ) -> PassResult:
     bodies = _bodies(jobs, "naive")
     progress.start("naive", len(bodies))
@@ -366,7 +396,7 @@ def _naive_pass(
                 attempts=options.attempts,
                 on_done=on_done,
             ),
-            stop,
+            halt,
         )
     )
     seconds = time.monotonic() - started
@@ -382,7 +412,7 @@ def _protected_pass(
     proxy: ChaosProxy,
     workdir: Path,
     progress: Progress,
-    stop: threading.Event | None,
+    halt: _Halt,
 ) -> PassResult:
     bodies = _bodies(jobs, "retrysafe")
     policy = RetryPolicy(
@@ -394,7 +424,7 @@ def _protected_pass(
     store = SQLiteStore(workdir / "outbox.db")
     try:
         with Outbox(store, policy=policy) as outbox:
-            _check_stop(stop)
+            halt.check()
             progress.note(f"recording {len(bodies)} jobs and their keys in the outbox")
             started = time.monotonic()
             # Each job and its key are recorded before any attempt (SPEC §2); one transaction.
@@ -403,11 +433,11 @@ def _protected_pass(
             operation = {
                 job_id: body["operation"] for job_id, body in zip(ids, bodies, strict=True)
             }
-            _check_stop(stop)
+            halt.check()
             progress.start("retrysafe", len(ids))
             # No grace on stop: a stopped demo drops its in-flight attempts at once.
             worker = outbox.worker(concurrency=options.concurrency, grace=0.0)
-            _run_with_progress(worker, "retrysafe", len(ids), progress, stop)
+            _run_with_progress(worker, "retrysafe", len(ids), progress, halt)
             progress.finish("retrysafe")
             delivered = time.monotonic()
 
@@ -429,7 +459,7 @@ def _protected_pass(
                             limit=len(unknown),
                             concurrency=options.concurrency,
                         ),
-                        stop,
+                        halt,
                     )
                 )
                 progress.advance("reconcile", len(unknown))
@@ -449,7 +479,7 @@ def _protected_pass(
                         seconds_to_terminal=None if finished is None else finished - job.created_at,
                     )
                 )
-            _check_stop(stop)
+            halt.check()
     finally:
         store.close()
     return PassResult(
@@ -465,7 +495,7 @@ def _run_with_progress(
     phase: str,
     total: int,
     progress: Progress,
-    stop: threading.Event | None,
+    halt: _Halt,
 ) -> None:
     """Run ``worker`` until idle in a thread; the progress bar shows the jobs it ended.
 
@@ -474,9 +504,9 @@ def _run_with_progress(
     progress bar made the measured pass pay five times a second. The demo's one worker
     ends every job of the pass, so the two counts agree.
 
-    When ``stop`` is set (or the caller's thread is interrupted), the worker is stopped and
-    its thread joined before :class:`DemoStoppedError` (or the exception) propagates, so
-    nothing still writes to the store.
+    When ``halt`` has an error (or the caller's thread is interrupted), the worker is stopped
+    and its thread joined before that error (or the exception) propagates, so nothing still
+    writes to the store.
     """
     error: list[BaseException] = []
 
@@ -493,7 +523,7 @@ def _run_with_progress(
     try:
         while thread.is_alive():
             thread.join(timeout=_STOP_POLL)
-            _check_stop(stop)
+            halt.check()
             if time.monotonic() - polled >= 0.2:
                 polled = time.monotonic()
                 progress.advance(phase, stats.succeeded + stats.rejected + stats.unknown)
