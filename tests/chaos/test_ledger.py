@@ -111,3 +111,68 @@ def test_a_line_still_being_written_counts_once_it_is_whole(tmp_path: Path) -> N
             ledger.counts()
     path.write_text("")  # truncated: read anew
     assert ledger.total() == 0
+
+
+def test_a_replaced_or_deleted_ledger_file_is_read_anew(tmp_path: Path) -> None:
+    """A file replaced under the ledger (a new inode, even a larger one) is read from its
+    start; a deleted one counts nothing, and the next record starts a new file."""
+    import os
+
+    path = tmp_path / "effects.jsonl"
+    ledger = EffectLedger(path)
+    for op in ("old0", "old1", "old2"):
+        ledger.record(op)
+    other = EffectLedger(tmp_path / "other.jsonl")
+    for op in ("new0", "new1", "new2", "new3"):
+        other.record(op)
+    os.replace(tmp_path / "other.jsonl", path)
+    assert ledger.counts() == {"new0": 1, "new1": 1, "new2": 1, "new3": 1}
+    path.unlink()
+    assert ledger.counts() == {}
+    assert ledger.record("b") == 1
+    assert ledger.counts() == {"b": 1}
+
+
+def test_recording_never_fails_after_its_effect_is_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bad line in the file makes counts() raise, but record() still returns (the effect is
+    written: a handler must not turn it into an error and a retry) and logs a warning; a torn
+    last line (a writer that died mid-line) never swallows the next effect."""
+    path = tmp_path / "effects.jsonl"
+    ledger = EffectLedger(path)
+    ledger.record("a")
+    with path.open("a") as fh:
+        fh.write('{"operation_id": "de')  # torn: no newline
+    assert ledger.record("b") >= 1
+    assert "cannot be counted" in caplog.text
+    lines = path.read_text().splitlines()
+    assert lines[-1].startswith('{"operation_id":"b"')  # its own line
+    with pytest.raises(ConfigurationError, match=r"effects\.jsonl:2"):
+        ledger.counts()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"operation_id": null, "ts": 1.0, "detail": {}}',
+        '{"operation_id": "a", "ts": "nan", "detail": {}}',
+        '{"operation_id": "a", "ts": NaN, "detail": {}}',
+        '{"operation_id": "a", "ts": true, "detail": {}}',
+        '{"operation_id": "a", "ts": 1.0, "detail": 5}',
+        '["a", 1.0, {}]',
+    ],
+)
+def test_a_line_of_the_wrong_shape_is_no_effect(tmp_path: Path, line: str) -> None:
+    """Parseable JSON that is not {operation_id: str, ts: finite number, detail: object} is
+    reported with its line, never counted under a made-up id."""
+    path = tmp_path / "effects.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigurationError, match=r"effects\.jsonl:1"):
+        EffectLedger(path).counts()
+
+
+def test_a_directory_is_no_ledger_file(tmp_path: Path) -> None:
+    """EffectLedger(a directory) is a ConfigurationError, not a raw IsADirectoryError."""
+    with pytest.raises(ConfigurationError, match="is a directory"):
+        EffectLedger(tmp_path)

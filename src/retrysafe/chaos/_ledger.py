@@ -9,6 +9,8 @@ lost operations.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import threading
 import time
@@ -21,6 +23,8 @@ from typing import Any
 from retrysafe._exceptions import ConfigurationError
 
 __all__ = ["Effect", "EffectLedger"]
+
+log = logging.getLogger("retrysafe.chaos")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +62,13 @@ class EffectLedger:
         self._counts: Counter[str] = Counter()  # effects per operation, as far as known
         self._offset = 0  # file: bytes read so far (whole lines only)
         self._lines = 0  # file: lines read so far (for error messages)
+        self._file: tuple[int, int] | None = None  # file: (device, inode) read so far
         self.path = Path(path) if path is not None else None
         if self.path is not None:
+            if self.path.is_dir():
+                raise ConfigurationError(
+                    f"the effect ledger file {self.path} is a directory", option="path"
+                )
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.path.touch(exist_ok=True)
@@ -77,7 +86,13 @@ class EffectLedger:
 
         Returns:
             How many effects ``operation_id`` has now, this one included (this process's view
-            when the ledger is in memory; every process's with a file).
+            when the ledger is in memory; every process's with a file). A file that cannot
+            be counted (a line that is no effect) never undoes a written effect: the count
+            is then what could be read plus this one, and a warning is logged.
+
+        Raises:
+            OSError: the line could not be written whole (disk full): the effect is not
+                recorded.
         """
         effect = Effect(operation_id, time.time(), dict(detail))
         with self._lock:
@@ -90,12 +105,24 @@ class EffectLedger:
                 separators=(",", ":"),
                 default=str,
             )
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            data = (line + "\n").encode("utf-8")
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, (line + "\n").encode("utf-8"))
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # a torn line (a writer died mid-line) stays its own
+                written = os.write(fd, data)
             finally:
                 os.close(fd)
-            self._catch_up()
+            if written != len(data):
+                raise OSError(f"effect ledger {self.path}: {written} of {len(data)} bytes written")
+            try:
+                self._catch_up()
+            except ConfigurationError as exc:
+                log.warning(
+                    "effect of %s recorded, but the ledger cannot be counted: %s", operation_id, exc
+                )
+                return self._counts[operation_id] + 1
             return self._counts[operation_id]
 
     def effects(self, operation_id: str | None = None) -> list[Effect]:
@@ -138,18 +165,23 @@ class EffectLedger:
             ConfigurationError: a complete line that is not a ledger line (its number named).
         """
         assert self.path is not None
-        with self.path.open("rb") as fh:
-            if fh.seek(0, os.SEEK_END) < self._offset:  # truncated or replaced: read anew
-                self._effects, self._counts = [], Counter()
-                self._offset = self._lines = 0
+        try:
+            fh = self.path.open("rb")
+        except FileNotFoundError:  # deleted: no effects, until a file is there again
+            self._restart(None)
+            return
+        with fh:
+            stat = os.fstat(fh.fileno())
+            file = (stat.st_dev, stat.st_ino)
+            if file != self._file or stat.st_size < self._offset:  # replaced or truncated
+                self._restart(file)
             fh.seek(self._offset)
             data = fh.read()
         end = data.rfind(b"\n") + 1
         for raw in data[:end].splitlines(keepends=True):
             if raw.strip():
                 try:
-                    doc = json.loads(raw)
-                    effect = Effect(str(doc["operation_id"]), float(doc["ts"]), doc["detail"])
+                    effect = _effect_of(json.loads(raw))
                 except (ValueError, KeyError, TypeError) as exc:
                     text = raw.decode("utf-8", "replace").strip()[:200]
                     raise ConfigurationError(
@@ -162,6 +194,28 @@ class EffectLedger:
             self._lines += 1
             self._offset += len(raw)
 
+    def _restart(self, file: tuple[int, int] | None) -> None:
+        """Forget what was read: the next read starts at the beginning of ``file``."""
+        self._effects, self._counts = [], Counter()
+        self._offset = self._lines = 0
+        self._file = file
+
     def __repr__(self) -> str:
         where = str(self.path) if self.path is not None else "memory"
         return f"EffectLedger({where}, effects={self.total()})"
+
+
+def _effect_of(doc: Any) -> Effect:
+    """The effect of one parsed ledger line.
+
+    Raises:
+        ValueError: not ``{"operation_id": str, "ts": finite number, "detail": object}``.
+    """
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    op, ts, detail = doc["operation_id"], doc["ts"], doc["detail"]
+    if not isinstance(op, str) or not isinstance(detail, dict):
+        raise ValueError("operation_id must be a string and detail an object")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise ValueError("ts must be a finite number")
+    return Effect(op, float(ts), detail)
