@@ -124,3 +124,28 @@ def test_cli_refuses_the_file_with_one_line_before_starting(
     assert lines[0].startswith(f"retrysafe: error: --jobs-file: {path}, {problem}")
     assert out.stdout == ""
     assert list(private_tmp.iterdir()) == []
+
+
+def test_lines_end_at_newlines_only(tmp_path: Path) -> None:
+    """U+2028 and U+0085 inside a string (json.dumps(ensure_ascii=False) writes them raw) are
+    characters, not line ends; CRLF files work; line numbers count newlines."""
+    import json
+
+    path = tmp_path / "jobs.jsonl"
+    first = json.dumps({"job_id": "a", "text": "one\u2028two\x85three"}, ensure_ascii=False)
+    path.write_text(first + "\r\n" + '{"job_id": "b"}\r\n', encoding="utf-8")
+    jobs = read_jobs(path)
+    assert [j["job_id"] for j in jobs] == ["a", "b"]
+    assert jobs[0]["text"] == "one\u2028two\x85three"
+    path.write_text('{"job_id": "a"}\n{"job_id": "b"}\u2028{"job_id": "c"}\n', encoding="utf-8")
+    with pytest.raises(ConfigurationError, match=r"line 2: not valid JSON"):
+        read_jobs(path)
+
+
+def test_an_unterminated_string_is_named_once() -> None:
+    """The JSON error reads 'Unterminated string starting at column N' (no 'at at')."""
+    from retrysafe.demo._jobs import _LineError, _parse_line
+
+    expected = r"^not valid JSON \(Unterminated string starting at column 10\)$"
+    with pytest.raises(_LineError, match=expected):
+        _parse_line('{"text": "open')

@@ -67,7 +67,8 @@ def _parse_line(line: str) -> Any:
     try:
         return json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
-        raise _LineError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        what = exc.msg.removesuffix(" at")  # "Unterminated string starting at"
+        raise _LineError(f"not valid JSON ({what} at column {exc.colno})") from None
     except RecursionError:
         raise _LineError("JSON nested too deeply") from None
     except _LineError:
@@ -142,7 +143,10 @@ def read_jobs(
     suffix = f"~{copies - 1}" if copies > 1 else ""
     jobs: list[dict[str, Any]] = []
     first_line: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # JSON Lines ends lines with "\n" (an optional "\r" before it) only: U+2028 or U+0085 are
+    # characters of a string, as json.dumps(ensure_ascii=False) writes them.
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.removesuffix("\r")
         if not line.strip():
             continue
         try:
