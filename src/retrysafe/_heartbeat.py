@@ -356,4 +356,6 @@ def _loop_sweeper(loop: asyncio.AbstractEventLoop) -> _LoopSweeper:
         sweeper = _LOOP_SWEEPERS[loop] = _LoopSweeper(loop)
     _LAST = (weakref.ref(loop), sweeper)
     return sweeper
+
+
 _THREAD_SWEEPER = _ThreadSweeper()
