@@ -15,7 +15,8 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,7 @@ class EffectLedger:
 
     def effects(self, operation_id: str | None = None) -> list[Effect]:
         """Every recorded effect in commit order, or only those of ``operation_id``."""
-        with self._lock:
-            if self.path is not None:
-                self._catch_up()
+        with self._read():
             found = list(self._effects)
         if operation_id is not None:
             found = [e for e in found if e.operation_id == operation_id]
@@ -137,24 +136,26 @@ class EffectLedger:
 
     def counts(self) -> dict[str, int]:
         """``{operation_id: number of effects}`` for every operation with at least one effect."""
-        with self._lock:
-            if self.path is not None:
-                self._catch_up()
+        with self._read():
             return dict(self._counts)
 
     def count(self, operation_id: str) -> int:
         """How many effects ``operation_id`` has (0 if none)."""
-        with self._lock:
-            if self.path is not None:
-                self._catch_up()
+        with self._read():
             return self._counts[operation_id]
 
     def total(self) -> int:
         """How many effects were recorded in all."""
+        with self._read():
+            return len(self._effects)
+
+    @contextmanager
+    def _read(self) -> Iterator[None]:
+        """Hold the lock, the file's new lines read first (a file ledger)."""
         with self._lock:
             if self.path is not None:
                 self._catch_up()
-            return len(self._effects)
+            yield
 
     def _catch_up(self) -> None:
         """Read the lines appended to the file since the last read (by any process): each

@@ -292,9 +292,7 @@ def run_demo(
     _check_distinct(job_list)
     rates = options.fault_rates()
     with _workdir(workdir) as work:
-        _Halt(stop).check()
         ledger = EffectLedger(work / "effects.jsonl")  # the service's posts, read here
-        progress.note("starting the publishing service and the chaos proxy on loopback")
         service = ServerProcess(
             "retrysafe.demo._child",
             [
@@ -304,9 +302,10 @@ def run_demo(
             log=work / "service.log",
         )
         halt = _Halt(stop, service)
+        halt.check()
+        progress.note("starting the publishing service and the chaos proxy on loopback")
         with contextlib.ExitStack() as running:
             running.callback(service.stop)  # first thing: a stop during start() kills it too
-            halt.check()
             service.start()
             halt.check()
             with ChaosProxy(service.url, rates=rates, seed=options.seed) as proxy:
