@@ -10,9 +10,14 @@ commit does:
         statements are kept here, as they were shipped);
 (rows)  the store's ``finish_attempts`` operation now: on SQLite its block runs once per
         finish with plain parameters (an insert ``RETURNING`` the number, an update), in
-        the same one transaction.
+        the same one transaction;
+(file)  (rows) on a connection with SQLite's default ``temp_store``: statement journals
+        (the savepoint of each operation in a group commit) in a temporary file, as the
+        store did until 2026-12-05.
 
-Prints CPU microseconds per job of the claim and of each record, and (rows)/(json).
+Every connection is opened as the store opens its own (WAL, ``synchronous=NORMAL``, foreign
+keys, ``temp_store=MEMORY``). Prints CPU microseconds per job of the claim and of each
+record, (rows)/(json) and (rows)/(file).
 
     python benchmarks/record_bench.py --jobs 20000
 """
@@ -32,7 +37,7 @@ from retrysafe.client import _store as ops
 from retrysafe.client._models import Attempt, Finish, Job, JobState
 from retrysafe.client._store import _numbered
 from retrysafe.stores._connector import drive
-from retrysafe.stores._sqlite import _execute
+from retrysafe.stores._sqlite import SQLiteConnector, _execute
 
 
 def _finishes(jobs: list[Job], now: float) -> list[Finish]:
@@ -134,13 +139,20 @@ def _record_rows(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
         raise SystemExit("a job was not recorded")
 
 
+def _record_file(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    _record_rows(conn, jobs, now)  # on a connection with temp_store=FILE (see _run)
+
+
 def _run(n: int, record: object) -> tuple[float, float]:
     """(claim, record) CPU microseconds per job over N jobs."""
     with tempfile.TemporaryDirectory() as d, SQLiteStore(Path(d) / "o.db") as store:
         with Outbox(store) as outbox, store.transaction() as tx:
             for i in range(n):
                 outbox.submit("http://127.0.0.1:9/jobs", json={"n": i}, connection=tx)
-        conn = sqlite3.connect(Path(d) / "o.db", isolation_level=None)
+        connector = SQLiteConnector(str(Path(d) / "o.db"), busy_timeout=5.0, readonly=False)
+        conn, _ = connector._connect_writable(5.0)  # as the store opens its own
+        if record is _record_file:
+            conn.execute("PRAGMA temp_store=FILE")
         now = time.time() + 1
         claim = write = 0.0
         done = 0
@@ -174,14 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    rows: dict[str, list[tuple[float, float]]] = {"json": [], "rows": []}
-    for _ in range(args.rounds):  # interleaved: noise hits both alike
-        rows["json"].append(_run(args.jobs, _record_json))
-        rows["rows"].append(_run(args.jobs, _record_rows))
+    variants = {"json": _record_json, "rows": _record_rows, "file": _record_file}
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for _ in range(args.rounds):  # interleaved: noise hits all alike
+        for name, record in variants.items():
+            rows[name].append(_run(args.jobs, record))
     med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
     for name, (claim, write) in med.items():
         print(f"({name}) claim {claim:6.1f} us/job   record {write:6.1f} us/job")
     print(f"record (rows)/(json) = {med['rows'][1] / med['json'][1]:.2f}")
+    print(f"record (rows)/(file) = {med['rows'][1] / med['file'][1]:.2f}")
     return 0
 
 
