@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,14 +289,20 @@ def stop_processes() -> None:
         server.stop(wait=0.0)
 
 
-def serve_inherited(app: Any, fd: int, parent: int) -> None:
+def serve_inherited(
+    app: Any, fd: int, parent: int, *, on_orphaned: Callable[[], None] | None = None
+) -> None:
     """The child's side of :class:`ServerProcess`: serve ``app`` under uvicorn on the
     inherited listening socket ``fd`` until SIGTERM, or until process ``parent`` is gone (a
-    parent killed outright cannot stop its child: the child then exits within 0.1 s)."""
+    parent killed outright cannot stop its child: the child then exits within 0.1 s, after
+    ``on_orphaned``, whose errors are ignored: the parent's cleanup that never ran)."""
 
     def watch_parent() -> None:
         while os.getppid() == parent:
             time.sleep(0.1)
+        if on_orphaned is not None:
+            with contextlib.suppress(Exception):
+                on_orphaned()
         os._exit(0)
 
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()

@@ -20,12 +20,13 @@ from retrysafe.chaos import EffectLedger
 from retrysafe.demo import DemoOptions, run_demo
 
 
-def _service(tmp_path: Path) -> ServerProcess:
+def _service(tmp_path: Path, *extra: str) -> ServerProcess:
     return ServerProcess(
         "retrysafe.demo._child",
         [
             *("--keys", str(tmp_path / "keys.db"), "--ledger", str(tmp_path / "effects.jsonl")),
             *("--lease", "30", "--max-body-size", "1024"),
+            *extra,
         ],
         log=tmp_path / "service.log",
     )
@@ -79,6 +80,77 @@ def test_the_service_process_exits_when_its_parent_is_killed(tmp_path: Path) -> 
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     assert _gone(child, 5), "the service outlived its parent"
+
+
+def _orphan(tmp_path: Path, workdir: Path, *extra: str) -> None:
+    """Start the service from a parent process, SIGKILL the parent, wait for the child."""
+    code = (
+        "import sys, time; from pathlib import Path; "
+        "sys.path.insert(0, sys.argv[2]); "
+        "from test_service_process import _service; "
+        "s = _service(Path(sys.argv[1]), *sys.argv[3:]).start(); "
+        "print(s.proc.pid, flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(workdir), str(Path(__file__).parent), *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone(child, 5), "the service outlived its parent"
+
+
+def test_an_orphaned_service_removes_the_demos_temporary_directory(tmp_path: Path) -> None:
+    """Killed outright, the demo cannot remove its temporary directory: its service does.
+    Without the option (a caller's own directory) nothing is removed."""
+    own = tmp_path / "retrysafe-demo-abc"
+    own.mkdir()
+    _orphan(tmp_path, own, "--remove-when-orphaned", str(own))
+    assert not own.exists()
+
+    other = tmp_path / "my-data"
+    other.mkdir()
+    _orphan(tmp_path, other)
+    assert (other / "keys.db").exists()
+
+
+def test_a_stopped_service_leaves_the_directory_to_the_demo(tmp_path: Path) -> None:
+    """Stopped normally (the demo's own cleanup runs), the service removes nothing."""
+    own = tmp_path / "retrysafe-demo-abc"
+    own.mkdir()
+    with _service(own, "--remove-when-orphaned", str(own)):
+        pass
+    assert (own / "keys.db").exists()
+
+
+def test_a_demo_killed_outright_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    """`retrysafe demo` SIGKILLed mid-run (the OOM killer, `kill -9`): within seconds its
+    temporary directory is gone, and so is its service."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "demo", "--jobs", "100000", "--no-naive"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert demo.stderr is not None
+        for line in demo.stderr:  # the service answers before the outbox is filled
+            if "recording" in line:
+                break
+        dirs = list(tmp_path.glob("retrysafe-demo-*"))
+        assert len(dirs) == 1 and (dirs[0] / "service.log").exists()
+    finally:
+        demo.send_signal(signal.SIGKILL)
+        demo.wait()
+    deadline = time.monotonic() + 5
+    while dirs[0].exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not dirs[0].exists(), "the killed demo's temporary directory was left behind"
 
 
 def test_a_service_that_cannot_start_names_its_last_output(tmp_path: Path) -> None:

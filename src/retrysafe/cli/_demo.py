@@ -143,7 +143,8 @@ def demo(
       143  terminated (SIGTERM)
 
     Interrupted or terminated, it stops its service, proxy and worker and removes its
-    temporary directory, within 5 seconds (a second signal stops it at once).
+    temporary directory, within 5 seconds (a second signal stops it at once). Killed
+    outright (SIGKILL), its service removes that directory within a second.
     """
     from rich.console import Console
     from rich.progress import (
@@ -223,7 +224,12 @@ def demo(
             with bars:
                 outcome = _supervise(
                     lambda stop: run_demo(
-                        options, _Bars(), jobs=job_list, stop=stop, workdir=workdir
+                        options,
+                        _Bars(),
+                        jobs=job_list,
+                        stop=stop,
+                        workdir=workdir,
+                        remove_workdir_if_killed=True,
                     ),
                     signals,
                     workdir,

@@ -266,6 +266,7 @@ def run_demo(
     jobs: Sequence[dict[str, Any]] | None = None,
     stop: threading.Event | None = None,
     workdir: str | os.PathLike[str] | None = None,
+    remove_workdir_if_killed: bool = False,
 ) -> DemoResult:
     """Run the whole demo and return both reports. Starts and stops everything it needs.
 
@@ -278,6 +279,10 @@ def run_demo(
             what runs is stopped (in-flight attempts dropped) within a few seconds.
         workdir: an existing directory for the run's SQLite stores, left in place; default
             a new temporary directory, removed at the end.
+        remove_workdir_if_killed: ``workdir`` is the caller's temporary directory: should
+            this process be killed outright (SIGKILL, the OOM killer), the service process,
+            which outlives it by at most 0.1 s, removes it. (A default temporary directory is
+            always removed so.)
 
     Raises:
         ConfigurationError: bad options or jobs (nothing was started), or a server that
@@ -291,13 +296,18 @@ def run_demo(
     job_list = list(jobs) if jobs is not None else load_jobs(options.jobs_file, options.jobs)
     _check_distinct(job_list)
     rates = options.fault_rates()
-    with _workdir(workdir) as work:
+    with _workdir(workdir) as (work, owned):
+        owned = owned or remove_workdir_if_killed
         ledger = EffectLedger(work / "effects.jsonl")  # the service's posts, read here
+        # A demo killed outright cannot remove its temporary directory: its service, which
+        # outlives it by at most 0.1 s, does (a caller's workdir only when asked to).
+        orphaned = ("--remove-when-orphaned", str(work)) if owned else ()
         service = ServerProcess(
             "retrysafe.demo._child",
             [
                 *("--keys", str(work / "keys.db"), "--ledger", str(ledger.path)),
                 *("--lease", "30", "--max-body-size", str(MAX_BODY_SIZE)),
+                *orphaned,
             ],
             log=work / "service.log",
         )
@@ -323,12 +333,13 @@ def run_demo(
 
 
 @contextlib.contextmanager
-def _workdir(workdir: str | os.PathLike[str] | None) -> Iterator[Path]:
+def _workdir(workdir: str | os.PathLike[str] | None) -> Iterator[tuple[Path, bool]]:
+    """The run's directory, and whether it is the demo's own (a temporary one)."""
     if workdir is not None:
-        yield Path(workdir)
+        yield Path(workdir), False
         return
     with tempfile.TemporaryDirectory(prefix="retrysafe-demo-") as tmp:
-        yield Path(tmp)
+        yield Path(tmp), True
 
 
 def _check_distinct(jobs: Sequence[dict[str, Any]]) -> None:
