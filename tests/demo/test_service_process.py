@@ -61,27 +61,6 @@ def test_the_service_process_publishes_into_the_shared_ledger(tmp_path: Path) ->
     assert _gone(pid, 0.1)
 
 
-def test_the_service_process_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
-    """A parent SIGKILLed outright cannot stop its child: the child notices and exits."""
-    code = (
-        "import sys, time; from pathlib import Path; "
-        "sys.path.insert(0, sys.argv[2]); "
-        "from test_service_process import _service; "
-        "s = _service(Path(sys.argv[1])).start(); "
-        "print(s.proc.pid, flush=True); time.sleep(60)"
-    )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path), str(Path(__file__).parent)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    assert _gone(child, 5), "the service outlived its parent"
-
-
 def _orphan(tmp_path: Path, workdir: Path, *extra: str) -> None:
     """Start the service from a parent process, SIGKILL the parent, wait for the child."""
     code = (
@@ -103,9 +82,12 @@ def _orphan(tmp_path: Path, workdir: Path, *extra: str) -> None:
     assert _gone(child, 5), "the service outlived its parent"
 
 
-def test_an_orphaned_service_removes_the_demos_temporary_directory(tmp_path: Path) -> None:
-    """Killed outright, the demo cannot remove its temporary directory: its service does.
-    Without the option (a caller's own directory) nothing is removed."""
+def test_an_orphaned_service_exits_and_removes_the_demos_temporary_directory(
+    tmp_path: Path,
+) -> None:
+    """A parent SIGKILLed outright cannot stop its child: the child notices and exits, and
+    removes the demo's temporary directory, whose cleanup never ran. Without the option (a
+    caller's own directory) nothing is removed."""
     own = tmp_path / "retrysafe-demo-abc"
     own.mkdir()
     _orphan(tmp_path, own, "--remove-when-orphaned", str(own))
