@@ -255,9 +255,7 @@ class _Conn:
                 self.lock.release()
 
 
-#: WAL pages after which a commit checkpoints (SQLite's default: 1,000), and the size in
-#: bytes the WAL file is trimmed back to after a checkpoint (see _connect_writable).
-WAL_AUTOCHECKPOINT = 10_000
+#: The size in bytes a WAL file is trimmed back to after a checkpoint (_connect_writable).
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 #: Seconds between two checks that a connection's file is still the store's (see
@@ -392,13 +390,10 @@ class SQLiteConnector(Transactions):
             # a temporary file: the batched attempt record takes ~20 % less CPU per job
             # (`python benchmarks/record_bench.py`). They are small: a batch's pages.
             conn.execute("PRAGMA temp_store=MEMORY")
-            # Checkpoint every 10,000 WAL pages (~40 MB), not SQLite's 1,000: a random page
-            # (a key's hash in its index, a job's attempt) is written to the WAL by many
-            # commits between two checkpoints but copied back once, and the checkpoint's
-            # fsyncs, which stall the committing event loop, come a tenth as often. A
-            # first-time key of the middleware: 77 -> 68 µs of wall time in-process. The
-            # WAL file is trimmed back to 64 MiB when a long read let it grow past that.
-            conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
+            # A WAL that a long read let grow (hundreds of MB) is trimmed back to 64 MiB
+            # after the next checkpoint, instead of keeping its size until the last
+            # connection closes. The checkpoint itself stays at SQLite's 1,000 pages: see
+            # the README's Performance section for what a larger one gained and cost.
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         except BaseException:
             conn.close()
