@@ -144,7 +144,8 @@ def demo(
 
     Interrupted or terminated, it stops its service, proxy and worker and removes its
     temporary directory, within 5 seconds (a second signal stops it at once). Killed
-    outright (SIGKILL), its service removes that directory within a second.
+    outright (SIGKILL) while its service runs, the service removes that directory within
+    a second.
     """
     from rich.console import Console
     from rich.progress import (
