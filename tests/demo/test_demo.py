@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,3 +238,30 @@ def test_cli_sigterm_stops_cleanly_and_removes_the_temporary_directory(tmp_path:
     assert "Traceback" not in rest
     assert "retrysafe: error: terminated (SIGTERM)" in rest
     assert list(private_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("closed", "extra"), [("stdout", ()), ("stdout", ("--json",)), ("stderr", ())]
+)
+def test_a_closed_pipe_drops_output_and_the_demo_exits_by_its_verdict(
+    closed: str, extra: tuple[str, ...]
+) -> None:
+    """``retrysafe demo | head -1`` and ``… 2>&1 | head -1``: once the reader is gone, what
+    is left to write is dropped without a traceback, and the exit status is still the
+    verdict (0 here), never 1, which means duplicates or lost jobs."""
+    read, write = os.pipe()
+    os.close(read)  # nobody will ever read: every write to it is EPIPE
+    streams: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    streams[closed] = write
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "retrysafe", "demo", "--jobs", "20", *extra],
+            timeout=120,
+            check=False,
+            text=True,
+            **streams,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in (done.stderr or "")

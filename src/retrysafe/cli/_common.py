@@ -26,6 +26,7 @@ import math
 import os
 import shlex
 import socket
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -54,6 +55,7 @@ __all__ = [
     "STORE_ENV",
     "FloatParamType",
     "Number",
+    "ProgressStream",
     "StoreURL",
     "StrParamType",
     "canonical_scheme",
@@ -69,7 +71,9 @@ __all__ = [
     "opened_store",
     "parse_listen",
     "print_table",
+    "results_console",
     "serving_metrics",
+    "stdout_may_close",
     "store_option",
 ]
 
@@ -559,3 +563,62 @@ def serving_metrics(address: str | None, store: Any, *, log: bool = False) -> It
         yield metrics
     finally:
         server.close()
+
+
+class ProgressStream:
+    """stderr for progress and notes of a long run (``proof``, ``demo``): once it cannot be
+    written (a closed pipe: ``2>&1 | head``), what is written is dropped and the run goes on
+    to its results and its exit status."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream: Any = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is not None:
+            try:
+                self._stream.write(text)
+            except (BrokenPipeError, ValueError, OSError):  # ValueError: closed
+                self._stream = None
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self._stream = None
+
+    def isatty(self) -> bool:
+        return self._stream is not None and bool(self._stream.isatty())
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError("progress stream closed")
+        return int(self._stream.fileno())
+
+
+@contextmanager
+def stdout_may_close() -> Iterator[None]:
+    """Write results on stdout in this block; should its reader leave (``| head -1``), the
+    rest is dropped without a traceback (stdout is pointed at the null device, so nothing
+    fails at exit either) and the command goes on to exit by its own status."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+
+
+def results_console() -> Any:
+    """A rich ``Console`` on stdout for :func:`stdout_may_close`: a closed pipe raises
+    ``BrokenPipeError`` there, instead of rich's own exit 1 (which means "failed" here)."""
+    from rich.console import Console
+
+    class _Results(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return _Results()

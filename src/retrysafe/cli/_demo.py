@@ -12,12 +12,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, NoReturn, cast
 
 import click
 
 from retrysafe._exceptions import RetrysafeError
-from retrysafe.cli._common import Number, errors, fail
+from retrysafe.cli._common import (
+    Number,
+    ProgressStream,
+    errors,
+    fail,
+    results_console,
+    stdout_may_close,
+)
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
 
 if TYPE_CHECKING:
@@ -162,7 +169,12 @@ def demo(
 
     # Attempt log lines would drown the progress bars; warnings still show.
     logging.getLogger("retrysafe").setLevel(logging.WARNING)
-    err = Console(stderr=True)
+    # Progress and notes are dropped once stderr is a closed pipe (`2>&1 | head`): the demo
+    # runs on to its verdict. Not a terminal (a log, CI): one line per note, never wrapped.
+    stream = cast("IO[str]", ProgressStream(sys.stderr))  # the file methods rich uses
+    err = Console(file=stream)
+    if not err.is_terminal:
+        err = Console(file=stream, width=1_000_000)
     with Signals() as signals:
         with errors(flags=_FLAGS):
             options = DemoOptions(
@@ -244,21 +256,22 @@ def demo(
             fail(str(outcome))
         result = outcome
 
-        if as_json:
-            click.echo(json.dumps(result.to_dict(), indent=2))
-        else:
-            out = Console()
-            reports = {}
-            if result.naive is not None:
-                reports["naive client"] = result.naive.report
-            reports["retrysafe"] = result.protected.report
-            out.print(render_reports(reports, title="Effects vs beliefs"))
-            timing = []
-            if result.naive is not None:
-                timing.append(f"naive {result.naive.seconds:.1f} s")
-            timing.append(f"retrysafe {result.protected.seconds:.1f} s")
-            out.print("wall time: " + ", ".join(timing))
-            out.print(_verdict(result.failures), highlight=False)
+        with stdout_may_close():  # `| head -1`: the rest is dropped, the status is the verdict
+            if as_json:
+                click.echo(json.dumps(result.to_dict(), indent=2))
+            else:
+                out = results_console()
+                reports = {}
+                if result.naive is not None:
+                    reports["naive client"] = result.naive.report
+                reports["retrysafe"] = result.protected.report
+                out.print(render_reports(reports, title="Effects vs beliefs"))
+                timing = []
+                if result.naive is not None:
+                    timing.append(f"naive {result.naive.seconds:.1f} s")
+                timing.append(f"retrysafe {result.protected.seconds:.1f} s")
+                out.print("wall time: " + ", ".join(timing))
+                out.print(_verdict(result.failures), highlight=False)
         if as_json:  # stdout stays pure JSON; the verdict goes to stderr
             err.print(_verdict(result.failures), highlight=False)
         if signals.received is not None:

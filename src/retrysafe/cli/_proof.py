@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
 import click
 
 from retrysafe._exceptions import RetrysafeError
-from retrysafe.cli._common import errors, fail
+from retrysafe.cli._common import ProgressStream, errors, fail
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
 from retrysafe.proof._run import _plural
 
@@ -236,7 +236,7 @@ def _report(
 def _tell(message: str) -> None:
     """One line on stderr, dropped when stderr cannot be written (a closed pipe): the results
     are in the files and the exit status says the verdict."""
-    stderr = _Stderr(sys.stderr)
+    stderr = ProgressStream(sys.stderr)
     stderr.write(message + "\n")
     stderr.flush()
 
@@ -311,7 +311,7 @@ def _supervise(
     from retrysafe.proof import ProofError, ProofStoppedError, run_proof
     from retrysafe.proof._backend import kill_children
 
-    stream = cast("IO[str]", _Stderr(sys.stderr))  # the file methods rich uses
+    stream = cast("IO[str]", ProgressStream(sys.stderr))  # the file methods rich uses
     err = Console(file=stream)
     if not err.is_terminal:  # a log file or CI: one line per message, never wrapped at 80
         err = Console(file=stream, width=1_000_000)
@@ -360,37 +360,6 @@ def _supervise(
             return None, value
         raise value
     return value, None
-
-
-class _Stderr:
-    """stderr for progress and notes: once it cannot be written (a closed pipe:
-    ``2>&1 | head``), what is written is dropped and the run goes on to write its results."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream: Any = stream
-
-    def write(self, text: str) -> int:
-        if self._stream is not None:
-            try:
-                self._stream.write(text)
-            except (BrokenPipeError, ValueError, OSError):  # ValueError: closed
-                self._stream = None
-        return len(text)
-
-    def flush(self) -> None:
-        if self._stream is not None:
-            try:
-                self._stream.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                self._stream = None
-
-    def isatty(self) -> bool:
-        return self._stream is not None and bool(self._stream.isatty())
-
-    def fileno(self) -> int:
-        if self._stream is None:
-            raise OSError("progress stream closed")
-        return int(self._stream.fileno())
 
 
 class _Progress:
