@@ -71,6 +71,7 @@ __all__ = [
     "opened_store",
     "parse_listen",
     "print_table",
+    "progress_console",
     "results_console",
     "serving_metrics",
     "stdout_may_close",
@@ -622,3 +623,18 @@ def results_console() -> Any:
             raise BrokenPipeError
 
     return _Results()
+
+
+def progress_console() -> Any:
+    """The rich ``Console`` for a long run's progress and notes: on stderr through
+    :class:`ProgressStream`, and, when stderr is not a terminal (a log, CI), one line per
+    note, never wrapped at 80 columns."""
+    from typing import IO, cast
+
+    from rich.console import Console
+
+    stream = cast("IO[str]", ProgressStream(sys.stderr))  # the file methods rich uses
+    console = Console(file=stream)
+    if not console.is_terminal:
+        console = Console(file=stream, width=1_000_000)
+    return console

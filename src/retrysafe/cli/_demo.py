@@ -12,16 +12,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from retrysafe._exceptions import RetrysafeError
 from retrysafe.cli._common import (
     Number,
-    ProgressStream,
     errors,
     fail,
+    progress_console,
     results_console,
     stdout_may_close,
 )
@@ -154,7 +154,6 @@ def demo(
     outright (SIGKILL) while its service runs, the service removes that directory within
     a second.
     """
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -170,11 +169,8 @@ def demo(
     # Attempt log lines would drown the progress bars; warnings still show.
     logging.getLogger("retrysafe").setLevel(logging.WARNING)
     # Progress and notes are dropped once stderr is a closed pipe (`2>&1 | head`): the demo
-    # runs on to its verdict. Not a terminal (a log, CI): one line per note, never wrapped.
-    stream = cast("IO[str]", ProgressStream(sys.stderr))  # the file methods rich uses
-    err = Console(file=stream)
-    if not err.is_terminal:
-        err = Console(file=stream, width=1_000_000)
+    # runs on to its verdict.
+    err = progress_console()
     with Signals() as signals:
         with errors(flags=_FLAGS):
             options = DemoOptions(

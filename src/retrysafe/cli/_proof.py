@@ -16,12 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from retrysafe._exceptions import RetrysafeError
-from retrysafe.cli._common import ProgressStream, errors, fail
+from retrysafe.cli._common import ProgressStream, errors, fail, progress_console
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
 from retrysafe.proof._run import _plural
 
@@ -306,15 +306,11 @@ def _supervise(
         ``(result, None)`` when it finished; ``(partial result, error)`` when it was stopped
         or a pass failed after others had finished; ``(None, error)`` when nothing ran.
     """
-    from rich.console import Console
 
     from retrysafe.proof import ProofError, ProofStoppedError, run_proof
     from retrysafe.proof._backend import kill_children
 
-    stream = cast("IO[str]", ProgressStream(sys.stderr))  # the file methods rich uses
-    err = Console(file=stream)
-    if not err.is_terminal:  # a log file or CI: one line per message, never wrapped at 80
-        err = Console(file=stream, width=1_000_000)
+    err = progress_console()
     stop = threading.Event()
     outcome: list[Any] = []
     progress = _progress(err)
