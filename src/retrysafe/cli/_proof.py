@@ -306,7 +306,6 @@ def _supervise(
         ``(result, None)`` when it finished; ``(partial result, error)`` when it was stopped
         or a pass failed after others had finished; ``(None, error)`` when nothing ran.
     """
-
     from retrysafe.proof import ProofError, ProofStoppedError, run_proof
     from retrysafe.proof._backend import kill_children
 

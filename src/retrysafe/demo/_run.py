@@ -296,12 +296,12 @@ def run_demo(
     job_list = list(jobs) if jobs is not None else load_jobs(options.jobs_file, options.jobs)
     _check_distinct(job_list)
     rates = options.fault_rates()
-    with _workdir(workdir) as (work, owned):
-        owned = owned or remove_workdir_if_killed
+    with _workdir(workdir) as (work, temporary):
         ledger = EffectLedger(work / "effects.jsonl")  # the service's posts, read here
         # A demo killed outright cannot remove its temporary directory: its service, which
         # outlives it by at most 0.1 s, does (a caller's workdir only when asked to).
-        orphaned = ("--remove-when-orphaned", str(work)) if owned else ()
+        disposable = temporary or remove_workdir_if_killed
+        orphaned = ("--remove-when-orphaned", str(work)) if disposable else ()
         service = ServerProcess(
             "retrysafe.demo._child",
             [
