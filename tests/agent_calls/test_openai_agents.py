@@ -159,7 +159,8 @@ def test_killed_mid_call_then_resumed_in_a_new_process(
         [*args, "resume"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        _wait_for(lambda: slow_tickets.created() >= 1, timeout=15)
+        # generous: the child imports the Agents SDK, seconds on a loaded 2-core machine
+        _wait_for(lambda: slow_tickets.created() >= 1, timeout=60)
         assert not slow_tickets.answered
     finally:
         child.send_signal(signal.SIGKILL)

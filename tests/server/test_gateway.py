@@ -405,17 +405,22 @@ def test_cli_gateway_holds_a_slow_upstream_past_its_lease(
     with pytest.raises(httpx.TimeoutException):
         httpx.post(url, json={}, headers=headers, timeout=1)
     statuses: list[int] = []
+    last_409 = 0.0
     while time.monotonic() - start < 8:
         time.sleep(0.5)
         r = httpx.post(url, json={}, headers=headers, timeout=1)
         statuses.append(r.status_code)
+        if r.status_code == 409:
+            last_409 = time.monotonic() - start
         if r.status_code == 201:
             assert r.headers["idempotent-replayed"] == "true"
             assert r.json() == {"answer": 1}
     assert effects["ai"] == 1
     assert 409 in statuses and statuses[-1] == 201
     assert statuses == sorted(statuses, reverse=True)  # every 409 before every replay
-    assert statuses.count(409) >= 6  # 409 for > 3 s: long past the 2 s lease
+    # 409 still answered > 3 s in: long past the 2 s lease (timed, not counted: a loaded
+    # machine makes fewer retries in the same seconds)
+    assert last_409 > 3.0, statuses
 
 
 def test_slow_drip_upstream_is_cut_at_the_total_deadline(
