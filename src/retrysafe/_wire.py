@@ -223,7 +223,7 @@ class AiohttpEngine:
         self._read_timeout = read_timeout
         self._max_connections = max(1, max_connections)
         self._guard = guard
-        self._literal_ok: dict[tuple[str, int], bool] = {}
+        self._literal_ok: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
@@ -272,22 +272,25 @@ class AiohttpEngine:
         return self._session
 
     def _check_literal(self, url: str) -> None:
+        # Keyed by the URL up to its path (scheme and authority): the same string always
+        # names the same host and port, so later jobs to an origin parse nothing.
+        key = "/".join(url.split("/", 3)[:3])
+        if key in self._literal_ok:
+            return
         from yarl import URL
 
         parsed = URL(url)
         host = parsed.raw_host or ""
         port = parsed.explicit_port or (443 if parsed.scheme == "https" else 80)
-        key = (host, port)
-        if self._literal_ok.get(key):
-            return
         try:
             ipaddress.ip_address(host.strip("[]"))
         except ValueError:
-            return  # a name: the resolver checks it when a connection is opened
-        assert self._guard is not None
-        self._guard.check_literal(host, port, url)
+            pass  # a name: the resolver checks it when a connection is opened
+        else:
+            assert self._guard is not None
+            self._guard.check_literal(host, port, url)
         if len(self._literal_ok) < 4096:
-            self._literal_ok[key] = True
+            self._literal_ok.add(key)
 
     async def send(
         self, method: str, url: str, *, headers: Headers, body: bytes | None, keep: int

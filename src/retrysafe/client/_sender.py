@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,6 +78,7 @@ class SendResult:
 
 #: Headers an attempt's trace replaces (with the key's, which every attempt sets itself).
 _TRACED = frozenset({"idempotency-key", "traceparent", "tracestate"})
+_KEY = frozenset({"idempotency-key"})
 
 
 def make_engine(
@@ -113,6 +114,7 @@ async def send_attempt(
     clock: Callable[[], float] = time.time,
     telemetry: Telemetry | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
+    extra_headers: Sequence[tuple[str, str]] = (),
 ) -> SendResult:
     """Send one attempt of ``job`` with its key and classify what happened.
 
@@ -124,23 +126,29 @@ async def send_attempt(
         telemetry: traces the attempt (its span, and the trace context it sends in
             ``traceparent`` instead of any stored one).
         loop: the running event loop, if the caller knows it (saves looking it up).
+        extra_headers: this attempt's own headers (a webhook's signature), each replacing
+            any stored header of the same name (case-insensitive).
 
     Returns:
         A :class:`SendResult`. Never raises for network or HTTP trouble; cancellation
         (``asyncio.CancelledError``) propagates.
     """
     trace = None if telemetry is None else telemetry.attempt_started(job)
-    if trace is None:
+    if trace is None and not extra_headers:
         headers = [(k, v) for k, v in job.headers if k.lower() != "idempotency-key"]
         headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
         return await _send(engine, job, headers, timeout, clock, loop)
     # The attempt's own trace context replaces the stored one (the submission's), whatever
     # headers the propagator uses (traceparent, tracestate, baggage, b3, ...).
-    traced = list(trace.headers())
-    replaced = _TRACED | {name.lower() for name, _ in traced}
+    traced = [] if trace is None else list(trace.headers())
+    replaced = {name.lower() for name, _ in (*traced, *extra_headers)}
+    replaced |= _TRACED if trace is not None else _KEY
     headers = [(k, v) for k, v in job.headers if k.lower() not in replaced]
+    headers.extend(extra_headers)
     headers.extend(traced)
     headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
+    if trace is None:
+        return await _send(engine, job, headers, timeout, clock, loop)
     try:
         result = await _send(engine, job, headers, timeout, clock, loop)
     except asyncio.CancelledError:

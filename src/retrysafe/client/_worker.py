@@ -19,7 +19,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -803,8 +803,7 @@ class Worker:
                     )
                     self.stats.deferred += 1
                     return
-            if hooks is not None:
-                job = _with_headers(job, await hooks.headers())
+            extra = () if hooks is None else await hooks.headers()
             if lease.is_lost():  # taken over while the hooks ran: the new owner sends it
                 self._not_recorded(job, "before its attempt started")
                 return
@@ -815,6 +814,7 @@ class Worker:
                 clock=self._clock,
                 telemetry=self._telemetry,
                 loop=self._loop,
+                extra_headers=extra,
             )
             lease.settle()
             if lease.is_lost():
@@ -984,15 +984,6 @@ def _attempt_of(job: Job, result: SendResult, *, counted: bool) -> Attempt:
         replayed=result.replayed,
         counted=counted,
     )
-
-
-def _with_headers(job: Job, extra: Sequence[tuple[str, str]]) -> Job:
-    """``job`` with ``extra`` headers replacing stored headers of the same name."""
-    if not extra:
-        return job
-    names = {name.lower() for name, _ in extra}
-    kept = tuple((k, v) for k, v in job.headers if k.lower() not in names)
-    return replace(job, headers=kept + tuple(extra))
 
 
 def _log_attempt(attempt: Attempt, step: Step) -> None:
