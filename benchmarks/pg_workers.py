@@ -15,7 +15,8 @@
 
 Prints jobs/s, the SUCCEEDED count, duplicate effects and lost jobs (a job without an effect):
 a summary on stderr, one JSON line on stdout. Exit status 0 only when every job SUCCEEDED with
-0 duplicates and 0 lost.
+0 duplicates and 0 lost, and every worker but the killed one settled: it exited 0, or 1 after
+leaving jobs UNKNOWN (attempts that ran out on lost answers; step 5 reconciles them).
 
     python benchmarks/pg_workers.py --jobs 10000 --workers 4
 
@@ -76,6 +77,10 @@ def fresh_database(pg_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+#: What a ``worker --until-idle`` that left jobs UNKNOWN says as it exits 1.
+_UNKNOWN_LEFT = "jobs left UNKNOWN:"
 
 
 def _start_worker(db_url: str, args: argparse.Namespace, log: TextIO) -> subprocess.Popen[bytes]:
@@ -144,13 +149,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 exit_codes = [w.returncode for w in workers]
                 for log in logs:
                     log.close()
-                bad = [
-                    (Path(tmp) / f"worker-{n}.log").read_text()[-2000:]
-                    for n, code in enumerate(exit_codes)
-                    if n > 0 and code != 0
+                tails = [
+                    (Path(tmp) / f"worker-{n}.log").read_text()[-2000:] for n in range(len(workers))
                 ]
-                for text in bad:
-                    _say(f"worker failed:\n{text}")
+                # Exit 1 with "left UNKNOWN" is a worker that did its work: its attempts ran out
+                # on answers the proxy lost (more of them time out on a loaded host), and the
+                # reconcile below settles those jobs. Any other non-zero exit is a failure.
+                settled = [
+                    code == 0 or (code == 1 and _UNKNOWN_LEFT in tail)
+                    for code, tail in zip(exit_codes, tails, strict=True)
+                ]
+                for n, text in enumerate(tails):
+                    if n > 0 and not settled[n]:
+                        _say(f"worker failed:\n{text}")
                 before = outbox.counts()
                 unknown = before.get(JobState.UNKNOWN, 0)
                 proxy.heal()
@@ -169,6 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "killed_worker": killed,
         "worker_exit_codes": exit_codes,
+        "workers_settled": settled,
         "seconds": round(delivered, 2),
         "jobs_per_second": round(args.jobs / delivered, 1),
         "unknown_before_reconcile": unknown,
@@ -208,7 +220,7 @@ def main() -> int:
         and result["duplicates"] == 0
         and result["lost"] == 0
         and result["killed_worker"] is not None
-        and all(code == 0 for code in result["worker_exit_codes"][1:])
+        and all(result["workers_settled"][1:])
     )
     return 0 if ok else 1
 

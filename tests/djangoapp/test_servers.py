@@ -77,11 +77,12 @@ def test_answers_lost_after_commit_make_no_second_effect(
 def test_fifty_concurrent_identical_requests_run_the_view_once(
     database: dict[str, str], serve: Callable[..., Server], server: str
 ) -> None:
-    """50 identical requests at once (the view takes 1 s): one runs, the others get 409
+    """50 identical requests at once (the view takes 3 s): one runs, the others get 409
     request-in-progress, and a later repeat gets the replay; one Charge row."""
     app = serve(database, server)
     key = f"burst-{uuid.uuid4().hex[:8]}"
-    headers = {"Idempotency-Key": key, "X-Sleep": "1"}
+    # 3 s: httpx sends 50 requests in well under a second here, but seconds on a slow host
+    headers = {"Idempotency-Key": key, "X-Sleep": "3"}
 
     async def burst() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=60)
