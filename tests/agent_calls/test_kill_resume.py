@@ -35,7 +35,8 @@ def _kill_mid_call(args: list[str], tickets: Tickets, env: dict[str, str] | None
         [sys.executable, CHILD, *args], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
-        _wait_for(lambda: tickets.created() >= 1)
+        # generous: the child imports first, seconds on a loaded 2-core machine
+        _wait_for(lambda: tickets.created() >= 1, timeout=60)
         assert not tickets.answered
     finally:
         child.send_signal(signal.SIGKILL)
@@ -50,7 +51,7 @@ def _run(args: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
         [sys.executable, CHILD, *args],
         capture_output=True,
         text=True,
-        timeout=20,
+        timeout=60,
         check=True,
         env=env,
     )

@@ -544,7 +544,7 @@ def test_killed_in_the_node_and_resumed_from_the_checkpointer(
     args = [CHILD, "guarded", store_url, checkpoints, slow_tickets.url, "thread-k"]
     child = subprocess.Popen([sys.executable, *args, "start"], stdout=subprocess.PIPE)
     try:
-        _wait_for(lambda: slow_tickets.created() >= 1)
+        _wait_for(lambda: slow_tickets.created() >= 1, timeout=60)  # imports LangGraph first
         assert not slow_tickets.answered
     finally:
         child.send_signal(signal.SIGKILL)
@@ -555,7 +555,7 @@ def test_killed_in_the_node_and_resumed_from_the_checkpointer(
         (killed,) = ThreadRuns(store).calls("thread-k")
     assert killed.state is AgentCallState.RUNNING  # recorded before the attempt
     out = subprocess.run(
-        [sys.executable, *args, "resume"], capture_output=True, text=True, timeout=30, check=True
+        [sys.executable, *args, "resume"], capture_output=True, text=True, timeout=60, check=True
     )
     state = json.loads(out.stdout.strip().splitlines()[-1])
     with SQLiteStore(tmp_path / "agent.db") as store:

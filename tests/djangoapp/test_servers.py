@@ -221,7 +221,8 @@ def test_sqlite_transactional_view_longer_than_its_lease_is_not_taken_over(
     app = serve({"RS_SQLITE": str(tmp_path / "db.sqlite3")}, "gunicorn", TRANSACTIONAL=True,
                 LEASE=1.0)  # fmt: skip
     key = f"long-{uuid.uuid4().hex[:8]}"
-    headers = {"Idempotency-Key": key, "X-Sleep": "3"}
+    marker = tmp_path / "view-started"
+    headers = {"Idempotency-Key": key, "X-Sleep": "3", "X-Started": str(marker)}
     results: list[httpx.Response] = []
 
     def first() -> None:
@@ -229,6 +230,12 @@ def test_sqlite_transactional_view_longer_than_its_lease_is_not_taken_over(
 
     sender = threading.Thread(target=first)
     sender.start()
+    # Timed from the view's start, not the send: on a loaded host the request can take
+    # longer than the lease to reach the view.
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the view never started"
+        time.sleep(0.01)
     time.sleep(1.5)  # past the lease
     repeat = httpx.post(f"{app.url}/charge", json={}, headers=headers, timeout=30)
     sender.join(30)

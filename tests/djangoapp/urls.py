@@ -26,6 +26,9 @@ def _charge(request: HttpRequest) -> Charge:
 
 @csrf_exempt
 def charge(request: HttpRequest) -> HttpResponse:
+    started = request.headers.get("X-Started")
+    if started:  # a file that tells the test the view is running (its sleep begins now)
+        Path(started).write_text("started")
     time.sleep(float(request.headers.get("X-Sleep", "0")))
     made = _charge(request)
     crash_marker = request.headers.get("X-Crash-Once")

@@ -127,7 +127,8 @@ async def send_attempt(
             ``traceparent`` instead of any stored one).
         loop: the running event loop, if the caller knows it (saves looking it up).
         extra_headers: this attempt's own headers (a webhook's signature), each replacing
-            any stored header of the same name (case-insensitive).
+            any stored header of the same name (case-insensitive); never the key, which
+            the attempt sets itself.
 
     Returns:
         A :class:`SendResult`. Never raises for network or HTTP trouble; cancellation
@@ -144,7 +145,7 @@ async def send_attempt(
     replaced = {name.lower() for name, _ in (*traced, *extra_headers)}
     replaced |= _TRACED if trace is not None else _KEY
     headers = [(k, v) for k, v in job.headers if k.lower() not in replaced]
-    headers.extend(extra_headers)
+    headers.extend((k, v) for k, v in extra_headers if k.lower() != "idempotency-key")
     headers.extend(traced)
     headers.append((IDEMPOTENCY_KEY_HEADER, job.key))
     if trace is None:
