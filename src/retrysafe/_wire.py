@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,7 @@ from retrysafe._http import no_cookie_jar
 if TYPE_CHECKING:
     import aiohttp
     import httpx
+    from yarl import URL
 
 __all__ = [
     "AddressGuard",
@@ -52,6 +54,7 @@ __all__ = [
     "Engine",
     "HttpxEngine",
     "WireError",
+    "check_transport",
     "make_engine",
     "total_timeout",
 ]
@@ -302,7 +305,7 @@ class AiohttpEngine:
             if self._guard is not None:
                 self._check_literal(url)
             async with session.request(
-                method, url, headers=headers, data=body, allow_redirects=False
+                method, _as_sent(url), headers=headers, data=body, allow_redirects=False
             ) as response:
                 kept, size = await _read_body(response, keep, self._read_timeout)
                 return Answer(
@@ -324,6 +327,27 @@ class AiohttpEngine:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+#: A URL every character of which may appear in a URI as it is (RFC 3986 §2: unreserved,
+#: reserved, and ``%`` only as the start of a percent-encoded octet).
+_SENDABLE = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*")
+
+
+def _as_sent(url: str) -> URL:
+    """``url`` as the request will carry it: byte for byte when it may go on the wire as it
+    is, so that ``%2F`` in a signed query, ``%3B`` in a path segment or ``%2e%2e`` stay what
+    the job stored (aiohttp would otherwise decode and re-encode them, and a signed URL would
+    no longer match its signature). Any other URL (non-ASCII text, a bare ``%``, a literal
+    ``.`` or ``..`` segment) is normalised as httpx normalises it, so both engines send the
+    same request target."""
+    from yarl import URL
+
+    if _SENDABLE.fullmatch(url) is None or "/." in url:
+        import httpx
+
+        url = str(httpx.URL(url))
+    return URL(url, encoded=True)
 
 
 def _from_aiohttp(exc: aiohttp.ClientError) -> WireError:
@@ -538,6 +562,31 @@ def _from_httpx(exc: httpx.HTTPError) -> WireError:
         httpx.UnsupportedProtocol,
     )
     return WireError(type(exc).__name__, str(exc), sent=not isinstance(exc, not_sent))
+
+
+def check_transport(transport: object) -> None:
+    """Refuse anything but ``None`` or an async httpx transport, when it is given rather than
+    when the first job fails on it.
+
+    Raises:
+        ConfigurationError: ``transport`` has no ``handle_async_request`` (a sync
+            ``httpx.HTTPTransport``, a client instead of a transport, any other object).
+    """
+    if transport is None or callable(getattr(transport, "handle_async_request", None)):
+        return
+    from retrysafe._exceptions import ConfigurationError
+
+    kind = type(transport).__name__
+    hint = ""
+    if callable(getattr(transport, "handle_request", None)):
+        hint = " (a sync transport; use httpx.AsyncHTTPTransport or httpx.MockTransport)"
+    elif hasattr(transport, "send") and hasattr(transport, "aclose"):
+        hint = " (a client; pass its transport, or build one with httpx.AsyncHTTPTransport)"
+    raise ConfigurationError(
+        f"transport must be an httpx.AsyncBaseTransport (it needs handle_async_request), "
+        f"not {kind}{hint}",
+        option="transport",
+    )
 
 
 def make_engine(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import socket
 import ssl
 import struct
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from retrysafe import JobState, Outbox, RetryPolicy
+from retrysafe import ConfigurationError, JobState, Outbox, RetryPolicy
 from retrysafe._serving import free_port
 from retrysafe._wire import AiohttpEngine, Answer, HttpxEngine, WireError, _from_aiohttp
 from retrysafe.client import Job
@@ -1058,3 +1059,81 @@ def test_a_cancellation_from_outside_is_not_turned_into_a_timeout() -> None:
 
     asyncio.run(main())
     assert seen == ["cancelled"]
+
+
+# ------------------------------------------------------------------ 7. the URL as stored
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        # Escapes a signed URL or a path segment depends on: byte for byte.
+        ("/s?sig=a%2Bb%3D%3D&x=%26y", "/s?sig=a%2Bb%3D%3D&x=%26y"),
+        ("/s?X-Amz-Credential=AKIA%2F20261205%2Fus-east-1", None),
+        ("/p%3Bx%3Dy/z", None),
+        ("/a/%2e%2e/b?p=%2F%3F%40%3A", None),
+        ("/s?e=%e2%9c%93", None),
+        # Anything else as httpx sends it.
+        ("/\u00e9?q=\u00fc", "/%C3%A9?q=%C3%BC"),
+        ("/a{b}?x=%22y", "/a%7Bb%7D?x=%22y"),
+        ("/a/../b", "/b"),
+        ("/f#fragment", "/f"),
+    ],
+)
+def test_both_engines_send_the_stored_url_as_httpx_would(path: str, sent: str | None) -> None:
+    """aiohttp decodes and re-encodes a URL given as text (``%2F`` became ``/``, ``%3B``
+    became ``;``, ``%2e%2e`` a parent segment): a signed URL then fails its signature and a
+    path names another resource. Both engines must send what httpx sends."""
+    targets: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            targets.append(head.split(b" ", 2)[1])
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}{path}"
+        engines: list[Any] = [
+            AiohttpEngine(connect_timeout=2, read_timeout=2),
+            HttpxEngine(httpx.AsyncHTTPTransport(), connect_timeout=2, read_timeout=2),
+        ]
+        try:
+            for engine in engines:
+                answer = await engine.send("POST", url, headers=[], body=b"{}", keep=16)
+                assert answer.status == 200
+        finally:
+            for engine in engines:
+                await engine.aclose()
+            server.close()
+
+    asyncio.run(main())
+    expected = (sent or path).encode()
+    assert targets == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    ("transport", "hint"),
+    [
+        (httpx.HTTPTransport(), "a sync transport"),
+        (httpx.AsyncClient(), "a client"),
+        (object(), "not object"),
+    ],
+)
+def test_a_transport_that_cannot_send_async_is_refused_when_given(
+    outbox: Outbox, transport: object, hint: str
+) -> None:
+    """Not when the first job fails on it (each job used to end UNKNOWN, AttributeError)."""
+    with pytest.raises(ConfigurationError, match=hint):
+        outbox.worker(transport=transport)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=hint):
+        outbox.reconcile(transport=transport)  # type: ignore[arg-type]
+    assert outbox.worker(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
