@@ -290,6 +290,20 @@ def test_headers_the_client_sets_are_refused(outbox: Outbox, name: str) -> None:
     assert outbox.jobs() == []
 
 
+@pytest.mark.parametrize("value", ["h\u00e9llo", "\u2713", "a\x01b", "a\x7fb", "a\x1bb"])
+def test_header_values_that_are_not_printable_ascii_are_refused(
+    outbox: Outbox, value: str
+) -> None:
+    """httpx refuses a non-ASCII value at every attempt (the job then ended UNKNOWN though
+    nothing was sent) and aiohttp sends raw UTF-8: refused at submit, naming ``headers``;
+    nothing stored. A tab is a valid part of a value (RFC 9110 §5.5)."""
+    with pytest.raises(ConfigurationError, match="not printable ASCII") as info:
+        outbox.submit("http://example.test/x", json={}, headers={"X-Note": value})
+    assert info.value.option == "headers"
+    assert outbox.jobs() == []
+    assert outbox.submit("http://example.test/x", json={}, headers={"X-Note": "a\tb"})
+
+
 def test_ordinary_headers_are_kept(outbox: Outbox) -> None:
     """Headers the client does not set (Authorization, X-…, Content-Type) are sent as given."""
     job = outbox.submit(

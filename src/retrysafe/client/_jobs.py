@@ -158,6 +158,10 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+#: Control characters a header value may not hold (all but the horizontal tab).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
     """The job's extra headers as pairs, each a valid field that the client does not set.
 
@@ -173,6 +177,15 @@ def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
         if not name or not set(name) <= _TOKEN_CHARS or any(c in value for c in "\r\n\0"):
             raise ConfigurationError(
                 f"header {_clip(repr(name))} is not a valid header", option="headers"
+            )
+        if not value.isascii() or _CONTROL.search(value):
+            # RFC 9110 §5.5: visible ASCII, spaces and tabs. httpx refuses anything else at
+            # every attempt, after the job was accepted; aiohttp sends UTF-8 nobody decodes
+            # alike.
+            raise ConfigurationError(
+                f"header {_clip(repr(name))} has a value that is not printable ASCII; "
+                "encode it first (percent-encoding, base64, or RFC 8187's UTF-8''… form)",
+                option="headers",
             )
         low = name.lower()
         if low == "idempotency-key":

@@ -31,6 +31,7 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe._heartbeat import AsyncHeartbeat
+from retrysafe._wire import check_transport
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
 from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, JobState
@@ -454,8 +455,8 @@ class Worker:
     Raises:
         ConfigurationError: bad concurrency/poll interval/grace/queue name/store outage
             limit; a lease, heartbeat or max_run_time that is not finite, <= 0 or too large (see
-            :func:`~retrysafe.core.lease_timing`), a heartbeat not shorter than the lease; or
-            a store without an outbox.
+            :func:`~retrysafe.core.lease_timing`), a heartbeat not shorter than the lease; a
+            ``transport`` that is not an async httpx transport; or a store without an outbox.
 
     Warns:
         RetrysafeWarning: a heartbeat longer than half the lease; a max_run_time shorter
@@ -501,6 +502,7 @@ class Worker:
         self.lease = self.timing.lease
         self.poll_interval = seconds(poll_interval, "poll_interval")
         self.grace = seconds(grace, "grace", allow_zero=True)
+        check_transport(transport)
         self.store, self._owns_store = open_outbox_store(store)
         # The async face serve() runs on (closed when it returns; it reopens if run again).
         self._astore = timed_store(
@@ -1072,12 +1074,13 @@ async def areconcile(
 
     Raises:
         ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string, a bad
-            ``queue`` name.
+            ``queue`` name, a ``transport`` that is not an async httpx transport.
         StoreUnavailableError: the store stayed unavailable for the whole claim window.
     """
     policy = policy or RetryPolicy()
     limit = count(limit, "limit")
     concurrency = count(concurrency, "concurrency")
+    check_transport(transport)
     queue = check_queue(queue)
     if isinstance(ids, str):
         raise ConfigurationError("ids must be a list of job ids, not a string", option="ids")
