@@ -368,11 +368,20 @@ def _from_aiohttp(exc: aiohttp.ClientError) -> WireError:
     if isinstance(exc, aiohttp.ServerTimeoutError):
         return WireError("ReadTimeout", message, sent=True)
     if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return WireError("RemoteProtocolError", message or "server disconnected", sent=True)
+        # Its message is the answer's head when the server closed after sending one (a
+        # RawResponseMessage's repr): say that, not the repr.
+        head = exc.message
+        code = getattr(head, "code", None)
+        if isinstance(head, str) and head:
+            return WireError("RemoteProtocolError", head, sent=True)
+        after = f" after the status line ({code})" if isinstance(code, int) else ""
+        return WireError("RemoteProtocolError", f"server disconnected{after}", sent=True)
     if isinstance(exc, aiohttp.ClientPayloadError):
         return WireError("ReadError", message or "truncated answer", sent=True)
     if isinstance(exc, aiohttp.ClientResponseError):
-        return WireError("RemoteProtocolError", message, sent=True)
+        # An answer that breaks HTTP's grammar: aiohttp words it as a 400 of its own ("400,
+        # message=…"), which reads as though the server had answered 400.
+        return WireError("RemoteProtocolError", f"malformed answer: {exc.message}", sent=True)
     if isinstance(exc, aiohttp.ClientOSError):
         return WireError("ReadError", message, sent=True)
     if isinstance(exc, aiohttp.ClientConnectionResetError):  # writing to a lost connection

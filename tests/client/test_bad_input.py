@@ -304,6 +304,15 @@ def test_header_values_that_are_not_printable_ascii_are_refused(
     assert outbox.submit("http://example.test/x", json={}, headers={"X-Note": "a\tb"})
 
 
+@pytest.mark.parametrize("method", ["CONNECT", "connect", "TRACE"])
+def test_methods_that_make_no_job_are_refused(outbox: Outbox, method: str) -> None:
+    """CONNECT sent ``CONNECT host:port`` (no path) and TRACE echoes: refused, nothing stored."""
+    with pytest.raises(ConfigurationError, match="cannot be a job") as info:
+        outbox.submit("http://example.test/x", json={}, method=method)
+    assert info.value.option == "method"
+    assert outbox.jobs() == []
+
+
 def test_ordinary_headers_are_kept(outbox: Outbox) -> None:
     """Headers the client does not set (Authorization, X-…, Content-Type) are sent as given."""
     job = outbox.submit(

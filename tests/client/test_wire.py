@@ -1133,7 +1133,64 @@ def test_a_transport_that_cannot_send_async_is_refused_when_given(
 ) -> None:
     """Not when the first job fails on it (each job used to end UNKNOWN, AttributeError)."""
     with pytest.raises(ConfigurationError, match=hint):
-        outbox.worker(transport=transport)  # type: ignore[arg-type]
+        outbox.worker(transport=transport)
     with pytest.raises(ConfigurationError, match=hint):
-        outbox.reconcile(transport=transport)  # type: ignore[arg-type]
+        outbox.reconcile(transport=transport)
     assert outbox.worker(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+
+
+# ------------------------------------------------------------ 8. what last_error says
+
+
+def gzip_500(conn: Conn, request: Request) -> None:
+    import gzip
+
+    conn.answer(500, gzip.compress(b"\0" * 100_000), ("Content-Encoding: gzip",))
+
+
+def binary_500(conn: Conn, request: Request) -> None:
+    conn.answer(500, b"oops\0\x1b[31m\x07 red\r\n\tdone")
+
+
+def status_then_close(conn: Conn, request: Request) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\n")
+    conn.close()
+
+
+def bad_header(conn: Conn, request: Request) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nBad Header: x\r\nContent-Length: 0\r\n\r\n")
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [
+        (gzip_500, "-byte answer body, content-encoding gzip"),
+        (binary_500, "oops\ufffd\ufffd[31m\ufffd red\r\n\tdone"),
+        (bad_header, "malformed answer: "),
+    ],
+)
+def test_last_error_is_text_a_person_can_read(
+    outbox: Outbox, serve: Callable[..., RawServer], handler: Handler, expected: str
+) -> None:
+    """A compressed error body is described, not shown as binary; control characters of a
+    body become U+FFFD (tab and newlines stay); an answer that breaks HTTP's grammar is
+    called malformed, not "400, message=…" (no 400 was ever answered)."""
+    server = serve(handler)
+    job = outbox.submit(server.url + "/", json={})
+    run(outbox, policy(attempts=1))
+    error = outbox.get(job.id).last_error or ""
+    assert expected in error
+    assert not any(c in error for c in "\0\x1b\x07"), error
+    assert "400, message" not in error
+
+
+def test_a_server_that_closes_after_the_status_line_is_named_so(
+    serve: Callable[..., RawServer],
+) -> None:
+    """aiohttp's message is then the repr of the parsed head: say what happened instead."""
+    server = serve(status_then_close)
+    error = wire_error(send(server.url + "/"))
+    assert (error.kind, error.sent) == ("RemoteProtocolError", True)
+    assert "RawResponseMessage" not in str(error)
+    assert "server disconnected" in str(error).lower()

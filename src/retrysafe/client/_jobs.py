@@ -158,6 +158,9 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+#: Methods that make no request a job could stand for (RFC 9110 §9.3.6 and §9.3.8).
+_NOT_A_JOB = frozenset({"CONNECT", "TRACE"})
+
 #: Control characters a header value may not hold (all but the horizontal tab).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -302,7 +305,8 @@ def build_job(
 
     Raises:
         ConfigurationError: a URL that is not http(s) or carries credentials
-            (``user:password@``), a bad method or deadline, a malformed header or one the
+            (``user:password@``), a bad method (or ``CONNECT``, ``TRACE``) or deadline, a
+            header that is malformed or not printable ASCII, or one the
             HTTP client sets itself (:data:`RESERVED_HEADERS`: ``Content-Length``, ``Host``,
             ``Transfer-Encoding``, ``Connection`` and the other hop-by-hop fields), both
             ``json`` and ``content``, or an ``Idempotency-Key`` header (pass ``key=``).
@@ -317,6 +321,13 @@ def build_job(
             f"method {_clip(repr(method))} is not an HTTP method", option="method"
         )
     method = method.upper()
+    if method in _NOT_A_JOB:
+        raise ConfigurationError(
+            f"method {method} cannot be a job: CONNECT opens a tunnel to the URL's host (the "
+            "request carries no path) and TRACE echoes the request back (RFC 9110 §9.3.6, "
+            "§9.3.8); neither has an effect a key could make safe to repeat",
+            option="method",
+        )
     pairs = _check_headers(headers)
     if json is not _MISSING and content is not None:
         raise ConfigurationError("pass json= or content=, not both", option="content")

@@ -77,6 +77,9 @@ class SendResult:
 
 
 #: Headers an attempt's trace replaces (with the key's, which every attempt sets itself).
+#: C0 controls but tab and newlines, and DEL, as U+FFFD in an error's detail (a binary answer
+#: body would otherwise put NULs and escape sequences into logs, the CLI and the console).
+_UNPRINTABLE = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127], "\ufffd")
 _TRACED = frozenset({"idempotency-key", "traceparent", "tracestate"})
 _KEY = frozenset({"idempotency-key"})
 
@@ -204,7 +207,12 @@ async def _send(
     detail = None
     if not 200 <= status < 300:
         text = answer.body.decode("utf-8", "replace")
-        detail = text[:_ERROR_BODY_LIMIT] or None
+        coding = headers_in.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity") and answer.body:
+            # Kept as sent (never decompressed: a bomb stays a few KiB): not text to show.
+            detail = f"{answer.size}-byte answer body, content-encoding {coding[:40]}"
+        else:
+            detail = text[:_ERROR_BODY_LIMIT].translate(_UNPRINTABLE) or None
         ctype = headers_in.get("content-type", "").split(";")[0].strip().lower()
         if ctype == PROBLEM_CONTENT_TYPE or ctype == "application/json":
             try:
