@@ -32,6 +32,7 @@ from retrysafe import ConfigurationError, JobState, Outbox, RetryPolicy
 from retrysafe._serving import free_port
 from retrysafe._wire import AiohttpEngine, Answer, HttpxEngine, WireError, _from_aiohttp
 from retrysafe.client import Job
+from retrysafe.webhooks import Webhooks
 
 KEY = "wire-test-key-1"
 MB = 1024 * 1024
@@ -1136,6 +1137,8 @@ def test_a_transport_that_cannot_send_async_is_refused_when_given(
         outbox.worker(transport=transport)
     with pytest.raises(ConfigurationError, match=hint):
         outbox.reconcile(transport=transport)
+    with Webhooks(outbox.store) as hooks, pytest.raises(ConfigurationError, match=hint):
+        hooks.worker(transport=transport)  # wrapped in the SSRF guard's transport after
     assert outbox.worker(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from retrysafe import AsyncOutbox, JobState, Outbox, RetryBudget, RetryPolicy, Worker
 from retrysafe.client import outbox_store
+from retrysafe.client._worker import GRACE_MARGIN
 
 from .conftest import FAST, OutboxDatabase, Script, Step
 
@@ -122,6 +123,20 @@ def test_graceful_stop_releases_what_outlives_the_grace_period(
     asyncio.run(main())
     final = outbox.get(job.id)
     assert (final.state, final.key, final.attempts) == (JobState.PENDING, job.key, 0)
+    assert final.last_error is not None and "may have been sent" in final.last_error
+
+
+def test_by_default_the_grace_outlasts_the_attempt_timeout(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """The documented promise (SIGTERM: in-flight attempts finish) holds for any timeout: by
+    default a stop waits out the attempt's own timeout, and the answer is recorded. (With a
+    fixed 10 s grace, a slower attempt under a longer timeout was cut off and released.)"""
+    slow = RetryPolicy(timeout=30.0)
+    worker = outbox.worker(policy=slow)
+    assert worker.grace == 30.0 + GRACE_MARGIN
+    assert outbox.worker(policy=RetryPolicy(timeout=2.0)).grace == 2.0 + GRACE_MARGIN
+    assert outbox.worker(grace=0).grace == 0
 
 
 def test_retry_budget_defers_but_never_drops_jobs(

@@ -231,8 +231,8 @@ def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
     """Run ``w`` in this thread until idle (``until_idle``) or stopped.
 
     SIGTERM stops it gracefully (no new claims; in-flight attempts finish within the grace,
-    the rest are released PENDING with their key); Ctrl-C cancels in-flight attempts and
-    releases their jobs. Both are handled on the event loop (no exception raised from a
+    by default the attempt timeout plus 5 s, and are recorded); Ctrl-C cancels in-flight
+    attempts and releases their jobs. Both are handled on the event loop (no exception raised from a
     signal handler).
 
     Returns:

@@ -122,6 +122,9 @@ DEFAULT_STORE_OUTAGE_LIMIT = 60.0
 #: renews the lease of every job it is sending, so the lease only bounds how long the jobs of
 #: a dead worker wait before another worker sends them again (SPEC §5 "Crash safety").
 DEFAULT_LEASE = 10.0
+#: Seconds a graceful stop waits beyond the attempt timeout by default: for the answer's
+#: record (and the webhook worker's reads around it) once the attempt itself has ended.
+GRACE_MARGIN = 5.0
 #: The shortest default ``max_run_time`` (seconds); the default is at least twice the timeout.
 DEFAULT_MAX_RUN_TIME = 3600.0
 
@@ -252,6 +255,12 @@ class _StoreOutage:
 
 #: Seconds a cancelled worker waits for a claim already sent, to give its jobs back.
 _CLAIM_WAIT = 5.0
+#: The ``last_error`` of a job whose attempt was cancelled (a stop's grace ran out, Ctrl-C): it
+#: is not counted, but its request may have reached the server.
+_CUT_OFF = (
+    "cancelled during its attempt: the request may have been sent; it is sent again with the "
+    "same key"
+)
 
 
 def _max_run_time(value: float | timedelta | None, policy: RetryPolicy) -> float | timedelta:
@@ -426,7 +435,11 @@ class Worker:
         poll_interval: seconds between store polls when idle (default 0.2); in-process
             submissions wake the worker at once.
         budget: per-destination retry budget (default :class:`RetryBudget`); None disables.
-        grace: seconds :meth:`stop` lets in-flight attempts finish before releasing them.
+        grace: seconds :meth:`stop` lets in-flight attempts finish before releasing them
+            (default: the policy's attempt timeout plus :data:`GRACE_MARGIN`, so every
+            attempt in flight ends by itself, answered or timed out, and is recorded). An
+            attempt cut off by a shorter grace goes back to PENDING uncounted, same key, its
+            ``last_error`` saying it may have been sent.
         transport: an ``httpx.AsyncBaseTransport`` to send through (tests, proxies, your
             own instrumentation); default: retrysafe's aiohttp engine (no retries, no
             redirects, connect and read timeouts from ``policy``; :mod:`retrysafe._wire`).
@@ -474,7 +487,7 @@ class Worker:
         max_run_time: float | timedelta | None = None,
         poll_interval: float | timedelta = 0.2,
         budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen value
-        grace: float | timedelta = 10.0,
+        grace: float | timedelta | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         address_guard: AddressGuard | None = None,
         rng: random.Random | None = None,
@@ -501,7 +514,11 @@ class Worker:
         )
         self.lease = self.timing.lease
         self.poll_interval = seconds(poll_interval, "poll_interval")
-        self.grace = seconds(grace, "grace", allow_zero=True)
+        self.grace = (
+            self.policy.timeout_s + GRACE_MARGIN
+            if grace is None
+            else seconds(grace, "grace", allow_zero=True)
+        )
         check_transport(transport)
         self.store, self._owns_store = open_outbox_store(store)
         # The async face serve() runs on (closed when it returns; it reopens if run again).
@@ -893,7 +910,9 @@ class Worker:
             return
         for job in claimed:
             if job.lease_token is not None:
-                await self._release_now(job, job.lease_token, "cancelled before its attempt")
+                await self._release_now(
+                job, job.lease_token, "cancelled before its attempt", before=True
+            )
 
     def _not_recorded(self, job: Job, when: str) -> None:
         self.stats.lease_lost += 1
@@ -905,13 +924,20 @@ class Worker:
             when,
         )
 
-    async def _release_now(self, job: Job, token: str, why: str) -> None:
+    async def _release_now(
+        self, job: Job, token: str, why: str, *, before: bool = False
+    ) -> None:
         """Give a cancelled job back at once: PENDING, due now, same key. Shielded, so a
         second cancellation does not stop the release half-way."""
         try:
             now = self._clock()
             release = self._astore.release_job(
-                job.id, token, state=JobState.PENDING, due_at=now, error=None, now=now
+                job.id,
+                token,
+                state=JobState.PENDING,
+                due_at=now,
+                error=None if before else _CUT_OFF,
+                now=now,
             )
             if await asyncio.shield(release):
                 self.stats.released += 1

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from retrysafe._exceptions import ConfigurationError
+from retrysafe._wire import check_transport
 from retrysafe.client._outbox import Outbox
 from retrysafe.client._policy import RetryPolicy, seconds
 from retrysafe.client._store import StoreArg
@@ -192,6 +193,7 @@ class Webhooks:
         if inner is None:  # the default engine, its resolver guarded
             options["address_guard"] = SSRFGuard(allow_private=self.allow_private)
         else:
+            check_transport(inner)
             options["transport"] = PinnedTransport(inner, allow_private=self.allow_private)
         attempts = WebhookAttempts(
             self.store,
