@@ -85,6 +85,10 @@ def classify_response(status: int, *, problem_type: str | None = None) -> Classi
     """
     if 200 <= status < 300:
         return Classification(AttemptOutcome.SUCCESS, Committed.YES, Action.SUCCEED)
+    if not 100 <= status <= 599:
+        # No such status (RFC 9110 §15: three digits, 1xx–5xx): an answer that breaks HTTP,
+        # after the request was sent, as a malformed answer is.
+        return classify_transport_error(sent=True)
     if status == 408:
         return Classification(
             AttemptOutcome.REQUEST_TIMEOUT, Committed.PROBABLY_NOT, Action.RETRY, True
