@@ -9,15 +9,18 @@ unique ``application_name``), as in ``test_outages.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
-from retrysafe import StoreUnavailableError
+from retrysafe import ConfigurationError, StoreUnavailableError
 from retrysafe.stores import PostgresStore
 
 H = "e" * 64
@@ -141,4 +144,142 @@ def test_a_read_only_server_is_unavailable_and_writes_once_it_is_writable(
             conn.execute("SET default_transaction_read_only = off")
         assert store.claim(H, "fp", now=1.0, lease=10, retention=100)[0]
     finally:
+        store.close()
+
+
+# ----------------------------------------------------------- a store that does not answer
+
+
+@pytest.fixture
+def locked(pg_url: str, pg_schema: str) -> Iterator[Callable[[], None]]:
+    """Creates the schema, then holds an ACCESS EXCLUSIVE lock on the key table from another
+    session until the test calls the function it gets (or ends)."""
+    PostgresStore(pg_url, schema=pg_schema).close()
+    holder = psycopg.connect(pg_url)
+    holder.execute(f"LOCK TABLE {pg_schema}.idempotency_keys IN ACCESS EXCLUSIVE MODE".encode())
+    yield holder.rollback
+    holder.close()
+
+
+def test_a_lock_held_elsewhere_makes_the_store_unavailable_within_its_statement_timeout(
+    pg_url: str, pg_schema: str, locked: Callable[[], None]
+) -> None:
+    """A statement waiting on a lock ends with StoreUnavailableError (503 + Retry-After at
+    the middleware) after ``statement_timeout``, on both faces, instead of waiting as long
+    as the lock is held (a client hung 19 s here before); once it is released, the store
+    works."""
+    store = PostgresStore(pg_url, schema=pg_schema, statement_timeout=0.5)
+
+    async def claim_async() -> float:
+        keys = store.asyncio_key_store()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError, match="statement timeout"):
+                await keys.claim(H, "fp", now=1.0, lease=10, retention=100)
+            return time.monotonic() - started
+        finally:
+            await keys.aclose()
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="statement timeout"):
+            store.claim(H, "fp", now=1.0, lease=10, retention=100)
+        assert time.monotonic() - started < 4.0
+        assert asyncio.run(claim_async()) < 4.0
+        locked()
+        assert store.claim(H, "fp", now=1.0, lease=10, retention=100)[0]
+    finally:
+        store.close()
+
+
+def test_statement_timeout_is_checked_and_the_urls_own_wins(pg_url: str, pg_schema: str) -> None:
+    for bad in (0, -1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ConfigurationError, match="statement_timeout"):
+            PostgresStore(pg_url, schema=pg_schema, statement_timeout=bad)  # type: ignore[arg-type]
+    url = pg_url + ("&" if "?" in pg_url else "?") + "options=-c%20statement_timeout%3D7000"
+    for store_url, expected in ((pg_url, "2500ms"), (url, "7s")):
+        store = PostgresStore(store_url, schema=pg_schema, statement_timeout=2.5)
+        try:
+            with store.connector.connection() as conn:
+                row = conn.execute("SHOW statement_timeout").fetchone()
+            assert row is not None and row[0] == expected
+        finally:
+            store.close()
+    store = PostgresStore(pg_url, schema=pg_schema, statement_timeout=None)
+    try:
+        with store.connector.connection() as conn:
+            row = conn.execute("SHOW statement_timeout").fetchone()
+        assert row is not None and row[0] == "0"  # the server's default here
+    finally:
+        store.close()
+
+
+class _Swallower:
+    """A TCP relay to PostgreSQL on loopback that, once ``swallow`` is set, keeps accepting
+    bytes and forwards nothing more (a network that loses everything, a frozen host)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.swallow = threading.Event()
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if not self.swallow.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._listener.close()
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_the_async_face_gives_up_on_a_network_that_swallows_the_answer(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's statement_timeout cannot reach a client whose network loses everything:
+    the async face stops waiting ``statement_timeout`` + its margin after sending, with
+    StoreUnavailableError, and gives the answer to no one later."""
+    from retrysafe.stores import _postgres
+
+    monkeypatch.setattr(_postgres, "_CLIENT_MARGIN", 0.5)
+    parts = urlsplit(pg_url)
+    relay = _Swallower(parts.hostname or "127.0.0.1", parts.port or 5432)
+    url = parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{relay.port}").geturl()
+    store = PostgresStore(url, schema=pg_schema, statement_timeout=0.5, connect_timeout=2)
+
+    async def main() -> float:
+        keys = store.asyncio_key_store()
+        assert await keys.get(H) is None  # the pool is open and works
+        relay.swallow.set()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="no answer within 1 s"):
+            await keys.claim(H, "fp", now=1.0, lease=10, retention=100)
+        waited = time.monotonic() - started
+        relay.close()  # the abandoned claim's clean-up ends with the connections
+        await keys.aclose()
+        return waited
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 30)) < 3.0  # a regression hangs: bounded
+    finally:
+        relay.close()
         store.close()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
@@ -272,16 +272,19 @@ _KEEPALIVES = {
 }
 
 
-def _options(url_options: object, schema: str) -> str:
-    """The connection's ``options``: the URL's own (e.g. ``-c statement_timeout=5000``), then
-    ``-c search_path=<schema>``, last, so the store's schema wins over a ``search_path`` the
-    URL names.
+def _options(url_options: object, schema: str, statement_timeout: float | None = None) -> str:
+    """The connection's ``options``: the store's ``-c statement_timeout`` first (so one the
+    URL sets wins), the URL's own (e.g. ``-c work_mem=64MB``), then ``-c
+    search_path=<schema>``, last, so the store's schema wins over a ``search_path`` the URL
+    names.
 
     Raises:
         ConfigurationError: the URL's options end in an unescaped backslash, which would
             escape the space before the store's own option (libpq's quoting).
     """
     own = f"-c search_path={schema}"
+    if statement_timeout is not None:
+        url_options = f"-c statement_timeout={round(statement_timeout * 1000)} {url_options or ''}"
     if not url_options:
         return own
     text = str(url_options)
@@ -303,6 +306,16 @@ class PostgresOptions(TypedDict, total=False):
     min_size: int
     max_size: int
     connect_timeout: float
+    statement_timeout: float | None
+
+
+#: Default ``statement_timeout`` of a PostgreSQL store (seconds): a lock held elsewhere or a
+#: stalled server fails an operation with StoreUnavailableError (503 + Retry-After at the
+#: middleware) instead of holding the request for as long as the stall lasts.
+DEFAULT_STATEMENT_TIMEOUT = 10.0
+#: Seconds the async face waits beyond ``statement_timeout`` for the server's own answer
+#: before it gives up on the connection (a network that swallows everything).
+_CLIENT_MARGIN = 5.0
 
 
 class PostgresConnector(Transactions):
@@ -323,7 +336,18 @@ class PostgresConnector(Transactions):
         min_size: int = 1,
         max_size: int = 10,
         connect_timeout: float = 5.0,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
+        if statement_timeout is not None and (
+            isinstance(statement_timeout, bool)
+            or not isinstance(statement_timeout, int | float)
+            or not 0.001 <= statement_timeout <= 86_400
+        ):
+            raise ConfigurationError(
+                f"statement_timeout must be None or seconds between 0.001 and 86400, "
+                f"not {statement_timeout!r}",
+                option="statement_timeout",
+            )
         if not isinstance(schema, str) or not _SCHEMA_NAME.match(schema):
             raise ConfigurationError(
                 f"schema {schema!r} must be a plain identifier (letters, digits, _)",
@@ -352,11 +376,12 @@ class PostgresConnector(Transactions):
         self.schema = schema
         self.clock: Clock = clock
         self.connect_timeout = connect_timeout
+        self.statement_timeout = statement_timeout
         self.min_size = min_size
         self.max_size = max_size
         self.kwargs: dict[str, Any] = {
             "autocommit": True,
-            "options": _options(params.get("options"), schema),
+            "options": _options(params.get("options"), schema, statement_timeout),
             "connect_timeout": max(2, round(connect_timeout)),
             **{k: v for k, v in _KEEPALIVES.items() if k not in params},
         }
@@ -475,6 +500,8 @@ class PostgresConnector(Transactions):
     def _ensure_schema(self, create: bool) -> None:
         try:
             with psycopg.connect(self.conninfo, **self.kwargs) as conn:
+                # A migration takes as long as it needs (an index on a large table).
+                conn.execute("SET statement_timeout = 0")
                 self._check_or_create(conn, create)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self.translate(exc) from exc
@@ -619,11 +646,45 @@ class AsyncPostgresConnector:
         self.group_commit = group_commit and psycopg.AsyncPipeline.is_supported()
         self._queue: list[_Queued] = []
         self._queue_loop: asyncio.AbstractEventLoop | None = None
-        self._batches: set[asyncio.Task[None]] = set()
+        self._batches: set[asyncio.Task[Any]] = set()
+        timeout = connector.statement_timeout
+        #: Seconds to wait for the server's answer to one operation or batch (None: as long
+        #: as it takes): its statement_timeout should have answered by then.
+        self._limit = None if timeout is None else timeout + _CLIENT_MARGIN
 
     @property
     def url(self) -> str:
         return self._sync.url
+
+    async def _bounded(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """``work``'s result, or :class:`~retrysafe.StoreUnavailableError` once the server
+        has been silent for ``statement_timeout`` + 5 s (a network that swallows its answer,
+        where the server's own timeout cannot reach us). The abandoned work is cancelled and
+        finishes in the background: psycopg cancels the query, the pool drops the
+        connection."""
+        if self._limit is None:
+            return await work
+        task = asyncio.get_running_loop().create_task(work)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self._limit)
+        except BaseException:
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        task.cancel()
+        self._batches.add(task)
+        task.add_done_callback(_abandoned)
+        task.add_done_callback(self._batches.discard)
+        raise StoreUnavailableError(
+            f"PostgreSQL store at {self._sync.where} unavailable: no answer within "
+            f"{self._limit:g} s (statement_timeout + {_CLIENT_MARGIN:g} s)",
+            store=self.url,
+        )
+
+    async def _alone(self, op: Op[_T], atomic: bool) -> _T:
+        async with self._connection() as conn:
+            return await _drive_async(conn, op, atomic)
 
     async def _get_pool(self) -> psycopg_pool.AsyncConnectionPool:
         loop = asyncio.get_running_loop()
@@ -670,8 +731,7 @@ class AsyncPostgresConnector:
         self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
     ) -> _T:
         if not self.group_commit or atomic:
-            async with self._connection() as conn:
-                return await _drive_async(conn, op(), atomic)
+            return await self._bounded(self._alone(op(), atomic))
         loop = asyncio.get_running_loop()
         if loop is not self._queue_loop:
             # A loop that stopped before flushing left its queue behind: nobody awaits it.
@@ -697,8 +757,7 @@ class AsyncPostgresConnector:
             await self._run_alone(batch[0])
             return
         try:
-            async with self._connection() as conn:
-                outcomes = await _drive_batch(conn, [q[0] for q in batch])
+            outcomes = await self._bounded(self._batch([q[0] for q in batch]))
         except StoreUnavailableError as exc:
             # The connection failed (or none came): whether the COMMIT landed is unknown, so
             # nothing is run again; every operation fails as it would have alone.
@@ -719,13 +778,16 @@ class AsyncPostgresConnector:
         for (_, future, _), (ok, value) in zip(batch, outcomes, strict=True):
             _deliver(future, ok, value)
 
+    async def _batch(self, ops: list[Callable[[], Op[Any]]]) -> list[tuple[bool, Any]]:
+        async with self._connection() as conn:
+            return await _drive_batch(conn, ops)
+
     async def _run_alone(self, queued: _Queued) -> None:
         op, future, skippable = queued
         if skippable and future.cancelled():
             return
         try:
-            async with self._connection() as conn:
-                result = await _drive_async(conn, op(), False)
+            result = await self._bounded(self._alone(op(), False))
         except Exception as exc:
             _deliver(future, False, exc)
         except BaseException:
@@ -743,6 +805,12 @@ class AsyncPostgresConnector:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+
+def _abandoned(task: asyncio.Task[Any]) -> None:
+    """Retrieve what an abandoned operation ended with (nobody awaits it any more)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _deliver(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -781,9 +849,18 @@ class PostgresStore(SQLKeyStore):
         min_size, max_size: bounds of the connection pool (per face: sync and async).
         connect_timeout: seconds to wait for a connection (at startup and from the pool)
             before raising :class:`~retrysafe.StoreUnavailableError`.
+        statement_timeout: seconds one statement may run, lock waits included, before it
+            fails with :class:`~retrysafe.StoreUnavailableError` (default 10; PostgreSQL's
+            ``statement_timeout``, sent when connecting; one in the URL's ``options`` wins;
+            None: the server's own setting). It covers the statements of
+            :meth:`transaction` and :meth:`begin_effect` too: pass None, or set your own in
+            the URL, for long statements of your own there. The async face also stops
+            waiting 5 s after it, for a network that swallows the server's answer. Schema
+            creation and migration run without it.
 
     Raises:
-        ConfigurationError: a malformed URL or schema name, bad pool sizes or clock.
+        ConfigurationError: a malformed URL or schema name, bad pool sizes, clock or
+            statement_timeout.
         StoreUnavailableError: the server cannot be reached or refuses the login; the message
             names host and port, never the password.
         SchemaError: the schema is missing (``create=False``) or newer than this release.
