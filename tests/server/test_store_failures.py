@@ -156,3 +156,58 @@ def test_a_store_outage_while_the_handler_runs_does_not_lose_its_record(
     assert result[0].status_code == 201
     assert is_replay(h.post("/slow", key="k-out", json={}))
     assert h.effects.counts["slow"] == 1
+
+
+# ------------------------------------------- a record that landed while it seemed to fail
+
+
+def _settled(outcomes: list[object], record: object) -> tuple[bool, list[str]]:
+    """Drive :func:`settle` of a completion: each try of the op gets the next of
+    ``outcomes`` (an exception is raised into it), a ``get`` gets ``record``. Returns what it
+    decided and the ops it asked for."""
+    from retrysafe.server._engine import settle
+
+    args: tuple[object, ...] = ("h" * 64, 7, object())
+    op: tuple[str, tuple[object, ...], dict[str, object]] = ("complete", args, {})
+    gen = settle(op, wait=None)
+    asked: list[str] = []
+    sent: object = None
+    tries = iter(outcomes)
+    try:
+        request = next(gen)
+        while True:
+            asked.append(request[0])
+            if request[0] == "complete":
+                outcome = next(tries)
+                if isinstance(outcome, BaseException):
+                    request = gen.throw(outcome)
+                    continue
+                sent = outcome
+            elif request[0] == "get":
+                sent = record
+            else:
+                sent = None
+            request = gen.send(sent)
+    except StopIteration as stop:
+        return bool(stop.value), asked
+
+
+def test_a_completion_that_landed_while_the_store_seemed_down_counts_as_written() -> None:
+    """A Redis that stalled ran the timed-out completion after all: the retry finds the key
+    completed under this request's own token. That is its record (replayed as such), not a
+    take-over, and is no longer logged and counted as "fenced"."""
+    from retrysafe import StoreUnavailableError
+    from retrysafe.core import KeyRecord, KeyState
+
+    def record(token: int, state: KeyState) -> KeyRecord:
+        return KeyRecord("h" * 64, "fp", state, token, 0.0, 0.0)
+
+    down = StoreUnavailableError("stalled")
+    ours = record(7, KeyState.COMPLETED)
+    assert _settled([down, False], ours) == (True, ["complete", "sleep", "complete", "get"])
+    # Someone else's token, or still running: a real take-over.
+    assert _settled([down, False], record(8, KeyState.COMPLETED))[0] is False
+    assert _settled([down, False], record(7, KeyState.RUNNING))[0] is False
+    assert _settled([down, False], None)[0] is False
+    # No failed try before: a False is a take-over, with no extra read.
+    assert _settled([False], ours) == (False, ["complete"])

@@ -30,6 +30,7 @@ from retrysafe.core import (
     InvalidKey,
     KeyCheck,
     KeyReused,
+    KeyState,
     MissingKey,
     Problem,
     Replay,
@@ -1061,6 +1062,7 @@ def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:
     """
     delay = _SETTLE_INITIAL
     until = None if wait is None else time.monotonic() + wait
+    retried = False
     while True:
         try:
             ok = yield op
@@ -1069,7 +1071,26 @@ def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:
                 raise
             yield ("sleep", (delay,), {})
             delay = min(delay * 2.0, _SETTLE_MAX)
+            retried = True
             continue
+        if not ok and retried and op[0] == "complete":
+            # A try that failed as "unavailable" may have landed all the same (a store that
+            # stalled, then ran it): this retry then finds the key completed under its own
+            # token, which is this request's record, not a take-over.
+            key_hash, token = op[1][0], op[1][1]
+            try:
+                record = yield ("get", (key_hash,), {})
+            except StoreUnavailableError:
+                if until is not None and time.monotonic() + delay >= until:
+                    raise
+                yield ("sleep", (delay,), {})
+                delay = min(delay * 2.0, _SETTLE_MAX)
+                continue
+            ok = (
+                record is not None
+                and record.fencing_token == token
+                and record.state is KeyState.COMPLETED
+            )
         return bool(ok)
 
 
