@@ -30,6 +30,7 @@ import httpx
 from retrysafe._wire import AiohttpEngine, total_timeout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 from benchmarks._wire import _loop, bare_aiohttp, bare_httpx, endpoint
 
 
@@ -70,9 +71,9 @@ async def via_httpx_aiohttp(url: str, n: int, concurrency: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=positive_int, default=3000)
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args(argv)
     n, c = args.requests, args.concurrency
     have_x = importlib.util.find_spec("httpx_aiohttp") is not None

@@ -57,6 +57,8 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # run as a script
+from benchmarks._args import positive_int, positive_seconds  # noqa: E402
 
 VARIANTS = {
     "a": ("baseline", "none", "no middleware"),
@@ -192,7 +194,7 @@ def run_variant(
         errors = re.search(r"Socket errors: (.*)", out)
         if bad or errors:
             found = " ".join(m.group(0) for m in (bad, errors) if m)
-            print(f"  warning: {code}: {found}")
+            print(f"  warning: {code}: {found}", file=sys.stderr)
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
         return rps
     finally:
@@ -204,14 +206,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per variant")
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--duration", type=positive_seconds, default=10, help="seconds per wrk run"
+    )
+    parser.add_argument(
+        "--rounds", type=positive_int, default=3, help="interleaved rounds per variant"
+    )
+    parser.add_argument("--connections", type=positive_int, default=32)
     parser.add_argument("--variants", default="abcd")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="print only the result, as JSON (progress on stderr)"
+    )
     parser.add_argument("--postgres", default=PG_URL, help="PostgreSQL URL for (e) and (j)")
     parser.add_argument("--redis", default=REDIS_URL, help="Redis URL for (f), (g) and (i)")
     args = parser.parse_args()
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if not args.variants or unknown:
+        parser.error(
+            f"--variants takes letters of {''.join(VARIANTS)}"
+            + (f", not {''.join(unknown)!r}" if unknown else "")
+        )
+    if len(set(args.variants)) != len(args.variants):
+        parser.error("--variants names a variant twice")
+    out = sys.stderr if args.json else sys.stdout
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk")
     results: dict[str, list[float]] = {v: [] for v in args.variants}
@@ -221,30 +238,32 @@ def main() -> None:
                 with store_namespace(code, args.postgres, args.redis) as store_env:
                     rps = run_variant(code, args.duration, args.connections, Path(tmp), store_env)
                 results[code].append(rps)
-                print(f"round {r + 1} ({code}) {VARIANTS[code][2]}: {rps:,.0f} req/s", flush=True)
+                line = f"round {r + 1} ({code}) {VARIANTS[code][2]}: {rps:,.0f} req/s"
+                print(line, file=out, flush=True)
     med = {code: statistics.median(v) for code, v in results.items()}
-    print()
-    print(f"{'variant':<56} {'median req/s':>13} {'vs (a)':>8}")
+    print(file=out)
+    print(f"{'variant':<56} {'median req/s':>13} {'vs (a)':>8}", file=out)
     for code in args.variants:
         ratio = med[code] / med["a"] if "a" in med else float("nan")
-        print(f"({code}) {VARIANTS[code][2]:<52} {med[code]:>13,.0f} {ratio:>8.2f}")
-    print()
+        print(f"({code}) {VARIANTS[code][2]:<52} {med[code]:>13,.0f} {ratio:>8.2f}", file=out)
+    print(file=out)
     for ours, theirs, _ in HEAD_TO_HEAD:
         if ours in med and theirs in med:
             print(
                 f"({ours})/({theirs}) {VARIANTS[ours][2]} vs {VARIANTS[theirs][2]}: "
-                f"{med[ours] / med[theirs]:.2f}x"
+                f"{med[ours] / med[theirs]:.2f}x",
+                file=out,
             )
     for code, (base, target) in TARGETS.items():
         if code in med and base in med:
             ratio = med[code] / med[base]
             verdict = "met" if ratio >= target else "MISSED"
-            print(f"target ({code}) >= {target} x ({base}): {ratio:.2f} {verdict}")
+            print(f"target ({code}) >= {target} x ({base}): {ratio:.2f} {verdict}", file=out)
     for ours, theirs, target in HEAD_TO_HEAD:
         if ours in med and theirs in med:
             ratio = med[ours] / med[theirs]
             verdict = "met" if ratio >= target else "MISSED"
-            print(f"target ({ours}) >= {target:g} x ({theirs}): {ratio:.2f} {verdict}")
+            print(f"target ({ours}) >= {target:g} x ({theirs}): {ratio:.2f} {verdict}", file=out)
     if args.json:
         print(json.dumps({"medians": med, "runs": results}))
 

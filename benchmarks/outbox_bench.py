@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 from retrysafe import JobState, Outbox, RetryPolicy, SQLiteStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 from benchmarks._wire import bare_aiohttp, bare_httpx, endpoint
 
 
@@ -140,11 +141,24 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def _check_store(parser: argparse.ArgumentParser, url: str) -> None:
+    """Exit with a usage error (not a driver traceback) when ``url`` cannot be reached."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        parser.error(f"--store: cannot use {url.split('@')[-1]}: {str(exc).strip()[:200]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--jobs", type=positive_int, default=2000)
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument(
+        "--rounds", type=positive_int, default=3, help="interleaved rounds (default 3)"
+    )
     parser.add_argument(
         "--store",
         default=None,
@@ -152,16 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         help="postgresql://… to run (c) on a fresh database instead of (b) on SQLite",
     )
     parser.add_argument(
-        "--workers", type=int, default=1, help="worker processes for --store (default 1)"
+        "--workers", type=positive_int, default=1, help="worker processes for --store (default 1)"
     )
     args = parser.parse_args(argv)
     if args.store is not None:
         if not args.store.startswith(("postgresql://", "postgres://")):
             parser.error("--store must be a postgresql:// URL (unset: SQLite)")
-        if args.workers < 1:
-            parser.error("--workers must be at least 1")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+        _check_store(parser, args.store)
+    elif args.workers != 1:
+        parser.error("--workers needs --store (the SQLite run has one worker)")
     n, c = args.jobs, args.concurrency
     rates: dict[str, list[float]] = {"a": [], "h": [], "b": [], "b+submit": []}
     shares: list[int] = []

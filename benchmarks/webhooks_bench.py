@@ -37,6 +37,7 @@ from retrysafe import Outbox, RetryPolicy
 from retrysafe.webhooks import Schedule, WebhookPolicy, Webhooks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 from benchmarks._wire import bare_aiohttp, endpoint
 
 ENDPOINTS = 10
@@ -79,12 +80,12 @@ def _webhooks(base: str, events: int, concurrency: int, db: Path) -> tuple[float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--events", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--events", type=positive_int, default=10_000)
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument(
+        "--rounds", type=positive_int, default=3, help="interleaved rounds (default 3)"
+    )
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
     n, c = args.events, args.concurrency
     rates: dict[str, list[float]] = {k: [] for k in ("w", "a", "b", "a+", "b+")}
     with endpoint(200) as base, tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,30 @@
+"""Argument types the benchmarks share: a count or a duration that must be positive, refused
+by argparse with a usage message (exit 2) instead of a traceback, a division by zero or a
+negative rate later."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_seconds(text: str) -> int:
+    """Whole seconds >= 1 (wrk's ``-d`` takes whole seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, not {text}")
+    return int(value)
