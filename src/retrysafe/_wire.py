@@ -346,7 +346,10 @@ def _as_sent(url: str) -> URL:
     if _SENDABLE.fullmatch(url) is None or "/." in url:
         import httpx
 
-        url = str(httpx.URL(url))
+        try:
+            url = str(httpx.URL(url))
+        except httpx.InvalidURL as exc:  # nothing was sent: as aiohttp's own InvalidURL
+            raise WireError("UnsupportedProtocol", str(exc), sent=False) from exc
     return URL(url, encoded=True)
 
 

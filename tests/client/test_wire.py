@@ -1197,3 +1197,10 @@ def test_a_server_that_closes_after_the_status_line_is_named_so(
     assert (error.kind, error.sent) == ("RemoteProtocolError", True)
     assert "RawResponseMessage" not in str(error)
     assert "server disconnected" in str(error).lower()
+
+
+def test_a_url_no_one_can_send_is_unsupported_and_not_sent() -> None:
+    """A URL that passed submit's checks but that neither httpx nor aiohttp can form (here a
+    bracketed host never closed) is "not sent", not an unexpected error retried as sent."""
+    error = wire_error(send("http://[::1/\u00e9"))
+    assert (error.kind, error.sent, error.expected) == ("UnsupportedProtocol", False, True)

@@ -232,8 +232,8 @@ def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
 
     SIGTERM stops it gracefully (no new claims; in-flight attempts finish within the grace,
     by default the attempt timeout plus 5 s, and are recorded); Ctrl-C cancels in-flight
-    attempts and releases their jobs. Both are handled on the event loop (no exception raised from a
-    signal handler).
+    attempts and releases their jobs. Both are handled on the event loop (no exception raised
+    from a signal handler).
 
     Returns:
         The stats and the exit code the signal asks for (143 SIGTERM, 130 SIGINT) or None.
