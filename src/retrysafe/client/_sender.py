@@ -76,10 +76,10 @@ class SendResult:
     detail: str | None
 
 
-#: Headers an attempt's trace replaces (with the key's, which every attempt sets itself).
 #: C0 controls but tab and newlines, and DEL, as U+FFFD in an error's detail (a binary answer
 #: body would otherwise put NULs and escape sequences into logs, the CLI and the console).
 _UNPRINTABLE = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127], "\ufffd")
+#: Headers an attempt's trace replaces (with the key's, which every attempt sets itself).
 _TRACED = frozenset({"idempotency-key", "traceparent", "tracestate"})
 _KEY = frozenset({"idempotency-key"})
 

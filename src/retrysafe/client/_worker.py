@@ -911,8 +911,8 @@ class Worker:
         for job in claimed:
             if job.lease_token is not None:
                 await self._release_now(
-                job, job.lease_token, "cancelled before its attempt", before=True
-            )
+                    job, job.lease_token, "cancelled before its attempt", before=True
+                )
 
     def _not_recorded(self, job: Job, when: str) -> None:
         self.stats.lease_lost += 1
@@ -927,8 +927,9 @@ class Worker:
     async def _release_now(
         self, job: Job, token: str, why: str, *, before: bool = False
     ) -> None:
-        """Give a cancelled job back at once: PENDING, due now, same key. Shielded, so a
-        second cancellation does not stop the release half-way."""
+        """Give a cancelled job back at once: PENDING, due now, same key (``before``: its
+        attempt had not started; else ``last_error`` says the request may have been sent).
+        Shielded, so a second cancellation does not stop the release half-way."""
         try:
             now = self._clock()
             release = self._astore.release_job(
