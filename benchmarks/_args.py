@@ -28,3 +28,14 @@ def positive_seconds(text: str) -> int:
     if not math.isfinite(value) or value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 second, not {text}")
     return int(value)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds, a rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text}")
+    return value

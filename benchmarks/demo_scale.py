@@ -15,9 +15,13 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from retrysafe._gc import tune_for_serving
 from retrysafe.demo import DemoOptions, Progress, run_demo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 
 
 class _Dots(Progress):
@@ -36,9 +40,9 @@ class _Dots(Progress):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--jobs", type=positive_int, default=100_000)
     parser.add_argument("--loss-rate", type=float, default=0.025)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-naive", action="store_true", help="skip the naive pass")
     args = parser.parse_args()

@@ -50,6 +50,9 @@ from retrysafe.demo import PublishingService
 from retrysafe.server import IdempotencyMiddleware
 from retrysafe.stores import PostgresStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_float, positive_int
+
 DEFAULT_PG = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 RATES = FaultRates(
     lose_after_commit=0.025,
@@ -208,14 +211,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("-c", "--concurrency", type=int, default=16, help="per worker")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds per attempt")
-    parser.add_argument("--lease", type=float, default=5.0, help="job lease, seconds")
+    parser.add_argument("--jobs", type=positive_int, default=10_000)
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("-c", "--concurrency", type=positive_int, default=16, help="per worker")
+    parser.add_argument("--timeout", type=positive_float, default=2.0, help="seconds per attempt")
+    parser.add_argument("--lease", type=positive_float, default=5.0, help="job lease, seconds")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL URL (creates a database)")
-    parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument("--max-seconds", type=positive_float, default=900.0)
     args = parser.parse_args()
     logging.getLogger("retrysafe").setLevel(logging.ERROR)
     logging.getLogger("psycopg").setLevel(logging.ERROR)

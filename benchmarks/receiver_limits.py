@@ -34,11 +34,15 @@ import time
 import tracemalloc
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from retrysafe._serving import ServerThread
 from retrysafe.stores import MemoryStore
 from retrysafe.webhooks import WebhookMiddleware, WebhookVerifier, signature_header
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 MIB = 1024 * 1024
@@ -198,7 +202,9 @@ class Case:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mib", type=int, default=300, help="size of the big requests (MiB)")
+    parser.add_argument(
+        "--mib", type=positive_int, default=300, help="size of the big requests (MiB)"
+    )
     args = parser.parse_args(argv)
     total = args.mib * MIB
     now = int(time.time())

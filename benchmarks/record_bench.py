@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import sys
 import tempfile
 import time
 import uuid
@@ -38,6 +39,9 @@ from retrysafe.client._models import Attempt, Finish, Job, JobState
 from retrysafe.client._store import _numbered
 from retrysafe.stores._connector import drive
 from retrysafe.stores._sqlite import SQLiteConnector, _execute
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 
 
 def _finishes(jobs: list[Job], now: float) -> list[Finish]:
@@ -180,8 +184,8 @@ def _run(n: int, record: object, temp_store: str | None = None) -> tuple[float, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=positive_int, default=20000)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args(argv)
     variants = {
         "json": (_record_json, None),

@@ -36,6 +36,7 @@ from retrysafe import IdempotencyMiddleware, Outbox, RetryPolicy, SQLiteStore
 from retrysafe.observability import Prometheus, StoreCollector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 from benchmarks._wire import endpoint
 
 
@@ -120,10 +121,10 @@ def _scrape(jobs: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=5000)
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=positive_int, default=5000)
+    parser.add_argument("--jobs", type=positive_int, default=2000)
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     args = parser.parse_args(argv)
     m_off: list[float] = []  # requests per CPU second: the loop is one CPU-bound thread,
     m_on: list[float] = []  # so other processes on the shared machine distort it least

@@ -35,6 +35,7 @@ import os
 import random
 import re
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -43,6 +44,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 
 LIMIT_MS = 300.0
 #: How far the deep keyset page is: the page after following "older" this many times.
@@ -551,14 +555,16 @@ def _depth(rows: Sequence[Row], row: Row) -> int:
 # ---------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--jobs", type=positive_int, default=100_000)
     parser.add_argument(
         "--store",
         default="sqlite",
         metavar="sqlite|URL",
         help="sqlite (default: a temporary file) or postgresql://… (a fresh schema, dropped)",
     )
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=15, help="interleaved rounds (default 15)"
+    )
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--analyze", action="store_true", help="ANALYZE after seeding")
     parser.add_argument("--explain", action="store_true", help="print the statements' plans")

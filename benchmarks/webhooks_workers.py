@@ -54,6 +54,9 @@ from retrysafe.chaos import ChaosProxy, EffectLedger, FaultRates
 from retrysafe.stores import PostgresStore, SQLiteStore
 from retrysafe.webhooks import Webhooks, WebhookVerifier, generate_secret
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_float, positive_int
+
 DEFAULT_PG = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 ENDPOINTS = 10
 RATES = FaultRates(
@@ -236,12 +239,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument("--compare", action="store_true", help="run both stores; print the ratio")
-    parser.add_argument("--events", type=int, default=10_000)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("-c", "--concurrency", type=int, default=16, help="per worker")
+    parser.add_argument("--events", type=positive_int, default=10_000)
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("-c", "--concurrency", type=positive_int, default=16, help="per worker")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL URL (creates a database)")
-    parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument("--max-seconds", type=positive_float, default=900.0)
     args = parser.parse_args()
     for name in ("retrysafe", "psycopg", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -24,6 +24,7 @@ from typing import Any
 from retrysafe import Outbox, RetryPolicy, SQLiteStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks._args import positive_int
 from benchmarks._wire import endpoint
 
 
@@ -36,9 +37,9 @@ def rss_mib() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--every", type=int, default=10_000, help="jobs between samples")
+    parser.add_argument("--jobs", type=positive_int, default=100_000)
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument("--every", type=positive_int, default=10_000, help="jobs between samples")
     args = parser.parse_args(argv)
     n = args.jobs
     samples: list[tuple[int, float]] = []

@@ -31,6 +31,7 @@ Both give the same guarantees, which is what lets the worker switch engines free
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ipaddress
 import logging
 import re
@@ -584,21 +585,40 @@ def check_transport(transport: object) -> None:
         ConfigurationError: ``transport`` has no ``handle_async_request`` (a sync
             ``httpx.HTTPTransport``, a client instead of a transport, any other object).
     """
-    if transport is None or callable(getattr(transport, "handle_async_request", None)):
+    if transport is None:
         return
     from retrysafe._exceptions import ConfigurationError
 
-    kind = type(transport).__name__
-    hint = ""
-    if callable(getattr(transport, "handle_request", None)):
-        hint = " (a sync transport; use httpx.AsyncHTTPTransport or httpx.MockTransport)"
-    elif hasattr(transport, "send") and hasattr(transport, "aclose"):
-        hint = " (a client; pass its transport, or build one with httpx.AsyncHTTPTransport)"
+    handle = getattr(transport, "handle_async_request", None)
+    if isinstance(transport, type):
+        problem = f"the class {transport.__name__}, not an instance (add the parentheses)"
+    elif not callable(handle):
+        problem = f"not {type(transport).__name__}"
+        if callable(getattr(transport, "handle_request", None)):
+            problem += " (a sync transport; use httpx.AsyncHTTPTransport or httpx.MockTransport)"
+        elif hasattr(transport, "send") and hasattr(transport, "aclose"):
+            problem += " (a client; pass its transport, or httpx.AsyncHTTPTransport())"
+    elif _not_implemented(transport):
+        problem = f"{type(transport).__name__}, which does not implement handle_async_request"
+    elif inspect.isfunction(getattr(handle, "__func__", handle)) and not (
+        inspect.iscoroutinefunction(handle)
+    ):
+        problem = f"{type(transport).__name__}, whose handle_async_request is not async def"
+    else:
+        return
     raise ConfigurationError(
-        f"transport must be an httpx.AsyncBaseTransport (it needs handle_async_request), "
-        f"not {kind}{hint}",
+        f"transport must be an httpx.AsyncBaseTransport instance (it needs an async "
+        f"handle_async_request): {problem}",
         option="transport",
     )
+
+
+def _not_implemented(transport: object) -> bool:
+    """Whether ``transport`` inherits httpx's abstract ``handle_async_request`` unchanged."""
+    import httpx
+
+    base = httpx.AsyncBaseTransport.handle_async_request
+    return getattr(type(transport), "handle_async_request", None) is base
 
 
 def make_engine(

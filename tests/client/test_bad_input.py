@@ -304,6 +304,17 @@ def test_header_values_that_are_not_printable_ascii_are_refused(
     assert outbox.submit("http://example.test/x", json={}, headers={"X-Note": "a\tb"})
 
 
+@pytest.mark.parametrize("value", [" a", "a ", "\t", "a\t", " "])
+def test_header_values_with_outer_whitespace_are_refused(outbox: Outbox, value: str) -> None:
+    """Whitespace around a value is not part of it (RFC 9110 §5.5): httpx's h11 refused it
+    at every attempt (UNKNOWN, nothing sent). Refused at submit; inner spaces are fine."""
+    with pytest.raises(ConfigurationError, match="leading or trailing whitespace") as info:
+        outbox.submit("http://example.test/x", json={}, headers={"X-Note": value})
+    assert info.value.option == "headers"
+    assert outbox.jobs() == []
+    assert outbox.submit("http://example.test/x", json={}, headers={"X-Note": "a b\tc"})
+
+
 @pytest.mark.parametrize("method", ["CONNECT", "connect", "TRACE"])
 def test_methods_that_make_no_job_are_refused(outbox: Outbox, method: str) -> None:
     """CONNECT sent ``CONNECT host:port`` (no path) and TRACE echoes: refused, nothing stored."""

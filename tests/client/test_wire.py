@@ -1121,12 +1121,24 @@ def test_both_engines_send_the_stored_url_as_httpx_would(path: str, sent: str | 
     assert targets == [expected, expected]
 
 
+class _SyncHandler:
+    def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200)
+
+
+class _Unimplemented(httpx.AsyncBaseTransport):
+    pass
+
+
 @pytest.mark.parametrize(
     ("transport", "hint"),
     [
         (httpx.HTTPTransport(), "a sync transport"),
         (httpx.AsyncClient(), "a client"),
         (object(), "not object"),
+        (httpx.MockTransport, "add the parentheses"),
+        (_SyncHandler(), "not async def"),
+        (_Unimplemented(), "does not implement"),
     ],
 )
 def test_a_transport_that_cannot_send_async_is_refused_when_given(

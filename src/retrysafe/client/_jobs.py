@@ -190,6 +190,14 @@ def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
                 "encode it first (percent-encoding, base64, or RFC 8187's UTF-8''… form)",
                 option="headers",
             )
+        if value != value.strip(" \t"):
+            # Not part of a field value (RFC 9110 §5.5): h11 (httpx) refuses it at every
+            # attempt, other clients drop it, so the value would not be the one stored.
+            raise ConfigurationError(
+                f"header {_clip(repr(name))} has a value with leading or trailing whitespace; "
+                "strip it first",
+                option="headers",
+            )
         low = name.lower()
         if low == "idempotency-key":
             raise ConfigurationError(
