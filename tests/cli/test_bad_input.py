@@ -172,6 +172,14 @@ COMMANDS = {
     ("agents", "calls"): ("run-1",),
 }
 
+#: ``--schema`` (PostgreSQL) on every command that opens an outbox, webhook or agent store, as
+#: on ``migrate``: an identifier, so "nan" and "inf" are valid names.
+CASES += [
+    case(*path, *args, "--schema", V, name="--schema", valid=("nan", "inf"))
+    for path, args in COMMANDS.items()
+    if path != ("migrate",)
+]
+
 
 def leaf_commands(
     group: click.Group = cli, path: tuple[str, ...] = ()

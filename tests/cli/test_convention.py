@@ -142,3 +142,34 @@ def test_a_store_without_the_schema_names_the_migrate_command_to_run(
     assert result.exit_code == 1, result.output
     assert f"run `retrysafe migrate --store {url}`" in result.output
     assert "create=True" not in result.output
+
+
+def test_outbox_commands_take_a_postgresql_schema(pg_url: str, pg_schema: str) -> None:
+    """``--schema`` (or RETRYSAFE_SCHEMA) on the outbox, DLQ, webhook and agent commands
+    opens that schema, as ``migrate``, ``keys`` and ``ui`` do: without it a store outside
+    ``public`` could not be used from the command line (a URL's search_path is overridden)."""
+    import json
+
+    runner = CliRunner()
+    made = runner.invoke(cli, ["migrate", "--store", pg_url, "--schema", pg_schema])
+    assert made.exit_code == 0, made.output
+    submitted = runner.invoke(
+        cli, ["jobs", "submit", "--store", pg_url, "--schema", pg_schema, "http://127.0.0.1:9/x"]
+    )
+    assert submitted.exit_code == 0, submitted.output
+    listed = runner.invoke(
+        cli, ["jobs", "list", "--store", pg_url, "--json"], env={"RETRYSAFE_SCHEMA": pg_schema}
+    )
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)["counts"]["pending"] == 1
+    for args in (["dlq", "list"], ["webhooks", "endpoints", "list"], ["agents", "runs"]):
+        result = runner.invoke(cli, [*args, "--store", pg_url, "--schema", pg_schema])
+        assert result.exit_code == 0, (args, result.output)
+
+
+def test_a_schema_for_a_sqlite_store_is_bad_input(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'o.db'}"
+    assert CliRunner().invoke(cli, ["migrate", "--store", store]).exit_code == 0
+    result = CliRunner().invoke(cli, ["jobs", "list", "--store", store, "--schema", "x"])
+    assert result.exit_code == 2
+    assert "only a postgresql:// store has a schema" in result.stderr

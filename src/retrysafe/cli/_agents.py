@@ -100,7 +100,7 @@ def agents() -> None:
 
 
 @agents.command("runs", epilog=epilog())
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1, max=1_000_000))
 @json_option
 def runs(store: str, limit: int, as_json: bool) -> None:
@@ -132,7 +132,7 @@ def runs(store: str, limit: int, as_json: bool) -> None:
 
 @agents.command("calls", epilog=epilog("(no such run);"))
 @click.argument("run_id", type=RunId())
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (full keys).")
 @click.option("--wide", is_flag=True, help="Show full keys in the table.")
 def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:

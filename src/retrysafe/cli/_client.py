@@ -316,7 +316,7 @@ class _JsonLines(logging.Handler):
     "worker",
     epilog=epilog("(--until-idle: some jobs ended UNKNOWN, or the store stayed unreachable);"),
 )
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option(
     "--concurrency",
     "-c",
@@ -458,7 +458,7 @@ def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
 
 
 @jobs.command("submit", epilog=epilog())
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.argument("url")
 @click.option("--data", "-d", default=None, help="JSON body (default {}).")
 @click.option("--method", "-X", type=Method(), default="POST", show_default=True)
@@ -502,7 +502,7 @@ def jobs_submit(
 
 
 @jobs.command("list", epilog=epilog())
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option("--state", "states", multiple=True, type=click.Choice(_STATES))
 @click.option("--limit", type=_LIMIT, default=100, show_default=True)
 @json_option
@@ -524,7 +524,7 @@ def jobs_list(store: str, states: tuple[str, ...], limit: int, as_json: bool) ->
 
 
 @jobs.command("show", epilog=epilog("(no such job);"))
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.argument("job_id", type=JOB_ID)
 @json_option
 def jobs_show(store: str, job_id: str, as_json: bool) -> None:
@@ -551,7 +551,7 @@ def _change(store: str, job_id: str, as_json: bool, op: Callable[[Outbox, str], 
 
 
 @jobs.command("retry", epilog=epilog("(no such job, or not UNKNOWN, REJECTED or CANCELLED);"))
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.argument("job_id", type=JOB_ID)
 @json_option
 def jobs_retry(store: str, job_id: str, as_json: bool) -> None:
@@ -560,7 +560,7 @@ def jobs_retry(store: str, job_id: str, as_json: bool) -> None:
 
 
 @jobs.command("cancel", epilog=epilog("(no such job, or not PENDING);"))
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.argument("job_id", type=JOB_ID)
 @json_option
 def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
@@ -570,7 +570,7 @@ def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
 
 # ---------------------------------------------------------------------- reconcile
 @click.command("reconcile", epilog=epilog("(jobs are still UNKNOWN after it);"))
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option(
     "--timeout", type=_SECONDS, default=10.0, show_default=True, help="Seconds per attempt."
 )
@@ -621,7 +621,7 @@ def dlq() -> None:
 
 
 @dlq.command("list", epilog=epilog())
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option("--limit", type=_LIMIT, default=100, show_default=True)
 @json_option
 def dlq_list(store: str, limit: int, as_json: bool) -> None:
@@ -644,7 +644,7 @@ def dlq_list(store: str, limit: int, as_json: bool) -> None:
 
 
 @dlq.command("replay", epilog=epilog("(an unknown job id);"))
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
 @json_option
@@ -662,7 +662,7 @@ def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: 
 
 
 @dlq.command("purge", epilog=epilog("(not confirmed);"))
-@store_option(schemes=SQL_STORES)
+@store_option(schemes=SQL_STORES, with_schema=True)
 @click.option("--older-than", type=_AGE, default=0.0, help="Seconds unchanged.")
 @click.option(
     "--state", "states", multiple=True, type=click.Choice([s.value for s in DEAD_LETTER_STATES])

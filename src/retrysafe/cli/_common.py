@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import shlex
 import socket
 import sys
@@ -56,6 +57,7 @@ __all__ = [
     "FloatParamType",
     "Number",
     "ProgressStream",
+    "SchemaName",
     "StoreURL",
     "StrParamType",
     "canonical_scheme",
@@ -93,6 +95,8 @@ EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 
 STORE_ENV = "RETRYSAFE_STORE"
+#: The environment variable of ``--schema`` (the PostgreSQL schema of the outbox commands).
+SCHEMA_ENV = "RETRYSAFE_SCHEMA"
 DEFAULT_STORE = "sqlite:///retrysafe.db"
 
 #: The stores the outbox, webhooks and agent runs live on.
@@ -338,20 +342,61 @@ def _sqlite_problem(url: str) -> str | None:
     return None
 
 
+class SchemaName(StrParamType):
+    """A PostgreSQL schema name retrysafe accepts: a plain identifier (letters, digits, _)."""
+
+    name = "schema"
+    _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or self._NAME.fullmatch(value) is None:
+            self.fail(
+                f"{clip(repr(value), 60)} is not a plain identifier (1–63 letters, digits or _, "
+                "not starting with a digit)",
+                param,
+                ctx,
+            )
+        return value
+
+
+#: Where :func:`store_option`'s ``--schema`` leaves its value for :func:`opened_store`.
+_SCHEMA_META = "retrysafe.schema"
+
+
+def _remember_schema(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[_SCHEMA_META] = value
+
+
 @overload
 def store_option(fn: _F) -> _F: ...
 @overload
-def store_option(*, schemes: Sequence[str] | None = None) -> Callable[[_F], _F]: ...
-def store_option(fn: _F | None = None, *, schemes: Sequence[str] | None = None) -> Any:
+def store_option(
+    *, schemes: Sequence[str] | None = None, with_schema: bool = False
+) -> Callable[[_F], _F]: ...
+def store_option(
+    fn: _F | None = None, *, schemes: Sequence[str] | None = None, with_schema: bool = False
+) -> Any:
     """``--store URL`` (env ``RETRYSAFE_STORE``, default ``sqlite:///retrysafe.db``).
 
     ``@store_option(schemes=SQL_STORES)`` lists exactly those schemes in the help and checks
     the URL when the command line is parsed (:class:`StoreURL`). A bare ``@store_option``
     keeps the plain text option of the key-store commands (its help lists every key store);
-    the command checks the URL itself.
+    the command checks the URL itself. ``with_schema`` adds ``--schema NAME`` (env
+    ``RETRYSAFE_SCHEMA``), the PostgreSQL schema :func:`opened_store` opens.
     """
 
     def decorate(f: _F) -> _F:
+        if with_schema:
+            f = click.option(
+                "--schema",
+                envvar=SCHEMA_ENV,
+                type=SchemaName(),
+                default=None,
+                expose_value=False,
+                callback=_remember_schema,
+                help="PostgreSQL schema holding retrysafe's tables (default public).",
+            )(f)
         if schemes is None:
             kind: Any = None
             text = (
@@ -397,13 +442,19 @@ def opened_store(url: str, *, write: bool) -> Iterator[Any]:
 
     scheme = canonical_scheme(url)
     options: dict[str, Any] = {}
+    ctx = click.get_current_context(silent=True)
+    schema = None if ctx is None else ctx.meta.get(_SCHEMA_META)
+    if schema is not None:
+        if scheme != "postgresql":
+            fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
+        options["schema"] = schema
     if scheme == "sqlite":
         path = _sqlite_file(url)
         if path is not None and path != ":memory:" and not Path(path).expanduser().exists():
             fail(no_store_message(url, path), EXIT_USAGE)
         options = {"create": False} if write else {"readonly": True}
     elif scheme == "postgresql":
-        options = {"create": False}
+        options["create"] = False
     store = stores.open_store(url, **options)
     try:
         yield store

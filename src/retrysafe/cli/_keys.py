@@ -40,6 +40,7 @@ from retrysafe.cli._common import (
     EXIT_USAGE,
     KEY_STORES,
     STORE_ENV,
+    SchemaName,
     StoreURL,
     StrParamType,
     canonical_scheme,
@@ -51,7 +52,6 @@ from retrysafe.cli._common import (
     opened_store,
     print_table,
 )
-from retrysafe.cli._migrate import SchemaName
 from retrysafe.core import (
     Claim,
     InProgress,

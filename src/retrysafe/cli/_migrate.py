@@ -12,7 +12,6 @@ command.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,9 +19,8 @@ import click
 
 from retrysafe.cli._common import (
     KEY_STORES,
-    StrParamType,
+    SchemaName,
     canonical_scheme,
-    clip,
     epilog,
     errors,
     json_option,
@@ -77,23 +75,6 @@ def _sql(url: str, schema: str) -> MigrateReport:
     return MigrateReport(
         where, in_schema, dialect, done.action, done.from_version, after, f"{shown}: {msg}"
     )
-
-
-class SchemaName(StrParamType):
-    """A PostgreSQL schema name retrysafe accepts: a plain identifier (letters, digits, _)."""
-
-    name = "schema"
-    _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str) or self._NAME.fullmatch(value) is None:
-            self.fail(
-                f"{clip(repr(value), 60)} is not a plain identifier (1–63 letters, digits or _, "
-                "not starting with a digit)",
-                param,
-                ctx,
-            )
-        return value
 
 
 @click.command(

@@ -14,6 +14,7 @@ from retrysafe.cli._common import (
     EXIT_USAGE,
     KEY_STORES,
     Number,
+    SchemaName,
     canonical_scheme,
     check_port_free,
     errors,
@@ -22,7 +23,6 @@ from retrysafe.cli._common import (
     parse_listen,
     store_option,
 )
-from retrysafe.cli._migrate import SchemaName
 from retrysafe.cli._signals import Signals, Stopper, quiet_server, server_config
 
 __all__ = ["TOKEN_ENV", "ui"]

@@ -235,7 +235,7 @@ def webhooks() -> None:
     """Signed webhook delivery (Standard Webhooks): endpoints, send, DLQ, worker."""
 
 
-_STORE = store_option(schemes=SQL_STORES)
+_STORE = store_option(schemes=SQL_STORES, with_schema=True)
 
 
 # ---------------------------------------------------------------------- endpoints
