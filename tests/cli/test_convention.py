@@ -173,3 +173,32 @@ def test_a_schema_for_a_sqlite_store_is_bad_input(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["jobs", "list", "--store", store, "--schema", "x"])
     assert result.exit_code == 2
     assert "only a postgresql:// store has a schema" in result.stderr
+
+
+def test_the_schema_env_var_is_one_for_every_command_and_the_hint_names_it(
+    pg_url: str, pg_schema: str
+) -> None:
+    """RETRYSAFE_SCHEMA is read by ``migrate`` (and ``keys``, ``ui``) as by the outbox
+    commands; a command on a schema without tables says to migrate *that* schema (the hint
+    without ``--schema`` migrated ``public``)."""
+    import json
+
+    runner = CliRunner()
+    env = {"RETRYSAFE_SCHEMA": pg_schema}
+    missing = runner.invoke(cli, ["jobs", "list", "--store", pg_url], env=env)
+    assert missing.exit_code == 1
+    assert f"--schema {pg_schema}`" in missing.stderr
+    made = runner.invoke(cli, ["migrate", "--store", pg_url, "--json"], env=env)
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.stdout)["schema"] == pg_schema
+    assert runner.invoke(cli, ["jobs", "list", "--store", pg_url], env=env).exit_code == 0
+
+
+@pytest.mark.parametrize("args", [["migrate"], ["jobs", "list"], ["keys", "list"]])
+def test_an_upper_case_schema_is_refused_with_the_name_to_use(
+    pg_url: str, args: list[str]
+) -> None:
+    """PostgreSQL reads ``App`` as ``app`` but would create ``"App"``: refused, exit 2."""
+    result = CliRunner().invoke(cli, [*args, "--store", pg_url, "--schema", "F13D_Up"])
+    assert result.exit_code == 2
+    assert "use 'f13d_up'" in result.stderr

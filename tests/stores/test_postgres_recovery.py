@@ -283,3 +283,10 @@ def test_the_async_face_gives_up_on_a_network_that_swallows_the_answer(
     finally:
         relay.close()
         store.close()
+
+
+def test_an_upper_case_schema_name_is_refused(pg_url: str) -> None:
+    """PostgreSQL folds the unquoted name in search_path (``App`` → ``app``) while the schema
+    is created quoted (``"App"``): such a store could read one schema and create another."""
+    with pytest.raises(ConfigurationError, match="lower-case"):
+        PostgresStore(pg_url, schema="App")

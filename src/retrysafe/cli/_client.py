@@ -276,7 +276,13 @@ def finish(stats: WorkerStats, code: int | None, *, until_idle: bool, what: str)
     if code == EXIT_SIGTERM:
         click.echo(
             f"retrysafe: stopped by SIGTERM: in-flight {what} finished or released (pending, "
-            "same key)",
+            "same key)"
+            + (
+                f"; {stats.lease_lost} not recorded (the store could not be written): sent again "
+                "with the same key once its lease ends"
+                if stats.lease_lost
+                else ""
+            ),
             err=True,
         )
         raise SystemExit(code)

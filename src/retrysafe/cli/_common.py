@@ -203,8 +203,12 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
             from retrysafe.stores._schema import MIGRATE_HINT
             from retrysafe.stores._url_check import redact_url
 
-            command = f"run `retrysafe migrate --store {shlex.quote(redact_url(store))}`"
-            message = message.replace(MIGRATE_HINT, command)
+            command = f"retrysafe migrate --store {shlex.quote(redact_url(store))}"
+            ctx = click.get_current_context(silent=True)
+            schema = None if ctx is None else ctx.meta.get(_SCHEMA_META)
+            if schema is not None:
+                command += f" --schema {schema}"
+            message = message.replace(MIGRATE_HINT, f"run `{command}`")
         fail(f"{flag}: {message}" if flag else message, code)
 
 
@@ -343,16 +347,20 @@ def _sqlite_problem(url: str) -> str | None:
 
 
 class SchemaName(StrParamType):
-    """A PostgreSQL schema name retrysafe accepts: a plain identifier (letters, digits, _)."""
+    """A PostgreSQL schema name retrysafe accepts: a plain lower-case identifier (letters,
+    digits, _; PostgreSQL folds an unquoted name to lower case, so ``App`` would be read as
+    ``app`` but created as ``"App"``)."""
 
     name = "schema"
-    _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+    _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or self._NAME.fullmatch(value) is None:
+            upper = isinstance(value, str) and self._NAME.fullmatch(value.lower()) is not None
             self.fail(
-                f"{clip(repr(value), 60)} is not a plain identifier (1–63 letters, digits or _, "
-                "not starting with a digit)",
+                f"{clip(repr(value), 60)} is not a plain identifier (1–63 lower-case letters, "
+                "digits or _, not starting with a digit)"
+                + (f"; PostgreSQL folds unquoted names: use {value.lower()!r}" if upper else ""),
                 param,
                 ctx,
             )
@@ -446,7 +454,10 @@ def opened_store(url: str, *, write: bool) -> Iterator[Any]:
     schema = None if ctx is None else ctx.meta.get(_SCHEMA_META)
     if schema is not None:
         if scheme != "postgresql":
-            fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
+            fail(
+                f"--schema (or {SCHEMA_ENV}): only a postgresql:// store has a schema",
+                EXIT_USAGE,
+            )
         options["schema"] = schema
     if scheme == "sqlite":
         path = _sqlite_file(url)

@@ -39,6 +39,7 @@ from retrysafe.cli._common import (
     EXIT_FAILED,
     EXIT_USAGE,
     KEY_STORES,
+    SCHEMA_ENV,
     STORE_ENV,
     SchemaName,
     StoreURL,
@@ -192,6 +193,7 @@ def _store_options(fn: Any) -> Any:
     )(fn)
     fn = click.option(
         "--schema",
+        envvar=SCHEMA_ENV,
         type=SchemaName(),
         default=None,
         help="PostgreSQL schema holding retrysafe's tables (default public).",

@@ -19,6 +19,7 @@ import click
 
 from retrysafe.cli._common import (
     KEY_STORES,
+    SCHEMA_ENV,
     SchemaName,
     canonical_scheme,
     epilog,
@@ -86,6 +87,7 @@ def _sql(url: str, schema: str) -> MigrateReport:
 @store_option(schemes=KEY_STORES)
 @click.option(
     "--schema",
+    envvar=SCHEMA_ENV,
     type=SchemaName(),
     default="public",
     show_default=True,

@@ -13,6 +13,7 @@ import click
 from retrysafe.cli._common import (
     EXIT_USAGE,
     KEY_STORES,
+    SCHEMA_ENV,
     Number,
     SchemaName,
     canonical_scheme,
@@ -51,6 +52,7 @@ TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a toke
 )
 @click.option(
     "--schema",
+    envvar=SCHEMA_ENV,
     type=SchemaName(),
     default=None,
     help="PostgreSQL schema holding retrysafe's tables (default public).",

@@ -103,7 +103,7 @@ psycopg.adapters.register_dumper(JsonText, _JsonTextDumper)
 _SCHEMA = {
     k: v.encode() for k, v in load_sql("retrysafe.stores", "sql/schema.postgres.sql").items()
 }
-_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # The layout: these scripts, in order; its tables are what they create.
 _SCRIPTS = ("schema", "outbox_schema", "agents_schema", "webhooks_schema")
 _TABLES = tables(*(_SCHEMA[name].decode() for name in _SCRIPTS))
@@ -350,7 +350,8 @@ class PostgresConnector(Transactions):
             )
         if not isinstance(schema, str) or not _SCHEMA_NAME.match(schema):
             raise ConfigurationError(
-                f"schema {schema!r} must be a plain identifier (letters, digits, _)",
+                f"schema {schema!r} must be a plain lower-case identifier (letters, digits, _; "
+                "PostgreSQL folds unquoted names to lower case)",
                 option="schema",
             )
         if clock not in ("server", "caller"):
