@@ -1055,7 +1055,9 @@ def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:
     new owner's record.
 
     Returns:
-        Whether the store applied the operation (False: the claim was taken over).
+        Whether the store applied the operation (False: the claim was taken over). A
+        completion retried after "unavailable" that finds the key already completed under
+        its own token counts as applied (the earlier try landed).
 
     Raises:
         StoreError: still unavailable after ``wait`` seconds, or any other store error.
@@ -1066,6 +1068,16 @@ def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:
     while True:
         try:
             ok = yield op
+            if not ok and retried and op[0] == "complete":
+                # A try that failed as "unavailable" may have landed all the same (a store
+                # that stalled, then ran it): this retry then finds the key completed under
+                # its own token, which is this request's record, not a take-over.
+                record = yield ("get", (op[1][0],), {})
+                ok = (
+                    record is not None
+                    and record.fencing_token == op[1][1]
+                    and record.state is KeyState.COMPLETED
+                )
         except StoreUnavailableError:
             if until is not None and time.monotonic() + delay >= until:
                 raise
@@ -1073,24 +1085,6 @@ def settle(op: Op, *, wait: float | None) -> Generator[Op, Any, bool]:
             delay = min(delay * 2.0, _SETTLE_MAX)
             retried = True
             continue
-        if not ok and retried and op[0] == "complete":
-            # A try that failed as "unavailable" may have landed all the same (a store that
-            # stalled, then ran it): this retry then finds the key completed under its own
-            # token, which is this request's record, not a take-over.
-            key_hash, token = op[1][0], op[1][1]
-            try:
-                record = yield ("get", (key_hash,), {})
-            except StoreUnavailableError:
-                if until is not None and time.monotonic() + delay >= until:
-                    raise
-                yield ("sleep", (delay,), {})
-                delay = min(delay * 2.0, _SETTLE_MAX)
-                continue
-            ok = (
-                record is not None
-                and record.fencing_token == token
-                and record.state is KeyState.COMPLETED
-            )
         return bool(ok)
 
 
