@@ -660,9 +660,10 @@ class AsyncPostgresConnector:
     async def _bounded(self, work: Coroutine[Any, Any, _T]) -> _T:
         """``work``'s result, or :class:`~retrysafe.StoreUnavailableError` once the server
         has been silent for ``statement_timeout`` + 5 s (a network that swallows its answer,
-        where the server's own timeout cannot reach us). The abandoned work is cancelled and
-        finishes in the background: psycopg cancels the query, the pool drops the
-        connection."""
+        where the server's own timeout cannot reach us): the operations that do not go
+        through a batch (atomic ones, or without group commit). The abandoned work is
+        cancelled and finishes in the background: psycopg cancels the query, the pool drops
+        the connection."""
         if self._limit is None:
             return await work
         task = asyncio.get_running_loop().create_task(work)
@@ -677,11 +678,7 @@ class AsyncPostgresConnector:
         self._batches.add(task)
         task.add_done_callback(_abandoned)
         task.add_done_callback(self._batches.discard)
-        raise StoreUnavailableError(
-            f"PostgreSQL store at {self._sync.where} unavailable: no answer within "
-            f"{self._limit:g} s (statement_timeout + {_CLIENT_MARGIN:g} s)",
-            store=self.url,
-        )
+        raise self._silent()
 
     async def _alone(self, op: Op[_T], atomic: bool) -> _T:
         async with self._connection() as conn:
@@ -754,11 +751,42 @@ class AsyncPostgresConnector:
             task.add_done_callback(self._batches.discard)
 
     async def _run_batch(self, batch: list[_Queued]) -> None:
+        """One batch, in its own task (:meth:`_flush`), under one deadline: past
+        ``statement_timeout`` + 5 s every caller still waiting gets StoreUnavailableError and
+        the task is cancelled (a timer, not a second task per batch: this is the hot path)."""
+        timer = None
+        if self._limit is not None:
+            task = asyncio.current_task()
+            assert task is not None
+            timer = asyncio.get_running_loop().call_later(
+                self._limit, self._expire, batch, task
+            )
+        try:
+            await self._run_batch_now(batch)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, batch: list[_Queued], task: asyncio.Task[Any]) -> None:
+        error = self._silent()
+        for _, future, _ in batch:
+            _deliver(future, False, error)
+        task.cancel()
+
+    def _silent(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"PostgreSQL store at {self._sync.where} unavailable: no answer within "
+            f"{self._limit:g} s (statement_timeout + {_CLIENT_MARGIN:g} s)",
+            store=self.url,
+        )
+
+    async def _run_batch_now(self, batch: list[_Queued]) -> None:
         if len(batch) == 1:
             await self._run_alone(batch[0])
             return
         try:
-            outcomes = await self._bounded(self._batch([q[0] for q in batch]))
+            async with self._connection() as conn:
+                outcomes = await _drive_batch(conn, [q[0] for q in batch])
         except StoreUnavailableError as exc:
             # The connection failed (or none came): whether the COMMIT landed is unknown, so
             # nothing is run again; every operation fails as it would have alone.
@@ -779,16 +807,12 @@ class AsyncPostgresConnector:
         for (_, future, _), (ok, value) in zip(batch, outcomes, strict=True):
             _deliver(future, ok, value)
 
-    async def _batch(self, ops: list[Callable[[], Op[Any]]]) -> list[tuple[bool, Any]]:
-        async with self._connection() as conn:
-            return await _drive_batch(conn, ops)
-
     async def _run_alone(self, queued: _Queued) -> None:
         op, future, skippable = queued
         if skippable and future.cancelled():
             return
         try:
-            result = await self._bounded(self._alone(op(), False))
+            result = await self._alone(op(), False)
         except Exception as exc:
             _deliver(future, False, exc)
         except BaseException:
