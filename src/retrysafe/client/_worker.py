@@ -255,6 +255,13 @@ class _StoreOutage:
 
 #: Seconds a cancelled worker waits for a claim already sent, to give its jobs back.
 _CLAIM_WAIT = 5.0
+#: With a backlog, a worker claims once at least this many slots are free (a quarter of its
+#: concurrency, at least 1), not once per finished job: one claim statement for 8 jobs costs
+#: SQLite about twice one for 1 job, not eight times (``benchmarks/record_bench.py``).
+_CLAIM_BATCH_MAX = 8
+#: Seconds a free slot waits for others before it is claimed for alone (a few slow attempts
+#: must not leave the free slots idle until they end).
+_CLAIM_DELAY = 0.005
 #: The ``last_error`` of a job whose attempt was cancelled (a stop's grace ran out, Ctrl-C): it
 #: is not counted, but its request may have reached the server.
 _CUT_OFF = (
@@ -507,6 +514,8 @@ class Worker:
         )
         self.policy = policy or RetryPolicy()
         self.concurrency = count(concurrency, "concurrency")
+        self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
+        self._backlog = False
         self.timing = lease_timing(
             DEFAULT_LEASE if lease is None else lease,
             heartbeat=heartbeat,
@@ -641,16 +650,24 @@ class Worker:
             guard=self._guard,
         )
 
+        claim_at = self._claim_at
+
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
-            wake.set()
+            # With a backlog, wake for the first free slot (it waits up to _CLAIM_DELAY for
+            # company) and from claim_at free slots on; in between the loop sleeps through.
+            free = self.concurrency - len(tasks)
+            if free == 1 or free >= claim_at or not self._backlog:
+                wake.set()
 
         failures = 0
+        eager = True
+        self._backlog = False
         try:
             while not self._stopping:
                 wake.clear()
                 try:
-                    timeout = await self._poll(client, tasks, done, until_idle)
+                    timeout = await self._poll(client, tasks, done, until_idle, eager)
                 except StoreUnavailableError as exc:
                     timeout = self._outage.failed(exc, failures)
                     failures += 1
@@ -664,9 +681,13 @@ class Worker:
                 if timeout is None:
                     break
                 if timeout > 0 and not wake.is_set():
-                    with contextlib.suppress(asyncio.TimeoutError):
+                    eager = False
+                    try:
                         await asyncio.wait_for(wake.wait(), timeout)
+                    except asyncio.TimeoutError:
+                        eager = True  # waited long enough: claim whatever is free
                 else:
+                    eager = False
                     await asyncio.sleep(0)
             # Graceful stop: let in-flight attempts finish, then release the rest.
             if tasks:
@@ -717,9 +738,16 @@ class Worker:
         tasks: set[asyncio.Task[None]],
         done: Callable[[asyncio.Task[None]], None],
         until_idle: bool,
+        eager: bool = True,
     ) -> float | None:
-        """Claim what is due and start it; return how long to wait (None: idle, stop)."""
+        """Claim what is due and start it; return how long to wait (None: idle, stop).
+
+        While the last claim found a backlog (it filled every free slot), fewer than
+        :attr:`_claim_at` free slots wait up to :data:`_CLAIM_DELAY` seconds for more before
+        they are claimed (``eager``: the loop's last wait timed out, claim them now)."""
         free = self.concurrency - len(tasks)
+        if 0 < free < self._claim_at and tasks and self._backlog and not eager:
+            return min(_CLAIM_DELAY, self.poll_interval)
         if free > 0:
             loop = self._loop
             assert loop is not None
@@ -742,7 +770,8 @@ class Worker:
                 task = loop.create_task(self._process(client, job))
                 tasks.add(task)
                 task.add_done_callback(done)
-            if len(claimed) == free:
+            self._backlog = len(claimed) == free
+            if self._backlog:
                 return 0.0  # there may be more due jobs
         if until_idle and not tasks:
             counts = await self._astore.count_jobs(queue=self.queue)
