@@ -21,6 +21,7 @@ from retrysafe import (
     reconcile,
 )
 from retrysafe.client._jobs import MAX_PAYLOAD_DEPTH
+from retrysafe.webhooks import WebhookPolicy, Webhooks
 
 from .conftest import Script, Step
 
@@ -182,6 +183,33 @@ def test_bad_policy_values_are_refused(bad: dict[str, object]) -> None:
     """attempts < 1, wait_max < wait_initial, an unknown jitter: ConfigurationError."""
     with pytest.raises(ConfigurationError):
         RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", [{"attempts": 3}, "fast", 5, WebhookPolicy()])
+def test_a_policy_that_is_no_retry_policy_is_refused_at_construction(
+    sqlite_path: Path, policy: object
+) -> None:
+    """A dict, a name, a number or a WebhookPolicy as ``policy=``: ConfigurationError naming
+    the option, at construction (it failed at the first job with an AttributeError), and no
+    store file is created by the refused Outbox."""
+    url = f"sqlite:///{sqlite_path}"
+    for make in (
+        lambda: Outbox(url, policy=policy),  # type: ignore[arg-type]
+        lambda: Worker(url, policy=policy),  # type: ignore[arg-type]
+        lambda: reconcile(url, policy=policy),
+    ):
+        with pytest.raises(ConfigurationError, match="policy must be a RetryPolicy") as info:
+            make()
+        assert info.value.option == "policy"
+    assert not sqlite_path.exists()
+
+
+def test_webhooks_refuse_a_retry_policy(sqlite_path: Path) -> None:
+    """``Webhooks(policy=RetryPolicy())`` (the outbox's policy, not the schedules'):
+    ConfigurationError at construction instead of an AttributeError at add_endpoint."""
+    with pytest.raises(ConfigurationError, match="policy must be a WebhookPolicy"):
+        Webhooks(f"sqlite:///{sqlite_path}", policy=RetryPolicy())  # type: ignore[arg-type]
+    assert not sqlite_path.exists()
 
 
 def _circular() -> dict[str, object]:

@@ -24,7 +24,7 @@ from retrysafe.client._jobs import (
     notify_submitted,
 )
 from retrysafe.client._models import Attempt, Job, JobState, NewJob
-from retrysafe.client._policy import RetryPolicy, count, seconds
+from retrysafe.client._policy import RetryPolicy, count, policy_or_default, seconds
 from retrysafe.client._store import StoreArg, open_outbox_store
 from retrysafe.client._worker import ReconcileReport, Worker, areconcile
 from retrysafe.observability._telemetry import Telemetry, telemetry_of
@@ -72,8 +72,8 @@ class Outbox:
     ) -> None:
         self.queue = check_queue(queue)
         self.telemetry = telemetry_of(telemetry)
+        self.policy = policy_or_default(policy, RetryPolicy)  # before a store is opened
         self.store, self._owns_store = open_outbox_store(store)
-        self.policy = policy or RetryPolicy()
         self._clock = clock
 
     def __repr__(self) -> str:

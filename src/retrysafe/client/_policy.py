@@ -13,7 +13,7 @@ import random
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.client._models import JobState
@@ -30,6 +30,26 @@ __all__ = [
     "retry_step",
     "seconds",
 ]
+
+_P = TypeVar("_P")
+
+
+def policy_or_default(value: object, kind: type[_P], option: str = "policy") -> _P:
+    """``value`` when it is a ``kind``; a default ``kind()`` when it is None.
+
+    Raises:
+        ConfigurationError: anything else (``option``), e.g. a ``WebhookPolicy`` given to an
+            ``Outbox`` or a ``RetryPolicy`` to ``Webhooks``: each would fail later, at the
+            first job or endpoint, with an ``AttributeError`` far from its cause.
+    """
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ConfigurationError(
+            f"{option} must be a {kind.__name__} or None, got {type(value).__name__}",
+            option=option,
+        )
+    return value
 
 
 def count(value: object, option: str) -> int:

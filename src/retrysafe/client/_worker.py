@@ -41,6 +41,7 @@ from retrysafe.client._policy import (
     count,
     deadline_passed,
     next_step,
+    policy_or_default,
     reconcile_step,
     seconds,
 )
@@ -512,7 +513,7 @@ class Worker:
             if store_outage_limit is None
             else seconds(store_outage_limit, "store_outage_limit")
         )
-        self.policy = policy or RetryPolicy()
+        self.policy = policy_or_default(policy, RetryPolicy)
         self.concurrency = count(concurrency, "concurrency")
         self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
         self._backlog = False
@@ -1130,10 +1131,11 @@ async def areconcile(
 
     Raises:
         ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string, a bad
-            ``queue`` name, a ``transport`` that is not an async httpx transport.
+            ``queue`` name, a ``transport`` that is not an async httpx transport, a
+            ``policy`` that is no :class:`RetryPolicy`.
         StoreUnavailableError: the store stayed unavailable for the whole claim window.
     """
-    policy = policy or RetryPolicy()
+    policy = policy_or_default(policy, RetryPolicy)
     limit = count(limit, "limit")
     concurrency = count(concurrency, "concurrency")
     check_transport(transport)

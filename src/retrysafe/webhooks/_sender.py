@@ -27,7 +27,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from retrysafe._exceptions import ConfigurationError
 from retrysafe._wire import check_transport
 from retrysafe.client._outbox import Outbox
-from retrysafe.client._policy import RetryPolicy, seconds
+from retrysafe.client._policy import RetryPolicy, policy_or_default, seconds
 from retrysafe.client._store import StoreArg
 from retrysafe.client._worker import Worker
 from retrysafe.observability._telemetry import telemetry_of
@@ -98,7 +98,7 @@ class Webhooks:
         rotation_overlap: float | timedelta = ROTATION_OVERLAP,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.policy = policy or WebhookPolicy()
+        self.policy = policy_or_default(policy, WebhookPolicy)
         self.allow_private = bool(allow_private)
         self.rotation_overlap = seconds(rotation_overlap, "rotation_overlap", allow_zero=True)
         self._clock = clock
