@@ -212,6 +212,20 @@ def test_webhooks_refuse_a_retry_policy(sqlite_path: Path) -> None:
     assert not sqlite_path.exists()
 
 
+def test_a_policy_class_instead_of_an_instance_says_so(sqlite_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"the class RetryPolicy \(pass an instance"):
+        Outbox(f"sqlite:///{sqlite_path}", policy=RetryPolicy)  # type: ignore[arg-type]
+
+
+def test_the_webhook_worker_names_the_policy_it_takes(sqlite_path: Path) -> None:
+    """``Webhooks.worker(policy=WebhookPolicy())``: the error says where a WebhookPolicy goes."""
+    with (
+        Webhooks(f"sqlite:///{sqlite_path}") as hooks,
+        pytest.raises(ConfigurationError, match=r"given to Webhooks\(policy=…\)"),
+    ):
+        hooks.worker(policy=WebhookPolicy())
+
+
 def _circular() -> dict[str, object]:
     payload: dict[str, object] = {"items": [1]}
     payload["items"].append(payload)  # type: ignore[attr-defined]

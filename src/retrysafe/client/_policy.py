@@ -45,9 +45,14 @@ def policy_or_default(value: object, kind: type[_P], option: str = "policy") -> 
     if value is None:
         return kind()
     if not isinstance(value, kind):
+        if isinstance(value, type):
+            got = f"the class {value.__name__}"
+            if issubclass(value, kind):
+                got += f" (pass an instance, e.g. {value.__name__}())"
+        else:
+            got = type(value).__name__
         raise ConfigurationError(
-            f"{option} must be a {kind.__name__} or None, got {type(value).__name__}",
-            option=option,
+            f"{option} must be a {kind.__name__} or None, got {got}", option=option
         )
     return value
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import signal
 import time
@@ -256,12 +257,14 @@ class _StoreOutage:
 
 #: Seconds a cancelled worker waits for a claim already sent, to give its jobs back.
 _CLAIM_WAIT = 5.0
-#: With a backlog, a worker claims once at least this many slots are free (a quarter of its
-#: concurrency, at least 1), not once per finished job: one claim statement for 8 jobs costs
-#: SQLite about twice one for 1 job, not eight times (``benchmarks/record_bench.py``).
+#: With a backlog, a worker claims at once when at least this many slots are free (a quarter
+#: of its concurrency, at least 1), not once per finished job: one claim statement for 8 jobs
+#: costs SQLite about twice one for 1 job, not eight times (``benchmarks/record_bench.py``).
 _CLAIM_BATCH_MAX = 8
-#: Seconds a free slot waits for others before it is claimed for alone (a few slow attempts
-#: must not leave the free slots idle until they end).
+#: Seconds the first free slot waits for company before fewer are claimed. The wait is
+#: halved after each claim it did not fill (a few attempts hang, the others are fast: waiting
+#: only slows the free slots down) and restored by a full batch; wakes (a stream of submits)
+#: never extend it.
 _CLAIM_DELAY = 0.005
 #: The ``last_error`` of a job whose attempt was cancelled (a stop's grace ran out, Ctrl-C): it
 #: is not counted, but its request may have reached the server.
@@ -517,6 +520,8 @@ class Worker:
         self.concurrency = count(concurrency, "concurrency")
         self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
         self._backlog = False
+        self._first_free_at = -math.inf
+        self._claim_wait = _CLAIM_DELAY
         self.timing = lease_timing(
             DEFAULT_LEASE if lease is None else lease,
             heartbeat=heartbeat,
@@ -655,20 +660,23 @@ class Worker:
 
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
-            # With a backlog, wake for the first free slot (it waits up to _CLAIM_DELAY for
+            # With a backlog, wake for the first free slot (it may wait _claim_wait for
             # company) and from claim_at free slots on; in between the loop sleeps through.
             free = self.concurrency - len(tasks)
+            if free == 1:
+                self._first_free_at = loop.time()
             if free == 1 or free >= claim_at or not self._backlog:
                 wake.set()
 
         failures = 0
-        eager = True
         self._backlog = False
+        self._first_free_at = -math.inf
+        self._claim_wait = _CLAIM_DELAY
         try:
             while not self._stopping:
                 wake.clear()
                 try:
-                    timeout = await self._poll(client, tasks, done, until_idle, eager)
+                    timeout = await self._poll(client, tasks, done, until_idle)
                 except StoreUnavailableError as exc:
                     timeout = self._outage.failed(exc, failures)
                     failures += 1
@@ -682,13 +690,9 @@ class Worker:
                 if timeout is None:
                     break
                 if timeout > 0 and not wake.is_set():
-                    eager = False
-                    try:
+                    with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(wake.wait(), timeout)
-                    except asyncio.TimeoutError:
-                        eager = True  # waited long enough: claim whatever is free
                 else:
-                    eager = False
                     await asyncio.sleep(0)
             # Graceful stop: let in-flight attempts finish, then release the rest.
             if tasks:
@@ -739,19 +743,25 @@ class Worker:
         tasks: set[asyncio.Task[None]],
         done: Callable[[asyncio.Task[None]], None],
         until_idle: bool,
-        eager: bool = True,
     ) -> float | None:
         """Claim what is due and start it; return how long to wait (None: idle, stop).
 
         While the last claim found a backlog (it filled every free slot), fewer than
-        :attr:`_claim_at` free slots wait up to :data:`_CLAIM_DELAY` seconds for more before
-        they are claimed (``eager``: the loop's last wait timed out, claim them now)."""
+        :attr:`_claim_at` free slots are claimed once the first of them has waited
+        ``_claim_wait`` seconds (until then the seconds left are returned)."""
         free = self.concurrency - len(tasks)
-        if 0 < free < self._claim_at and tasks and self._backlog and not eager:
-            return min(_CLAIM_DELAY, self.poll_interval)
+        loop = self._loop
+        assert loop is not None
+        if free > 0 and self._backlog and tasks:
+            if free < self._claim_at:
+                left = self._first_free_at + self._claim_wait - loop.time()
+                if left > 0:
+                    return min(left, self.poll_interval)
+            # A slot that waited alone (the other attempts are slow) waits half as long next
+            # time; company restores the wait.
+            wait = self._claim_wait
+            self._claim_wait = _CLAIM_DELAY if free > 1 else (wait / 2 if wait > 1e-4 else 0.0)
         if free > 0:
-            loop = self._loop
-            assert loop is not None
             claim = loop.create_task(
                 self._astore.claim_jobs(
                     queue=self.queue,
@@ -772,6 +782,8 @@ class Worker:
                 tasks.add(task)
                 task.add_done_callback(done)
             self._backlog = len(claimed) == free
+            if self.concurrency > len(tasks):  # slots freed while the claim ran
+                self._first_free_at = loop.time()
             if self._backlog:
                 return 0.0  # there may be more due jobs
         if until_idle and not tasks:

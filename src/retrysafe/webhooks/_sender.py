@@ -180,6 +180,12 @@ class Webhooks:
             raise ConfigurationError(
                 f"the webhook worker delivers the {QUEUE!r} queue only", option="queue"
             )
+        if isinstance(options.get("policy"), WebhookPolicy):
+            raise ConfigurationError(
+                "Webhooks.worker(policy=…) is the RetryPolicy of each attempt (its timeout); "
+                "the WebhookPolicy with the schedules is given to Webhooks(policy=…)",
+                option="policy",
+            )
         for endpoint, exc in self.refused_endpoints():
             logger.warning(
                 "endpoint %s is on a refused address and this worker does not allow private "
