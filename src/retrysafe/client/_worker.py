@@ -259,12 +259,13 @@ class _StoreOutage:
 _CLAIM_WAIT = 5.0
 #: With a backlog, a worker claims at once when at least this many slots are free (a quarter
 #: of its concurrency, at least 1), not once per finished job: one claim statement for 8 jobs
-#: costs SQLite about twice one for 1 job, not eight times (``benchmarks/record_bench.py``).
+#: costs SQLite about twice one for 1 job, not eight times (README, "What a claim costs"),
+#: and each claim is a task and two wake-ups of the worker's loop.
 _CLAIM_BATCH_MAX = 8
-#: Seconds the first free slot waits for company before fewer are claimed. The wait is
-#: halved after each claim it did not fill (a few attempts hang, the others are fast: waiting
-#: only slows the free slots down) and restored by a full batch; wakes (a stream of submits)
-#: never extend it.
+#: Seconds the first free slot waits for company before fewer are claimed. A slot claimed
+#: alone after its wait halves the next wait, down to none (a few attempts hang and the rest
+#: are fast: waiting only slows the free slots down); a claim of two or more restores it.
+#: The wait is a deadline from when the slot freed: wakes (a stream of submits) never extend it.
 _CLAIM_DELAY = 0.005
 #: The ``last_error`` of a job whose attempt was cancelled (a stop's grace ran out, Ctrl-C): it
 #: is not counted, but its request may have reached the server.
