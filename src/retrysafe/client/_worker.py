@@ -11,6 +11,7 @@ store; while a worker holds a job it renews the job's lease (SPEC §5 "Crash saf
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -262,10 +263,12 @@ _CLAIM_WAIT = 5.0
 #: costs SQLite about twice one for 1 job, not eight times (README, "What a claim costs"),
 #: and each claim is a task and two wake-ups of the worker's loop.
 _CLAIM_BATCH_MAX = 8
-#: Seconds the first free slot waits for company before fewer are claimed. A slot claimed
-#: alone after its wait halves the next wait, down to none (a few attempts hang and the rest
-#: are fast: waiting only slows the free slots down); a claim of two or more restores it.
-#: The wait is a deadline from when the slot freed: wakes (a stream of submits) never extend it.
+#: Seconds the first free slot waits for company, at most, before fewer are claimed; a
+#: deadline from when it freed, which wakes (a stream of submits) never extend. It waits only
+#: when the recent attempts (the last ``4 * claim_at`` to end) say a batch can gather: the
+#: slots that keep ending attempts — their rate times their mean duration (Little's law) —
+#: number at least a batch. Where a few slots are usable and the rest hang, the free slots
+#: are claimed at once.
 _CLAIM_DELAY = 0.005
 #: The ``last_error`` of a job whose attempt was cancelled (a stop's grace ran out, Ctrl-C): it
 #: is not counted, but its request may have reached the server.
@@ -522,7 +525,11 @@ class Worker:
         self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
         self._backlog = False
         self._first_free_at = -math.inf
-        self._claim_wait = _CLAIM_DELAY
+        #: The last ``4 * _claim_at`` attempts to end: (loop time it ended, seconds it ran).
+        self._ended: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=4 * self._claim_at
+        )
+        self._started: dict[asyncio.Task[None], float] = {}
         self.timing = lease_timing(
             DEFAULT_LEASE if lease is None else lease,
             heartbeat=heartbeat,
@@ -658,21 +665,24 @@ class Worker:
         )
 
         claim_at = self._claim_at
+        ended = self._ended = collections.deque(maxlen=4 * claim_at)
+        started = self._started = {}
 
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
-            # With a backlog, wake for the first free slot (it may wait _claim_wait for
-            # company) and from claim_at free slots on; in between the loop sleeps through.
+            # With a backlog, wake for the first free slot (it may wait for company) and
+            # from claim_at free slots on; in between the loop sleeps through.
+            now = loop.time()
+            ended.append((now, now - started.pop(task, now)))
             free = self.concurrency - len(tasks)
             if free == 1:
-                self._first_free_at = loop.time()
+                self._first_free_at = now
             if free == 1 or free >= claim_at or not self._backlog:
                 wake.set()
 
         failures = 0
         self._backlog = False
         self._first_free_at = -math.inf
-        self._claim_wait = _CLAIM_DELAY
         try:
             while not self._stopping:
                 wake.clear()
@@ -738,6 +748,19 @@ class Worker:
             store=exc.store or self.store.url,
         ) from exc
 
+    def _batch_gathers(self) -> bool:
+        """Whether at least ``_claim_at`` slots keep ending attempts, judged by the attempts
+        that ended last (see :data:`_CLAIM_DELAY`): else a batch could never gather."""
+        ended = self._ended
+        if len(ended) < 2 or len(ended) < (ended.maxlen or 0):
+            return False
+        span = ended[-1][0] - ended[0][0]
+        if span <= 0:
+            return True
+        rate = (len(ended) - 1) / span  # attempts ending per second
+        busy = rate * sum(ran for _, ran in ended) / len(ended)  # slots ending attempts
+        return busy >= self._claim_at
+
     async def _poll(
         self,
         client: Engine,
@@ -747,21 +770,17 @@ class Worker:
     ) -> float | None:
         """Claim what is due and start it; return how long to wait (None: idle, stop).
 
-        While the last claim found a backlog (it filled every free slot), fewer than
-        :attr:`_claim_at` free slots are claimed once the first of them has waited
-        ``_claim_wait`` seconds (until then the seconds left are returned)."""
+        While the last claim found a backlog (it filled every free slot) and attempts end
+        often enough, fewer than :attr:`_claim_at` free slots wait for company, until
+        :data:`_CLAIM_DELAY` seconds after the first of them freed (until then the seconds
+        left are returned)."""
         free = self.concurrency - len(tasks)
         loop = self._loop
         assert loop is not None
-        if free > 0 and self._backlog and tasks:
-            if free < self._claim_at:
-                left = self._first_free_at + self._claim_wait - loop.time()
-                if left > 0:
-                    return min(left, self.poll_interval)
-            # A slot that waited alone (the other attempts are slow) waits half as long next
-            # time; company restores the wait.
-            wait = self._claim_wait
-            self._claim_wait = _CLAIM_DELAY if free > 1 else (wait / 2 if wait > 1e-4 else 0.0)
+        if 0 < free < self._claim_at and self._backlog and tasks and self._batch_gathers():
+            left = self._first_free_at + _CLAIM_DELAY - loop.time()
+            if left > 0:
+                return min(left, self.poll_interval)
         if free > 0:
             claim = loop.create_task(
                 self._astore.claim_jobs(
@@ -780,6 +799,7 @@ class Worker:
             for job in claimed:
                 self.stats.claimed += 1
                 task = loop.create_task(self._process(client, job))
+                self._started[task] = loop.time()
                 tasks.add(task)
                 task.add_done_callback(done)
             self._backlog = len(claimed) == free
