@@ -752,7 +752,7 @@ class Worker:
         """Whether at least ``_claim_at`` slots keep ending attempts, judged by the attempts
         that ended last (see :data:`_CLAIM_DELAY`): else a batch could never gather."""
         ended = self._ended
-        if len(ended) < 2 or len(ended) < (ended.maxlen or 0):
+        if len(ended) < (ended.maxlen or 2):  # too few ended yet to judge
             return False
         span = ended[-1][0] - ended[0][0]
         if span <= 0:
@@ -770,8 +770,9 @@ class Worker:
     ) -> float | None:
         """Claim what is due and start it; return how long to wait (None: idle, stop).
 
-        While the last claim found a backlog (it filled every free slot) and attempts end
-        often enough, fewer than :attr:`_claim_at` free slots wait for company, until
+        While the last claim found a backlog (it filled every free slot) and enough slots
+        keep ending attempts (:meth:`_batch_gathers`), fewer than :attr:`_claim_at` free
+        slots wait for company, until
         :data:`_CLAIM_DELAY` seconds after the first of them freed (until then the seconds
         left are returned)."""
         free = self.concurrency - len(tasks)
