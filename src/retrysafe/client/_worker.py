@@ -523,13 +523,7 @@ class Worker:
         self.policy = policy_or_default(policy, RetryPolicy)
         self.concurrency = count(concurrency, "concurrency")
         self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
-        self._backlog = False
-        self._first_free_at = -math.inf
-        #: The last ``4 * _claim_at`` attempts to end: (loop time it ended, seconds it ran).
-        self._ended: collections.deque[tuple[float, float]] = collections.deque(
-            maxlen=4 * self._claim_at
-        )
-        self._started: dict[asyncio.Task[None], float] = {}
+        self._reset_claims()
         self.timing = lease_timing(
             DEFAULT_LEASE if lease is None else lease,
             heartbeat=heartbeat,
@@ -665,8 +659,8 @@ class Worker:
         )
 
         claim_at = self._claim_at
-        ended = self._ended = collections.deque(maxlen=4 * claim_at)
-        started = self._started = {}
+        self._reset_claims()
+        ended, started = self._ended, self._started
 
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
@@ -681,8 +675,6 @@ class Worker:
                 wake.set()
 
         failures = 0
-        self._backlog = False
-        self._first_free_at = -math.inf
         try:
             while not self._stopping:
                 wake.clear()
@@ -748,6 +740,19 @@ class Worker:
             store=exc.store or self.store.url,
         ) from exc
 
+    def _reset_claims(self) -> None:
+        """The claim batching's state, as at the start of :meth:`serve`."""
+        #: Whether the last claim filled every free slot (there may be more due jobs).
+        self._backlog = False
+        #: When the first slot freed since the last claim (loop time).
+        self._first_free_at = -math.inf
+        #: The last ``4 * _claim_at`` attempts to end: (loop time it ended, seconds it ran).
+        self._ended: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=4 * self._claim_at
+        )
+        #: When each running attempt's job was claimed (loop time).
+        self._started: dict[asyncio.Task[None], float] = {}
+
     def _batch_gathers(self) -> bool:
         """Whether at least ``_claim_at`` slots keep ending attempts, judged by the attempts
         that ended last (see :data:`_CLAIM_DELAY`): else a batch could never gather."""
@@ -772,9 +777,8 @@ class Worker:
 
         While the last claim found a backlog (it filled every free slot) and enough slots
         keep ending attempts (:meth:`_batch_gathers`), fewer than :attr:`_claim_at` free
-        slots wait for company, until
-        :data:`_CLAIM_DELAY` seconds after the first of them freed (until then the seconds
-        left are returned)."""
+        slots wait for company, until :data:`_CLAIM_DELAY` seconds after the first of them
+        freed (until then the seconds left are returned)."""
         free = self.concurrency - len(tasks)
         loop = self._loop
         assert loop is not None
@@ -797,15 +801,16 @@ class Worker:
             except asyncio.CancelledError:
                 await self._give_back_claim(claim)
                 raise
+            now, started = loop.time(), self._started
             for job in claimed:
                 self.stats.claimed += 1
                 task = loop.create_task(self._process(client, job))
-                self._started[task] = loop.time()
+                started[task] = now
                 tasks.add(task)
                 task.add_done_callback(done)
             self._backlog = len(claimed) == free
             if self.concurrency > len(tasks):  # slots freed while the claim ran
-                self._first_free_at = loop.time()
+                self._first_free_at = now
             if self._backlog:
                 return 0.0  # there may be more due jobs
         if until_idle and not tasks:
