@@ -102,6 +102,26 @@ def test_bad_lease_timing_is_refused_naming_the_option(
     assert not sqlite_path.exists()
 
 
+@pytest.mark.parametrize("value", [0, -1, 1.5, math.nan, "4", True, None.__class__])
+def test_bad_max_per_destination_is_refused_naming_the_option(
+    sqlite_path: Path, value: object
+) -> None:
+    """max_per_destination must be an integer >= 1 (None: the concurrency); anything else is
+    a ConfigurationError naming it, before any store is created."""
+    with pytest.raises(ConfigurationError) as info:
+        Worker(f"sqlite:///{sqlite_path}", max_per_destination=value)  # type: ignore[arg-type]
+    assert info.value.option == "max_per_destination"
+    assert not sqlite_path.exists()
+
+
+def test_max_per_destination_above_the_concurrency_is_the_concurrency(sqlite_path: Path) -> None:
+    worker = Worker(f"sqlite:///{sqlite_path}", concurrency=4, max_per_destination=100)
+    try:
+        assert worker.max_per_destination == 4
+    finally:
+        worker.close()
+
+
 @pytest.mark.parametrize("heartbeat", [5, 6])
 def test_heartbeat_not_shorter_than_the_lease_is_refused(
     sqlite_path: Path, heartbeat: float

@@ -550,6 +550,56 @@ def test_a_hanging_endpoint_does_not_hold_up_the_other_jobs(
     assert len(healthy.requests) == 20
 
 
+def test_a_backlog_to_a_hanging_endpoint_does_not_take_every_slot(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Concurrency 8, 24 jobs to an endpoint that never answers (due first), then 40 to a
+    healthy one: once the first attempts time out, the hanging destination keeps one slot
+    (its limit halves per timeout) and the healthy jobs take the others. Without the limit
+    all 24 hanging attempts start before the first healthy one (each freed slot takes the
+    next job due, to the hanging endpoint)."""
+    hanging = serve(silent)
+    healthy = serve(ok)
+    stuck = [outbox.submit(hanging.url + f"/{i}", json={"i": i}) for i in range(24)]
+    jobs = [outbox.submit(healthy.url + f"/{i}", json={"i": i}) for i in range(40)]
+    run(outbox, policy(attempts=1, timeout=0.4), concurrency=8)
+    finals = [outbox.get(j.id) for j in jobs]
+    assert {j.state for j in finals} == {JobState.SUCCEEDED}
+    assert {outbox.get(j.id).state for j in stuck} == {JobState.UNKNOWN}
+    healthy_done = max(j.finished_at or 0.0 for j in finals)
+    started = sorted(a.started_at for j in stuck for a in outbox.attempts(j.id))
+    assert len(started) == 24  # one attempt each: none lost, none sent twice
+    before = sum(1 for t in started if t < healthy_done)
+    assert before <= 12, f"{before} hanging attempts started before the healthy jobs were done"
+    assert len(hanging.requests) == 24
+
+
+def test_max_per_destination_caps_the_attempts_in_flight_to_one_destination(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """max_per_destination=2 at concurrency 8: the endpoint never sees more than two requests
+    at once, and every job is delivered once."""
+    lock = threading.Lock()
+    now = [0]
+    most = [0]
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        ok(conn, request)
+
+    server = serve(slow_ok)
+    jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(12)]
+    run(outbox, concurrency=8, max_per_destination=2)
+    assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    assert most[0] == 2
+    assert len(server.requests) == 12
+
+
 # ------------------------------------------------------------ 2. no retries in the engine
 
 

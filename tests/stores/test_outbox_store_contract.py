@@ -3,6 +3,7 @@ PostgreSQL (a fresh schema per test; CI=true fails instead of skipping when it i
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import threading
 import time
@@ -131,6 +132,38 @@ def test_expired_lease_makes_an_in_flight_job_claimable_again(outbox_store: Outb
     assert outbox_store.claim_jobs(queue="default", token="b", now=T0 + 5, lease=10, limit=5) == []
     [again] = outbox_store.claim_jobs(queue="default", token="b", now=T0 + 11, lease=10, limit=5)
     assert again.id == first.id == job_id and again.key == first.key and again.lease_token == "b"
+
+
+def test_a_claim_leaves_the_jobs_of_skipped_destinations_where_they_are(
+    outbox_store: Any,
+) -> None:
+    """Jobs to the ``skip_destinations`` are neither claimed nor changed, pending or under an
+    expired lease; the jobs behind them in due order are claimed instead."""
+    def new(i: int, destination: str) -> str:
+        job = replace(_job(i), destination=destination, url=f"{destination}/{i}")
+        return str(outbox_store.insert_job(job, now=T0 + i)[1].id)
+
+    a, b, c = "http://a.test:80", "http://b.test:80", "http://c.test:80"
+    a1, a2, b1, c1 = new(1, a), new(2, a), new(3, b), new(4, c)
+    [expired] = outbox_store.claim_jobs(queue="default", token="old", now=T0 + 1, lease=5, limit=1)
+    assert expired.id == a1
+    skip = {"queue": "default", "token": "t", "now": T0 + 10, "lease": 60, "limit": 9}
+    claimed = outbox_store.claim_jobs(**skip, skip_destinations=[a, "http://other.test:80"])
+    assert sorted(j.id for j in claimed) == sorted([b1, c1])
+    untouched = outbox_store.get_job(a2)
+    assert (untouched.state, untouched.due_at) == (JobState.PENDING, T0 + 2)
+    assert outbox_store.get_job(a1).lease_token == "old"  # expired, but skipped
+    # An empty skip list skips nothing (and the async face takes the argument too).
+    face = outbox_store.asyncio_outbox_store()
+
+    async def claim() -> list[Any]:
+        try:
+            return list(await face.claim_jobs(**{**skip, "token": "u"}, skip_destinations=[]))
+        finally:
+            await face.aclose()
+
+    got = asyncio.run(claim())
+    assert sorted(j.id for j in got) == sorted([a1, a2])
 
 
 def test_writes_are_fenced_by_the_lease_token(outbox_store: OutboxStore) -> None:

@@ -576,12 +576,16 @@ def test_one_index_finds_due_jobs_and_expired_leases(tmp_path: Path) -> None:
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert "outbox_jobs_due" in indexes and "outbox_jobs_lease" not in indexes
         [claim] = _SQL["claim_jobs"].parts["sqlite"]
-        params = {"queue": "default", "token": "t", "now": 1.0, "lease": 1.0, "limit": 8}
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + claim, params)]
+        plans = []
+        for skip in (None, '["http://a.test:80"]'):  # a destination at its limit or none
+            params = {"queue": "default", "token": "t", "now": 1.0, "lease": 1.0, "limit": 8}
+            params["skip"] = skip
+            plans.append([r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + claim, params)])
     finally:
         conn.close()
-    assert sum("USING INDEX outbox_jobs_due" in step for step in plan) == 2, plan
-    assert not any(step.startswith("SCAN outbox_jobs") for step in plan), plan
+    for plan in plans:
+        assert sum("USING INDEX outbox_jobs_due" in step for step in plan) == 2, plan
+        assert not any(step.startswith("SCAN outbox_jobs") for step in plan), plan
 
 
 _CLOSE_DURING_USE = r"""

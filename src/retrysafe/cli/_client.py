@@ -332,6 +332,13 @@ class _JsonLines(logging.Handler):
     help="Attempts in flight.",
 )
 @click.option(
+    "--max-per-destination",
+    type=_CONCURRENCY,
+    default=None,
+    help="Attempts in flight to one scheme://host:port at most (default: --concurrency; "
+    "below it, a destination whose attempts time out gets fewer).",
+)
+@click.option(
     "--attempts", type=_ATTEMPTS, default=5, show_default=True, help="Counted attempts per job."
 )
 @click.option(
@@ -369,6 +376,7 @@ class _JsonLines(logging.Handler):
 def worker(
     store: str,
     concurrency: int,
+    max_per_destination: int | None,
     attempts: int,
     timeout: float,
     wait_initial: float,
@@ -396,6 +404,7 @@ def worker(
     ):
         w = outbox.worker(
             concurrency=concurrency,
+            max_per_destination=max_per_destination,
             lease=lease,
             heartbeat=heartbeat,
             max_run_time=max_run_time,

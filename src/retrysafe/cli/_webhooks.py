@@ -539,6 +539,13 @@ def dlq_purge(
 @click.option(
     "--concurrency", "-c", type=click.IntRange(min=1, max=1000), default=8, show_default=True
 )
+@click.option(
+    "--max-per-destination",
+    type=click.IntRange(min=1, max=1000),
+    default=None,
+    help="Deliveries in flight to one scheme://host:port at most (default: --concurrency; "
+    "below it, a receiver whose deliveries time out gets fewer).",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending.")
 @_allow_option
 @metrics_option
@@ -546,6 +553,7 @@ def dlq_purge(
 def worker(
     store: str,
     concurrency: int,
+    max_per_destination: int | None,
     until_idle: bool,
     allow_private: bool,
     metrics_address: str | None,
@@ -571,7 +579,12 @@ def worker(
                     f"{exc} (pass --allow-private to this worker too)",
                     err=True,
                 )
-            w = hooks.worker(concurrency=concurrency, telemetry=metrics, **outage_bound(until_idle))
+            w = hooks.worker(
+                concurrency=concurrency,
+                max_per_destination=max_per_destination,
+                telemetry=metrics,
+                **outage_bound(until_idle),
+            )
             try:
                 stats, code = serve(w, until_idle=until_idle)
             finally:

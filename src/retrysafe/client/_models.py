@@ -257,10 +257,18 @@ class OutboxStore(Protocol):
         ...
 
     def claim_jobs(
-        self, *, queue: str, token: str, now: float, lease: float, limit: int
+        self,
+        *,
+        queue: str,
+        token: str,
+        now: float,
+        lease: float,
+        limit: int,
+        skip_destinations: Sequence[str] = (),
     ) -> list[Job]:
         """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease`` (earliest
-        due first)."""
+        due first), none of whose destination is in ``skip_destinations`` (the worker passes
+        it only when a destination is at its limit of attempts in flight)."""
         ...
 
     def claim_unknown_jobs(
@@ -389,7 +397,14 @@ class AsyncOutboxStore(Protocol):
     async def insert_job(self, job: NewJob, *, now: float) -> tuple[bool, Job]: ...
 
     async def claim_jobs(
-        self, *, queue: str, token: str, now: float, lease: float, limit: int
+        self,
+        *,
+        queue: str,
+        token: str,
+        now: float,
+        lease: float,
+        limit: int,
+        skip_destinations: Sequence[str] = (),
     ) -> list[Job]: ...
 
     async def claim_unknown_jobs(

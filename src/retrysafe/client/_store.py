@@ -262,17 +262,26 @@ def insert_job(clock: Clock, job: NewJob, *, now: float) -> Op[tuple[bool, Job]]
 
 
 def claim_jobs(
-    clock: Clock, *, queue: str, token: str, now: float, lease: float, limit: int
+    clock: Clock,
+    *,
+    queue: str,
+    token: str,
+    now: float,
+    lease: float,
+    limit: int,
+    skip_destinations: Sequence[str] = (),
 ) -> Op[list[Job]]:
     """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease``: the earliest
     due (or whose lease ended earliest), returned oldest first (once leased, every one is due
-    at the lease's end, so the due time no longer orders them)."""
+    at the lease's end, so the due time no longer orders them). Jobs to the
+    ``skip_destinations`` (``scheme://host:port``) stay where they are."""
     params = {
         "queue": queue,
         "token": token,
         "now": caller_now(clock, now),
         "lease": lease,
         "limit": limit,
+        "skip": json.dumps(list(skip_destinations)) if skip_destinations else None,
     }
     rows = yield all_rows(_SQL["claim_jobs"], params)
     return sorted((job_from_row(r) for r in rows), key=_oldest_first)

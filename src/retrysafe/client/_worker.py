@@ -36,6 +36,7 @@ from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe._wire import check_transport
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
+from retrysafe.client._limits import TIMED_OUT, DestinationLimits
 from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, JobState
 from retrysafe.client._policy import (
     RetryPolicy,
@@ -135,8 +136,10 @@ DEFAULT_MAX_RUN_TIME = 3600.0
 @dataclass
 class WorkerStats:
     """Counters since the worker started. ``deferred`` counts retries the retry budget
-    postponed and attempts a ``gate`` hook postponed (neither is an attempt); ``released``
-    counts jobs handed back on cancel/shutdown;
+    postponed and attempts a ``gate`` hook postponed (neither is an attempt); ``held_back``
+    counts jobs claimed while their destination was at its limit of attempts in flight and
+    given back unstarted (not attempts); ``released`` counts jobs handed back on
+    cancel/shutdown;
     ``lease_lost`` counts attempts whose outcome could not be recorded under the job's lease
     (another worker took the job over, or the store stayed unavailable until the lease
     expired: the job is re-sent with the same key); ``store_outages`` counts the times the
@@ -150,6 +153,7 @@ class WorkerStats:
     retries_scheduled: int = 0
     polls: int = 0
     deferred: int = 0
+    held_back: int = 0
     released: int = 0
     lease_lost: int = 0
     store_outages: int = 0
@@ -270,6 +274,13 @@ _CLAIM_BATCH_MAX = 8
 #: number at least a batch. Where a few slots are usable and the rest hang, the free slots
 #: are claimed at once.
 _CLAIM_DELAY = 0.005
+#: After a claim that skipped destinations at their limit and found fewer jobs than free
+#: slots, the next claim skipping the same ones waits this many times as long as that claim
+#: took. The store walks past every due job of a skipped destination to find the others
+#: (about 40 ms for 100,000 on SQLite), so a long backlog to a destination that never answers
+#: costs at most a tenth of the worker's time; a claim after a skipped destination's slot
+#: freed is not held.
+_SKIP_SCAN_SHARE = 9.0
 #: The ``last_error`` of a job whose attempt was cancelled (a stop's grace ran out, Ctrl-C): it
 #: is not counted, but its request may have reached the server.
 _CUT_OFF = (
@@ -433,6 +444,11 @@ class Worker:
             (``sqlite:///path.db``).
         policy: retries, backoff and timeouts (default :class:`RetryPolicy`).
         concurrency: attempts in flight at once (default 8).
+        max_per_destination: attempts in flight at once to one destination
+            (``scheme://host:port``) at most (default: ``concurrency``). Below it each
+            destination's limit adapts (:mod:`retrysafe.client._limits`): every attempt that
+            times out halves it, down to 1, every other ending raises it by one, so a
+            destination that stops answering keeps one slot and the others keep flowing.
         lease: seconds a claimed job stays leased without renewal (default 10, whatever the
             request timeout). While the worker holds a job it renews the lease every
             ``heartbeat`` seconds (fenced by the lease token), so an attempt slower than the
@@ -481,10 +497,11 @@ class Worker:
             operation is reported to it. Default None.
 
     Raises:
-        ConfigurationError: bad concurrency/poll interval/grace/queue name/store outage
-            limit; a lease, heartbeat or max_run_time that is not finite, <= 0 or too large (see
-            :func:`~retrysafe.core.lease_timing`), a heartbeat not shorter than the lease; a
-            ``transport`` that is not an async httpx transport; or a store without an outbox.
+        ConfigurationError: bad concurrency/max_per_destination/poll interval/grace/queue
+            name/store outage limit; a lease, heartbeat or max_run_time that is not finite,
+            <= 0 or too large (see :func:`~retrysafe.core.lease_timing`), a heartbeat not
+            shorter than the lease; a ``transport`` that is not an async httpx transport; or
+            a store without an outbox.
 
     Warns:
         RetrysafeWarning: a heartbeat longer than half the lease; a max_run_time shorter
@@ -497,6 +514,7 @@ class Worker:
         *,
         policy: RetryPolicy | None = None,
         concurrency: int = 8,
+        max_per_destination: int | None = None,
         lease: float | timedelta | None = None,
         heartbeat: float | timedelta | None = None,
         max_run_time: float | timedelta | None = None,
@@ -522,6 +540,12 @@ class Worker:
         )
         self.policy = policy_or_default(policy, RetryPolicy)
         self.concurrency = count(concurrency, "concurrency")
+        self.max_per_destination = min(
+            self.concurrency,
+            self.concurrency
+            if max_per_destination is None
+            else count(max_per_destination, "max_per_destination"),
+        )
         self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
         self._reset_claims()
         self.timing = lease_timing(
@@ -661,9 +685,11 @@ class Worker:
         claim_at = self._claim_at
         self._reset_claims()
         ended, started = self._ended, self._started
+        limits, destinations = self._limits, self._destinations
 
         def done(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
+            limits.end(destinations.pop(task))
             # With a backlog, wake for the first free slot (it may wait for company) and
             # from claim_at free slots on; in between the loop sleeps through.
             now = loop.time()
@@ -752,6 +778,13 @@ class Worker:
         )
         #: When each running attempt's job was claimed (loop time).
         self._started: dict[asyncio.Task[None], float] = {}
+        #: Attempts in flight per destination, and each one's limit.
+        self._limits: DestinationLimits = DestinationLimits(self.max_per_destination)
+        #: The destination of each running attempt's job.
+        self._destinations: dict[asyncio.Task[None], str] = {}
+        #: After a claim that skipped destinations and still found fewer jobs than slots:
+        #: (loop time before which the same skips are not claimed with again, the skips).
+        self._skipped_short: tuple[float, frozenset[str]] | None = None
 
     def _batch_gathers(self) -> bool:
         """Whether at least ``_claim_at`` slots keep ending attempts, judged by the attempts
@@ -787,6 +820,19 @@ class Worker:
             if left > 0:
                 return min(left, self.poll_interval)
         if free > 0:
+            limits = self._limits
+            # Only when a destination is at its limit (a store of an earlier release need
+            # not know the argument otherwise).
+            full = limits.full()
+            skip: dict[str, Any] = {"skip_destinations": full} if full else {}
+            short = self._skipped_short
+            if full and short is not None and short[1].issubset(full):
+                # The last claim skipped the same destinations (or fewer) and found every due
+                # job outside them; the store walks the skipped jobs to look again, so wait.
+                left = short[0] - loop.time()
+                if left > 0:
+                    return min(left, self.poll_interval)
+            asked_at = loop.time()
             claim = loop.create_task(
                 self._astore.claim_jobs(
                     queue=self.queue,
@@ -794,6 +840,7 @@ class Worker:
                     now=self._clock(),
                     lease=self.lease,
                     limit=free,
+                    **skip,
                 )
             )
             try:
@@ -801,13 +848,24 @@ class Worker:
             except asyncio.CancelledError:
                 await self._give_back_claim(claim)
                 raise
-            now, started = loop.time(), self._started
+            now, started, destinations = loop.time(), self._started, self._destinations
+            over: list[Job] = []
             for job in claimed:
                 self.stats.claimed += 1
+                if not limits.start(job.destination):
+                    over.append(job)
+                    continue
                 task = loop.create_task(self._process(client, job))
                 started[task] = now
+                destinations[task] = job.destination
                 tasks.add(task)
                 task.add_done_callback(done)
+            if over:
+                await self._hold_back(over)
+            self._skipped_short = None
+            if full and len(claimed) < free:
+                took = loop.time() - asked_at
+                self._skipped_short = (loop.time() + _SKIP_SCAN_SHARE * took, frozenset(full))
             self._backlog = len(claimed) == free
             if self.concurrency > len(tasks):  # slots freed while the claim ran
                 self._first_free_at = now
@@ -823,6 +881,46 @@ class Worker:
             if due is not None:
                 timeout = min(timeout, max(0.0, due - self._clock()))
         return timeout
+
+    async def _hold_back(self, jobs: list[Job]) -> None:
+        """Give back, unstarted, claimed jobs whose destination is at its limit of attempts in
+        flight (one claim may bring several jobs to one destination): PENDING, due now, same
+        key; not an attempt. One that cannot be given back waits for its lease to end."""
+        now = self._clock()
+
+        async def one(job: Job) -> None:
+            token = job.lease_token
+            if token is None:  # pragma: no cover - a claimed job always has a token
+                return
+            try:
+                await self._astore.release_job(
+                    job.id, token, state=JobState.PENDING, due_at=now, error=None, now=now
+                )
+            except Exception as exc:
+                logger.debug("job=%s not given back (%r); its lease will end", job.id, exc)
+
+        await asyncio.shield(asyncio.gather(*(one(job) for job in jobs)))
+        self.stats.held_back += len(jobs)
+        logger.debug(
+            "%d claimed job(s) given back unstarted: their destination is at its limit",
+            len(jobs),
+        )
+
+    def _answered(self, job: Job, result: SendResult) -> None:
+        """Adapt the limit of ``job``'s destination to how its attempt ended."""
+        change = self._limits.answered(job.destination, timed_out=result.error_type in TIMED_OUT)
+        if change == "down":
+            logger.warning(
+                "destination %s: attempts time out; one attempt in flight to it until its "
+                "attempts answer in time (the other slots serve other destinations)",
+                job.destination,
+            )
+        elif change == "up":
+            logger.info(
+                "destination %s answers in time again: up to %d attempts in flight to it",
+                job.destination,
+                self._limits.cap,
+            )
 
     # ------------------------------------------------------------------ one job
     async def _process(self, client: Engine, job: Job) -> None:
@@ -904,6 +1002,7 @@ class Worker:
                 loop=self._loop,
                 extra_headers=extra,
             )
+            self._answered(job, result)
             lease.settle()
             if lease.is_lost():
                 self._not_recorded(

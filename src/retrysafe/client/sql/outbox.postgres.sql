@@ -50,18 +50,23 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- first is re-checked against the WHERE clause after the lock, so it is never leased twice.
 -- A leased job's due_at is its lease's end, so one index serves both branches (see the SQLite
 -- statement); the expired branch checks lease_expires_at too, for jobs leased by a worker of
--- an earlier release, which left due_at as it was.
+-- an earlier release, which left due_at as it was. %(skip)s, a JSON array of destinations or
+-- NULL, leaves their jobs where they are (the worker's destinations at their limit).
 WITH t AS (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
 ), due AS (
     SELECT id, due_at AS at FROM outbox_jobs
     WHERE queue = %(queue)s AND state = 'pending' AND due_at <= (SELECT now FROM t)
+      AND (%(skip)s::jsonb IS NULL
+           OR destination <> ALL(ARRAY(SELECT jsonb_array_elements_text(%(skip)s::jsonb))))
     ORDER BY due_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), expired AS (
     SELECT id, due_at AS at FROM outbox_jobs
     WHERE queue = %(queue)s AND state = 'in_flight' AND due_at <= (SELECT now FROM t)
       AND lease_expires_at <= (SELECT now FROM t)
+      AND (%(skip)s::jsonb IS NULL
+           OR destination <> ALL(ARRAY(SELECT jsonb_array_elements_text(%(skip)s::jsonb))))
     ORDER BY due_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
