@@ -93,6 +93,8 @@ class DestinationLimits:
             ``"down"`` when the limit just fell to 1 (from more), ``"up"`` when it just
             climbed back to ``cap`` after having been 1, else None (what a worker logs).
         """
+        if not timed_out and destination not in self._limit:
+            return None  # at the cap already: nothing changes (every healthy attempt)
         old = self._limit.get(destination, self.cap)
         new = max(1, old // 2) if timed_out else min(self.cap, old + 1)
         if new >= self.cap:
