@@ -10,44 +10,62 @@ from retrysafe.client._limits import TIMED_OUT, DestinationLimits
 A, B = "http://a:80", "http://b:80"
 
 
-def test_a_destination_starts_at_the_cap_and_is_full_there() -> None:
-    limits = DestinationLimits(3)
-    assert [limits.start(A) for _ in range(4)] == [True, True, True, False]
-    assert limits.in_flight(A) == 3
+def down(limits: DestinationLimits, destination: str) -> None:
+    """Time out attempts to ``destination`` until its limit is 1."""
+    while limits.limit(destination) > 1:
+        limits.answered(destination, congested=True)
+
+
+def test_a_new_destination_starts_at_the_cap() -> None:
+    """No slow start: a healthy destination whose attempts take long keeps every slot."""
+    limits = DestinationLimits(4)
+    assert limits.limit(A) == 4
+    assert [limits.start(A) for _ in range(5)] == [True] * 4 + [False]
     assert limits.full() == [A]
+    assert limits.answered(A, congested=False) is None
     limits.end(A)
     assert limits.full() == []
-    assert limits.start(A)
+    assert limits._limit == {}  # nothing remembered of a healthy destination
 
 
-def test_each_timeout_halves_the_limit_down_to_one() -> None:
+def test_each_congested_attempt_halves_the_limit_down_to_one() -> None:
     limits = DestinationLimits(32)
     seen = []
     for _ in range(7):
-        limits.answered(A, timed_out=True)
+        limits.answered(A, congested=True)
         seen.append(limits.limit(A))
     assert seen == [16, 8, 4, 2, 1, 1, 1]
-    assert limits.limit(B) == 32  # another destination keeps its limit
+    assert limits.limit(B) == 32  # another destination is untouched
 
 
-def test_answers_in_time_raise_the_limit_by_one_up_to_the_cap() -> None:
-    limits = DestinationLimits(4)
+def test_after_congestion_the_limit_grows_by_one_per_round_trip() -> None:
+    """Additive increase: from 4, four attempts that end well make 5, five more make 6."""
+    limits = DestinationLimits(32)
     for _ in range(3):
-        limits.answered(A, timed_out=True)
-    assert limits.limit(A) == 1
-    for expected in (2, 3, 4, 4):
-        limits.answered(A, timed_out=False)
-        assert limits.limit(A) == expected
+        limits.answered(A, congested=True)
+    assert limits.limit(A) == 4
+    answers = 0
+    while limits.limit(A) < 6:
+        limits.answered(A, congested=False)
+        answers += 1
+    assert 8 <= answers <= 10  # about 4 + 5: one per attempt in flight, per step
 
 
-def test_a_lowered_limit_makes_the_destination_full_with_the_attempts_already_running() -> None:
-    """Eight attempts run when the limit falls to 1: no new one starts until seven end."""
+def test_a_destination_hanging_one_attempt_in_ten_settles_at_a_few_slots() -> None:
+    """Nine attempts end well for each that times out: the limit stays far below the cap."""
+    limits = DestinationLimits(32)
+    seen = []
+    for i in range(1000):
+        limits.answered(A, congested=i % 10 == 9)
+        seen.append(limits.limit(A))
+    assert max(seen[200:]) <= 8
+
+
+def test_a_lowered_limit_holds_back_new_attempts_until_enough_end() -> None:
     limits = DestinationLimits(8)
-    for _ in range(8):
-        assert limits.start(A)
-    assert limits.full() == [A]
+    assert [limits.start(A) for _ in range(8)] == [True] * 8
     for _ in range(3):
-        limits.answered(A, timed_out=True)
+        limits.answered(A, congested=True)
     assert limits.limit(A) == 1
     for _ in range(7):
         limits.end(A)
@@ -59,25 +77,52 @@ def test_a_lowered_limit_makes_the_destination_full_with_the_attempts_already_ru
     assert not limits.start(A)
 
 
+def test_throttled_destinations_share_half_the_slots() -> None:
+    """Eight destinations that never answer, concurrency 8: together they may hold 4."""
+    limits = DestinationLimits(8, 8)
+    hanging = [f"http://h{i}:80" for i in range(8)]
+    for d in hanging:
+        down(limits, d)
+    assert all(limits.limit(d) == 1 for d in hanging)
+    started = [d for d in hanging if limits.start(d)]
+    assert len(started) == 4
+    assert set(limits.full()) == set(hanging)
+    assert limits.start(A)  # a healthy destination still starts
+    limits.end(started[0])
+    assert set(limits.full()) == set(started[1:])
+    assert limits.allowance(hanging[-1]) == 1
+
+
+def test_a_destination_that_recovers_is_no_longer_throttled() -> None:
+    limits = DestinationLimits(8, 8)
+    down(limits, A)
+    assert limits.allowance(A) == 1
+    for _ in range(10):
+        limits.answered(A, congested=False)
+    assert limits.limit(A) >= 3
+    assert A not in limits._throttled
+
+
 def test_the_transitions_a_worker_logs() -> None:
     limits = DestinationLimits(4)
-    assert limits.answered(A, timed_out=True) is None  # 4 -> 2
-    assert limits.answered(A, timed_out=True) == "down"  # 2 -> 1
-    assert limits.answered(A, timed_out=True) is None  # stays 1
-    assert [limits.answered(A, timed_out=False) for _ in range(3)] == [None, None, "up"]
-    assert limits.answered(A, timed_out=False) is None  # at the cap already
-    assert limits.answered(A, timed_out=True) is None  # 4 -> 2: not down yet
+    assert limits.answered(A, congested=True) is None  # 4 -> 2
+    assert limits.answered(A, congested=True) == "down"  # 2 -> 1
+    assert limits.answered(A, congested=True) is None  # stays 1: said once
+    changes = [limits.answered(A, congested=False) for _ in range(10)]
+    assert changes.count("up") == 1 and changes[-1] is None
+    assert limits.limit(A) == 4
 
 
-def test_with_a_cap_of_one_nothing_changes_and_nothing_is_logged() -> None:
+def test_with_a_cap_of_one_a_destination_that_times_out_is_still_reported() -> None:
     limits = DestinationLimits(1)
-    assert limits.answered(A, timed_out=True) is None
-    assert limits.limit(A) == 1
-    assert limits.answered(A, timed_out=False) is None
+    assert limits.answered(A, congested=True) == "down"
+    assert limits.answered(A, congested=True) is None
+    assert limits.answered(A, congested=False) == "up"
 
 
 def test_only_timeouts_count_as_timeouts() -> None:
-    """Refused, reset and truncated answers end fast: they hold no slot for long."""
+    """Refused, reset and truncated answers end fast: they are congested only when slow
+    (the worker's rule), never by their kind."""
     assert {"ConnectTimeout", "ReadTimeout", "WriteTimeout", "AttemptTimeout"} == TIMED_OUT
     assert not {"ConnectError", "ReadError", "RemoteProtocolError", "PoolTimeout"} & TIMED_OUT
 
@@ -85,52 +130,56 @@ def test_only_timeouts_count_as_timeouts() -> None:
 def test_memory_stays_bounded_over_many_destinations() -> None:
     limits = DestinationLimits(8)
     for i in range(20_000):
-        limits.answered(f"http://h{i}:80", timed_out=True)
+        down(limits, f"http://h{i}:80")
     assert len(limits._limit) <= 4096
-    # The latest lowered limits are the ones kept.
-    assert limits.limit("http://h19999:80") == 4
+    assert len(limits._throttled) <= 4096 and len(limits._down) <= 4096
+    assert limits.limit("http://h19999:80") == 1  # the latest are the ones kept
+    assert limits.limit("http://h0:80") == 8  # the oldest start afresh
 
 
 def test_a_destination_with_attempts_in_flight_is_never_forgotten() -> None:
     limits = DestinationLimits(8)
     limits.start(A)
-    for _ in range(3):
-        limits.answered(A, timed_out=True)
+    down(limits, A)
     for i in range(10_000):
-        limits.answered(f"http://h{i}:80", timed_out=True)
+        limits.answered(f"http://h{i}:80", congested=True)
     assert limits.limit(A) == 1
-    assert limits.full() == [A]
+    assert A in limits.full()
 
 
 @given(
     st.integers(1, 16),
+    st.integers(1, 32),
     st.lists(
-        st.tuples(st.sampled_from([A, B]), st.sampled_from(["start", "end", "ok", "timeout"])),
+        st.tuples(
+            st.sampled_from([A, B, "http://c:80"]),
+            st.sampled_from(["start", "end", "ok", "congested"]),
+        ),
         max_size=200,
     ),
 )
-def test_invariants_under_any_sequence(
-    cap: int, steps: list[tuple[str, str]]
-) -> None:
-    """Whatever happens: 1 <= limit <= cap; a start never takes a destination over its limit
-    as it stood; full() is exactly the destinations at or over their limit."""
-    limits = DestinationLimits(cap)
-    running = {A: 0, B: 0}
+def test_invariants_under_any_sequence(cap: int, slots: int, steps: list[tuple[str, str]]) -> None:
+    """Whatever happens: 1 <= limit <= cap; a start never takes a destination over its
+    limit, nor the throttled ones over their share; full() is exactly the destinations that
+    may start nothing."""
+    limits = DestinationLimits(cap, slots)
+    running = {A: 0, B: 0, "http://c:80": 0}
     for destination, step in steps:
         if step == "start":
-            before = limits.in_flight(destination)
             if limits.start(destination):
-                assert before < limits.limit(destination)
                 running[destination] += 1
-            else:
-                assert before >= limits.limit(destination)
+                assert running[destination] <= limits.limit(destination)
         elif step == "end":
             if running[destination]:
                 limits.end(destination)
                 running[destination] -= 1
         else:
-            limits.answered(destination, timed_out=step == "timeout")
-        for d in (A, B):
+            limits.answered(destination, congested=step == "congested")
+        throttled = sum(running[d] for d in limits._throttled)
+        for d, n in running.items():
             assert 1 <= limits.limit(d) <= cap
-            assert limits.in_flight(d) == running[d]
-        assert limits.full() == sorted(d for d in (A, B) if running[d] >= limits.limit(d))
+            assert limits.in_flight(d) == n
+        started_while_throttled = step == "start" and destination in limits._throttled
+        if started_while_throttled:
+            assert throttled <= limits.share
+        assert limits.full() == sorted(d for d in running if limits.allowance(d) == 0)

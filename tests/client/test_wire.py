@@ -600,6 +600,24 @@ def test_max_per_destination_caps_the_attempts_in_flight_to_one_destination(
     assert len(server.requests) == 12
 
 
+def test_a_capped_destination_is_claimed_up_to_its_allowance_not_in_bulk(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Concurrency 16 and max_per_destination 2 on one destination with 60 jobs: after the
+    first claim (16 jobs, 14 given back), its jobs are claimed two at a time, not 14 claimed
+    and given back per delivered job (which made a capped worker ten times as costly)."""
+    server = serve(ok)
+    jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(60)]
+    stats = outbox.worker(
+        policy=outbox.policy, concurrency=16, max_per_destination=2, poll_interval=0.01,
+        budget=None,
+    ).run_until_idle()  # fmt: skip
+    assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    assert stats.succeeded == 60
+    assert stats.held_back <= 16, stats
+    assert stats.claimed == 60 + stats.held_back
+
+
 # ------------------------------------------------------------ 2. no retries in the engine
 
 

@@ -166,6 +166,24 @@ def test_a_claim_leaves_the_jobs_of_skipped_destinations_where_they_are(
     assert sorted(j.id for j in got) == sorted([a1, a2])
 
 
+def test_a_claim_for_one_destination_takes_only_its_jobs(outbox_store: Any) -> None:
+    """``only_destination`` claims that destination's due jobs, earliest due first, pending
+    or under an expired lease, up to the limit; the others stay where they are."""
+    a, b = "http://a.test:80", "http://b.test:80"
+    ids = []
+    for i, destination in enumerate([b, a, b, a, a]):
+        job = replace(_job(i), destination=destination, url=f"{destination}/{i}")
+        ids.append(str(outbox_store.insert_job(job, now=T0 + i)[1].id))
+    args = {"queue": "default", "token": "t", "now": T0 + 10, "lease": 60}
+    got = outbox_store.claim_jobs(**args, limit=2, only_destination=a)
+    assert [j.id for j in got] == [ids[1], ids[3]]
+    assert outbox_store.get_job(ids[0]).state is JobState.PENDING
+    assert [j.id for j in outbox_store.claim_jobs(**args, limit=9, only_destination=a)] == [
+        ids[4]
+    ]
+    assert outbox_store.claim_jobs(**args, limit=9, only_destination="http://c.test:80") == []
+
+
 def test_writes_are_fenced_by_the_lease_token(outbox_store: OutboxStore) -> None:
     """After a take-over the old owner can neither finish nor release the job."""
     job = outbox_store.insert_job(_job(), now=T0)[1]

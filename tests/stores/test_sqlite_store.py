@@ -579,7 +579,7 @@ def test_one_index_finds_due_jobs_and_expired_leases(tmp_path: Path) -> None:
         plans = []
         for skip in (None, '["http://a.test:80"]'):  # a destination at its limit or none
             params = {"queue": "default", "token": "t", "now": 1.0, "lease": 1.0, "limit": 8}
-            params["skip"] = skip
+            params["skip"], params["only"] = skip, None
             plans.append([r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + claim, params)])
     finally:
         conn.close()

@@ -1,27 +1,30 @@
 """Attempts in flight per destination, each under an adaptive limit (AIMD), pure.
 
 Why: one worker's slots are shared by every destination. An endpoint that accepts
-connections and never answers holds each slot it gets for the whole attempt timeout, so a
-backlog of jobs to it would soon hold every slot, and the jobs to healthy destinations would
-wait behind it (SPEC §5: a timeout is "I don't know", retried with the same key; it must not
-also stop everyone else).
+connections and never answers (or answers an error only just before the timeout) holds each
+slot it gets for the whole timeout, so a backlog of jobs to it would soon hold every slot, and
+the jobs to healthy destinations would wait behind it (SPEC §5: a timeout is "I don't know",
+retried with the same key; it must not also stop everyone else).
 
 The rule, per destination (``scheme://host:port``, as the retry budget's), is TCP's
-congestion window (RFC 5681) and Netflix's ``concurrency-limits`` "AIMD" limit, applied to
-attempts in flight:
+congestion control (RFC 5681: slow start, then additive increase, multiplicative decrease)
+applied to attempts in flight instead of bytes:
 
-* the limit starts at ``cap`` (the worker's concurrency, or its ``max_per_destination``);
-* an attempt that **timed out** (no complete answer within its timeout: it held a slot for
-  the whole timeout) halves it, down to 1;
-* an attempt that ended any other way (an answer of any status, a refused or reset
-  connection: its slot came back in time) raises it by one, up to ``cap``.
+* a destination starts at ``cap`` (the worker's concurrency, or its
+  ``max_per_destination``). Not lower, as TCP's slow start would: a healthy destination
+  whose attempts take long (a slow AI call) would run a fraction of its slots until the
+  first ones ended. The price: at start, an endpoint that never answers holds the slots it
+  got for one timeout;
+* an attempt that ends **congested** halves the limit (down to 1): it timed out (no complete
+  answer within its timeout), or it failed after holding its slot for at least half the
+  timeout (a 504 or a reset from a gateway that gave up just before the client);
+* each attempt that ends well adds ``1 / limit`` (one per round trip: additive increase), so
+  a destination that hangs one attempt in ten settles at a few slots, not all, and one that
+  recovers from 1 climbs back in about ``cap² / 2`` good attempts.
 
-So a destination whose attempts keep timing out soon has one attempt in flight (a probe),
-and the other slots serve everyone else; once its attempts answer in time its limit climbs
-back (by one per answer, so it doubles every round trip, like TCP's slow start). A healthy
-destination never times out and keeps the whole ``cap``; a rare timeout (a lost answer)
-costs half the slots for about one round trip. Fast failures do not lower the limit: they
-hold no slot for long, and the retry budget already defers their retries.
+Destinations whose limit fell to a quarter of ``cap`` or less after being congested
+("throttled") share at most half of the worker's slots between them (at least one): however
+many endpoints stop answering, the others keep half the slots.
 
 A limit is per worker (each process keeps its own); nothing is stored.
 """
@@ -35,8 +38,8 @@ __all__ = ["TIMED_OUT", "DestinationLimits"]
 #: attempt's total timeout. A pool timeout is the worker's own pool, not the destination.
 TIMED_OUT = frozenset({"ConnectTimeout", "ReadTimeout", "WriteTimeout", "AttemptTimeout"})
 
-#: Destinations remembered with nothing in flight (their lowered limit) before the oldest
-#: are forgotten (back to ``cap``): memory stays bounded whatever the number of hosts.
+#: Destinations remembered with nothing in flight before the oldest are forgotten (they start
+#: afresh): memory stays bounded whatever the number of hosts.
 _REMEMBERED = 4096
 
 
@@ -44,70 +47,105 @@ class DestinationLimits:
     """The attempts in flight to each destination and each one's limit (module docstring).
 
     Args:
-        cap: the highest limit, in attempts (>= 1).
+        cap: the highest limit of one destination, in attempts (>= 1).
+        slots: the worker's concurrency (throttled destinations share half of it).
 
     One event loop uses an instance; nothing here blocks or awaits.
     """
 
-    __slots__ = ("_down", "_full", "_in_flight", "_limit", "cap")
+    __slots__ = (
+        "_down",
+        "_in_flight",
+        "_limit",
+        "_throttled",
+        "_window",
+        "cap",
+        "initial",
+        "share",
+        "throttle_at",
+    )
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, slots: int | None = None) -> None:
         self.cap = max(1, cap)
+        self.initial = self.cap
+        #: A limit at or below this, after a congested attempt, is throttled.
+        self.throttle_at = max(1, self.cap // 4)
+        #: Slots the throttled destinations may hold together.
+        self.share = max(1, (slots if slots is not None else self.cap) // 2)
         self._in_flight: dict[str, int] = {}
-        #: Limits below ``cap`` (a destination absent here has ``cap``).
-        self._limit: dict[str, int] = {}
-        #: The destinations whose attempts in flight reached their limit.
-        self._full: set[str] = set()
-        #: The destinations whose limit fell to 1 and has not climbed back to ``cap``.
+        #: Each known destination's limit (a fraction between whole attempts).
+        self._limit: dict[str, float] = {}
+        #: The destinations that were congested once.
+        self._window: set[str] = set()
+        #: The throttled destinations.
+        self._throttled: set[str] = set()
+        #: The destinations reported down (limit 1 after a congested attempt).
         self._down: set[str] = set()
 
     def limit(self, destination: str) -> int:
         """The most attempts ``destination`` may have in flight now."""
-        return self._limit.get(destination, self.cap)
+        return int(self._limit.get(destination, self.initial))
 
     def in_flight(self, destination: str) -> int:
         """Attempts to ``destination`` started and not yet ended."""
         return self._in_flight.get(destination, 0)
 
+    def _throttled_in_flight(self) -> int:
+        return sum(self._in_flight.get(d, 0) for d in self._throttled)
+
+    def allowance(self, destination: str) -> int:
+        """How many more attempts to ``destination`` may start now (>= 0)."""
+        room = self.limit(destination) - self._in_flight.get(destination, 0)
+        if destination in self._throttled:
+            room = min(room, self.share - self._throttled_in_flight())
+        return max(0, room)
+
     def full(self) -> list[str]:
-        """The destinations at their limit, sorted: a claim skips their jobs."""
-        return sorted(self._full)
+        """The destinations that may start no attempt now, sorted: a claim skips their jobs."""
+        out = {d for d, n in self._in_flight.items() if n >= self.limit(d)}
+        if self._throttled and self._throttled_in_flight() >= self.share:
+            out |= self._throttled
+        return sorted(out)
 
     def start(self, destination: str) -> bool:
-        """Take a slot for an attempt to ``destination``; False (nothing taken) when it is
-        already at its limit (give the job back unstarted)."""
-        n = self._in_flight.get(destination, 0)
-        limit = self._limit.get(destination, self.cap)
-        if n >= limit:
+        """Take a slot for an attempt to ``destination``; False (nothing taken) when it may
+        start none now (give the job back unstarted)."""
+        if self.allowance(destination) <= 0:
             return False
-        self._in_flight[destination] = n + 1
-        if n + 1 >= limit:
-            self._full.add(destination)
+        self._in_flight[destination] = self._in_flight.get(destination, 0) + 1
         return True
 
-    def answered(self, destination: str, *, timed_out: bool) -> str | None:
+    def answered(self, destination: str, *, congested: bool) -> str | None:
         """An attempt to ``destination`` ended (its slot is still taken): halve the limit if
-        it ``timed_out``, else raise it by one.
+        it was ``congested``, else raise it (module docstring).
 
         Returns:
-            ``"down"`` when the limit just fell to 1 (from more), ``"up"`` when it just
-            climbed back to ``cap`` after having been 1, else None (what a worker logs).
+            ``"down"`` when a congested attempt left the limit at 1 (once, until it climbs
+            back), ``"up"`` when the limit climbed back to ``cap`` after that, else None
+            (what a worker logs).
         """
-        if not timed_out and destination not in self._limit:
-            return None  # at the cap already: nothing changes (every healthy attempt)
-        old = self._limit.get(destination, self.cap)
-        new = max(1, old // 2) if timed_out else min(self.cap, old + 1)
-        if new >= self.cap:
-            self._limit.pop(destination, None)
-        else:
-            self._limit[destination] = new
-            if len(self._limit) > _REMEMBERED:
+        limits = self._limit
+        old = limits.get(destination)
+        if not congested and (old is None or old >= self.cap) and destination not in self._down:
+            return None  # at the cap already (every attempt of a healthy destination)
+        if old is None:
+            old = float(self.initial)
+            if len(limits) >= _REMEMBERED:
                 self._forget()
-        self._refresh(destination)
-        if new == 1 and old > 1:
+        if congested:
+            new = max(1.0, float(int(old) // 2))
+            self._window.add(destination)
+        else:
+            new = min(float(self.cap), old + 1.0 / max(1.0, old))
+        limits[destination] = new
+        if self._window and destination in self._window and int(new) <= self.throttle_at:
+            self._throttled.add(destination)
+        else:
+            self._throttled.discard(destination)
+        if congested and int(new) == 1 and destination not in self._down:
             self._down.add(destination)
             return "down"
-        if new == self.cap and destination in self._down:
+        if not congested and new >= self.cap and destination in self._down:
             self._down.discard(destination)
             return "up"
         return None
@@ -119,19 +157,14 @@ class DestinationLimits:
             self._in_flight[destination] = n
         else:
             self._in_flight.pop(destination, None)
-        self._refresh(destination)
-
-    def _refresh(self, destination: str) -> None:
-        if self._in_flight.get(destination, 0) >= self._limit.get(destination, self.cap):
-            self._full.add(destination)
-        else:
-            self._full.discard(destination)
 
     def _forget(self) -> None:
-        """Drop the oldest lowered limits of destinations with nothing in flight."""
+        """Drop the oldest half of the destinations with nothing in flight."""
         for destination in list(self._limit):
             if len(self._limit) <= _REMEMBERED // 2:
                 break
             if destination not in self._in_flight:
                 del self._limit[destination]
+                self._window.discard(destination)
+                self._throttled.discard(destination)
                 self._down.discard(destination)

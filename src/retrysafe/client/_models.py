@@ -265,10 +265,12 @@ class OutboxStore(Protocol):
         lease: float,
         limit: int,
         skip_destinations: Sequence[str] = (),
+        only_destination: str | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease`` (earliest
-        due first), none of whose destination is in ``skip_destinations`` (the worker passes
-        it only when a destination is at its limit of attempts in flight)."""
+        due first), none of whose destination is in ``skip_destinations``, and all of
+        ``only_destination`` when it is given (the worker passes them only while a
+        destination is limited: a store of an earlier release need not know them)."""
         ...
 
     def claim_unknown_jobs(
@@ -405,6 +407,7 @@ class AsyncOutboxStore(Protocol):
         lease: float,
         limit: int,
         skip_destinations: Sequence[str] = (),
+        only_destination: str | None = None,
     ) -> list[Job]: ...
 
     async def claim_unknown_jobs(

@@ -270,11 +270,13 @@ def claim_jobs(
     lease: float,
     limit: int,
     skip_destinations: Sequence[str] = (),
+    only_destination: str | None = None,
 ) -> Op[list[Job]]:
     """Lease up to ``limit`` claimable jobs of ``queue`` until ``now + lease``: the earliest
     due (or whose lease ended earliest), returned oldest first (once leased, every one is due
     at the lease's end, so the due time no longer orders them). Jobs to the
-    ``skip_destinations`` (``scheme://host:port``) stay where they are."""
+    ``skip_destinations`` (``scheme://host:port``) stay where they are; with
+    ``only_destination``, only its jobs are claimed."""
     params = {
         "queue": queue,
         "token": token,
@@ -282,6 +284,7 @@ def claim_jobs(
         "lease": lease,
         "limit": limit,
         "skip": json.dumps(list(skip_destinations)) if skip_destinations else None,
+        "only": only_destination,
     }
     rows = yield all_rows(_SQL["claim_jobs"], params)
     return sorted((job_from_row(r) for r in rows), key=_oldest_first)

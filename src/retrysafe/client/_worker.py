@@ -743,6 +743,9 @@ class Worker:
             if handle_signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGTERM)
+            if self._holding:  # give-backs on their way: let them land before closing
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.gather(*self._holding, return_exceptions=True))
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())
             with contextlib.suppress(Exception):
@@ -779,12 +782,20 @@ class Worker:
         #: When each running attempt's job was claimed (loop time).
         self._started: dict[asyncio.Task[None], float] = {}
         #: Attempts in flight per destination, and each one's limit.
-        self._limits: DestinationLimits = DestinationLimits(self.max_per_destination)
+        self._limits: DestinationLimits = DestinationLimits(
+            self.max_per_destination, self.concurrency
+        )
         #: The destination of each running attempt's job.
         self._destinations: dict[asyncio.Task[None], str] = {}
         #: After a claim that skipped destinations and still found fewer jobs than slots:
         #: (loop time before which the same skips are not claimed with again, the skips).
         self._skipped_short: tuple[float, frozenset[str]] | None = None
+        #: Destinations with more due jobs than they may start: claimed one at a time, each
+        #: up to its allowance, the least recently served first (loop time it was served).
+        self._backlogged: set[str] = set()
+        self._served: dict[str, float] = {}
+        #: Give-backs of jobs claimed beyond their destination's limit, still running.
+        self._holding: set[asyncio.Task[None]] = set()
 
     def _batch_gathers(self) -> bool:
         """Whether at least ``_claim_at`` slots keep ending attempts, judged by the attempts
@@ -820,57 +831,59 @@ class Worker:
             if left > 0:
                 return min(left, self.poll_interval)
         if free > 0:
-            limits = self._limits
-            # Only when a destination is at its limit (a store of an earlier release need
-            # not know the argument otherwise).
-            full = limits.full()
-            skip: dict[str, Any] = {"skip_destinations": full} if full else {}
+            limits, backlogged = self._limits, self._backlogged
+            for destination in [d for d in backlogged if limits.allowance(d) >= free]:
+                backlogged.discard(destination)  # its allowance is no longer the bound
+            # Destinations that may start nothing, or fewer than a claim may bring (their
+            # jobs are claimed one destination at a time below): the claim leaves their jobs.
+            skipped = sorted(backlogged.union(limits.full()))
             short = self._skipped_short
-            if full and short is not None and short[1].issubset(full):
-                # The last claim skipped the same destinations (or fewer) and found every due
+            wait = 0.0
+            filled = False
+            if skipped and short is not None and short[1].issuperset(skipped):
+                # The last claim skipped the same destinations (or more) and found every due
                 # job outside them; the store walks the skipped jobs to look again, so wait.
-                left = short[0] - loop.time()
-                if left > 0:
-                    return min(left, self.poll_interval)
-            asked_at = loop.time()
-            claim = loop.create_task(
-                self._astore.claim_jobs(
-                    queue=self.queue,
-                    token=uuid.uuid4().hex,
-                    now=self._clock(),
-                    lease=self.lease,
-                    limit=free,
-                    **skip,
+                wait = short[0] - loop.time()
+            if wait <= 0:
+                asked_at = loop.time()
+                claimed = await self._claim(
+                    free, {"skip_destinations": skipped} if skipped else {}
                 )
-            )
-            try:
-                claimed = await asyncio.shield(claim)
-            except asyncio.CancelledError:
-                await self._give_back_claim(claim)
-                raise
-            now, started, destinations = loop.time(), self._started, self._destinations
-            over: list[Job] = []
-            for job in claimed:
-                self.stats.claimed += 1
-                if not limits.start(job.destination):
-                    over.append(job)
-                    continue
-                task = loop.create_task(self._process(client, job))
-                started[task] = now
-                destinations[task] = job.destination
-                tasks.add(task)
-                task.add_done_callback(done)
-            if over:
-                await self._hold_back(over)
-            self._skipped_short = None
-            if full and len(claimed) < free:
-                took = loop.time() - asked_at
-                self._skipped_short = (loop.time() + _SKIP_SCAN_SHARE * took, frozenset(full))
-            self._backlog = len(claimed) == free
+                self._start(client, claimed, tasks, done)
+                self._skipped_short = None
+                if skipped and len(claimed) < free:
+                    took = loop.time() - asked_at
+                    self._skipped_short = (
+                        loop.time() + _SKIP_SCAN_SHARE * took,
+                        frozenset(skipped),
+                    )
+                filled = len(claimed) == free
+            room = self.concurrency - len(tasks)
+            asks: list[tuple[str, int]] = []
+            for destination in sorted(backlogged, key=lambda d: self._served.get(d, 0.0)):
+                n = min(limits.allowance(destination), room)
+                if n > 0:
+                    asks.append((destination, n))
+                    room -= n
+            if asks:
+                results = await asyncio.gather(
+                    *(self._claim(n, {"only_destination": d}) for d, n in asks)
+                )
+                for (destination, n), jobs in zip(asks, results, strict=True):
+                    self._served[destination] = loop.time()
+                    self._start(client, jobs, tasks, done)
+                    if len(jobs) < n:  # its due jobs all fit: claimed with the others again
+                        backlogged.discard(destination)
+                        self._served.pop(destination, None)
+                    else:
+                        filled = True
+            self._backlog = filled
             if self.concurrency > len(tasks):  # slots freed while the claim ran
-                self._first_free_at = now
-            if self._backlog:
+                self._first_free_at = loop.time()
+            if filled:
                 return 0.0  # there may be more due jobs
+            if wait > 0:
+                return min(wait, self.poll_interval)
         if until_idle and not tasks:
             counts = await self._astore.count_jobs(queue=self.queue)
             if counts[JobState.PENDING] + counts[JobState.IN_FLIGHT] == 0:
@@ -881,6 +894,56 @@ class Worker:
             if due is not None:
                 timeout = min(timeout, max(0.0, due - self._clock()))
         return timeout
+
+    async def _claim(self, limit: int, filters: dict[str, Any]) -> list[Job]:
+        """Lease up to ``limit`` due jobs (``filters``: the destinations to skip, or the only
+        one to take), giving them back if cancelled while the claim was on its way."""
+        loop = self._loop
+        assert loop is not None
+        claim = loop.create_task(
+            self._astore.claim_jobs(
+                queue=self.queue,
+                token=uuid.uuid4().hex,
+                now=self._clock(),
+                lease=self.lease,
+                limit=limit,
+                **filters,
+            )
+        )
+        try:
+            return await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            await self._give_back_claim(claim)
+            raise
+
+    def _start(
+        self,
+        client: Engine,
+        claimed: list[Job],
+        tasks: set[asyncio.Task[None]],
+        done: Callable[[asyncio.Task[None]], None],
+    ) -> None:
+        """Start an attempt for each claimed job whose destination may take one; give the
+        others back unstarted, and claim their destination's jobs alone from now on."""
+        loop = self._loop
+        assert loop is not None
+        now, started, destinations = loop.time(), self._started, self._destinations
+        limits, over = self._limits, []
+        for job in claimed:
+            self.stats.claimed += 1
+            if not limits.start(job.destination):
+                over.append(job)
+                self._backlogged.add(job.destination)
+                continue
+            task = loop.create_task(self._process(client, job))
+            started[task] = now
+            destinations[task] = job.destination
+            tasks.add(task)
+            task.add_done_callback(done)
+        if over:
+            task = loop.create_task(self._hold_back(over))
+            self._holding.add(task)
+            task.add_done_callback(self._holding.discard)
 
     async def _hold_back(self, jobs: list[Job]) -> None:
         """Give back, unstarted, claimed jobs whose destination is at its limit of attempts in
@@ -907,12 +970,19 @@ class Worker:
         )
 
     def _answered(self, job: Job, result: SendResult) -> None:
-        """Adapt the limit of ``job``'s destination to how its attempt ended."""
-        change = self._limits.answered(job.destination, timed_out=result.error_type in TIMED_OUT)
+        """Adapt the limit of ``job``'s destination to how its attempt ended: congested when
+        it timed out, or failed (no answer, 429 or 5xx) after holding its slot for at least
+        half the timeout."""
+        status = result.status
+        congested = result.error_type in TIMED_OUT or (
+            (status is None or status == 429 or status >= 500)
+            and result.duration >= self.policy.timeout_s / 2
+        )
+        change = self._limits.answered(job.destination, congested=congested)
         if change == "down":
             logger.warning(
-                "destination %s: attempts time out; one attempt in flight to it until its "
-                "attempts answer in time (the other slots serve other destinations)",
+                "destination %s: attempts time out (or fail after half the timeout); one "
+                "attempt in flight to it until its attempts end in time",
                 job.destination,
             )
         elif change == "up":

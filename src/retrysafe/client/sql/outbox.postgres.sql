@@ -51,7 +51,8 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- A leased job's due_at is its lease's end, so one index serves both branches (see the SQLite
 -- statement); the expired branch checks lease_expires_at too, for jobs leased by a worker of
 -- an earlier release, which left due_at as it was. %(skip)s, a JSON array of destinations or
--- NULL, leaves their jobs where they are (the worker's destinations at their limit).
+-- NULL, leaves their jobs where they are (the worker's destinations at their limit);
+-- %(only)s, a destination or NULL, claims only its jobs.
 WITH t AS (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
 ), due AS (
@@ -59,6 +60,7 @@ WITH t AS (
     WHERE queue = %(queue)s AND state = 'pending' AND due_at <= (SELECT now FROM t)
       AND (%(skip)s::jsonb IS NULL
            OR destination <> ALL(ARRAY(SELECT jsonb_array_elements_text(%(skip)s::jsonb))))
+      AND (%(only)s::text IS NULL OR destination = %(only)s::text)
     ORDER BY due_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), expired AS (
@@ -67,6 +69,7 @@ WITH t AS (
       AND lease_expires_at <= (SELECT now FROM t)
       AND (%(skip)s::jsonb IS NULL
            OR destination <> ALL(ARRAY(SELECT jsonb_array_elements_text(%(skip)s::jsonb))))
+      AND (%(only)s::text IS NULL OR destination = %(only)s::text)
     ORDER BY due_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )

@@ -42,7 +42,8 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- moves one index entry per job, not two. The expired branch also checks lease_expires_at:
 -- a job leased by a worker of an earlier release, which left due_at as it was, is never
 -- taken while its lease lives. :skip, a JSON array of destinations or NULL, leaves their jobs
--- where they are (the worker's destinations at their limit of attempts in flight).
+-- where they are (the worker's destinations at their limit of attempts in flight); :only, a
+-- destination or NULL, claims only its jobs.
 UPDATE outbox_jobs
 SET state = 'in_flight', lease_token = :token, lease_expires_at = :now + :lease,
     due_at = :now + :lease, updated_at = :now
@@ -54,6 +55,7 @@ WHERE id IN (
             SELECT id, due_at AS t FROM outbox_jobs
             WHERE queue = :queue AND state = 'pending' AND due_at <= :now
               AND (:skip IS NULL OR destination NOT IN (SELECT value FROM json_each(:skip)))
+              AND (:only IS NULL OR destination = :only)
             ORDER BY due_at LIMIT :limit
         )
         UNION ALL
@@ -62,6 +64,7 @@ WHERE id IN (
             WHERE queue = :queue AND state = 'in_flight' AND due_at <= :now
               AND lease_expires_at <= :now
               AND (:skip IS NULL OR destination NOT IN (SELECT value FROM json_each(:skip)))
+              AND (:only IS NULL OR destination = :only)
             ORDER BY due_at LIMIT :limit
         )
     ) ORDER BY t LIMIT :limit
