@@ -69,6 +69,7 @@ CASES = [
         case("worker", "--until-idle", flag, V, name=flag)
         for flag in (
             "--concurrency",
+            "--max-per-destination",
             "--attempts",
             "--timeout",
             "--wait-initial",
@@ -135,6 +136,14 @@ CASES = [
     case("webhooks", "dlq", "purge", "--yes", "--older-than", V, name="--older-than"),
     # webhooks worker
     case("webhooks", "worker", "--until-idle", "--concurrency", V, name="--concurrency"),
+    case(
+        "webhooks",
+        "worker",
+        "--until-idle",
+        "--max-per-destination",
+        V,
+        name="--max-per-destination",
+    ),
     case("webhooks", "worker", "--until-idle", "--metrics", V, name="--metrics"),
     # migrate, agents
     case("migrate", "--schema", V, name="--schema", valid=("nan", "inf")),  # identifiers

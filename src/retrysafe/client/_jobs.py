@@ -73,10 +73,15 @@ def job_id_prefix(text: str) -> str | None:
 
 
 def destination_of(url: str) -> str:
-    """``scheme://host:port`` of ``url`` (the retry budget's unit)."""
+    """``scheme://host:port`` of ``url`` (the unit of the retry budget and of the limit of
+    attempts in flight); an IPv6 host keeps its brackets (RFC 3986 §3.2.2), so the port
+    reads apart from it."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+    host = (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{port}"
 
 
 def shown_url(url: str, limit: int = 200) -> str:
