@@ -834,15 +834,17 @@ class Worker:
             limits, backlogged = self._limits, self._backlogged
             for destination in [d for d in backlogged if limits.allowance(d) >= free]:
                 backlogged.discard(destination)  # its allowance is no longer the bound
+                self._served.pop(destination, None)
             # Destinations that may start nothing, or fewer than a claim may bring (their
             # jobs are claimed one destination at a time below): the claim leaves their jobs.
             skipped = sorted(backlogged.union(limits.full()))
             short = self._skipped_short
             wait = 0.0
             filled = False
-            if skipped and short is not None and short[1].issuperset(skipped):
-                # The last claim skipped the same destinations (or more) and found every due
-                # job outside them; the store walks the skipped jobs to look again, so wait.
+            if skipped and short is not None and short[1].issubset(skipped):
+                # The last claim skipped the same destinations (or fewer: none of them may
+                # start more now) and found every due job outside them; the store walks the
+                # skipped jobs to look again, so wait.
                 wait = short[0] - loop.time()
             if wait <= 0:
                 asked_at = loop.time()
