@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,14 +37,14 @@ def test_each_congested_attempt_halves_the_limit_down_to_one() -> None:
     for _ in range(7):
         limits.answered(A, congested=True)
         seen.append(limits.limit(A))
-    assert seen == [16, 8, 4, 2, 1, 1, 1]
+    assert seen == [32, 16, 8, 4, 2, 1, 1]  # the first alone changes nothing
     assert limits.limit(B) == 32  # another destination is untouched
 
 
 def test_after_congestion_the_limit_grows_by_one_per_round_trip() -> None:
     """Additive increase: from 4, four attempts that end well make 5, five more make 6."""
     limits = DestinationLimits(32)
-    for _ in range(3):
+    for _ in range(4):
         limits.answered(A, congested=True)
     assert limits.limit(A) == 4
     answers = 0
@@ -51,20 +54,40 @@ def test_after_congestion_the_limit_grows_by_one_per_round_trip() -> None:
     assert 8 <= answers <= 10  # about 4 + 5: one per attempt in flight, per step
 
 
-def test_a_destination_hanging_one_attempt_in_ten_settles_at_a_few_slots() -> None:
-    """Nine attempts end well for each that times out: the limit stays far below the cap."""
+def test_a_destination_hanging_one_attempt_in_ten_keeps_a_fraction_of_the_slots() -> None:
+    """One attempt in ten ends congested (at random): often enough that another of the last
+    eight did too, so the limit settles well below the cap."""
+    rng = random.Random(5)
     limits = DestinationLimits(32)
     seen = []
-    for i in range(1000):
-        limits.answered(A, congested=i % 10 == 9)
+    for _ in range(5000):
+        limits.answered(A, congested=rng.random() < 0.1)
         seen.append(limits.limit(A))
-    assert max(seen[200:]) <= 8
+    assert statistics.mean(seen[1000:]) <= 10
+
+
+def test_one_destination_hanging_every_other_attempt_keeps_one_or_two_slots() -> None:
+    limits = DestinationLimits(8)
+    seen = []
+    for i in range(400):
+        limits.answered(A, congested=i % 2 == 1)
+        seen.append(limits.limit(A))
+    assert max(seen[50:]) <= 2
+
+
+def test_a_lone_lost_answer_now_and_then_changes_nothing() -> None:
+    """The demo's chaos proxy holds one answer in 500 past the timeout: a healthy destination
+    keeps every slot (halving on each took a third of them away and slowed the demo 47 %)."""
+    limits = DestinationLimits(64)
+    for i in range(10_000):
+        limits.answered(A, congested=i % 500 == 499)
+        assert limits.limit(A) == 64
 
 
 def test_a_lowered_limit_holds_back_new_attempts_until_enough_end() -> None:
     limits = DestinationLimits(8)
     assert [limits.start(A) for _ in range(8)] == [True] * 8
-    for _ in range(3):
+    for _ in range(4):
         limits.answered(A, congested=True)
     assert limits.limit(A) == 1
     for _ in range(7):
@@ -105,6 +128,7 @@ def test_a_destination_that_recovers_is_no_longer_throttled() -> None:
 
 def test_the_transitions_a_worker_logs() -> None:
     limits = DestinationLimits(4)
+    assert limits.answered(A, congested=True) is None  # alone: stays 4
     assert limits.answered(A, congested=True) is None  # 4 -> 2
     assert limits.answered(A, congested=True) == "down"  # 2 -> 1
     assert limits.answered(A, congested=True) is None  # stays 1: said once
@@ -115,6 +139,7 @@ def test_the_transitions_a_worker_logs() -> None:
 
 def test_with_a_cap_of_one_a_destination_that_times_out_is_still_reported() -> None:
     limits = DestinationLimits(1)
+    assert limits.answered(A, congested=True) is None  # alone
     assert limits.answered(A, congested=True) == "down"
     assert limits.answered(A, congested=True) is None
     assert limits.answered(A, congested=False) == "up"
