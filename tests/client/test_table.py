@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from retrysafe import JobState, Outbox, RetryPolicy
@@ -167,6 +169,20 @@ def test_deadline_exhausted_parks_the_job_unknown(
     ).run_until_idle()
     assert outbox.get(job.id).state is JobState.UNKNOWN
     assert len(outbox.attempts(job.id)) == 1
+
+
+def test_a_deadline_that_passes_before_the_first_attempt_says_it_was_never_sent(
+    outbox: Outbox, base_url: str
+) -> None:
+    """A job whose deadline passed while it waited (a backlog, a destination at its limit)
+    ends UNKNOWN with no attempt, and its last_error says it was never sent."""
+    job = outbox.submit(base_url + "/never", json={}, deadline=0.05)
+    time.sleep(0.1)
+    outbox.worker(policy=RetryPolicy(attempts=3)).run_until_idle()
+    got = outbox.get(job.id)
+    assert (got.state, got.attempts, got.sends) == (JobState.UNKNOWN, 0, 0)
+    assert got.last_error == "deadline passed before its first attempt: never sent"
+    assert outbox.attempts(job.id) == []
 
 
 def test_reconcile_resends_unknown_with_the_same_key(

@@ -1031,7 +1031,11 @@ class Worker:
                     lease,
                     state=JobState.UNKNOWN,
                     due_at=now,
-                    error="deadline passed before the next attempt",
+                    error=(
+                        "deadline passed before the next attempt"
+                        if job.sends
+                        else "deadline passed before its first attempt: never sent"
+                    ),
                     now=now,
                 )
                 self.stats.unknown += 1
