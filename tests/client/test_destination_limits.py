@@ -210,11 +210,13 @@ def test_invariants_under_any_sequence(cap: int, slots: int, steps: list[tuple[s
         assert limits.full() == sorted(d for d in running if limits.allowance(d) == 0)
 
 
-def test_a_destination_is_scheme_host_and_port_with_ipv6_in_brackets() -> None:
-    """The unit of the limit (and of the retry budget); an IPv6 host keeps its brackets, so
-    the log line's destination reads as the URL it came from."""
-    from retrysafe.client._jobs import destination_of
+def test_a_destination_is_stored_bare_and_shown_with_ipv6_in_brackets() -> None:
+    """The unit of the limit (and of the retry budget), stored as the console's host filter
+    reads it; the log lines show an IPv6 host in brackets, as the URL it came from."""
+    from retrysafe.client._jobs import destination_of, shown_destination
 
-    assert destination_of("http://[::1]:8080/x") == "http://[::1]:8080"
+    assert destination_of("http://[::1]:8080/x") == "http://::1:8080"
+    assert shown_destination("http://::1:8080") == "http://[::1]:8080"
     assert destination_of("https://API.example.com/v1") == "https://api.example.com:443"
-    assert destination_of("http://127.0.0.1/x") == "http://127.0.0.1:80"
+    assert shown_destination("https://api.example.com:443") == "https://api.example.com:443"
+    assert shown_destination("http://127.0.0.1:80") == "http://127.0.0.1:80"

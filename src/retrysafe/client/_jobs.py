@@ -74,14 +74,21 @@ def job_id_prefix(text: str) -> str | None:
 
 def destination_of(url: str) -> str:
     """``scheme://host:port`` of ``url`` (the unit of the retry budget and of the limit of
-    attempts in flight); an IPv6 host keeps its brackets (RFC 3986 §3.2.2), so the port
-    reads apart from it."""
+    attempts in flight), as stored with each job: an IPv6 host without its brackets (the
+    console's host filter reads it so); :func:`shown_destination` prints it."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = (parts.hostname or "").lower()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{parts.scheme}://{host}:{port}"
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+def shown_destination(destination: str) -> str:
+    """A stored destination as a URL reads (RFC 3986 §3.2.2): an IPv6 host in brackets,
+    ``http://[::1]:8080``, so the port reads apart from it."""
+    scheme, sep, authority = destination.partition("://")
+    host, colon, port = authority.rpartition(":")
+    if sep and colon and ":" in host:
+        return f"{scheme}://[{host}]:{port}"
+    return destination
 
 
 def shown_url(url: str, limit: int = 200) -> str:

@@ -35,7 +35,7 @@ from retrysafe._exceptions import (
 from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe._wire import check_transport
 from retrysafe.client._budget import BudgetState, RetryBudget
-from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit
+from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit, shown_destination
 from retrysafe.client._limits import TIMED_OUT, DestinationLimits
 from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, JobState
 from retrysafe.client._policy import (
@@ -985,12 +985,12 @@ class Worker:
             logger.warning(
                 "destination %s: attempts time out (or fail after half the timeout); one "
                 "attempt in flight to it until its attempts end in time",
-                job.destination,
+                shown_destination(job.destination),
             )
         elif change == "up":
             logger.info(
                 "destination %s answers in time again: up to %d attempts in flight to it",
-                job.destination,
+                shown_destination(job.destination),
                 self._limits.cap,
             )
 
