@@ -7,8 +7,8 @@ the jobs to healthy destinations would wait behind it (SPEC §5: a timeout is "I
 retried with the same key; it must not also stop everyone else).
 
 The rule, per destination (``scheme://host:port``, as the retry budget's), is TCP's
-congestion control (RFC 5681: slow start, then additive increase, multiplicative decrease)
-applied to attempts in flight instead of bytes:
+congestion avoidance (RFC 5681: additive increase, multiplicative decrease) applied to
+attempts in flight instead of bytes:
 
 * a destination starts at ``cap`` (the worker's concurrency, or its
   ``max_per_destination``). Not lower, as TCP's slow start would: a healthy destination
@@ -66,14 +66,12 @@ class DestinationLimits:
         "_throttled",
         "_window",
         "cap",
-        "initial",
         "share",
         "throttle_at",
     )
 
     def __init__(self, cap: int, slots: int | None = None) -> None:
         self.cap = max(1, cap)
-        self.initial = self.cap
         #: A limit at or below this, after a congested attempt, is throttled.
         self.throttle_at = max(1, self.cap // 4)
         #: Slots the throttled destinations may hold together.
@@ -93,7 +91,7 @@ class DestinationLimits:
 
     def limit(self, destination: str) -> int:
         """The most attempts ``destination`` may have in flight now."""
-        return int(self._limit.get(destination, self.initial))
+        return int(self._limit.get(destination, self.cap))
 
     def in_flight(self, destination: str) -> int:
         """Attempts to ``destination`` started and not yet ended."""
@@ -145,7 +143,7 @@ class DestinationLimits:
         else:
             history.pop(destination, None)
         if old is None:
-            old = float(self.initial)
+            old = float(self.cap)
             if len(limits) >= _REMEMBERED:
                 self._forget()
         if congested and seen:

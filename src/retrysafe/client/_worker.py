@@ -446,9 +446,11 @@ class Worker:
         concurrency: attempts in flight at once (default 8).
         max_per_destination: attempts in flight at once to one destination
             (``scheme://host:port``) at most (default: ``concurrency``). Below it each
-            destination's limit adapts (:mod:`retrysafe.client._limits`): every attempt that
-            times out halves it, down to 1, every other ending raises it by one, so a
-            destination that stops answering keeps one slot and the others keep flowing.
+            destination's limit adapts (AIMD, :mod:`retrysafe.client._limits`): an attempt
+            that times out, or fails after half the timeout, halves it (down to 1) when
+            another of the last eight did too; every other ending adds one per round trip; the
+            throttled destinations share half the slots. So a destination that stops
+            answering keeps one slot and the others keep flowing.
         lease: seconds a claimed job stays leased without renewal (default 10, whatever the
             request timeout). While the worker holds a job it renews the lease every
             ``heartbeat`` seconds (fenced by the lease token), so an attempt slower than the
