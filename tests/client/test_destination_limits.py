@@ -8,7 +8,7 @@ import statistics
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrysafe.client._limits import TIMED_OUT, DestinationLimits
+from retrysafe.client._limits import TIMED_OUT, DestinationLimits, congested
 
 A, B = "http://a:80", "http://b:80"
 
@@ -150,6 +150,21 @@ def test_only_timeouts_count_as_timeouts() -> None:
     (the worker's rule), never by their kind."""
     assert {"ConnectTimeout", "ReadTimeout", "WriteTimeout", "AttemptTimeout"} == TIMED_OUT
     assert not {"ConnectError", "ReadError", "RemoteProtocolError", "PoolTimeout"} & TIMED_OUT
+
+
+def test_which_endings_are_congested() -> None:
+    """Timeouts always; failures (no answer, 429, 5xx) only after half the timeout (a gateway
+    giving up just before the client); successes and definitive 4xx never, however slow."""
+    t = 2.0
+    assert congested("ReadTimeout", None, 2.0, t)
+    assert congested("ConnectTimeout", None, 0.1, t)
+    assert congested("RemoteProtocolError", None, 1.0, t)  # reset after half the timeout
+    assert not congested("RemoteProtocolError", None, 0.9, t)  # a fast reset
+    assert not congested("ConnectError", None, 0.01, t)  # refused at once
+    assert congested(None, 504, 1.9, t) and congested(None, 429, 1.5, t)
+    assert not congested(None, 503, 0.2, t) and not congested(None, 429, 0.1, t)
+    assert not congested(None, 200, 1.99, t)  # a slow success
+    assert not congested(None, 400, 1.99, t) and not congested(None, 409, 1.99, t)
 
 
 def test_memory_stays_bounded_over_many_destinations() -> None:

@@ -616,6 +616,9 @@ def test_a_capped_destination_is_claimed_up_to_its_allowance_not_in_bulk(
     assert stats.succeeded == 60
     assert stats.held_back <= 16, stats
     assert stats.claimed == 60 + stats.held_back
+    # A job given back unstarted is sent later once, with its own key (not an attempt).
+    assert sorted(str(r.key) for r in server.requests) == sorted(j.key for j in jobs)
+    assert all(len(outbox.attempts(j.id)) == 1 for j in jobs)
 
 
 # ------------------------------------------------------------ 2. no retries in the engine

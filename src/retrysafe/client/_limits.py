@@ -36,12 +36,25 @@ A limit is per worker (each process keeps its own); nothing is stored.
 
 from __future__ import annotations
 
-__all__ = ["TIMED_OUT", "DestinationLimits"]
+__all__ = ["TIMED_OUT", "DestinationLimits", "congested"]
 
 #: The transport errors that mean "no complete answer within the timeout" (see
 #: :mod:`retrysafe.client._sender`): connecting, writing, waiting for a read, or the
 #: attempt's total timeout. A pool timeout is the worker's own pool, not the destination.
 TIMED_OUT = frozenset({"ConnectTimeout", "ReadTimeout", "WriteTimeout", "AttemptTimeout"})
+
+def congested(
+    error_type: str | None, status: int | None, duration: float, timeout: float
+) -> bool:
+    """Whether an attempt ended **congested** (module docstring): it timed out
+    (:data:`TIMED_OUT`), or it failed — no answer, 429 or 5xx — after holding its slot for at
+    least half of ``timeout`` (both in seconds). A slow success or a slow definitive 4xx is
+    not: the destination answered."""
+    if error_type in TIMED_OUT:
+        return True
+    failed = status is None or status == 429 or status >= 500
+    return failed and duration >= timeout / 2
+
 
 #: Destinations remembered with nothing in flight before the oldest are forgotten (they start
 #: afresh): memory stays bounded whatever the number of hosts.
@@ -60,11 +73,11 @@ class DestinationLimits:
 
     __slots__ = (
         "_down",
+        "_halved",
         "_history",
         "_in_flight",
         "_limit",
         "_throttled",
-        "_window",
         "cap",
         "share",
         "throttle_at",
@@ -79,8 +92,8 @@ class DestinationLimits:
         self._in_flight: dict[str, int] = {}
         #: Each known destination's limit (a fraction between whole attempts).
         self._limit: dict[str, float] = {}
-        #: The destinations that were congested once.
-        self._window: set[str] = set()
+        #: The destinations whose limit was ever halved (only they can be throttled).
+        self._halved: set[str] = set()
         #: The throttled destinations.
         self._throttled: set[str] = set()
         #: The destinations reported down (limit 1 after a congested attempt).
@@ -148,13 +161,13 @@ class DestinationLimits:
                 self._forget()
         if congested and seen:
             new = max(1.0, float(int(old) // 2))
-            self._window.add(destination)
+            self._halved.add(destination)
         elif congested:
             new = old  # a lone one: remembered, not acted on
         else:
             new = min(float(self.cap), old + 1.0 / max(1.0, old))
         limits[destination] = new
-        if self._window and destination in self._window and int(new) <= self.throttle_at:
+        if destination in self._halved and int(new) <= self.throttle_at:
             self._throttled.add(destination)
         else:
             self._throttled.discard(destination)
@@ -182,6 +195,6 @@ class DestinationLimits:
             if destination not in self._in_flight:
                 del self._limit[destination]
                 self._history.pop(destination, None)
-                self._window.discard(destination)
+                self._halved.discard(destination)
                 self._throttled.discard(destination)
                 self._down.discard(destination)

@@ -36,7 +36,7 @@ from retrysafe._heartbeat import AsyncHeartbeat
 from retrysafe._wire import check_transport
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit, shown_destination
-from retrysafe.client._limits import TIMED_OUT, DestinationLimits
+from retrysafe.client._limits import DestinationLimits, congested
 from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, JobState
 from retrysafe.client._policy import (
     RetryPolicy,
@@ -974,15 +974,14 @@ class Worker:
         )
 
     def _answered(self, job: Job, result: SendResult) -> None:
-        """Adapt the limit of ``job``'s destination to how its attempt ended: congested when
-        it timed out, or failed (no answer, 429 or 5xx) after holding its slot for at least
-        half the timeout."""
-        status = result.status
-        congested = result.error_type in TIMED_OUT or (
-            (status is None or status == 429 or status >= 500)
-            and result.duration >= self.policy.timeout_s / 2
+        """Adapt the limit of ``job``'s destination to how its attempt ended
+        (:func:`~retrysafe.client._limits.congested`)."""
+        change = self._limits.answered(
+            job.destination,
+            congested=congested(
+                result.error_type, result.status, result.duration, self.policy.timeout_s
+            ),
         )
-        change = self._limits.answered(job.destination, congested=congested)
         if change == "down":
             logger.warning(
                 "destination %s: attempts time out (or fail after half the timeout); one "
