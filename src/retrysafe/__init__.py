@@ -29,6 +29,7 @@ from retrysafe.client import (
     RetryBudget,
     RetryPolicy,
     Worker,
+    WorkerStats,
     reconcile,
 )
 from retrysafe.server import IdempotencyConfig, IdempotencyMiddleware, WSGIIdempotencyMiddleware
@@ -90,6 +91,7 @@ __all__ = [
     "WebhookVerifier",
     "Webhooks",
     "Worker",
+    "WorkerStats",
     "__version__",
     "logging_config",
     "open_store",
