@@ -377,3 +377,43 @@ def test_the_cases_cover_every_option_of_every_command() -> None:
             if (path, name) not in covered:
                 missing.append((" ".join(path), name))
     assert missing == []
+
+
+_UNPRINTABLE_URLS = {
+    "escape": "https://a.example/\x1b]0;pwned\x07\x1b[2Jx",
+    "control": "https://a.example/p\x01x",
+    "zero-width": "https://a.example/\u200bx",
+    "not-utf8": "https://a.example/\udcff",  # what Python makes of an argv byte 0xFF
+}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("jobs", "submit", "--", V), ("webhooks", "endpoints", "add", "--allow-private", "--", V)],
+    ids=["jobs submit", "webhooks endpoints add"],
+)
+@pytest.mark.parametrize("kind", list(_UNPRINTABLE_URLS))
+def test_a_url_no_request_can_carry_exits_2_and_prints_no_raw_control_character(
+    template: tuple[Path, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    kind: str,
+) -> None:
+    """A URL with a control or format character, or bytes that are not UTF-8: exit 2, one
+    line naming URL with the character escaped (a stored ESC used to reach the terminal of
+    every `jobs list`), the store unchanged (fresh-user pass: a traceback for bytes that are
+    not UTF-8, and jobs that could never be sent for the rest)."""
+    source, _ = template
+    store = tmp_path / "store.db"
+    shutil.copy(source, store)
+    before = _dump(store)
+    line = [_UNPRINTABLE_URLS[kind] if a == V else a for a in args]
+    at = line.index("--")
+    line[at:at] = ["--store", f"sqlite:///{store}"]
+    code, err = _invoke(line, monkeypatch)
+    assert code == 2, err[:500]
+    _one_line_naming(err, "URL")
+    assert "U+" in err
+    assert not any(c in err for c in "\x1b\x07\x01\u200b\udcff")
+    assert _dump(store) == before

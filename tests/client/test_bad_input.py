@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,37 @@ def test_non_http_url_is_refused_at_submit(outbox: Outbox, url: str) -> None:
     with pytest.raises(ConfigurationError):
         outbox.submit(url, json={})
     assert outbox.jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://a.example/p\x00x", "U+0000"),
+        ("https://a.exa\x01mple/", "U+0001"),  # in the host too
+        ("https://a.example/\x1b]0;pwned\x07\x1b[2J", "U+001B"),  # a terminal escape
+        ("https://a.example/p\x7f", "U+007F"),
+        ("https://a.example/\u200b", "U+200B"),
+        ("https://a.example/\ufeff", "U+FEFF"),
+        ("https://a.example/p?x=\ud800", "U+D800, a lone surrogate"),
+        ("https://\udcff.example/", "U+DCFF, a lone surrogate"),
+    ],
+)
+def test_a_url_with_a_character_no_request_can_carry_is_refused(
+    outbox: Outbox, url: str, shown: str
+) -> None:
+    """Found by a fresh-user pass: control and format characters were stored and every
+    attempt then failed unsent (the job ended UNKNOWN with sends counted); a lone surrogate
+    raised a bare UnicodeEncodeError from the store. Refused at submit, escaped in the
+    message (no raw ESC reaches a terminal), nothing stored."""
+    with pytest.raises(ConfigurationError, match=re.escape(shown)) as info:
+        outbox.submit(url, json={})
+    assert "\x1b" not in str(info.value) and "\x00" not in str(info.value)
+    assert outbox.jobs() == []
+
+
+def test_a_url_with_non_ascii_text_is_still_accepted(outbox: Outbox) -> None:
+    job = outbox.submit("https://a.example/caf\u00e9?q=\u00fcber", json={})
+    assert outbox.get(job.id).url == "https://a.example/caf\u00e9?q=\u00fcber"
 
 
 @pytest.mark.parametrize(

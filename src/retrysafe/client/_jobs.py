@@ -134,6 +134,20 @@ def _check_url(url: object) -> str:
         raise ConfigurationError(f"url {shown!r} has no host", option="url")
     if any(c.isspace() for c in url):
         raise ConfigurationError(f"url {shown!r} contains whitespace", option="url")
+    if not url.isprintable():
+        # Control and format characters (NUL, ESC, U+200B, U+FEFF) and lone surrogates:
+        # no HTTP client sends them (every attempt would fail, unsent), a surrogate cannot
+        # even be stored as UTF-8, and a stored ESC would reach the terminals of `jobs list`.
+        bad = next(c for c in url if not c.isprintable())
+        what = (
+            "a lone surrogate, which is not UTF-8 text (so reads a command-line argument "
+            "that is not UTF-8)"
+            if "\ud800" <= bad <= "\udfff"
+            else "a character that is not printable; percent-encode it"
+        )
+        raise ConfigurationError(
+            f"url {shown!r} contains U+{ord(bad):04X}, {what}", option="url"
+        )
     return url
 
 
