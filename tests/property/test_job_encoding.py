@@ -135,6 +135,10 @@ def test_a_url_checked_once_is_checked_again_for_each_job() -> None:
     for _ in range(2):
         with pytest.raises(ConfigurationError, match="credentials"):
             build_job("http://user:pw@example.com/", json={}, now=0.0)
+    long_url = "http://example.com/" + "a" * 5000  # past the cached length: checked each time
+    assert build_job(long_url, json={}, now=0.0).url == long_url
+    with pytest.raises(ConfigurationError, match="port 0"):
+        build_job("http://example.com:0/" + "a" * 5000, json={}, now=0.0)
     for bad in (["http://example.com/"], {"u": 1}, None, b"http://example.com/"):
         with pytest.raises(ConfigurationError, match="url must be a string"):
             build_job(bad, json={}, now=0.0)  # type: ignore[arg-type]

@@ -392,15 +392,22 @@ def _job_target(url: object) -> tuple[str, str]:
     Raises:
         ConfigurationError: as :func:`_check_job_url`.
     """
-    return _target_of(_url_string(url))  # a string first: the cache hashes it
+    url = _url_string(url)  # a string first: the cache hashes it
+    return _cached_target(url) if len(url) <= _CACHED_URL_LENGTH else _target_of(url)
 
 
-@lru_cache(maxsize=128)
+#: The longest URL whose checks are cached: the cache holds at most 128 URLs this long.
+_CACHED_URL_LENGTH = 2048
+
+
 def _target_of(url: str) -> tuple[str, str]:
-    # Cached: a batch of submissions names a few URLs many times, and parsing one three
-    # times (the checks, then the destination) cost a fifth of building a job.
     checked = _check_job_url(url)
     return checked, destination_of(checked)
+
+
+# Cached: a batch of submissions names a few URLs many times, and parsing one three times
+# (the checks, then the destination) cost a fifth of building a job.
+_cached_target = lru_cache(maxsize=128)(_target_of)
 
 
 def build_job(
