@@ -417,3 +417,20 @@ def test_a_url_no_request_can_carry_exits_2_and_prints_no_raw_control_character(
     assert "U+" in err
     assert not any(c in err for c in "\x1b\x07\x01\u200b\udcff")
     assert _dump(store) == before
+
+
+def test_data_that_is_not_utf8_says_so(
+    template: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-d` with a byte that is not UTF-8 (Python reads it as U+DCFF) used to be reported
+    as "a lone surrogate is not UTF-8 text" (fresh-user pass): it names the cause now."""
+    source, _ = template
+    store = tmp_path / "store.db"
+    shutil.copy(source, store)
+    before = _dump(store)
+    line = ["jobs", "submit", "--store", f"sqlite:///{store}", _URL, "-d", '{"a": "\udcff"}']
+    code, err = _invoke(line, monkeypatch)
+    assert code == 2, err[:500]
+    _one_line_naming(err, "--data")
+    assert "not UTF-8" in err and "surrogate" not in err
+    assert _dump(store) == before

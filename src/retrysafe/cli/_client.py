@@ -499,6 +499,9 @@ def jobs_submit(
 ) -> None:
     """Record a job for URL; a worker delivers it. The store must exist (`retrysafe
     migrate` creates it)."""
+    if data is not None and any("\udc80" <= c <= "\udcff" for c in data):
+        # Python reads command-line bytes that are not UTF-8 as these lone surrogates.
+        fail("--data: not UTF-8 text (the argument holds bytes that are not UTF-8)", 2)
     try:
         payload = {} if data is None else json.loads(data)
     except ValueError as exc:
