@@ -199,7 +199,10 @@ def test_an_evicting_policy_on_any_master_warns_naming_it(
     with pytest.warns(RetrysafeWarning, match="allkeys-lru") as caught:
         store = RedisStore(redis_cluster.url, prefix=redis_cluster_prefix)
     try:
-        assert [one_master_evicts.address in str(w.message) for w in caught] == [True]
+        # Only retrysafe's warnings: a loaded host's garbage collector may emit others (an
+        # unclosed socket of an earlier test) inside the block.
+        ours = [str(w.message) for w in caught if issubclass(w.category, RetrysafeWarning)]
+        assert [one_master_evicts.address in m for m in ours] == [True], ours
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert store.check_eviction() == "allkeys-lru"
