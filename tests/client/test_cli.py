@@ -500,3 +500,36 @@ def test_usage_errors_are_one_line_and_exit_2(args: tuple[str, ...], start: str)
     assert code == 2
     assert err.startswith(f"retrysafe: error: {start}") and err.count("\n") == 1
     assert "--help')" in err
+
+
+def test_submit_reads_data_from_a_file_or_stdin_like_webhooks_send(tmp_path: Path) -> None:
+    """`-d @file` and `-d -` read the body as `webhooks send PAYLOAD` does (one reader for
+    both); the body stored is the compact JSON of what was read."""
+    store = f"sqlite:///{tmp_path / 'o.db'}"
+    _migrate(store)
+    body = tmp_path / "body.json"
+    body.write_text('{"text": "h\\u00e9llo", "n": [1, 2]}', encoding="utf-8")
+    code, out, err = _run("jobs", "submit", "http://api.test/x", "-d", f"@{body}",
+                          "--store", store, "--json")  # fmt: skip
+    assert code == 0, err
+    from_file = json.loads(out)["id"]
+    result = CliRunner().invoke(
+        cli,
+        ["jobs", "submit", "http://api.test/x", "-d", "-", "--store", store, "--json"],
+        input='{"from": "stdin"}',
+    )
+    assert result.exit_code == 0, result.stderr
+    from_stdin = json.loads(result.stdout)["id"]
+    outbox = Outbox(store)
+    try:
+        assert outbox.get(from_file).body == b'{"text":"h\\u00e9llo","n":[1,2]}'
+        assert outbox.get(from_stdin).body == b'{"from":"stdin"}'
+    finally:
+        outbox.close()
+    for bad, says in (
+        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+        ("@" + str(tmp_path), "cannot read"),
+        ("not json", "is not JSON"),
+    ):
+        code, _, err = _run("jobs", "submit", "http://api.test/x", "-d", bad, "--store", store)
+        assert code == 2 and err.startswith("retrysafe: error: --data:") and says in err, err

@@ -40,6 +40,7 @@ from retrysafe.cli._common import (
     metrics_option,
     opened_store,
     print_table,
+    read_json_argument,
     serving_metrics,
     store_option,
 )
@@ -475,7 +476,9 @@ def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
 @jobs.command("submit", epilog=epilog())
 @store_option(schemes=SQL_STORES, with_schema=True)
 @click.argument("url")
-@click.option("--data", "-d", default=None, help="JSON body (default {}).")
+@click.option(
+    "--data", "-d", default=None, help="JSON body: text, @file, or - for stdin (default {})."
+)
 @click.option("--method", "-X", type=Method(), default="POST", show_default=True)
 @click.option(
     "--header",
@@ -499,15 +502,7 @@ def jobs_submit(
 ) -> None:
     """Record a job for URL; a worker delivers it. The store must exist (`retrysafe
     migrate` creates it)."""
-    if data is not None and any("\udc80" <= c <= "\udcff" for c in data):
-        # Python reads command-line bytes that are not UTF-8 as these lone surrogates.
-        fail("--data: not UTF-8 text (the argument holds bytes that are not UTF-8)", 2)
-    try:
-        payload = {} if data is None else json.loads(data)
-    except ValueError as exc:
-        fail(f"--data: not JSON: {exc}", 2)
-    except RecursionError:
-        fail("--data: nested too deeply", 2)
+    payload = {} if data is None else read_json_argument(data, "--data")
     headers = _parse_headers(header)
     with _outbox(store, flags=_SUBMIT_FLAGS) as outbox:
         job = outbox.submit(

@@ -22,6 +22,7 @@ The convention (docs/cli.md):
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import re
@@ -152,6 +153,38 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     with suppress(OSError, ValueError):  # BrokenPipeError; ValueError: the stream is closed
         click.echo(f"retrysafe: error: {line}", err=True)
     raise SystemExit(code)
+
+
+def read_json_argument(value: str, name: str) -> Any:
+    """A JSON argument (``name`` in the error lines: ``PAYLOAD``, ``--data``) as a value: the
+    text itself, the file after ``@``, or stdin for ``-``. UTF-8 JSON text only; anything
+    else (a file that cannot be read, bytes that are not UTF-8, text that is not JSON) exits
+    2 with one line."""
+    if value == "-":
+        where, raw = "stdin", sys.stdin.buffer.read()
+    elif value.startswith("@"):
+        where = value[1:]
+        try:
+            with open(where, "rb") as f:
+                raw = f.read()
+        except (OSError, ValueError) as exc:
+            fail(
+                f"{name}: cannot read {clip(where, 200)}: {getattr(exc, 'strerror', None) or exc}",
+                2,
+            )
+    else:
+        # Command-line bytes that are not UTF-8 arrive as lone surrogates: back to bytes.
+        where, raw = "", value.encode("utf-8", "surrogatepass")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"{name}: {where or 'the argument'} is not UTF-8 text (byte {exc.start})", 2)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        fail(f"{name}: {where + ' ' if where else ''}is not JSON: {exc}", 2)
+    except RecursionError:
+        fail(f"{name}: nested too deeply", 2)
 
 
 def exit_code_of(exc: RetrysafeError) -> int:

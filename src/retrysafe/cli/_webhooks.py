@@ -8,10 +8,8 @@ creates a store (``retrysafe migrate`` does).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -36,11 +34,11 @@ from retrysafe.cli._common import (
     clip,
     epilog,
     errors,
-    fail,
     json_option,
     metrics_option,
     opened_store,
     print_table,
+    read_json_argument,
     serving_metrics,
     store_option,
 )
@@ -148,35 +146,6 @@ def _hooks(
         Webhooks(opened, allow_private=allow_private) as hooks,
     ):
         yield hooks
-
-
-def _read_payload(payload: str) -> Any:
-    """PAYLOAD as a JSON value: itself, the file after ``@``, or stdin for ``-`` (UTF-8
-    JSON text only; anything else is bad input, exit 2)."""
-    if payload == "-":
-        name, raw = "stdin", sys.stdin.buffer.read()
-    elif payload.startswith("@"):
-        name = payload[1:]
-        try:
-            with open(name, "rb") as f:
-                raw = f.read()
-        except (OSError, ValueError) as exc:
-            fail(
-                f"PAYLOAD: cannot read {clip(name, 200)}: {getattr(exc, 'strerror', None) or exc}",
-                2,
-            )
-    else:
-        name, raw = "", payload.encode("utf-8", "surrogatepass")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        fail(f"PAYLOAD: {name or 'the payload'} is not UTF-8 text (byte {exc.start})", 2)
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        fail(f"PAYLOAD: {name + ' ' if name else ''}is not JSON: {exc}", 2)
-    except RecursionError:
-        fail("PAYLOAD: nested too deeply", 2)
 
 
 def _endpoints_table(endpoints: list[WebhookEndpoint]) -> Any:
@@ -418,7 +387,7 @@ def endpoints_delete(store: str, endpoint_id: str, yes: bool, as_json: bool) -> 
 @json_option
 def send(store: str, event_type: str, payload: str, event_id: str | None, as_json: bool) -> None:
     """Record an event (PAYLOAD: JSON text, @file, or - for stdin) and its deliveries."""
-    value = _read_payload(payload)
+    value = read_json_argument(payload, "PAYLOAD")
     flags = {"event_type": "EVENT_TYPE", "event_id": "--id", "payload": "PAYLOAD"}
     with _hooks(store, flags=flags) as hooks:
         event = hooks.send(event_type, value, event_id=event_id)
