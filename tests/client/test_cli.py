@@ -533,3 +533,26 @@ def test_submit_reads_data_from_a_file_or_stdin_like_webhooks_send(tmp_path: Pat
     ):
         code, _, err = _run("jobs", "submit", "http://api.test/x", "-d", bad, "--store", store)
         assert code == 2 and err.startswith("retrysafe: error: --data:") and says in err, err
+
+
+def test_data_from_a_closed_stdin_or_a_bare_at_sign_is_one_clear_line(
+    tmp_path: Path,
+) -> None:
+    """Fresh-user pass: `-d -` with stdin closed (`<&-`) was a traceback, and `-d @` said
+    "cannot read : No such file" with a blank name."""
+    store = f"sqlite:///{tmp_path / 'o.db'}"
+    _migrate(store)
+    closed = subprocess.run(
+        [sys.executable, "-m", "retrysafe", "jobs", "submit", "http://api.test/x", "-d", "-",
+         "--store", store],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr == "retrysafe: error: --data: - reads stdin, and stdin is closed\n"
+    code, _, err = _run("jobs", "submit", "http://api.test/x", "-d", "@", "--store", store)
+    assert code == 2 and "@ needs a file name" in err, err
+    code, _, err = _run("jobs", "submit", "http://api.test/x", "-d", "", "--store", store)
+    assert code == 2 and "--data: the argument is not JSON" in err, err
+    code, out, _ = _run("jobs", "list", "--store", store, "--json")
+    assert json.loads(out)["jobs"] == []

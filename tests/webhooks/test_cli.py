@@ -114,7 +114,7 @@ def test_unknown_ids_are_one_clear_error(
             ("endpoints", "add", "http://127.0.0.1:9/x", "--allow-private", "--secret", "abc"),
             "--secret: ",
         ),
-        (("send", "a.b", "{not json"), "PAYLOAD: is not JSON"),
+        (("send", "a.b", "{not json"), "PAYLOAD: the argument is not JSON"),
         (("send", "bad type!", "{}"), "EVENT_TYPE: event type 'bad type!'"),
         (("send", "a.b", "NaN"), "PAYLOAD: payload cannot be serialised"),
     ],

@@ -161,9 +161,13 @@ def read_json_argument(value: str, name: str) -> Any:
     else (a file that cannot be read, bytes that are not UTF-8, text that is not JSON) exits
     2 with one line."""
     if value == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            fail(f"{name}: - reads stdin, and stdin is closed", 2)
         where, raw = "stdin", sys.stdin.buffer.read()
     elif value.startswith("@"):
         where = value[1:]
+        if not where:
+            fail(f"{name}: @ needs a file name (@body.json; - reads stdin)", 2)
         try:
             with open(where, "rb") as f:
                 raw = f.read()
@@ -174,15 +178,15 @@ def read_json_argument(value: str, name: str) -> Any:
             )
     else:
         # Command-line bytes that are not UTF-8 arrive as lone surrogates: back to bytes.
-        where, raw = "", value.encode("utf-8", "surrogatepass")
+        where, raw = "the argument", value.encode("utf-8", "surrogatepass")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        fail(f"{name}: {where or 'the argument'} is not UTF-8 text (byte {exc.start})", 2)
+        fail(f"{name}: {where} is not UTF-8 text (byte {exc.start})", 2)
     try:
         return json.loads(text)
     except ValueError as exc:
-        fail(f"{name}: {where + ' ' if where else ''}is not JSON: {exc}", 2)
+        fail(f"{name}: {where} is not JSON: {exc}", 2)
     except RecursionError:
         fail(f"{name}: nested too deeply", 2)
 
