@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrysafe.client._limits import TIMED_OUT, DestinationLimits, congested
+from retrysafe.client._limits import SLOW, TIMED_OUT, DestinationLimits, congested
 
 A, B = "http://a:80", "http://b:80"
 
@@ -185,6 +186,59 @@ def test_a_destination_with_attempts_in_flight_is_never_forgotten() -> None:
         limits.answered(f"http://h{i}:80", congested=True)
     assert limits.limit(A) == 1
     assert A in limits.full()
+
+
+def test_a_destination_is_slow_from_its_first_slow_attempt_and_while_its_average_is() -> None:
+    """Slow: the moving average of its attempt durations is SLOW seconds or more; nothing is
+    kept for a destination whose attempts are quicker, and one that became quick again is
+    forgotten."""
+    limits = DestinationLimits(8)
+    for _ in range(100):
+        limits.took(A, SLOW / 2)
+    assert not limits.is_slow(A) and limits.slow() == [] and limits._slow == {}
+    limits.took(A, 1.6 * SLOW)
+    assert limits.is_slow(A) and limits.slow() == [A]
+    limits.took(A, 0.01)  # one quick answer: 0.25 of the way down, still slow
+    assert limits.is_slow(A)
+    for _ in range(3):
+        limits.took(A, 0.01)
+    assert not limits.is_slow(A)
+    for _ in range(10):
+        limits.took(A, 0.01)
+    assert A not in limits._slow  # forgotten, not kept at a tiny average
+    limits.took(B, math.nan)  # an unmeasured attempt is not slow
+    limits.took(B, math.inf)
+    assert limits.slow() == [B]
+
+
+def test_a_slow_destination_is_given_its_fair_share_within_its_limit() -> None:
+    """The fair share is half the worker's slots (at least one), and never more than what the
+    destination's own limit allows."""
+    limits = DestinationLimits(8, 8)
+    limits.took(A, SLOW)
+    assert limits.fair_room(A) == 4
+    for _ in range(3):
+        limits.start(A)
+    assert limits.fair_room(A) == 1
+    limits.start(A)
+    assert limits.fair_room(A) == 0 and limits.allowance(A) == 4  # more only if nobody waits
+    limits.start(A)
+    assert limits.fair_room(A) == 0
+    capped = DestinationLimits(2, 8)  # max_per_destination 2 at concurrency 8
+    capped.took(B, SLOW)
+    assert capped.fair_room(B) == 2
+    assert DestinationLimits(1, 1).fair_room(A) == 1  # one slot: at least one
+
+
+def test_memory_stays_bounded_over_many_slow_destinations() -> None:
+    limits = DestinationLimits(8)
+    limits.start(A)
+    limits.took(A, SLOW)
+    for i in range(20_000):
+        limits.took(f"http://h{i}:80", SLOW)
+    assert len(limits._slow) <= 4096
+    assert limits.is_slow(A)  # in flight: kept
+    assert limits.is_slow("http://h19999:80")
 
 
 @given(

@@ -31,7 +31,7 @@ import pytest
 from retrysafe import ConfigurationError, JobState, Outbox, RetryPolicy
 from retrysafe._serving import free_port
 from retrysafe._wire import AiohttpEngine, Answer, HttpxEngine, WireError, _from_aiohttp
-from retrysafe.client import Job
+from retrysafe.client import Job, _limits
 from retrysafe.webhooks import Webhooks
 
 KEY = "wire-test-key-1"
@@ -619,6 +619,61 @@ def test_a_capped_destination_is_claimed_up_to_its_allowance_not_in_bulk(
     # A job given back unstarted is sent later once, with its own key (not an attempt).
     assert sorted(str(r.key) for r in server.requests) == sorted(j.key for j in jobs)
     assert all(len(outbox.attempts(j.id)) == 1 for j in jobs)
+
+
+def test_a_slow_destination_keeps_half_the_slots_while_other_jobs_are_due(
+    outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fair queuing (client/_limits.py). Slow successes (slow here: 0.2 s on average; the
+    endpoint answers 201 after 0.3 s): 16 such jobs due first, then 24 fast ones, at
+    concurrency 4. Once the first slow attempts end, the slow destination is held to its
+    fair share (2 slots) while the fast jobs are due, and they take the other two: the fast
+    jobs are all done before most slow attempts start. Without it every slow attempt starts
+    before the first fast one (each freed slot takes the next job due)."""
+    monkeypatch.setattr(_limits, "SLOW", 0.2)
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        time.sleep(0.3)
+        ok(conn, request)
+
+    slow = serve(slow_ok)
+    fast = serve(ok)
+    slow_jobs = [outbox.submit(slow.url + f"/{i}", json={"i": i}) for i in range(16)]
+    fast_jobs = [outbox.submit(fast.url + f"/{i}", json={"i": i}) for i in range(24)]
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=4)
+    assert {outbox.get(j.id).state for j in slow_jobs + fast_jobs} == {JobState.SUCCEEDED}
+    fast_done = max(outbox.get(j.id).finished_at or 0.0 for j in fast_jobs)
+    started = sorted(a.started_at for j in slow_jobs for a in outbox.attempts(j.id))
+    assert len(started) == 16 and len(slow.requests) == 16  # one attempt each
+    before = sum(1 for t in started if t < fast_done)
+    assert before <= 8, f"{before} slow attempts started before the fast jobs were done"
+
+
+def test_a_slow_destination_alone_keeps_every_slot(
+    outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fair queuing is work-conserving: with no other destination's jobs due, a slow
+    destination keeps every slot (4 at once, not its fair share of 2)."""
+    monkeypatch.setattr(_limits, "SLOW", 0.05)
+    lock = threading.Lock()
+    now = [0]
+    most: list[int] = []
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        with lock:
+            now[0] += 1
+            most.append(now[0])
+        time.sleep(0.1)
+        with lock:
+            now[0] -= 1
+        ok(conn, request)
+
+    server = serve(slow_ok)
+    jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(24)]
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=4)
+    assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    assert len(server.requests) == 24
+    assert max(most[8:]) == 4  # after the first attempts showed it slow, still 4 at once
 
 
 # ------------------------------------------------------------ 2. no retries in the engine

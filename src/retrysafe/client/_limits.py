@@ -31,6 +31,17 @@ Destinations whose limit fell to a quarter of ``cap`` or less after being conges
 ("throttled") share at most half of the worker's slots between them (at least one): however
 many endpoints stop answering, the others keep half the slots.
 
+A destination that answers, but slowly (a model that takes ten seconds to answer), is not
+sick and keeps its limit; but slots go to due jobs first come first served, so a backlog of
+such jobs would hold every slot for as long as it lasts and the other destinations' jobs
+would wait behind it. A destination whose attempts take :data:`SLOW` seconds or more (the
+moving average of its last few, :data:`SLOW_WEIGHT`) is therefore **slow**: it gets its
+**fair share** of the slots (half of them, at least one) before anything else is claimed,
+and more only when no other destination has a due job (the worker claims the other
+destinations' jobs first, then gives a slow destination what is left). That is fair queuing
+in its simplest work-conserving form: a slow destination alone keeps every slot; beside
+others it keeps half.
+
 A limit is per worker (each process keeps its own); nothing is stored.
 """
 
@@ -60,6 +71,16 @@ def congested(
 #: afresh): memory stays bounded whatever the number of hosts.
 _REMEMBERED = 4096
 
+#: Seconds an attempt to a **slow** destination takes, on average (module docstring): well
+#: above an API's answer (tens of milliseconds) and a webhook receiver's, at a model's.
+SLOW = 1.0
+
+#: The weight of each new attempt in a slow destination's moving average of attempt
+#: durations (an exponentially weighted mean over about its last four attempts). A
+#: destination is remembered as slow from its first attempt of :data:`SLOW` seconds or more,
+#: and forgotten once its average falls under half of that.
+SLOW_WEIGHT = 0.25
+
 
 class DestinationLimits:
     """The attempts in flight to each destination and each one's limit (module docstring).
@@ -77,6 +98,7 @@ class DestinationLimits:
         "_history",
         "_in_flight",
         "_limit",
+        "_slow",
         "_throttled",
         "cap",
         "share",
@@ -87,7 +109,8 @@ class DestinationLimits:
         self.cap = max(1, cap)
         #: A limit at or below this, after a congested attempt, is throttled.
         self.throttle_at = max(1, self.cap // 4)
-        #: Slots the throttled destinations may hold together.
+        #: Slots the throttled destinations may hold together, and a slow destination's
+        #: fair share: half the worker's, at least one.
         self.share = max(1, (slots if slots is not None else self.cap) // 2)
         self._in_flight: dict[str, int] = {}
         #: Each known destination's limit (a fraction between whole attempts).
@@ -101,6 +124,9 @@ class DestinationLimits:
         #: The last eight endings of each destination that had a congested one among them,
         #: one bit each (1: congested), the latest lowest.
         self._history: dict[str, int] = {}
+        #: The moving average of attempt durations (seconds) of each destination that had
+        #: a slow attempt lately (see :data:`SLOW_WEIGHT`).
+        self._slow: dict[str, float] = {}
 
     def limit(self, destination: str) -> int:
         """The most attempts ``destination`` may have in flight now."""
@@ -178,6 +204,41 @@ class DestinationLimits:
             self._down.discard(destination)
             return "up"
         return None
+
+    def took(self, destination: str, seconds: float) -> None:
+        """An attempt to ``destination`` held its slot ``seconds``: update whether the
+        destination is slow (module docstring). Nothing is kept for a destination whose
+        attempts are all quicker than :data:`SLOW`."""
+        slow = self._slow
+        mean = slow.get(destination)
+        if mean is None:
+            if not seconds >= SLOW:  # False for NaN too
+                return
+            if len(slow) >= _REMEMBERED:
+                for idle in [d for d in slow if d not in self._in_flight]:
+                    del slow[idle]
+            slow[destination] = seconds
+            return
+        mean += SLOW_WEIGHT * (seconds - mean)
+        if mean < SLOW / 2:
+            del slow[destination]
+        else:
+            slow[destination] = mean
+
+    def is_slow(self, destination: str) -> bool:
+        """Whether ``destination``'s attempts take :data:`SLOW` seconds or more, on average."""
+        mean = self._slow.get(destination)
+        return mean is not None and mean >= SLOW
+
+    def slow(self) -> list[str]:
+        """The slow destinations, sorted."""
+        return sorted(d for d, mean in self._slow.items() if mean >= SLOW)
+
+    def fair_room(self, destination: str) -> int:
+        """How many more attempts ``destination`` may start within its fair share of the slots
+        (half of them, at least one) and its limit (>= 0): what a slow destination is given
+        before the other destinations' jobs are claimed."""
+        return max(0, min(self.allowance(destination), self.share - self.in_flight(destination)))
 
     def end(self, destination: str) -> None:
         """Give back the slot :meth:`start` took for ``destination``."""

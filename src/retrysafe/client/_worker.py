@@ -450,7 +450,9 @@ class Worker:
             that times out, or fails after half the timeout, halves it (down to 1) when
             another of the last eight did too; every other ending adds one per round trip; the
             throttled destinations share half the slots. So a destination that stops
-            answering keeps one slot and the others keep flowing.
+            answering keeps one slot and the others keep flowing. A destination whose
+            attempts take a second or more on average (slow successes) gets half the
+            slots before the others' due jobs are claimed, and what is left after them.
         lease: seconds a claimed job stays leased without renewal (default 10, whatever the
             request timeout). While the worker holds a job it renews the lease every
             ``heartbeat`` seconds (fenced by the lease token), so an attempt slower than the
@@ -833,17 +835,38 @@ class Worker:
             if left > 0:
                 return min(left, self.poll_interval)
         if free > 0:
-            limits, backlogged = self._limits, self._backlogged
+            limits, backlogged, served = self._limits, self._backlogged, self._served
             for destination in [d for d in backlogged if limits.allowance(d) >= free]:
                 backlogged.discard(destination)  # its allowance is no longer the bound
-                self._served.pop(destination, None)
+                served.pop(destination, None)
+            # Slow destinations (their attempts take a second or more) get their fair share
+            # of the slots first, then the others' due jobs are claimed, then the slow ones
+            # get what is left (retrysafe.client._limits: fair queuing). None in the common
+            # case: then this costs one empty list.
+            slow = limits.slow()
+            filled = False
+            if slow:
+                if len(served) > len(backlogged) + len(slow):
+                    for gone in [d for d in served if d not in backlogged and d not in slow]:
+                        del served[gone]
+                fair: list[tuple[str, int]] = []
+                for destination in sorted(slow, key=lambda d: served.get(d, 0.0)):
+                    n = min(limits.fair_room(destination), free)
+                    if n > 0:
+                        fair.append((destination, n))
+                        free -= n
+                if fair:
+                    filled = await self._claim_each(client, fair, tasks, done)
+                    free = self.concurrency - len(tasks)
             # Destinations that may start nothing, or fewer than a claim may bring (their
-            # jobs are claimed one destination at a time below): the claim leaves their jobs.
-            skipped = sorted(backlogged.union(limits.full()))
+            # jobs are claimed one destination at a time below), and the slow ones: the
+            # claim leaves their jobs.
+            skipped = sorted(backlogged.union(limits.full(), slow))
             short = self._skipped_short
             wait = 0.0
-            filled = False
-            if skipped and short is not None and short[1].issubset(skipped):
+            if free <= 0:
+                wait = math.inf  # the fair shares took every free slot
+            elif skipped and short is not None and short[1].issubset(skipped):
                 # The last claim skipped the same destinations (or fewer: none of them may
                 # start more now) and found every due job outside them; the store walks the
                 # skipped jobs to look again, so wait.
@@ -861,32 +884,22 @@ class Worker:
                         loop.time() + _SKIP_SCAN_SHARE * took,
                         frozenset(skipped),
                     )
-                filled = len(claimed) == free
+                filled = filled or len(claimed) == free
             room = self.concurrency - len(tasks)
             asks: list[tuple[str, int]] = []
-            for destination in sorted(backlogged, key=lambda d: self._served.get(d, 0.0)):
+            for destination in sorted(backlogged.union(slow), key=lambda d: served.get(d, 0.0)):
                 n = min(limits.allowance(destination), room)
                 if n > 0:
                     asks.append((destination, n))
                     room -= n
-            if asks:
-                results = await asyncio.gather(
-                    *(self._claim(n, {"only_destination": d}) for d, n in asks)
-                )
-                for (destination, n), jobs in zip(asks, results, strict=True):
-                    self._served[destination] = loop.time()
-                    self._start(client, jobs, tasks, done)
-                    if len(jobs) < n:  # its due jobs all fit: claimed with the others again
-                        backlogged.discard(destination)
-                        self._served.pop(destination, None)
-                    else:
-                        filled = True
+            if asks and await self._claim_each(client, asks, tasks, done):
+                filled = True
             self._backlog = filled
             if self.concurrency > len(tasks):  # slots freed while the claim ran
                 self._first_free_at = loop.time()
             if filled:
                 return 0.0  # there may be more due jobs
-            if wait > 0:
+            if 0 < wait < math.inf:
                 return min(wait, self.poll_interval)
         if until_idle and not tasks:
             counts = await self._astore.count_jobs(queue=self.queue)
@@ -898,6 +911,32 @@ class Worker:
             if due is not None:
                 timeout = min(timeout, max(0.0, due - self._clock()))
         return timeout
+
+    async def _claim_each(
+        self,
+        client: Engine,
+        asks: list[tuple[str, int]],
+        tasks: set[asyncio.Task[None]],
+        done: Callable[[asyncio.Task[None]], None],
+    ) -> bool:
+        """Claim up to ``n`` jobs of each ``(destination, n)`` on its own, together, and start
+        them; return whether any destination filled its ask (it may have more due jobs). A
+        backlogged destination whose due jobs all fitted is claimed with the others again."""
+        loop = self._loop
+        assert loop is not None
+        results = await asyncio.gather(
+            *(self._claim(n, {"only_destination": d}) for d, n in asks)
+        )
+        filled = False
+        for (destination, n), jobs in zip(asks, results, strict=True):
+            self._served[destination] = loop.time()
+            self._start(client, jobs, tasks, done)
+            if len(jobs) < n:  # its due jobs all fit: claimed with the others again
+                self._backlogged.discard(destination)
+                self._served.pop(destination, None)
+            else:
+                filled = True
+        return filled
 
     async def _claim(self, limit: int, filters: dict[str, Any]) -> list[Job]:
         """Lease up to ``limit`` due jobs (``filters``: the destinations to skip, or the only
@@ -976,6 +1015,7 @@ class Worker:
     def _answered(self, job: Job, result: SendResult) -> None:
         """Adapt the limit of ``job``'s destination to how its attempt ended
         (:func:`~retrysafe.client._limits.congested`)."""
+        self._limits.took(job.destination, result.duration)
         change = self._limits.answered(
             job.destination,
             congested=congested(
