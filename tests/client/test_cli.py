@@ -526,6 +526,27 @@ def test_submit_reads_data_from_a_file_or_stdin_like_webhooks_send(tmp_path: Pat
         assert outbox.get(from_stdin).body == b'{"from":"stdin"}'
     finally:
         outbox.close()
+    # curl's `-d @-` reads stdin too; a file named "-" is `@./-`.
+    curl_style = CliRunner().invoke(
+        cli,
+        ["jobs", "submit", "http://api.test/x", "-d", "@-", "--store", store, "--json"],
+        input='{"from": "@-"}',
+    )
+    assert curl_style.exit_code == 0, curl_style.stderr
+    (tmp_path / "-").write_text('{"from": "a file named -"}', encoding="utf-8")
+    named = CliRunner().invoke(
+        cli,
+        ["jobs", "submit", "http://api.test/x", "-d", f"@{tmp_path / '-'}", "--store", store,
+         "--json"],
+        input='{"from": "stdin, wrongly"}',
+    )  # fmt: skip
+    assert named.exit_code == 0, named.stderr
+    outbox = Outbox(store)
+    try:
+        assert outbox.get(json.loads(curl_style.stdout)["id"]).body == b'{"from":"@-"}'
+        assert outbox.get(json.loads(named.stdout)["id"]).body == b'{"from":"a file named -"}'
+    finally:
+        outbox.close()
     for bad, says in (
         (f"@{tmp_path / 'missing.json'}", "cannot read"),
         ("@" + str(tmp_path), "cannot read"),

@@ -157,10 +157,10 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 def read_json_argument(value: str, name: str) -> Any:
     """A JSON argument (``name`` in the error lines: ``PAYLOAD``, ``--data``) as a value: the
-    text itself, the file after ``@``, or stdin for ``-``. UTF-8 JSON text only; anything
-    else (a file that cannot be read, bytes that are not UTF-8, text that is not JSON) exits
-    2 with one line."""
-    if value == "-":
+    text itself, the file after ``@``, or stdin for ``-`` and ``@-`` (curl's ``-d @-``; a
+    file named ``-`` is ``@./-``). UTF-8 JSON text only; anything else (a file that cannot
+    be read, bytes that are not UTF-8, text that is not JSON) exits 2 with one line."""
+    if value in ("-", "@-"):
         if sys.stdin is None:  # started with stdin closed (`<&-`)
             fail(f"{name}: - reads stdin, and stdin is closed", 2)
         where, raw = "stdin", sys.stdin.buffer.read()
