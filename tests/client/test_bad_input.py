@@ -73,6 +73,47 @@ def test_a_url_with_a_character_no_request_can_carry_is_refused(
     assert outbox.jobs() == []
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("https://a..example/x", "empty label"),
+        ("https://.example/x", "empty label"),
+        ("https://a.example../x", "empty label"),
+        ("https://" + "a" * 64 + ".example/", "longer than DNS allows"),
+        ("https://" + ("a" * 60 + ".") * 5 + "com/", "longer than DNS allows"),
+        ("https://a<b.example/", "contains '<', which no host name holds"),
+        ("https://a%41.example/", "contains '%'"),
+        ("https://a\\b.example/", "contains"),
+    ],
+)
+def test_a_host_name_no_resolver_can_look_up_is_refused(
+    outbox: Outbox, url: str, says: str
+) -> None:
+    """Fresh-user pass: such a job was stored and failed at DNS on every attempt. Refused at
+    submit with what is wrong, nothing stored."""
+    with pytest.raises(ConfigurationError, match=re.escape(says)) as info:
+        outbox.submit(url, json={})
+    assert info.value.option == "url"
+    assert outbox.jobs() == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://a.example./x",  # a trailing dot: the root
+        "http://a_b:8080/x",  # container and /etc/hosts names
+        "https://b\u00fccher.example/",  # sent IDNA-encoded
+        "http://[::1]:8080/x",
+        "http://127.0.0.1/x",
+        "https://" + "a" * 63 + ".example/",
+        "https://" + ".".join(["a" * 63] * 3) + "." + "b" * 61 + "/",  # 253 characters
+    ],
+)
+def test_host_names_a_resolver_can_look_up_are_accepted(outbox: Outbox, url: str) -> None:
+    job = outbox.submit(url, json={})
+    assert outbox.get(job.id).url == url
+
+
 def test_a_url_with_non_ascii_text_is_still_accepted(outbox: Outbox) -> None:
     job = outbox.submit("https://a.example/caf\u00e9?q=\u00fcber", json={})
     assert outbox.get(job.id).url == "https://a.example/caf\u00e9?q=\u00fcber"

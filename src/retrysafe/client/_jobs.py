@@ -148,7 +148,34 @@ def _check_url(url: object) -> str:
         raise ConfigurationError(
             f"url {shown!r} contains U+{ord(bad):04X}, {what}", option="url"
         )
+    _check_host_name(parts.hostname, shown)
     return url
+
+
+#: What an ASCII host name may hold: letters, digits, hyphens, and the underscore (no DNS
+#: name has one, but container and /etc/hosts names do and resolve).
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _check_host_name(host: str, shown: str) -> None:
+    """Refuse a host name no resolver can look up, so that the job is not stored to fail
+    at DNS on every attempt: an empty label (``a..example``, ``.example``), a label over 63
+    characters or a name over 253 (RFC 1035 §2.3.4; a trailing dot is the root), or an ASCII
+    character no host name holds (``<``, ``%``). IP literals and names with non-ASCII letters
+    (sent IDNA-encoded) are left to the resolver."""
+    if ":" in host or not host.isascii():
+        return  # an IPv6 literal; an internationalised name
+    name = host[:-1] if host.endswith(".") else host
+    bad = None
+    if _HOST_NAME.fullmatch(name) is None:
+        c = next((c for c in name if not (c.isalnum() or c in "_.-")), "")
+        bad = f"contains {c!r}, which no host name holds" if c else "has an empty host"
+    elif "" in name.split("."):
+        bad = "has an empty label in its host name (two dots, or a leading one)"
+    elif len(name) > 253 or max(len(label) for label in name.split(".")) > 63:
+        bad = "has a host name longer than DNS allows (63 per label, 253 in all)"
+    if bad is not None:
+        raise ConfigurationError(f"url {shown!r} {bad}", option="url")
 
 
 def _check_job_url(url: object) -> str:
