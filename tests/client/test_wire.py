@@ -676,6 +676,41 @@ def test_a_slow_destination_alone_keeps_every_slot(
     assert max(most[8:]) == 4  # after the first attempts showed it slow, still 4 at once
 
 
+def test_slow_destinations_without_due_jobs_do_not_starve_one_that_has_them(
+    outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: three slow destinations with 1, 1 and 10 jobs at concurrency 8. Once
+    all three were known slow, the two with nothing left were asked for every free slot at
+    each poll (they came first) and the third was never claimed: 4 jobs stayed PENDING for
+    ever. A slow destination whose claim finds fewer jobs than asked is now claimed with the
+    others again (and queued on its own once a claim brings its jobs)."""
+    monkeypatch.setattr(_limits, "SLOW", 0.2)
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        time.sleep(0.3)
+        ok(conn, request)
+
+    servers = [serve(slow_ok) for _ in range(3)]
+    jobs = []
+    for i in range(10):
+        for server, n in zip(servers, (1, 1, 10), strict=True):
+            if i < n:
+                jobs.append(outbox.submit(server.url + f"/{i}", json={"i": i}))
+    worker = outbox.worker(
+        policy=policy(attempts=1, timeout=5.0), concurrency=8, poll_interval=0.01, budget=None
+    )
+    runner = threading.Thread(target=worker.run_until_idle, daemon=True)
+    runner.start()
+    runner.join(30)
+    stuck = runner.is_alive()
+    if stuck:
+        worker.stop()
+        runner.join(10)
+    assert not stuck, f"jobs left: {outbox.counts()}"
+    assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    assert sum(len(s.requests) for s in servers) == 12
+
+
 # ------------------------------------------------------------ 2. no retries in the engine
 
 

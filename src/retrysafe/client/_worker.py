@@ -798,6 +798,12 @@ class Worker:
         #: up to its allowance, the least recently served first (loop time it was served).
         self._backlogged: set[str] = set()
         self._served: dict[str, float] = {}
+        #: The slow destinations (client/_limits.py, fair queuing) as last seen, and those of
+        #: them believed to have due jobs: each is claimed on its own, its fair share first.
+        #: One whose claim found fewer jobs than asked leaves the queue and is claimed with
+        #: the others; a claim that brings its jobs puts it back.
+        self._slow_seen: set[str] = set()
+        self._slow_queued: set[str] = set()
         #: Give-backs of jobs claimed beyond their destination's limit, still running.
         self._holding: set[asyncio.Task[None]] = set()
 
@@ -839,18 +845,17 @@ class Worker:
             for destination in [d for d in backlogged if limits.allowance(d) >= free]:
                 backlogged.discard(destination)  # its allowance is no longer the bound
                 served.pop(destination, None)
-            # Slow destinations (their attempts take a second or more) get their fair share
-            # of the slots first, then the others' due jobs are claimed, then the slow ones
-            # get what is left (retrysafe.client._limits: fair queuing). None in the common
-            # case: then this costs one empty list.
+            # Slow destinations (their attempts take a second or more) with due jobs get
+            # their fair share of the slots first, then the others' due jobs are claimed,
+            # then the slow ones get what is left (retrysafe.client._limits: fair queuing).
+            # None in the common case: then this costs one empty list.
+            queued = self._slow_queued
             slow = limits.slow()
             filled = False
-            if slow:
-                if len(served) > len(backlogged) + len(slow):
-                    for gone in [d for d in served if d not in backlogged and d not in slow]:
-                        del served[gone]
+            if slow or queued:
+                self._track_slow(slow)
                 fair: list[tuple[str, int]] = []
-                for destination in sorted(slow, key=lambda d: served.get(d, 0.0)):
+                for destination in sorted(queued, key=lambda d: served.get(d, 0.0)):
                     n = min(limits.fair_room(destination), free)
                     if n > 0:
                         fair.append((destination, n))
@@ -859,9 +864,9 @@ class Worker:
                     filled = await self._claim_each(client, fair, tasks, done)
                     free = self.concurrency - len(tasks)
             # Destinations that may start nothing, or fewer than a claim may bring (their
-            # jobs are claimed one destination at a time below), and the slow ones: the
-            # claim leaves their jobs.
-            skipped = sorted(backlogged.union(limits.full(), slow))
+            # jobs are claimed one destination at a time, above and below): the claim leaves
+            # their jobs.
+            skipped = sorted(backlogged.union(limits.full(), queued))
             short = self._skipped_short
             wait = 0.0
             if free <= 0:
@@ -887,7 +892,7 @@ class Worker:
                 filled = filled or len(claimed) == free
             room = self.concurrency - len(tasks)
             asks: list[tuple[str, int]] = []
-            for destination in sorted(backlogged.union(slow), key=lambda d: served.get(d, 0.0)):
+            for destination in sorted(backlogged.union(queued), key=lambda d: served.get(d, 0.0)):
                 n = min(limits.allowance(destination), room)
                 if n > 0:
                     asks.append((destination, n))
@@ -933,10 +938,28 @@ class Worker:
             self._start(client, jobs, tasks, done)
             if len(jobs) < n:  # its due jobs all fit: claimed with the others again
                 self._backlogged.discard(destination)
-                self._served.pop(destination, None)
+                self._slow_queued.discard(destination)
+                if destination not in self._slow_seen:
+                    self._served.pop(destination, None)
             else:
                 filled = True
         return filled
+
+    def _track_slow(self, slow: list[str]) -> None:
+        """Keep :attr:`_slow_queued` (the slow destinations claimed on their own) up to date
+        with the limits' ``slow`` list: a destination that became slow is queued (it may have
+        due jobs: its first ask tells); one that is no longer slow is claimed with the others
+        again."""
+        seen, queued, served = self._slow_seen, self._slow_queued, self._served
+        now_slow = set(slow)
+        for gone in seen - now_slow:
+            seen.discard(gone)
+            queued.discard(gone)
+            if gone not in self._backlogged:
+                served.pop(gone, None)
+        for new in now_slow - seen:
+            seen.add(new)
+            queued.add(new)
 
     async def _claim(self, limit: int, filters: dict[str, Any]) -> list[Job]:
         """Lease up to ``limit`` due jobs (``filters``: the destinations to skip, or the only
@@ -972,8 +995,11 @@ class Worker:
         assert loop is not None
         now, started, destinations = loop.time(), self._started, self._destinations
         limits, over = self._limits, []
+        slow, queued = self._slow_seen, self._slow_queued
         for job in claimed:
             self.stats.claimed += 1
+            if slow and job.destination in slow:
+                queued.add(job.destination)  # it has due jobs: claimed on its own again
             if not limits.start(job.destination):
                 over.append(job)
                 self._backlogged.add(job.destination)
