@@ -211,23 +211,27 @@ def test_a_destination_is_slow_from_its_first_slow_attempt_and_while_its_average
     assert limits.slow() == [B]
 
 
-def test_a_slow_destination_is_given_its_fair_share_within_its_limit() -> None:
-    """The fair share is half the worker's slots (at least one), and never more than what the
-    destination's own limit allows."""
+def test_the_slow_destinations_share_half_the_slots_together() -> None:
+    """The fair share of the slow destinations is half the worker's slots (at least one),
+    however many of them there are; quick destinations' attempts do not count against it."""
     limits = DestinationLimits(8, 8)
+    assert limits.slow_room() == 4
     limits.took(A, SLOW)
-    assert limits.fair_room(A) == 4
+    limits.took(B, 2 * SLOW)
     for _ in range(3):
         limits.start(A)
-    assert limits.fair_room(A) == 1
-    limits.start(A)
-    assert limits.fair_room(A) == 0 and limits.allowance(A) == 4  # more only if nobody waits
-    limits.start(A)
-    assert limits.fair_room(A) == 0
-    capped = DestinationLimits(2, 8)  # max_per_destination 2 at concurrency 8
-    capped.took(B, SLOW)
-    assert capped.fair_room(B) == 2
-    assert DestinationLimits(1, 1).fair_room(A) == 1  # one slot: at least one
+    assert limits.slow_room() == 1
+    limits.start(B)
+    assert limits.slow_room() == 0
+    limits.start(B)
+    assert limits.slow_room() == 0  # more only when nobody else waits
+    for _ in range(3):
+        limits.start("http://quick:80")
+    limits.end(A)
+    limits.end(B)
+    limits.end(B)
+    assert limits.slow_room() == 2
+    assert DestinationLimits(1, 1).slow_room() == 1  # one slot: at least one
 
 
 def test_memory_stays_bounded_over_many_slow_destinations() -> None:

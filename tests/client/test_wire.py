@@ -649,6 +649,32 @@ def test_a_slow_destination_keeps_half_the_slots_while_other_jobs_are_due(
     assert before <= 8, f"{before} slow attempts started before the fast jobs were done"
 
 
+def test_many_slow_destinations_share_half_the_slots_together(
+    outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: with five slow destinations at concurrency 8, each took its own half
+    (two of them filled every slot) and a quick destination's jobs waited until the slow
+    backlogs were done (the first after 10.8 s). The slow destinations share half the slots
+    together: here four of them, 6 jobs each, due first, and 12 quick jobs at concurrency 4."""
+    monkeypatch.setattr(_limits, "SLOW", 0.2)
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        time.sleep(0.3)
+        ok(conn, request)
+
+    slow = [serve(slow_ok) for _ in range(4)]
+    fast = serve(ok)
+    slow_jobs = [outbox.submit(s.url + f"/{i}", json={"i": i}) for i in range(6) for s in slow]
+    fast_jobs = [outbox.submit(fast.url + f"/{i}", json={"i": i}) for i in range(12)]
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=4)
+    assert {outbox.get(j.id).state for j in slow_jobs + fast_jobs} == {JobState.SUCCEEDED}
+    fast_done = max(outbox.get(j.id).finished_at or 0.0 for j in fast_jobs)
+    started = sorted(a.started_at for j in slow_jobs for a in outbox.attempts(j.id))
+    assert len(started) == 24
+    before = sum(1 for t in started if t < fast_done)
+    assert before <= 8, f"{before} slow attempts started before the quick jobs were done"
+
+
 def test_a_slow_destination_alone_keeps_every_slot(
     outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

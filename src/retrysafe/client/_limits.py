@@ -35,12 +35,13 @@ A destination that answers, but slowly (a model that takes ten seconds to answer
 sick and keeps its limit; but slots go to due jobs first come first served, so a backlog of
 such jobs would hold every slot for as long as it lasts and the other destinations' jobs
 would wait behind it. A destination whose attempts take :data:`SLOW` seconds or more (the
-moving average of its last few, :data:`SLOW_WEIGHT`) is therefore **slow**: it gets its
-**fair share** of the slots (half of them, at least one) before anything else is claimed,
-and more only when no other destination has a due job (the worker claims the other
-destinations' jobs first, then gives a slow destination what is left). That is fair queuing
-in its simplest work-conserving form: a slow destination alone keeps every slot; beside
-others it keeps half.
+moving average of its last few, :data:`SLOW_WEIGHT`) is therefore **slow**. The slow
+destinations get their **fair share** of the slots (half of them together, at least one,
+taking turns, each within its own limit) before anything else is claimed, and more only when
+no other destination has a due job (the worker claims the other destinations' jobs first,
+then gives the slow ones what is left). That is fair queuing in its simplest work-conserving
+form: slow destinations alone keep every slot; beside others they keep half, however many
+of them there are.
 
 A limit is per worker (each process keeps its own); nothing is stored.
 """
@@ -234,11 +235,12 @@ class DestinationLimits:
         """The slow destinations, sorted."""
         return sorted(d for d, mean in self._slow.items() if mean >= SLOW)
 
-    def fair_room(self, destination: str) -> int:
-        """How many more attempts ``destination`` may start within its fair share of the slots
-        (half of them, at least one) and its limit (>= 0): what a slow destination is given
-        before the other destinations' jobs are claimed."""
-        return max(0, min(self.allowance(destination), self.share - self.in_flight(destination)))
+    def slow_room(self) -> int:
+        """How many more attempts the slow destinations may start together within their fair
+        share of the slots (half of them, at least one; >= 0): what they are given, each
+        within its own :meth:`allowance`, before the other destinations' jobs are claimed."""
+        held = sum(self._in_flight.get(d, 0) for d, mean in self._slow.items() if mean >= SLOW)
+        return max(0, self.share - held)
 
     def end(self, destination: str) -> None:
         """Give back the slot :meth:`start` took for ``destination``."""

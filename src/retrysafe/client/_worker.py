@@ -451,8 +451,9 @@ class Worker:
             another of the last eight did too; every other ending adds one per round trip; the
             throttled destinations share half the slots. So a destination that stops
             answering keeps one slot and the others keep flowing. A destination whose
-            attempts take a second or more on average (slow successes) gets half the
-            slots before the others' due jobs are claimed, and what is left after them.
+            attempts take a second or more on average (slow successes) shares half the
+            slots with the other slow ones before the others' due jobs are claimed, and
+            what is left after them.
         lease: seconds a claimed job stays leased without renewal (default 10, whatever the
             request timeout). While the worker holds a job it renews the lease every
             ``heartbeat`` seconds (fenced by the lease token), so an attempt slower than the
@@ -855,11 +856,13 @@ class Worker:
             if slow or queued:
                 self._track_slow(slow)
                 fair: list[tuple[str, int]] = []
+                share = limits.slow_room()  # the slow destinations' half, together
                 for destination in sorted(queued, key=lambda d: served.get(d, 0.0)):
-                    n = min(limits.fair_room(destination), free)
+                    n = min(limits.allowance(destination), share, free)
                     if n > 0:
                         fair.append((destination, n))
                         free -= n
+                        share -= n
                 if fair:
                     filled = await self._claim_each(client, fair, tasks, done)
                     free = self.concurrency - len(tasks)
