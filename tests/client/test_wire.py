@@ -675,6 +675,46 @@ def test_many_slow_destinations_share_half_the_slots_together(
     assert before <= 8, f"{before} slow attempts started before the quick jobs were done"
 
 
+def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
+    outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: at concurrency 64, slow attempts refilled 61-64 slots while quick
+    jobs were still due: the slots that freed while the claim for the quick jobs ran were
+    given to the slow destination. After the first wave (nothing known yet), no slow attempt
+    starts with more than half the slots held by slow ones while quick jobs remain."""
+    monkeypatch.setattr(_limits, "SLOW", 0.2)
+    lock = threading.Lock()
+    held = [0]
+    slow_starts: list[tuple[float, int]] = []
+    quick_seen: list[float] = []
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        with lock:
+            held[0] += 1
+            slow_starts.append((time.monotonic(), held[0]))
+        time.sleep(0.3)
+        with lock:
+            held[0] -= 1
+        ok(conn, request)
+
+    def quick_ok(conn: Conn, request: Request) -> None:
+        quick_seen.append(time.monotonic())
+        ok(conn, request)
+
+    slow = serve(slow_ok)
+    quick = serve(quick_ok)
+    for i in range(32):
+        outbox.submit(slow.url + f"/{i}", json={"i": i})
+    for i in range(300):
+        outbox.submit(quick.url + f"/{i}", json={"i": i})
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=16)
+    assert len(slow.requests) == 32 and len(quick_seen) == 300
+    last_quick = max(quick_seen)
+    later = [n for t, n in slow_starts[16:] if t < last_quick]
+    assert later, "no slow attempt started while quick jobs were due"
+    assert max(later) <= 8, f"slow attempts held {max(later)} of 16 slots while quick jobs waited"
+
+
 def test_a_slow_destination_alone_keeps_every_slot(
     outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -879,6 +879,10 @@ class Worker:
                 # start more now) and found every due job outside them; the store walks the
                 # skipped jobs to look again, so wait.
                 wait = short[0] - loop.time()
+            # Whether the other destinations have no due job left to start: only then do
+            # the slow ones get more than their share (slots that freed while the claim ran
+            # go to the next claim, not to them).
+            others_done = 0 < wait < math.inf
             if wait <= 0:
                 asked_at = loop.time()
                 claimed = await self._claim(
@@ -893,9 +897,11 @@ class Worker:
                         frozenset(skipped),
                     )
                 filled = filled or len(claimed) == free
+                others_done = len(claimed) < free
             room = self.concurrency - len(tasks)
             asks: list[tuple[str, int]] = []
-            for destination in sorted(backlogged.union(queued), key=lambda d: served.get(d, 0.0)):
+            extra = backlogged.union(queued) if others_done else backlogged
+            for destination in sorted(extra, key=lambda d: served.get(d, 0.0)):
                 n = min(limits.allowance(destination), room)
                 if n > 0:
                     asks.append((destination, n))
