@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import re
 import socket
@@ -715,11 +716,39 @@ def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
     assert max(later) <= 8, f"slow attempts held {max(later)} of 16 slots while quick jobs waited"
 
 
-def test_a_slow_destination_alone_keeps_every_slot(
+def test_at_concurrency_one_jobs_go_first_come_first_served_slow_or_not(
     outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Fresh-user pass: at concurrency 1 the fair share (half, at least one) was the only
+    slot, so every slow job went ahead of quick ones submitted before it. One slot is not
+    shared: the attempts follow the order the jobs were submitted in."""
+    monkeypatch.setattr(_limits, "SLOW", 0.05)
+
+    def slow_ok(conn: Conn, request: Request) -> None:
+        time.sleep(0.08)
+        ok(conn, request)
+
+    slow = serve(slow_ok)
+    quick = serve(ok)
+    jobs = []
+    for i in range(5):
+        jobs.append(outbox.submit(slow.url + f"/{i}", json={"i": i}))
+        jobs.append(outbox.submit(quick.url + f"/{i}", json={"i": i}))
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=1)
+    started = [outbox.attempts(j.id)[0].started_at for j in jobs]
+    assert started == sorted(started)
+
+
+def test_a_slow_destination_alone_keeps_every_slot(
+    outbox: Outbox,
+    serve: Callable[..., RawServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Fair queuing is work-conserving: with no other destination's jobs due, a slow
-    destination keeps every slot (4 at once, not its fair share of 2)."""
+    destination keeps every slot (4 at once, not its fair share of 2). One info line says
+    it is slow."""
+    caplog.set_level(logging.INFO, logger="retrysafe")
     monkeypatch.setattr(_limits, "SLOW", 0.05)
     lock = threading.Lock()
     now = [0]
@@ -740,6 +769,11 @@ def test_a_slow_destination_alone_keeps_every_slot(
     assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
     assert len(server.requests) == 24
     assert max(most[8:]) == 4  # after the first attempts showed it slow, still 4 at once
+    said = [r.getMessage() for r in caplog.records if " is slow " in r.getMessage()]
+    assert said == [
+        f"destination {server.url} is slow (attempts of a second or more): slow "
+        "destinations share 2 of 4 slots while other jobs are due"
+    ]
 
 
 def test_slow_destinations_without_due_jobs_do_not_starve_one_that_has_them(

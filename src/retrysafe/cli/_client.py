@@ -337,7 +337,8 @@ class _JsonLines(logging.Handler):
     type=_CONCURRENCY,
     default=None,
     help="Attempts in flight to one scheme://host:port at most (default: --concurrency; "
-    "below it, a destination whose attempts time out gets fewer).",
+    "below it, a destination whose attempts time out gets fewer, and slow ones share half "
+    "while others have jobs due).",
 )
 @click.option(
     "--attempts", type=_ATTEMPTS, default=5, show_default=True, help="Counted attempts per job."

@@ -513,7 +513,8 @@ def dlq_purge(
     type=click.IntRange(min=1, max=1000),
     default=None,
     help="Deliveries in flight to one scheme://host:port at most (default: --concurrency; "
-    "below it, a receiver whose deliveries time out gets fewer).",
+    "below it, a receiver whose deliveries time out gets fewer, and slow ones share half "
+    "while others have deliveries due).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending.")
 @_allow_option

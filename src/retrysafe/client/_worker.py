@@ -851,7 +851,8 @@ class Worker:
             # then the slow ones get what is left (retrysafe.client._limits: fair queuing).
             # None in the common case: then this costs one empty list.
             queued = self._slow_queued
-            slow = limits.slow()
+            # One slot cannot be shared: it goes to due jobs first come first served.
+            slow = limits.slow() if self.concurrency > 1 else []
             filled = False
             if slow or queued:
                 self._track_slow(slow)
@@ -966,9 +967,20 @@ class Worker:
             queued.discard(gone)
             if gone not in self._backlogged:
                 served.pop(gone, None)
+            logger.info(
+                "destination %s answers in under a second again: claimed with the others",
+                shown_destination(gone),
+            )
         for new in now_slow - seen:
             seen.add(new)
             queued.add(new)
+            logger.info(
+                "destination %s is slow (attempts of a second or more): slow destinations "
+                "share %d of %d slots while other jobs are due",
+                shown_destination(new),
+                self._limits.share,
+                self.concurrency,
+            )
 
     async def _claim(self, limit: int, filters: dict[str, Any]) -> list[Job]:
         """Lease up to ``limit`` due jobs (``filters``: the destinations to skip, or the only
