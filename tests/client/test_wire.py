@@ -207,6 +207,16 @@ def ok(conn: Conn, request: Request) -> None:
     conn.answer(201, b'{"ok": true}', ("Content-Type: application/json",))
 
 
+def ok_after(seconds: float) -> Handler:
+    """Answers as :func:`ok` does, ``seconds`` after the request (a slow success)."""
+
+    def handle(conn: Conn, request: Request) -> None:
+        time.sleep(seconds)
+        ok(conn, request)
+
+    return handle
+
+
 def nth(*handlers: Handler) -> Handler:
     """The n-th request to reach this handler gets ``handlers[n]`` (the last one repeats)."""
     seen: list[None] = []
@@ -633,11 +643,7 @@ def test_a_slow_destination_keeps_half_the_slots_while_other_jobs_are_due(
     before the first fast one (each freed slot takes the next job due)."""
     monkeypatch.setattr(_limits, "SLOW", 0.2)
 
-    def slow_ok(conn: Conn, request: Request) -> None:
-        time.sleep(0.3)
-        ok(conn, request)
-
-    slow = serve(slow_ok)
+    slow = serve(ok_after(0.3))
     fast = serve(ok)
     slow_jobs = [outbox.submit(slow.url + f"/{i}", json={"i": i}) for i in range(16)]
     fast_jobs = [outbox.submit(fast.url + f"/{i}", json={"i": i}) for i in range(24)]
@@ -659,11 +665,7 @@ def test_many_slow_destinations_share_half_the_slots_together(
     together: here four of them, 6 jobs each, due first, and 12 quick jobs at concurrency 4."""
     monkeypatch.setattr(_limits, "SLOW", 0.2)
 
-    def slow_ok(conn: Conn, request: Request) -> None:
-        time.sleep(0.3)
-        ok(conn, request)
-
-    slow = [serve(slow_ok) for _ in range(4)]
+    slow = [serve(ok_after(0.3)) for _ in range(4)]
     fast = serve(ok)
     slow_jobs = [outbox.submit(s.url + f"/{i}", json={"i": i}) for i in range(6) for s in slow]
     fast_jobs = [outbox.submit(fast.url + f"/{i}", json={"i": i}) for i in range(12)]
@@ -724,11 +726,7 @@ def test_at_concurrency_one_jobs_go_first_come_first_served_slow_or_not(
     shared: the attempts follow the order the jobs were submitted in."""
     monkeypatch.setattr(_limits, "SLOW", 0.05)
 
-    def slow_ok(conn: Conn, request: Request) -> None:
-        time.sleep(0.08)
-        ok(conn, request)
-
-    slow = serve(slow_ok)
+    slow = serve(ok_after(0.08))
     quick = serve(ok)
     jobs = []
     for i in range(5):
@@ -786,11 +784,7 @@ def test_slow_destinations_without_due_jobs_do_not_starve_one_that_has_them(
     others again (and queued on its own once a claim brings its jobs)."""
     monkeypatch.setattr(_limits, "SLOW", 0.2)
 
-    def slow_ok(conn: Conn, request: Request) -> None:
-        time.sleep(0.3)
-        ok(conn, request)
-
-    servers = [serve(slow_ok) for _ in range(3)]
+    servers = [serve(ok_after(0.3)) for _ in range(3)]
     jobs = []
     for i in range(10):
         for server, n in zip(servers, (1, 1, 10), strict=True):
