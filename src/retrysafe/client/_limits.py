@@ -226,11 +226,6 @@ class DestinationLimits:
         else:
             slow[destination] = mean
 
-    def is_slow(self, destination: str) -> bool:
-        """Whether ``destination``'s attempts take :data:`SLOW` seconds or more, on average."""
-        mean = self._slow.get(destination)
-        return mean is not None and mean >= SLOW
-
     def slow(self) -> list[str]:
         """The slow destinations, sorted."""
         return sorted(d for d, mean in self._slow.items() if mean >= SLOW)

@@ -854,7 +854,7 @@ class Worker:
             # One slot cannot be shared: it goes to due jobs first come first served.
             slow = limits.slow() if self.concurrency > 1 else []
             filled = False
-            if slow or queued:
+            if slow or self._slow_seen:
                 self._track_slow(slow)
                 fair: list[tuple[str, int]] = []
                 share = limits.slow_room()  # the slow destinations' half, together
