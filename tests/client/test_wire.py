@@ -653,7 +653,9 @@ def test_a_slow_destination_keeps_half_the_slots_while_other_jobs_are_due(
     started = sorted(a.started_at for j in slow_jobs for a in outbox.attempts(j.id))
     assert len(started) == 16 and len(slow.requests) == 16  # one attempt each
     before = sum(1 for t in started if t < fast_done)
-    assert before <= 8, f"{before} slow attempts started before the fast jobs were done"
+    # 4 in the first wave, then 2 per 0.3 s while the fast jobs run (6-8 here; a loaded
+    # host makes the fast jobs slower, so a margin); all 16 without fair queuing.
+    assert before <= 11, f"{before} slow attempts started before the fast jobs were done"
 
 
 def test_many_slow_destinations_share_half_the_slots_together(
@@ -675,7 +677,9 @@ def test_many_slow_destinations_share_half_the_slots_together(
     started = sorted(a.started_at for j in slow_jobs for a in outbox.attempts(j.id))
     assert len(started) == 24
     before = sum(1 for t in started if t < fast_done)
-    assert before <= 8, f"{before} slow attempts started before the quick jobs were done"
+    # 4 in the first wave, then 2 per 0.3 s while the quick jobs run (8 here; a margin for
+    # a loaded host); all 24 when each slow destination took its own half.
+    assert before <= 12, f"{before} slow attempts started before the quick jobs were done"
 
 
 def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
@@ -683,18 +687,22 @@ def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
 ) -> None:
     """Fresh-user pass: at concurrency 64, slow attempts refilled 61-64 slots while quick
     jobs were still due: the slots that freed while the claim for the quick jobs ran were
-    given to the slow destination. After the first wave (nothing known yet), no slow attempt
-    starts with more than half the slots held by slow ones while quick jobs remain."""
+    given to the slow destination. After the first wave (jobs 0-15, claimed before anything
+    was known), no slow attempt starts with more than half the slots held by slow ones while
+    quick jobs remain. (The server counts a request from its arrival until just before it
+    answers, never longer than the worker holds its slot; the first wave is told by job
+    number, not by arrival, which a loaded host reorders.)"""
     monkeypatch.setattr(_limits, "SLOW", 0.2)
     lock = threading.Lock()
     held = [0]
-    slow_starts: list[tuple[float, int]] = []
+    slow_starts: list[tuple[float, int, int]] = []
     quick_seen: list[float] = []
 
     def slow_ok(conn: Conn, request: Request) -> None:
         with lock:
             held[0] += 1
-            slow_starts.append((time.monotonic(), held[0]))
+            number = int(request.path.rsplit("/", 1)[-1])
+            slow_starts.append((time.monotonic(), held[0], number))
         time.sleep(0.3)
         with lock:
             held[0] -= 1
@@ -713,7 +721,7 @@ def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
     run(outbox, policy(attempts=1, timeout=5.0), concurrency=16)
     assert len(slow.requests) == 32 and len(quick_seen) == 300
     last_quick = max(quick_seen)
-    later = [n for t, n in slow_starts[16:] if t < last_quick]
+    later = [n for t, n, number in slow_starts if number >= 16 and t < last_quick]
     assert later, "no slow attempt started while quick jobs were due"
     assert max(later) <= 8, f"slow attempts held {max(later)} of 16 slots while quick jobs waited"
 
