@@ -76,11 +76,15 @@ _REMEMBERED = 4096
 #: above an API's answer (tens of milliseconds) and a webhook receiver's, at a model's.
 SLOW = 1.0
 
-#: The weight of each new attempt in a slow destination's moving average of attempt
-#: durations (an exponentially weighted mean over about its last four attempts). A
-#: destination is remembered as slow from its first attempt of :data:`SLOW` seconds or more,
-#: and forgotten once its average falls under half of that.
+#: The weight of each new attempt in a destination's moving average of attempt durations
+#: (an exponentially weighted mean over about its last four attempts; a new destination's
+#: first attempt is its average). So a destination known to answer quickly becomes slow
+#: after about three slow attempts in a row, not at one lost answer held to the timeout,
+#: and a new destination whose first attempt is slow is slow at once.
 SLOW_WEIGHT = 0.25
+
+#: The longest duration an attempt counts for in the average, in seconds.
+_LONGEST = 3600.0
 
 
 class DestinationLimits:
@@ -99,6 +103,7 @@ class DestinationLimits:
         "_history",
         "_in_flight",
         "_limit",
+        "_means",
         "_slow",
         "_throttled",
         "cap",
@@ -125,9 +130,10 @@ class DestinationLimits:
         #: The last eight endings of each destination that had a congested one among them,
         #: one bit each (1: congested), the latest lowest.
         self._history: dict[str, int] = {}
-        #: The moving average of attempt durations (seconds) of each destination that had
-        #: a slow attempt lately (see :data:`SLOW_WEIGHT`).
-        self._slow: dict[str, float] = {}
+        #: The moving average of attempt durations (seconds) of each destination that
+        #: answered lately (see :data:`SLOW_WEIGHT`), and the slow ones among them.
+        self._means: dict[str, float] = {}
+        self._slow: set[str] = set()
 
     def limit(self, destination: str) -> int:
         """The most attempts ``destination`` may have in flight now."""
@@ -207,34 +213,37 @@ class DestinationLimits:
         return None
 
     def took(self, destination: str, seconds: float) -> None:
-        """An attempt to ``destination`` held its slot ``seconds``: update whether the
-        destination is slow (module docstring). Nothing is kept for a destination whose
-        attempts are all quicker than :data:`SLOW`."""
-        slow = self._slow
-        mean = slow.get(destination)
-        if mean is None:
-            if not seconds >= SLOW:  # False for NaN too
-                return
-            if len(slow) >= _REMEMBERED:
-                for idle in [d for d in slow if d not in self._in_flight]:
-                    del slow[idle]
-            slow[destination] = seconds
+        """An attempt to ``destination`` held its slot ``seconds``: update its moving average
+        and whether it is slow (module docstring). A duration that is not a number is not
+        counted."""
+        if not seconds >= 0:  # NaN, or a clock that went back
             return
-        mean += SLOW_WEIGHT * (seconds - mean)
-        if mean < SLOW / 2:
-            del slow[destination]
+        seconds = min(seconds, _LONGEST)
+        means = self._means
+        mean = means.get(destination)
+        if mean is None:
+            if len(means) >= _REMEMBERED:
+                for idle in [d for d in means if d not in self._in_flight]:
+                    del means[idle]
+                    self._slow.discard(idle)
+            mean = seconds
         else:
-            slow[destination] = mean
+            mean += SLOW_WEIGHT * (seconds - mean)
+        means[destination] = mean
+        if mean >= SLOW:
+            self._slow.add(destination)
+        else:
+            self._slow.discard(destination)
 
     def slow(self) -> list[str]:
         """The slow destinations, sorted."""
-        return sorted(d for d, mean in self._slow.items() if mean >= SLOW)
+        return sorted(self._slow)
 
     def slow_room(self) -> int:
         """How many more attempts the slow destinations may start together within their fair
         share of the slots (half of them, at least one; >= 0): what they are given, each
         within its own :meth:`allowance`, before the other destinations' jobs are claimed."""
-        held = sum(self._in_flight.get(d, 0) for d, mean in self._slow.items() if mean >= SLOW)
+        held = sum(self._in_flight.get(d, 0) for d in self._slow)
         return max(0, self.share - held)
 
     def end(self, destination: str) -> None:
