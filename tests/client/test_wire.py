@@ -217,6 +217,25 @@ def ok_after(seconds: float) -> Handler:
     return handle
 
 
+def counted_ok_after(seconds: float) -> tuple[Handler, list[int]]:
+    """:func:`ok_after`, and the number of its requests in flight as each one arrived (its
+    own included), in arrival order."""
+    lock = threading.Lock()
+    now = [0]
+    seen: list[int] = []
+
+    def handle(conn: Conn, request: Request) -> None:
+        with lock:
+            now[0] += 1
+            seen.append(now[0])
+        time.sleep(seconds)
+        with lock:
+            now[0] -= 1
+        ok(conn, request)
+
+    return handle, seen
+
+
 def nth(*handlers: Handler) -> Handler:
     """The n-th request to reach this handler gets ``handlers[n]`` (the last one repeats)."""
     seen: list[None] = []
@@ -590,24 +609,12 @@ def test_max_per_destination_caps_the_attempts_in_flight_to_one_destination(
 ) -> None:
     """max_per_destination=2 at concurrency 8: the endpoint never sees more than two requests
     at once, and every job is delivered once."""
-    lock = threading.Lock()
-    now = [0]
-    most = [0]
-
-    def slow_ok(conn: Conn, request: Request) -> None:
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-        time.sleep(0.05)
-        with lock:
-            now[0] -= 1
-        ok(conn, request)
-
-    server = serve(slow_ok)
+    handler, in_flight = counted_ok_after(0.05)
+    server = serve(handler)
     jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(12)]
     run(outbox, concurrency=8, max_per_destination=2)
     assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
-    assert most[0] == 2
+    assert max(in_flight) == 2
     assert len(server.requests) == 12
 
 
@@ -756,20 +763,8 @@ def test_a_slow_destination_alone_keeps_every_slot(
     it is slow."""
     caplog.set_level(logging.INFO, logger="retrysafe")
     monkeypatch.setattr(_limits, "SLOW", 0.05)
-    lock = threading.Lock()
-    now = [0]
-    most: list[int] = []
-
-    def slow_ok(conn: Conn, request: Request) -> None:
-        with lock:
-            now[0] += 1
-            most.append(now[0])
-        time.sleep(0.1)
-        with lock:
-            now[0] -= 1
-        ok(conn, request)
-
-    server = serve(slow_ok)
+    handler, most = counted_ok_after(0.1)
+    server = serve(handler)
     jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(24)]
     run(outbox, policy(attempts=1, timeout=5.0), concurrency=4)
     assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
