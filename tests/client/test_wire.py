@@ -384,7 +384,8 @@ def outcomes(outbox: Outbox, job: Job) -> list[tuple[str, str | None]]:
 
 
 #: A read that gets no complete answer: the engine's read timeout, or the attempt's total
-#: timeout (equal in the policy, so either may fire first); both mean "sent, unknown".
+#: timeout; both mean "sent, unknown". (Through the worker the total fires: the policy's read
+#: timeout equals it and starts later, so the engine leaves its read timer out.)
 TIMED_OUT = {"ReadTimeout", "AttemptTimeout"}
 
 
@@ -544,6 +545,82 @@ def test_a_server_that_never_answers_leaves_the_job_unknown_with_one_key(
     assert [a.outcome for a in attempts] == ["transport_error"] * 2
     assert {a.error_type for a in attempts} <= TIMED_OUT
     assert [r.key for r in server.requests] == [job.key, job.key]
+
+
+def test_engine_keeps_its_read_timer_when_the_attempt_may_last_longer(
+    serve: Callable[..., RawServer],
+) -> None:
+    """A read timeout shorter than the caller's attempt timeout still ends a silent read
+    after ``read_timeout`` (the timer is only left out when the total would fire first)."""
+    server = serve(silent)
+
+    async def go() -> WireError:
+        eng = AiohttpEngine(connect_timeout=0.5, read_timeout=0.3, attempt_timeout=5.0)
+        try:
+            await eng.send("POST", server.url + "/", headers=[], body=b"{}", keep=100)
+        except WireError as exc:
+            return exc
+        finally:
+            await eng.aclose()
+        raise AssertionError("a silent server answered")
+
+    started = time.perf_counter()
+    error = asyncio.run(go())
+    assert (error.kind, error.sent) == ("ReadTimeout", True)
+    assert 0.25 < time.perf_counter() - started < 2.0
+
+
+def test_engine_leaves_out_read_timers_the_attempt_timeout_makes_redundant() -> None:
+    """``read_timeout >= attempt_timeout``: aiohttp gets no per-read timer (two per request);
+    the attempt's total bounds every read. Shorter: the per-read timeout is kept."""
+
+    async def sock_read(read_timeout: float, attempt_timeout: float | None) -> float | None:
+        eng = AiohttpEngine(
+            connect_timeout=1.0, read_timeout=read_timeout, attempt_timeout=attempt_timeout
+        )
+        try:
+            return eng._open().timeout.sock_read
+        finally:
+            await eng.aclose()
+
+    assert asyncio.run(sock_read(10.0, 10.0)) is None
+    assert asyncio.run(sock_read(10.0, 5.0)) is None
+    assert asyncio.run(sock_read(3.0, 10.0)) == 3.0
+    assert asyncio.run(sock_read(10.0, None)) == 10.0
+
+
+def test_the_worker_bounds_a_silent_read_by_the_attempt_timeout(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Through the worker (read timeout = total timeout), silence ends at the attempt's
+    total timeout, recorded as such, within it."""
+    server = serve(silent)
+    job = outbox.submit(server.url + "/", json={})
+    started = time.perf_counter()
+    run(outbox, policy(attempts=1, timeout=0.3))
+    assert time.perf_counter() - started < 3.0
+    assert [(a.outcome, a.error_type) for a in outbox.attempts(job.id)] == [
+        ("transport_error", "AttemptTimeout")
+    ]
+
+
+def test_engine_sends_a_body_without_content_type_as_stored(
+    serve: Callable[..., RawServer],
+) -> None:
+    """A body stored without Content-Type goes without one (aiohttp would add
+    application/octet-stream); a stored Content-Type goes as it is, in any letter case."""
+    server = serve(ok)
+
+    async def go() -> None:
+        eng = AiohttpEngine(connect_timeout=1.0, read_timeout=1.0)
+        try:
+            for headers in ([], [("CONTENT-TYPE", "text/csv")], [("x-a", "1")]):
+                await eng.send("POST", server.url + "/", headers=headers, body=b"a,b", keep=10)
+        finally:
+            await eng.aclose()
+
+    asyncio.run(go())
+    assert [r.headers.get("content-type") for r in server.requests] == [None, "text/csv", None]
 
 
 def test_engine_connection_refused_is_not_sent() -> None:

@@ -93,6 +93,9 @@ def make_engine(
 ) -> Engine:
     """The HTTP engine for ``policy``: connect timeout ``policy.connect_timeout_s``, read
     timeout ``policy.timeout_s``, no retries, no redirects (see :mod:`retrysafe._wire`).
+    Every send goes through :func:`send_attempt`, under a total timeout of
+    ``policy.timeout_s``: the engine is told so (``attempt_timeout``), and leaves out the
+    per-read timers that total makes redundant.
 
     Args:
         transport: an ``httpx`` transport to send through instead of the default aiohttp
@@ -106,6 +109,7 @@ def make_engine(
         transport=transport,
         max_connections=max_connections,
         guard=guard,
+        attempt_timeout=policy.timeout_s,
     )
 
 
