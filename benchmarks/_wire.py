@@ -1,7 +1,9 @@
 """What the client-side benchmarks share: a local endpoint that does nothing, and the bare
 loops that measure the wire limit (no persistence, no key, no retries).
 
-The endpoint is a raw ASGI app under one uvicorn process (its own core); the loops send N
+The endpoint is a raw ASGI app under one uvicorn process (its own core, on asyncio's own
+event loop as in every earlier run: uvicorn would take uvloop where it is installed, and the
+test extras install it); the loops send N
 JSON POSTs with ``concurrency`` tasks sharing one connection pool, spread over ``urls`` in
 turn.
 """
@@ -36,7 +38,7 @@ async def app(scope, receive, send):
     await send({"type": "http.response.body", "body": b'{"ok":true}'})
 
 uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning", access_log=False,
-            lifespan="off")
+            lifespan="off", loop="asyncio")
 """
 
 

@@ -159,6 +159,10 @@ def run_variant(
             "--no-access-log",
             "--lifespan",
             "off",
+            # asyncio's own loop, as in every earlier run of this benchmark: uvicorn would
+            # take uvloop where it is installed (the test extras install it).
+            "--loop",
+            "asyncio",
         ],
         env=env,
         cwd=ROOT,

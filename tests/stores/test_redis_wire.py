@@ -217,3 +217,31 @@ async def test_without_hiredis_the_async_face_uses_redis_py(
     finally:
         await face.aclose()
         store.close()
+
+
+def test_the_lean_transport_works_on_uvloop(redis_url: str, redis_prefix: str) -> None:
+    """On uvloop (uvicorn's loop wherever it is installed, as ``uvicorn[standard]`` does),
+    whose transports do not subclass ``asyncio.Transport``, the async face claims, completes
+    and reads: it once asserted that they did, and every request on a Redis store hung."""
+    import uvloop
+
+    async def go() -> tuple[bool, Any]:
+        store = RedisStore(redis_url, prefix=redis_prefix, clock="caller", socket_timeout=2.0)
+        face = store.asyncio_key_store()
+        try:
+            claimed, record = await asyncio.wait_for(
+                face.claim("uv", "fp", now=time.time(), lease=10, retention=60), 5
+            )
+            assert claimed and isinstance(face._wire, RedisWire)
+            await face.complete(
+                "uv", record.fencing_token, RESPONSE, now=time.time(), retention=60
+            )
+            return claimed, await asyncio.wait_for(face.get("uv"), 5)
+        finally:
+            await face.aclose()
+            store.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        claimed, record = runner.run(go())
+    assert claimed and record is not None and record.state is KeyState.COMPLETED
+    assert record.response == RESPONSE

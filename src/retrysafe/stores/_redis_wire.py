@@ -33,7 +33,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 from hiredis import ProtocolError, Reader, ReplyError, pack_command  # pack_command: hiredis >= 2.1
@@ -93,8 +93,9 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Any stream transport: asyncio's own, or uvloop's (uvicorn's loop wherever uvloop is
+        # installed, as `uvicorn[standard]` does), which does not subclass asyncio.Transport.
+        self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
