@@ -25,6 +25,7 @@ every ``now`` as given.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -119,6 +120,23 @@ _SQL = Statements("retrysafe.client", "outbox", columns={"job_columns": JOB_COLU
 
 
 # ---------------------------------------------------------------------- rows
+#: A stored state's member (a dict look-up; calling ``JobState`` costs an Enum call per row).
+_STATES = {s.value: s for s in JobState}
+
+
+def _parse(headers: str) -> tuple[tuple[str, str], ...]:
+    """A job's stored headers (a JSON array of [name, value]) as the pairs :class:`Job`
+    holds."""
+    return tuple((str(k), str(v)) for k, v in json.loads(headers))
+
+
+#: The longest stored headers whose parse is cached, and how many are kept (at most 1 MiB of
+#: text): the jobs of one sender usually carry the same few headers, so a claim of many jobs
+#: parses them once (the pairs are immutable, so every job may share them).
+_CACHED_HEADERS = 4096
+_headers_of = functools.lru_cache(maxsize=256)(_parse)
+
+
 def job_from_row(row: Sequence[Any]) -> Job:
     """A :class:`Job` from a row of the job columns (the order the statements return them)."""
     (
@@ -150,11 +168,11 @@ def job_from_row(row: Sequence[Any]) -> Job:
         id=id_,
         key=key,
         queue=queue,
-        state=JobState(state),
+        state=_STATES[state],
         method=method,
         url=url,
         destination=destination,
-        headers=tuple((str(k), str(v)) for k, v in json.loads(headers)),
+        headers=_headers_of(headers) if len(headers) <= _CACHED_HEADERS else _parse(headers),
         body=bytes(body),
         created_at=float(created_at),
         updated_at=float(updated_at),
