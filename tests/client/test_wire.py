@@ -1566,15 +1566,13 @@ def test_the_worker_and_the_webhook_worker_run_on_uvloop(
         delivered = [ob.submit(server.url + "/ok", json={"n": i}) for i in range(20)]
         timed_out = ob.submit(server.url + "/silent", json={})
         worker = ob.worker(poll_interval=0.01, budget=None)
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(worker.serve(until_idle=True))
+        uvloop.run(worker.serve(until_idle=True))
         assert {ob.get(j.id).state for j in delivered} == {JobState.SUCCEEDED}
         assert ob.get(timed_out.id).state is JobState.UNKNOWN
         assert [a.error_type for a in ob.attempts(timed_out.id)] == ["AttemptTimeout"]
     with Webhooks(f"sqlite:///{tmp_path / 'uvh.db'}", allow_private=True) as hooks:
         hooks.add_endpoint(server.url + "/ok")
         hooks.send("order.paid", {"id": 1})
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(hooks.worker(poll_interval=0.01).serve(until_idle=True))
+        uvloop.run(hooks.worker(poll_interval=0.01).serve(until_idle=True))
     signed = [r for r in server.requests if "webhook-signature" in r.headers]
     assert len(signed) == 1 and signed[0].headers["webhook-signature"].startswith("v1,")

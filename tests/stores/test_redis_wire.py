@@ -241,7 +241,6 @@ def test_the_lean_transport_works_on_uvloop(redis_url: str, redis_prefix: str) -
             await face.aclose()
             store.close()
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        claimed, record = runner.run(go())
+    claimed, record = uvloop.run(go())
     assert claimed and record is not None and record.state is KeyState.COMPLETED
     assert record.response == RESPONSE
