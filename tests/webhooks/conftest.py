@@ -6,9 +6,10 @@ Every request the receiver gets is checked with the official ``standardwebhooks`
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,13 @@ class Seen:
 
 @dataclass
 class Receiver:
-    """Per-path scripted statuses (the last one repeats) and secrets to verify with."""
+    """Per-path scripted statuses (the last one repeats) and secrets to verify with; a
+    path's ``before_answer`` runs (in a thread) after its request is read, before it is
+    answered."""
 
     plans: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
+    before_answer: dict[str, Callable[[], object]] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -74,6 +78,9 @@ class Receiver:
             self.seen.append(Seen(path, headers, body, verified, time.time()))
             plan = self.plans.get(path) or [(200, {})]
             status, extra = plan.pop(0) if len(plan) > 1 else plan[0]
+            before = self.before_answer.get(path)
+        if before is not None:
+            await asyncio.to_thread(before)
         return JSONResponse({"ok": status < 300}, status, headers=extra)
 
 

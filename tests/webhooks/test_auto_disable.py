@@ -15,6 +15,7 @@ import pytest
 
 from retrysafe import ConfigurationError, JobState, RetrysafeWarning
 from retrysafe.webhooks import Schedule, WebhookPolicy, Webhooks, should_auto_disable
+from retrysafe.webhooks._store import webhook_store
 
 from .conftest import FAST_SCHEDULE, Receiver, add, run
 
@@ -201,6 +202,28 @@ def test_a_success_seen_by_another_worker_resets_the_run(
         first.send("a.b", {"n": 3})
         worker_a.run_until_idle()  # a success, seen by worker A
         endpoint = first.get_endpoint(ep)
+        assert (endpoint.failure_count, endpoint.first_failure_at) == (0, None)
+
+
+def test_a_success_ends_a_run_that_began_during_its_attempt(
+    store_url: str, receiver: Receiver, base_url: str
+) -> None:
+    """Failures recorded by another worker while this attempt was in flight (after the
+    endpoint was read for its signature) are ended by its 2xx: the reset is decided by the
+    store after the answer, not by what the attempt read before it."""
+    policy = WebhookPolicy(schedules=(FAST_SCHEDULE,), timeout=5.0)
+    with Webhooks(store_url, allow_private=True, policy=policy) as hooks:
+        path = receiver.plan("/overlap", 200)
+        ep = add(hooks, receiver, base_url, path)
+        other = webhook_store(hooks.store)
+        now = time.time()
+        receiver.before_answer[path] = lambda: [
+            other.record_endpoint_failure(ep, now=now) for _ in range(3)
+        ]
+        hooks.send("a.b", {"n": 1})
+        hooks.worker(poll_interval=0.01, budget=None).run_until_idle()
+        assert len(receiver.requests(path)) == 1
+        endpoint = hooks.get_endpoint(ep)
         assert (endpoint.failure_count, endpoint.first_failure_at) == (0, None)
 
 

@@ -4,8 +4,8 @@ follows it, log it and keep the endpoint's failure run.
 :class:`WebhookAttempts` belongs to one worker: the policy, the clock, the async face of the
 webhook store and what outlives an attempt on purpose (each endpoint's rate-limit slots).
 Nothing about an endpoint's failure run is cached in a process: the run lives in the store,
-shared by every worker, and each attempt reads it afresh (a success ends a run another worker
-recorded). :class:`DeliveryAttempt` is one attempt, like starlette's
+shared by every worker; a failed attempt reads it afresh, and a success ends it with a write
+the store applies only where a run exists (so a run another worker recorded ends too). :class:`DeliveryAttempt` is one attempt, like starlette's
 per-request responder: created when the attempt starts and dropped when it ends, whatever the
 outcome (sent, deferred by the rate limit, lease lost, cancelled), so nothing an attempt
 learned (its endpoint, its event) can leak into another one. :class:`WebhookAttempts` is the
@@ -15,6 +15,7 @@ call here is awaited on the webhook store's async face, so nothing blocks the ev
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 import random
@@ -24,7 +25,7 @@ from retrysafe._exceptions import WebhookError
 from retrysafe.client._models import Attempt, Job, JobState
 from retrysafe.client._policy import Step
 from retrysafe.client._sender import SendResult
-from retrysafe.core import AttemptOutcome
+from retrysafe.core import Action, AttemptOutcome
 from retrysafe.observability._telemetry import Telemetry
 from retrysafe.webhooks._admin import log_disabled
 from retrysafe.webhooks._endpoints import active_secrets
@@ -141,15 +142,15 @@ class DeliveryAttempt:
     sent as the outbox would send it: unsigned, on the outbox's own schedule.
     """
 
-    __slots__ = ("_attempts", "_context", "_failing", "_read", "job")
+    __slots__ = ("_attempts", "_context", "_read", "_reset", "job")
 
     def __init__(self, attempts: WebhookAttempts, job: Job) -> None:
         self._attempts = attempts
         self.job = job
         self._read = False
         self._context: tuple[str, WebhookEndpoint] | None = None
-        #: Whether the endpoint had a failure run when last read (a success must end it).
-        self._failing = True
+        #: After a 2xx: the write that ends the endpoint's failure run (if it has one).
+        self._reset: asyncio.Task[None] | None = None
 
     async def context(self) -> tuple[str, WebhookEndpoint] | None:
         """``(event id, endpoint)`` as read at this attempt's start, or None: not a delivery
@@ -198,13 +199,23 @@ class DeliveryAttempt:
         ]
 
     async def decide(self, job: Job, result: SendResult, step: Step) -> Step:
-        """The step after the attempt: the endpoint's schedule, read afresh (an endpoint
-        disabled meanwhile parks the delivery)."""
+        """The step after the attempt. After a 2xx, SUCCEEDED whatever the endpoint says now,
+        so nothing is read: the write that ends the endpoint's failure run, if it has one
+        (:meth:`attempted`), starts at once, and joins the attempt's record in one group
+        commit on SQLite. After any other answer, the endpoint's schedule, read afresh (an
+        endpoint disabled meanwhile parks the delivery)."""
         if self._context is None:
             return step
         a = self._attempts
-        endpoint = await a.astore.get_endpoint(self._context[1].id)
-        self._failing = endpoint is None or endpoint.failure_count > 0
+        endpoint: WebhookEndpoint | None
+        if result.classification.action is Action.SUCCEED:
+            endpoint = self._context[1]  # its schedule and state change nothing for a 2xx
+            self._reset = reset = asyncio.get_running_loop().create_task(
+                a.astore.reset_endpoint_failures(endpoint.id)
+            )
+            reset.add_done_callback(_retrieved)  # raised where attempted() awaits it
+        else:
+            endpoint = await a.astore.get_endpoint(self._context[1].id)
         return decide(
             result.classification,
             schedule=a.policy.schedule(None if endpoint is None else endpoint.schedule),
@@ -223,8 +234,9 @@ class DeliveryAttempt:
         (a success ends it; 410 Gone, or a run both long and old enough
         (:func:`should_auto_disable`), disables the endpoint).
 
-        A success resets the run whenever the endpoint, read after the answer, had one,
-        whichever worker recorded it (the read is this attempt's, never a process's cache).
+        A success ends the run whenever the endpoint has one after the answer, whichever
+        worker recorded it: the write, started by :meth:`decide`, changes the endpoint only
+        where its failure count is above zero (no process's cache decides it).
         """
         if self._context is None:
             return
@@ -234,8 +246,8 @@ class DeliveryAttempt:
         if a.telemetry is not None:
             a.telemetry.webhook_delivery(endpoint_id, delivery_outcome(attempt, step))
         if attempt.outcome == AttemptOutcome.SUCCESS.value:
-            if self._failing:
-                await a.astore.reset_endpoint_failures(endpoint_id)
+            if self._reset is not None:
+                await self._reset
             return
         if attempt.outcome in _NOT_FAILED:
             return
@@ -270,6 +282,14 @@ class DeliveryAttempt:
             log_disabled(endpoint_id, reason)
             if a.telemetry is not None:
                 a.telemetry.endpoint_disabled(kind)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a failure-run reset's error as seen: an attempt whose record was fenced off never
+    awaits its reset (:meth:`DeliveryAttempt.attempted` is not called), and asyncio would log
+    the error as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def delivery_outcome(attempt: Attempt, step: Step) -> str:
