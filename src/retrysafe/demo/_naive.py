@@ -43,7 +43,10 @@ async def run_naive(
     # The same HTTP engine as the protected path, so the two passes differ only in keys,
     # persistence and the retry rules.
     engine = AiohttpEngine(
-        connect_timeout=timeout, read_timeout=timeout, max_connections=concurrency
+        connect_timeout=timeout,
+        read_timeout=timeout,
+        max_connections=concurrency,
+        attempt_timeout=timeout,  # every send below runs under total_timeout(timeout)
     )
     headers = [("content-type", "application/json")]
     try:
