@@ -503,6 +503,45 @@ async def test_the_async_faces_reads_asked_for_together_are_one_statement_each(
         await face.aclose()
 
 
+@pytest.mark.anyio
+async def test_the_async_faces_resets_asked_for_together_are_one_statement(
+    stores: Stores,
+) -> None:
+    """reset_endpoint_failures of concurrent successes is one statement: every endpoint
+    with a run ends it (a repeated id, an endpoint without a run and a missing id change
+    nothing else), and an endpoint not asked for keeps its run."""
+    endpoints = [stores.hooks.insert_endpoint(_endpoint(n)) for n in range(4)]
+    for e in endpoints[:3]:
+        stores.hooks.record_endpoint_failure(e.id, now=T0)
+        stores.hooks.record_endpoint_failure(e.id, now=T0 + 1)
+    face: Any = stores.hooks.asyncio_webhook_store()
+    runs = 0
+    run = face.connector.run
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        return await run(*args, **kwargs)
+
+    face.connector.run = counted
+    try:
+        ids = [endpoints[0].id, endpoints[1].id, endpoints[0].id, endpoints[3].id, "ep_x"]
+        assert await asyncio.gather(*(face.reset_endpoint_failures(i) for i in ids)) == [
+            None
+        ] * len(ids)
+        assert runs == 1
+    finally:
+        await face.aclose()
+    after = {e.id: stores.hooks.get_endpoint(e.id) for e in endpoints}
+    runs_left = {i: (e.failure_count, e.first_failure_at) for i, e in after.items() if e}
+    assert runs_left == {
+        endpoints[0].id: (0, None),
+        endpoints[1].id: (0, None),
+        endpoints[2].id: (2, T0),
+        endpoints[3].id: (0, None),
+    }
+
+
 # ---------------------------------------------------------------------- opening
 def test_webhook_store_of_each_kind_of_store(tmp_path: Path) -> None:
     """webhook_store: a SQL store gives a SQLWebhookStore on its connector, a WebhookStore

@@ -4,13 +4,14 @@ follows it, log it and keep the endpoint's failure run.
 :class:`WebhookAttempts` belongs to one worker: the policy, the clock, the async face of the
 webhook store and what outlives an attempt on purpose (each endpoint's rate-limit slots).
 Nothing about an endpoint's failure run is cached in a process: the run lives in the store,
-shared by every worker; a failed attempt reads it afresh, and a success ends it with a write
-the store applies only where a run exists (so a run another worker recorded ends too). :class:`DeliveryAttempt` is one attempt, like starlette's
-per-request responder: created when the attempt starts and dropped when it ends, whatever the
-outcome (sent, deferred by the rate limit, lease lost, cancelled), so nothing an attempt
-learned (its endpoint, its event) can leak into another one. :class:`WebhookAttempts` is the
-Worker's ``attempt_hooks`` (:class:`~retrysafe.client._worker.AttemptHooksFactory`): every store
-call here is awaited on the webhook store's async face, so nothing blocks the event loop.
+shared by every worker; a failed attempt reads it afresh, and a success ends it with a write the
+store applies only where a run exists (so a run another worker recorded ends too).
+:class:`DeliveryAttempt` is one attempt, like starlette's per-request responder: created when
+the attempt starts and dropped when it ends, whatever the outcome (sent, deferred by the rate
+limit, lease lost, cancelled), so nothing an attempt learned (its endpoint, its event) can leak
+into another one. :class:`WebhookAttempts` is the Worker's ``attempt_hooks``
+(:class:`~retrysafe.client._worker.AttemptHooksFactory`): every store call here is awaited on
+the webhook store's async face, so nothing blocks the event loop.
 """
 
 from __future__ import annotations

@@ -225,6 +225,11 @@ def reset_endpoint_failures(clock: Clock, endpoint_id: str) -> Op[None]:
     yield count(_SQL["reset_endpoint_failures"], {"id": endpoint_id})
 
 
+def reset_endpoints_failures(clock: Clock, ids: Sequence[str]) -> Op[None]:
+    """:func:`reset_endpoint_failures` of every endpoint of ``ids`` (one statement)."""
+    yield count(_SQL["reset_endpoints_failures"], {"ids": _ids(ids)})
+
+
 def delete_endpoint(clock: Clock, endpoint_id: str) -> Op[bool]:
     yield count(_SQL["delete_endpoint_jobs"], {"id": endpoint_id})
     deleted: int = yield count(_SQL["delete_endpoint"], {"id": endpoint_id})
@@ -380,17 +385,16 @@ class AsyncSQLWebhookStore(OnAsyncConnector):
     """The async face of :class:`SQLWebhookStore`: what the webhook worker's hooks read and
     write per attempt, on an :class:`~retrysafe.stores._connector.AsyncConnector`.
 
-    :meth:`get_endpoint` and :meth:`delivery_context` are batched (:mod:`retrysafe._batch`):
-    the reads that concurrent attempts ask for together are one statement (each delivery is
-    read twice per attempt, so a worker at concurrency 32 sent dozens of one-row reads where
-    a few do).
+    :meth:`get_endpoint`, :meth:`delivery_context` and :meth:`reset_endpoint_failures` are
+    batched (:mod:`retrysafe._batch`): what concurrent attempts ask for together is one
+    statement (a worker at concurrency 32 sent dozens of one-row statements where a few do).
     """
 
     _get_endpoints = async_op(get_endpoints, skippable=True)
     _delivery_contexts = async_op(delivery_contexts, skippable=True)
     set_endpoint_enabled = async_op(set_endpoint_enabled, atomic=True)
     record_endpoint_failure = async_op(record_endpoint_failure)
-    reset_endpoint_failures = async_op(reset_endpoint_failures)
+    _reset_endpoints_failures = async_op(reset_endpoints_failures)
 
     def __init__(self, connector: AsyncConnector) -> None:
         super().__init__(connector)
@@ -398,6 +402,16 @@ class AsyncSQLWebhookStore(OnAsyncConnector):
         self._contexts: Batcher[str, tuple[str, WebhookEndpoint] | None] = Batcher(
             self._contexts_of
         )
+        self._resets: Batcher[str, None] = Batcher(self._resets_of)
+
+    async def reset_endpoint_failures(self, endpoint_id: str) -> None:
+        """End the endpoint's failure run, if it has one (with the others asked for
+        together: every webhook success asks)."""
+        await self._resets.submit(endpoint_id)
+
+    async def _resets_of(self, ids: list[str]) -> list[None]:
+        await self._reset_endpoints_failures(sorted(set(ids)))
+        return [None] * len(ids)
 
     async def get_endpoint(self, endpoint_id: str) -> WebhookEndpoint | None:
         """The endpoint as stored now, or None (read with the others asked for together)."""

@@ -78,6 +78,14 @@ RETURNING failure_count, first_failure_at, enabled;
 UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
 WHERE id = %(id)s AND failure_count > 0;
 
+-- name: reset_endpoints_failures
+
+-- reset_endpoint_failures for every endpoint of the JSON array %(ids)s (the successes of
+-- one event-loop iteration, in one statement; the caller sorts the ids, so concurrent
+-- workers lock the rows in one order).
+UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
+WHERE id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb))) AND failure_count > 0;
+
 -- name: delete_endpoint_jobs
 
 -- The endpoint's jobs (their deliveries and attempts cascade). A job in flight is deleted

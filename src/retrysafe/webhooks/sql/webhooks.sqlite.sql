@@ -63,6 +63,13 @@ RETURNING failure_count, first_failure_at, enabled;
 UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
 WHERE id = :id AND failure_count > 0;
 
+-- name: reset_endpoints_failures
+
+-- reset_endpoint_failures for every endpoint of the JSON array :ids (the successes of one
+-- event-loop iteration, in one statement).
+UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
+WHERE id IN (SELECT value FROM json_each(:ids)) AND failure_count > 0;
+
 -- name: delete_endpoint_jobs
 
 -- The endpoint's jobs (their deliveries and attempts cascade). A job in flight is deleted
