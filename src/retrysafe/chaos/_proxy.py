@@ -338,6 +338,7 @@ class ChaosProxy:
             connect_timeout=self._upstream_timeout,
             read_timeout=self._upstream_timeout,
             max_connections=_MAX_UPSTREAM_CONNECTIONS,
+            attempt_timeout=self._upstream_timeout,  # every send runs under total_timeout
         )
         if self.log_path is not None:
             try:
