@@ -459,6 +459,28 @@ def test_methods_that_make_no_job_are_refused(outbox: Outbox, method: str) -> No
     assert outbox.jobs() == []
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Content-Type": "a/b", "content-type": "c/d"},
+        {"X-A": "1", "x-a": "2"},
+        {"accept": "text/plain", "Accept": "application/json"},
+    ],
+)
+def test_a_header_given_twice_in_two_spellings_is_refused(
+    outbox: Outbox, headers: dict[str, str]
+) -> None:
+    """Header names ignore letter case (RFC 9110 §5.1): two spellings are one field twice.
+    aiohttp sent only the last of them (and a second Content-Type is never valid): refused,
+    naming both spellings, nothing stored."""
+    first, second = headers
+    with pytest.raises(ConfigurationError, match="given twice") as info:
+        outbox.submit("http://example.test/x", json={}, headers=headers)
+    assert info.value.option == "headers"
+    assert repr(first) in str(info.value) and repr(second) in str(info.value)
+    assert outbox.jobs() == []
+
+
 def test_ordinary_headers_are_kept(outbox: Outbox) -> None:
     """Headers the client does not set (Authorization, X-…, Content-Type) are sent as given."""
     job = outbox.submit(

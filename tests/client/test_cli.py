@@ -181,6 +181,25 @@ def test_idempotency_key_header_points_to_the_key_option(sqlite_path: Path) -> N
     assert not sqlite_path.exists()
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [("Content-Type: a/b", "Content-Type: c/d"), ("X-A: 1", "x-a: 2")],
+)
+def test_a_header_given_twice_is_refused_not_replaced(
+    sqlite_path: Path, headers: tuple[str, str]
+) -> None:
+    """`-H` twice with one name (any letter case): the second silently replaced the first
+    (curl sends both); now one clear error, exit 2, nothing stored."""
+    store = f"sqlite:///{sqlite_path}"
+    _migrate(store)
+    args = ["jobs", "submit", "http://example.test/x", "--store", store]
+    code, out, err = _run(*args, "-H", headers[0], "-H", headers[1])
+    assert code == 2 and "given twice" in err and out == ""
+    assert len(err.strip().splitlines()) == 1
+    with Outbox(store) as outbox:
+        assert outbox.jobs() == []
+
+
 def test_retrysafe_warning_is_one_line(sqlite_path: Path) -> None:
     """A RetrysafeWarning prints as `retrysafe: warning: …`, without source path or code."""
     store = f"sqlite:///{sqlite_path}"

@@ -470,6 +470,14 @@ def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
             fail(f"-H/--header: {clip(repr(h), 100)} is not 'Name: value'", 2)
         if name.strip().lower() == "idempotency-key":
             fail("-H/--header: pass the idempotency key with --key, not as a header", 2)
+        again = [n for n in headers if n.lower() == name.strip().lower()]
+        if again:
+            # A later -H would silently replace the earlier one (curl sends both).
+            fail(
+                f"-H/--header: {clip(repr(name.strip()), 100)} is given twice (header names "
+                "ignore letter case); give it once, a list field's values joined with ', '",
+                2,
+            )
         headers[name.strip()] = value.strip()
     return headers
 

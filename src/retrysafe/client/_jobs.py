@@ -233,6 +233,7 @@ def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
     if headers is not None and not isinstance(headers, Mapping):
         raise ConfigurationError("headers must map str to str", option="headers")
     pairs: list[tuple[str, str]] = []
+    spelled: dict[str, str] = {}
     for name, value in (headers or {}).items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ConfigurationError("headers must map str to str", option="headers")
@@ -261,6 +262,17 @@ def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
         if low == "idempotency-key":
             raise ConfigurationError(
                 "pass the idempotency key as key=…, not as a header", option="headers"
+            )
+        first = spelled.setdefault(low, name)
+        if first != name:
+            # Header names are case-insensitive (RFC 9110 §5.1): these are one field twice.
+            # A singleton (Content-Type) cannot be sent twice, and aiohttp would send only
+            # the last of two spellings; a list field's values are joined with ", " (§5.3).
+            raise ConfigurationError(
+                f"header {_clip(repr(name))} is given twice (also as {_clip(repr(first))}): "
+                "header names ignore letter case; give it once (a list field's values "
+                "joined with ', ')",
+                option="headers",
             )
         if low in RESERVED_HEADERS:
             raise ConfigurationError(
