@@ -84,6 +84,19 @@ def test_a_url_with_a_character_no_request_can_carry_is_refused(
         ("https://a<b.example/", "contains '<', which no host name holds"),
         ("https://a%41.example/", "contains '%'"),
         ("https://a\\b.example/", "contains"),
+        # A host ending in a number is IPv4 or nothing: aiohttp refused these at every
+        # attempt (unsent, so they ended UNKNOWN), and the C resolver reads 0x7f.1 as
+        # 127.0.0.1 (second fresh-user pass).
+        ("http://127.1:8080/", "ends in a number"),
+        ("http://2130706433/", "ends in a number"),
+        ("http://0x7f.1/", "ends in a number"),
+        ("http://0X7F.0.0.1/", "ends in a number"),
+        ("http://256.1.1.1/", "ends in a number"),
+        ("http://01.02.03.04/", "ends in a number"),
+        ("http://1.2.3.4.5/", "ends in a number"),
+        ("http://a.123/", "ends in a number"),
+        # No IDNA form: the engine failed on every attempt, unsent.
+        ("http://\U0001f600.localhost/", "Invalid IDNA hostname"),
     ],
 )
 def test_a_host_name_no_resolver_can_look_up_is_refused(
@@ -105,6 +118,10 @@ def test_a_host_name_no_resolver_can_look_up_is_refused(
         "https://b\u00fccher.example/",  # sent IDNA-encoded
         "http://[::1]:8080/x",
         "http://127.0.0.1/x",
+        "http://0.0.0.0:8080/x",
+        "http://255.255.255.255/x",
+        "http://a1.b2c/x",
+        "http://123abc.example/x",
         "https://" + "a" * 63 + ".example/",
         "https://" + ".".join(["a" * 63] * 3) + "." + "b" * 61 + "/",  # 253 characters
     ],

@@ -148,8 +148,29 @@ def _check_url(url: object) -> str:
         raise ConfigurationError(
             f"url {shown!r} contains U+{ord(bad):04X}, {what}", option="url"
         )
-    _check_host_name(parts.hostname, shown)
+    _check_host_name(parts.hostname, shown, url)
     return url
+
+
+_HEX_DIGITS = re.compile(r"[0-9a-f]*")
+
+
+def _numeric(label: str) -> bool:
+    """A lower-cased host label that reads as a number: decimal digits, or ``0x`` and hex
+    digits (a WHATWG URL parser takes a host ending in one as IPv4)."""
+    if label.isdigit():
+        return label.isascii()
+    return label[:2] == "0x" and _HEX_DIGITS.fullmatch(label[2:]) is not None
+
+
+def _dotted_quad(host: str) -> bool:
+    """``host`` is an IPv4 address written as four decimal numbers, 0–255, no leading zeros
+    (what every HTTP client and resolver reads alike)."""
+    labels = host.split(".")
+    return len(labels) == 4 and all(
+        x.isdigit() and x.isascii() and int(x) <= 255 and (x == "0" or x[0] != "0")
+        for x in labels
+    )
 
 
 #: What an ASCII host name may hold: letters, digits, hyphens, and the underscore (no DNS
@@ -157,16 +178,28 @@ def _check_url(url: object) -> str:
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def _check_host_name(host: str, shown: str) -> None:
-    """Refuse a host name no resolver can look up, so that the job is not stored to fail
-    at DNS on every attempt: an empty label (``a..example``, ``.example``), a label over 63
-    characters or a name over 253 (RFC 1035 §2.3.4; a trailing dot is the root), or an ASCII
-    character no host name holds (``<``, ``%``). IP literals and names with non-ASCII letters
-    (sent IDNA-encoded) are left to the resolver."""
-    if ":" in host or not host.isascii():
-        return  # an IPv6 literal; an internationalised name
+def _check_host_name(host: str, shown: str, url: str) -> None:
+    """Refuse a host no attempt could ever reach, so that the job is not stored to fail on
+    every attempt: an empty label (``a..example``, ``.example``), a label over 63
+    characters or a name over 253 (RFC 1035 §2.3.4; a trailing dot is the root), an ASCII
+    character no host name holds (``<``, ``%``), a host that ends in a number but is no
+    dotted-quad IPv4 address (``127.1``, ``2130706433``, ``0x7f.1``, ``256.1.1.1``: no
+    top-level domain is numeric, RFC 3696 §2; the engine refuses them, or the C resolver
+    reads them its own way), or a non-ASCII name with no IDNA form (the engine's own rule,
+    :func:`retrysafe._wire._as_sent`, raises). IPv6 literals are left to the engine."""
+    if ":" in host:
+        return  # an IPv6 literal
+    if not host.isascii():
+        from retrysafe._wire import WireError, _as_sent
+
+        try:
+            _as_sent(url)
+        except WireError as exc:  # what every attempt would fail with, unsent
+            raise ConfigurationError(f"url {shown!r}: {exc}", option="url") from None
+        return
     name = host[:-1] if host.endswith(".") else host
     bad = None
+    last = name.rpartition(".")[2].lower()
     if _HOST_NAME.fullmatch(name) is None:
         c = next((c for c in name if not (c.isalnum() or c in "_.-")), "")
         bad = f"contains {c!r}, which no host name holds" if c else "has an empty host"
@@ -174,6 +207,11 @@ def _check_host_name(host: str, shown: str) -> None:
         bad = "has an empty label in its host name (two dots, or a leading one)"
     elif len(name) > 253 or max(len(label) for label in name.split(".")) > 63:
         bad = "has a host name longer than DNS allows (63 per label, 253 in all)"
+    elif _numeric(last) and not _dotted_quad(name):
+        bad = (
+            "has a host that ends in a number but is no IPv4 address in dotted-quad form "
+            "(four numbers 0-255 without leading zeros, e.g. 127.0.0.1)"
+        )
     if bad is not None:
         raise ConfigurationError(f"url {shown!r} {bad}", option="url")
 
