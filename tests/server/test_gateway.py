@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -392,6 +393,42 @@ def cli_gateway(upstream: ServerThread, tmp_path: Path) -> Iterator[Any]:
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=10)
+
+
+def test_cli_gateway_keeps_its_keys_under_its_own_redis_prefix_and_pg_schema(
+    cli_gateway: Any,
+    effects: Counter[str],
+    redis_url: str,
+    redis_prefix: str,
+    pg_url: str,
+    pg_schema: str,
+) -> None:
+    """``--prefix`` (Redis) and ``--schema`` (PostgreSQL): a gateway and the service behind
+    it can share one Redis or one database without sharing keys (docs/stores.md). The
+    gateway had neither option, and ``?prefix=`` in the URL is refused."""
+    import psycopg
+    import redis
+
+    for options in (("--store", redis_url, "--prefix", redis_prefix),
+                    ("--store", pg_url, "--schema", pg_schema)):  # fmt: skip
+        url = cli_gateway(*options)
+        key, before = f"scoped-{uuid.uuid4()}", effects["posts"]
+        with httpx.Client(timeout=10) as client:
+            sent = [
+                client.post(url + "/posts", json={"title": "t"}, headers={"Idempotency-Key": key})
+                for _ in range(2)
+            ]
+        assert [r.status_code for r in sent] == [201, 201]
+        assert sent[1].headers["idempotent-replayed"] == "true"
+        assert effects["posts"] == before + 1
+    r = redis.Redis.from_url(redis_url)
+    try:
+        assert list(r.scan_iter(match=redis_prefix + "k:*"))
+    finally:
+        r.close()
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {pg_schema}.idempotency_keys".encode())
+        assert row.fetchone() == (1,)
 
 
 def test_cli_gateway_holds_a_slow_upstream_past_its_lease(

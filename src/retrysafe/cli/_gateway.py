@@ -20,6 +20,7 @@ from retrysafe.cli._common import (
     serving_metrics,
     store_option,
 )
+from retrysafe.cli._keys import check_scoping, scoping_options
 from retrysafe.cli._signals import Signals, Stopper, quiet_server, server_config
 
 __all__ = ["gateway"]
@@ -34,6 +35,8 @@ _FLAGS = {
     "protected_methods": "--methods",
     "replay_headers": "--replay-header",
     "store": "--store",
+    "schema": "--schema",
+    "prefix": "--prefix",
     **{
         name: "--" + name.replace("_", "-")
         for name in (
@@ -59,6 +62,7 @@ _FLAGS = {
     help="Address the gateway listens on.",
 )
 @store_option(schemes=(*KEY_STORES, "memory"))
+@scoping_options
 @click.option(
     "--lease",
     type=Number(),
@@ -161,6 +165,8 @@ def gateway(
     upstream: str,
     listen: str,
     store: str,
+    schema: str | None,
+    prefix: str | None,
     lease: float,
     heartbeat: float | None,
     max_run_time: float,
@@ -233,6 +239,7 @@ def gateway(
             raise click.BadParameter(
                 f"{clip(name, 60)!r} is not an HTTP header name", param_hint="--replay-header"
             )
+    check_scoping(store, schema, prefix)
     if store.strip().lower().startswith("memory:") and not allow_memory_store:
         fail(
             "--store memory:// keeps keys in this process only: a restart forgets them and "
@@ -281,7 +288,10 @@ def gateway(
     stopper = Stopper()
     with Signals(on_signal=stopper) as signals:
         with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
-            key_store = open_store(store)
+            # Its own schema or prefix: a gateway and the service behind it may share one
+            # PostgreSQL database or one Redis (docs/stores.md) without sharing keys.
+            scoping = {"schema": schema} if schema else {"prefix": prefix} if prefix else {}
+            key_store = open_store(store, **scoping)
         try:
             with serving_metrics(metrics_address, key_store, log=True) as metrics:
                 if metrics is not None:

@@ -181,23 +181,40 @@ class KeyPrefix(StrParamType):
         return value
 
 
-def _store_options(fn: Any) -> Any:
-    """``--store`` (a key store), ``--schema`` (PostgreSQL) and ``--prefix`` (Redis): the
-    options that name where the middleware keeps its keys."""
+def scoping_options(fn: Any) -> Any:
+    """``--schema`` (PostgreSQL) and ``--prefix`` (Redis): where in its store the middleware
+    keeps its keys (the ``keys`` commands and the gateway; :func:`check_scoping`)."""
     fn = click.option(
         "--prefix",
         type=KeyPrefix(),
         default=None,
         metavar="TEXT",
-        help=f"Redis key prefix the store was opened with (default {_DEFAULT_PREFIX!r}).",
+        help=f"Redis key prefix of the keys (default {_DEFAULT_PREFIX!r}).",
     )(fn)
-    fn = click.option(
+    return click.option(
         "--schema",
         envvar=SCHEMA_ENV,
         type=SchemaName(),
         default=None,
         help="PostgreSQL schema holding retrysafe's tables (default public).",
     )(fn)
+
+
+def check_scoping(url: str, schema: str | None, prefix: str | None) -> str | None:
+    """The canonical scheme of ``url`` (None: not a store URL); exits 2 when ``--schema``
+    or ``--prefix`` was given for a store that has none."""
+    scheme = canonical_scheme(url)
+    if schema is not None and scheme != "postgresql":
+        fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
+    if prefix is not None and scheme not in ("redis", "redis+cluster"):
+        fail("--prefix: only a redis:// store has a key prefix", EXIT_USAGE)
+    return scheme
+
+
+def _store_options(fn: Any) -> Any:
+    """``--store`` (a key store), ``--schema`` (PostgreSQL) and ``--prefix`` (Redis): the
+    options that name where the middleware keeps its keys."""
+    fn = scoping_options(fn)
     kind = KeyStoreURL()
     return click.option(
         "--store",
@@ -487,11 +504,7 @@ def _key_admin(
         with errors(None, _FLAGS), _quiet_drivers(), _restated(where):
             yield source.store, where
         return
-    scheme = canonical_scheme(url)
-    if schema is not None and scheme != "postgresql":
-        fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
-    if prefix is not None and scheme not in ("redis", "redis+cluster"):
-        fail("--prefix: only a redis:// store has a key prefix", EXIT_USAGE)
+    scheme = check_scoping(url, schema, prefix)
     if scheme == "postgresql":
         where = _Where(redact_url(url), schema=schema or "public")
     elif scheme in ("redis", "redis+cluster"):
