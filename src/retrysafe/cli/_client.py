@@ -279,8 +279,9 @@ def finish(stats: WorkerStats, code: int | None, *, until_idle: bool, what: str)
             f"retrysafe: stopped by SIGTERM: in-flight {what} finished or released (pending, "
             "same key)"
             + (
-                f"; {stats.lease_lost} not recorded (the store could not be written): sent again "
-                "with the same key once its lease ends"
+                f"; {stats.lease_lost} not recorded under their lease (the store could not be "
+                "written, the lease was taken over, or the job was deleted meanwhile): a job "
+                "still stored is sent again with the same key once its lease ends"
                 if stats.lease_lost
                 else ""
             ),

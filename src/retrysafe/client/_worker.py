@@ -1306,7 +1306,11 @@ class Worker:
         recorded = await self._outage.call(lambda: finishes.submit(finish), until=until)
         if recorded is None:
             self.stats.lease_lost += 1
-            logger.warning("job=%s lost its lease during the attempt; not recorded", job.id)
+            logger.warning(
+                "job=%s not recorded: its lease was taken over, or the job was deleted (a "
+                "webhook delivery with its endpoint), during the attempt",
+                job.id,
+            )
             return
         s = self.stats
         s.attempts += 1
