@@ -59,16 +59,23 @@ def _env(db: dict[str, str], retrysafe: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+def _listening(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    """Wait until ``proc`` listens on ``port`` (True) or died first (False)."""
     deadline = time.monotonic() + 30
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
+            return True
         except OSError:
-            assert proc.poll() is None, "the Django server died at start"
+            if proc.poll() is not None:
+                return False
             assert time.monotonic() < deadline, "the Django server never listened"
             time.sleep(0.05)
+
+
+#: Starts of a child server before a death at start fails the test: a free port can be
+#: taken by another test's process between free_port() and the child's bind.
+_STARTS = 3
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -103,7 +110,15 @@ def serve() -> Iterator[Callable[..., Server]]:
         return restart(env)
 
     def restart(env: dict[str, str], server: str = "uvicorn") -> Server:
-        port = free_port()
+        for _ in range(_STARTS):
+            port = free_port()
+            proc = subprocess.Popen(_command(env, server, port), env=env)
+            procs.append(proc)
+            if _listening(port, proc):
+                return Server(f"http://127.0.0.1:{port}", env, proc, procs)
+        raise AssertionError(f"the Django server died at start {_STARTS} times")
+
+    def _command(env: dict[str, str], server: str, port: int) -> list[str]:
         if env.get("RS_SERVER", server) == "gunicorn":
             cmd = [
                 sys.executable,
@@ -133,10 +148,7 @@ def serve() -> Iterator[Callable[..., Server]]:
                 "warning",
                 "--no-access-log",
             ]
-        proc = subprocess.Popen(cmd, env=env)
-        procs.append(proc)
-        _wait_port(port, proc)
-        return Server(f"http://127.0.0.1:{port}", env, proc, procs)
+        return cmd
 
     def started(db: dict[str, str], server: str = "uvicorn", **retrysafe: Any) -> Server:
         return start({**db, "RS_SERVER": server}, **retrysafe)
