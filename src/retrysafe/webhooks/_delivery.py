@@ -16,7 +16,6 @@ the webhook store's async face, so nothing blocks the event loop.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import random
@@ -143,15 +142,13 @@ class DeliveryAttempt:
     sent as the outbox would send it: unsigned, on the outbox's own schedule.
     """
 
-    __slots__ = ("_attempts", "_context", "_read", "_reset", "job")
+    __slots__ = ("_attempts", "_context", "_read", "job")
 
     def __init__(self, attempts: WebhookAttempts, job: Job) -> None:
         self._attempts = attempts
         self.job = job
         self._read = False
         self._context: tuple[str, WebhookEndpoint] | None = None
-        #: After a 2xx: the write that ends the endpoint's failure run (if it has one).
-        self._reset: asyncio.Task[None] | None = None
 
     async def context(self) -> tuple[str, WebhookEndpoint] | None:
         """``(event id, endpoint)`` as read at this attempt's start, or None: not a delivery
@@ -201,20 +198,15 @@ class DeliveryAttempt:
 
     async def decide(self, job: Job, result: SendResult, step: Step) -> Step:
         """The step after the attempt. After a 2xx, SUCCEEDED whatever the endpoint says now,
-        so nothing is read: the write that ends the endpoint's failure run, if it has one
-        (:meth:`attempted`), starts at once, and joins the attempt's record in one group
-        commit on SQLite. After any other answer, the endpoint's schedule, read afresh (an
-        endpoint disabled meanwhile parks the delivery)."""
+        so nothing is read (:meth:`attempted` ends the endpoint's failure run). After any
+        other answer, the endpoint's schedule, read afresh (an endpoint disabled meanwhile
+        parks the delivery)."""
         if self._context is None:
             return step
         a = self._attempts
         endpoint: WebhookEndpoint | None
         if result.classification.action is Action.SUCCEED:
             endpoint = self._context[1]  # its schedule and state change nothing for a 2xx
-            self._reset = reset = asyncio.get_running_loop().create_task(
-                a.astore.reset_endpoint_failures(endpoint.id)
-            )
-            reset.add_done_callback(_retrieved)  # raised where attempted() awaits it
         else:
             endpoint = await a.astore.get_endpoint(self._context[1].id)
         return decide(
@@ -236,8 +228,9 @@ class DeliveryAttempt:
         (:func:`should_auto_disable`), disables the endpoint).
 
         A success ends the run whenever the endpoint has one after the answer, whichever
-        worker recorded it: the write, started by :meth:`decide`, changes the endpoint only
-        where its failure count is above zero (no process's cache decides it).
+        worker recorded it: the write changes the endpoint only where its failure count is
+        above zero (no process's cache decides it), and the writes of concurrent successes
+        go to the store as one statement.
         """
         if self._context is None:
             return
@@ -247,8 +240,7 @@ class DeliveryAttempt:
         if a.telemetry is not None:
             a.telemetry.webhook_delivery(endpoint_id, delivery_outcome(attempt, step))
         if attempt.outcome == AttemptOutcome.SUCCESS.value:
-            if self._reset is not None:
-                await self._reset
+            await a.astore.reset_endpoint_failures(endpoint_id)
             return
         if attempt.outcome in _NOT_FAILED:
             return
@@ -283,14 +275,6 @@ class DeliveryAttempt:
             log_disabled(endpoint_id, reason)
             if a.telemetry is not None:
                 a.telemetry.endpoint_disabled(kind)
-
-
-def _retrieved(task: asyncio.Task[None]) -> None:
-    """Mark a failure-run reset's error as seen: an attempt whose record was fenced off never
-    awaits its reset (:meth:`DeliveryAttempt.attempted` is not called), and asyncio would log
-    the error as never retrieved."""
-    if not task.cancelled():
-        task.exception()
 
 
 def delivery_outcome(attempt: Attempt, step: Step) -> str:
