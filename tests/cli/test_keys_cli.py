@@ -1073,3 +1073,18 @@ def test_help_epilogs_read_as_one_sentence(command: str) -> None:
     result = CliRunner().invoke(cli, ["keys", command, "--help"], env={"COLUMNS": "200"})
     text = " ".join(result.output.split())
     assert result.exit_code == 0 and EXIT_STATUS in text and "; (" not in text
+
+
+def test_retrysafe_schema_in_the_environment_is_ignored_for_a_redis_store(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """RETRYSAFE_SCHEMA exported for the outbox commands does not stop `keys` (or the
+    gateway) on a Redis store; an explicit --schema there is still exit 2."""
+    result = CliRunner().invoke(
+        cli,
+        ["keys", "list", "--store", redis_url, "--prefix", redis_prefix, "--json"],
+        env={"RETRYSAFE_SCHEMA": "app"},
+    )
+    assert result.exit_code == 0, result.stderr
+    code, _, err = keys("list", "--store", redis_url, "--prefix", redis_prefix, "--schema", "app")
+    assert code == 2 and "only a postgresql:// store has a schema" in one_error_line(err)

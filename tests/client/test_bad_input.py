@@ -97,6 +97,19 @@ def test_a_url_with_a_character_no_request_can_carry_is_refused(
         ("http://a.123/", "ends in a number"),
         # No IDNA form: the engine failed on every attempt, unsent.
         ("http://\U0001f600.localhost/", "Invalid IDNA hostname"),
+        # Checked as sent: ideographic and fullwidth full stops are dots after IDNA.
+        ("http://0x7f\u30021/", "ends in a number"),
+        ("http://127\uff0e1/", "ends in a number"),
+        ("http://a\uff61123/", "ends in a number"),
+        # A dotted quad with a trailing dot: aiohttp refuses it as no canonical IPv4.
+        ("http://127.0.0.1./x", "ends in a number"),
+        # Bracketed hosts the engine cannot send (third fresh-user pass).
+        ("http://[::1].:8080/", "text around its bracketed IPv6 host"),
+        ("http://[fe80::1%25eth0]:8080/", "no IPv6 address the HTTP engine can send"),
+        ("http://[fe80::1%eth0]/", "no IPv6 address the HTTP engine can send"),
+        ("http://[v1.x]/", "no IPv6 address the HTTP engine can send"),
+        ("http://xn--/", "no valid IDNA A-label"),
+        ("http://xn--a.localhost/", "no valid IDNA A-label"),
     ],
 )
 def test_a_host_name_no_resolver_can_look_up_is_refused(
@@ -122,6 +135,9 @@ def test_a_host_name_no_resolver_can_look_up_is_refused(
         "http://255.255.255.255/x",
         "http://a1.b2c/x",
         "http://123abc.example/x",
+        "http://[::ffff:127.0.0.1]:8080/x",
+        "http://xn--bcher-kva.example/x",
+        "http://127\uff0e0\uff0e0\uff0e1/x",  # 127.0.0.1 once IDNA-mapped
         "https://" + "a" * 63 + ".example/",
         "https://" + ".".join(["a" * 63] * 3) + "." + "b" * 61 + "/",  # 253 characters
     ],
@@ -496,6 +512,37 @@ def test_a_header_given_twice_in_two_spellings_is_refused(
     assert info.value.option == "headers"
     assert repr(first) in str(info.value) and repr(second) in str(info.value)
     assert outbox.jobs() == []
+
+
+def test_one_spelling_given_twice_by_a_multi_valued_mapping_is_refused(outbox: Outbox) -> None:
+    """A CIMultiDict can hold one name twice in one spelling: both went out (two
+    Content-Types). Refused like two spellings."""
+    from multidict import CIMultiDict
+
+    headers = CIMultiDict([("Content-Type", "a/b"), ("Content-Type", "c/d")])
+    with pytest.raises(ConfigurationError, match="'Content-Type' is given twice"):
+        outbox.submit("http://example.test/x", json={}, headers=headers)
+    assert outbox.jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ({"X-A": "a\r\nb"}, "'X-A' has a value with a line break or NUL"),
+        ({"X-\u212a": "1"}, "header name 'X-\\u212a' is not a valid header name"),
+        ({"": "v"}, "header name '' is not a valid header name"),
+        ({"Content-Type": ""}, "'Content-Type' is empty"),
+    ],
+)
+def test_a_bad_header_says_which_part_is_wrong(
+    outbox: Outbox, headers: dict[str, str], says: str
+) -> None:
+    """A bad value is not blamed on the name; a look-alike letter in a name shows as its
+    code point; an empty Content-Type (no media type) is refused. Nothing stored."""
+    with pytest.raises(ConfigurationError, match=re.escape(says)):
+        outbox.submit("http://example.test/x", json={}, headers=headers)
+    assert outbox.jobs() == []
+    assert outbox.submit("http://example.test/x", json={}, headers={"X-Empty": ""})
 
 
 def test_ordinary_headers_are_kept(outbox: Outbox) -> None:

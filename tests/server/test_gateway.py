@@ -345,6 +345,18 @@ def test_cli_gateway_port_in_use_is_a_clear_error(upstream: ServerThread, tmp_pa
         (["--upstream", "http://127.0.0.1:1", "--listen", "nonsense"], "HOST:PORT"),
         (["--upstream", "http://127.0.0.1:1", "--store", "sqlite:////no/such/dir/x.db"], "exist"),
         (["--upstream", "http://127.0.0.1:1", "--lease", "-1"], "lease"),
+        # --prefix and --schema (second fresh-user pass): an empty prefix fell back to the
+        # default one, the service's own; PostgreSQL's own schemas were accepted.
+        (["--upstream", "http://127.0.0.1:1", "--store", "redis://127.0.0.1:1/0",
+          "--prefix", ""], "not a key prefix"),
+        (["--upstream", "http://127.0.0.1:1", "--store", "postgresql://u@127.0.0.1:1/db",
+          "--schema", "information_schema"], "catalogue views"),
+        (["--upstream", "http://127.0.0.1:1", "--store", "postgresql://u@127.0.0.1:1/db",
+          "--schema", "pg_mine"], "reserved"),
+        (["--upstream", "http://127.0.0.1:1", "--store", "sqlite:///x.db", "--prefix", "a:"],
+         "only a redis:// store has a key prefix"),
+        (["--upstream", "http://127.0.0.1:1", "--store", "redis://127.0.0.1:1/0",
+          "--schema", "app"], "only a postgresql:// store has a schema"),
     ],
 )
 def test_cli_gateway_bad_input_is_a_clear_error(args: list[str], message: str) -> None:

@@ -467,7 +467,7 @@ def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
     headers: dict[str, str] = {}
     for h in header:
         name, sep, value = h.partition(":")
-        if not sep:
+        if not sep or not name.strip():
             fail(f"-H/--header: {clip(repr(h), 100)} is not 'Name: value'", 2)
         if name.strip().lower() == "idempotency-key":
             fail("-H/--header: pass the idempotency key with --key, not as a header", 2)

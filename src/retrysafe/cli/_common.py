@@ -25,7 +25,6 @@ import errno
 import json
 import math
 import os
-import re
 import shlex
 import socket
 import sys
@@ -389,11 +388,12 @@ class SchemaName(StrParamType):
     ``app`` but created as ``"App"``)."""
 
     name = "schema"
-    _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str) or self._NAME.fullmatch(value) is None:
-            upper = isinstance(value, str) and self._NAME.fullmatch(value.lower()) is not None
+        from retrysafe.stores._url_check import SCHEMA_NAME, reserved_schema
+
+        if not isinstance(value, str) or SCHEMA_NAME.fullmatch(value) is None:
+            upper = isinstance(value, str) and SCHEMA_NAME.fullmatch(value.lower()) is not None
             self.fail(
                 f"{clip(repr(value), 60)} is not a plain identifier (1–63 lower-case letters, "
                 "digits or _, not starting with a digit)"
@@ -401,6 +401,9 @@ class SchemaName(StrParamType):
                 param,
                 ctx,
             )
+        reserved = reserved_schema(value)
+        if reserved is not None:
+            self.fail(f"{value!r}: {reserved}", param, ctx)
         return value
 
 

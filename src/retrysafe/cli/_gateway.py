@@ -239,7 +239,7 @@ def gateway(
             raise click.BadParameter(
                 f"{clip(name, 60)!r} is not an HTTP header name", param_hint="--replay-header"
             )
-    check_scoping(store, schema, prefix)
+    _, schema = check_scoping(store, schema, prefix)
     if store.strip().lower().startswith("memory:") and not allow_memory_store:
         fail(
             "--store memory:// keeps keys in this process only: a restart forgets them and "
@@ -290,7 +290,13 @@ def gateway(
         with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
             # Its own schema or prefix: a gateway and the service behind it may share one
             # PostgreSQL database or one Redis (docs/stores.md) without sharing keys.
-            scoping = {"schema": schema} if schema else {"prefix": prefix} if prefix else {}
+            scoping = (
+                {"schema": schema}
+                if schema is not None
+                else {"prefix": prefix}
+                if prefix is not None
+                else {}
+            )
             key_store = open_store(store, **scoping)
         try:
             with serving_metrics(metrics_address, key_store, log=True) as metrics:

@@ -171,10 +171,16 @@ class KeyPrefix(StrParamType):
     name = "text"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str) or len(value) > 200 or not value.isprintable():
+        if (
+            not isinstance(value, str)
+            or not value
+            or len(value) > 200
+            or not value.isprintable()
+        ):
             self.fail(
-                f"{_shown_value(value)} is not a key prefix (at most 200 printable "
-                f"characters, like the default {_DEFAULT_PREFIX!r})",
+                f"{_shown_value(value)} is not a key prefix (1 to 200 printable "
+                f"characters, like the default {_DEFAULT_PREFIX!r}; an empty one would mix "
+                "retrysafe's keys with every other key of the database)",
                 param,
                 ctx,
             )
@@ -200,15 +206,24 @@ def scoping_options(fn: Any) -> Any:
     )(fn)
 
 
-def check_scoping(url: str, schema: str | None, prefix: str | None) -> str | None:
-    """The canonical scheme of ``url`` (None: not a store URL); exits 2 when ``--schema``
-    or ``--prefix`` was given for a store that has none."""
+def check_scoping(
+    url: str, schema: str | None, prefix: str | None
+) -> tuple[str | None, str | None]:
+    """The canonical scheme of ``url`` (None: not a store URL) and the schema to use; exits
+    2 when ``--schema`` or ``--prefix`` was given for a store that has none. A schema from
+    ``RETRYSAFE_SCHEMA`` (set for the outbox commands, say) is ignored for such a store."""
     scheme = canonical_scheme(url)
     if schema is not None and scheme != "postgresql":
-        fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
+        ctx = click.get_current_context(silent=True)
+        from_env = ctx is not None and (
+            ctx.get_parameter_source("schema") is ParameterSource.ENVIRONMENT
+        )
+        if not from_env:
+            fail("--schema: only a postgresql:// store has a schema", EXIT_USAGE)
+        schema = None
     if prefix is not None and scheme not in ("redis", "redis+cluster"):
         fail("--prefix: only a redis:// store has a key prefix", EXIT_USAGE)
-    return scheme
+    return scheme, schema
 
 
 def _store_options(fn: Any) -> Any:
@@ -504,7 +519,7 @@ def _key_admin(
         with errors(None, _FLAGS), _quiet_drivers(), _restated(where):
             yield source.store, where
         return
-    scheme = check_scoping(url, schema, prefix)
+    scheme, schema = check_scoping(url, schema, prefix)
     if scheme == "postgresql":
         where = _Where(redact_url(url), schema=schema or "public")
     elif scheme in ("redis", "redis+cluster"):

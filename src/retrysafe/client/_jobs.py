@@ -6,6 +6,7 @@ with the job in one write; no retry, restart or crash ever regenerates it.
 
 from __future__ import annotations
 
+import ipaddress
 import json as jsonlib
 import math
 import os
@@ -148,7 +149,13 @@ def _check_url(url: object) -> str:
         raise ConfigurationError(
             f"url {shown!r} contains U+{ord(bad):04X}, {what}", option="url"
         )
-    _check_host_name(parts.hostname, shown, url)
+    hostport = parts.netloc.rpartition("@")[2]
+    bracketed = "[" in hostport
+    if bracketed and re.fullmatch(r"\[[^\]]*\](?::[0-9]*)?", hostport) is None:
+        raise ConfigurationError(  # "[::1].": the engine refuses it at every attempt
+            f"url {shown!r} has text around its bracketed IPv6 host", option="url"
+        )
+    _check_host_name(parts.hostname, shown, url, bracketed=bracketed)
     return url
 
 
@@ -178,25 +185,41 @@ def _dotted_quad(host: str) -> bool:
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def _check_host_name(host: str, shown: str, url: str) -> None:
+def _check_host_name(host: str, shown: str, url: str, *, bracketed: bool) -> None:
     """Refuse a host no attempt could ever reach, so that the job is not stored to fail on
     every attempt: an empty label (``a..example``, ``.example``), a label over 63
     characters or a name over 253 (RFC 1035 §2.3.4; a trailing dot is the root), an ASCII
     character no host name holds (``<``, ``%``), a host that ends in a number but is no
-    dotted-quad IPv4 address (``127.1``, ``2130706433``, ``0x7f.1``, ``256.1.1.1``: no
-    top-level domain is numeric, RFC 3696 §2; the engine refuses them, or the C resolver
-    reads them its own way), or a non-ASCII name with no IDNA form (the engine's own rule,
-    :func:`retrysafe._wire._as_sent`, raises). IPv6 literals are left to the engine."""
-    if ":" in host:
-        return  # an IPv6 literal
+    dotted-quad IPv4 address without a trailing dot (``127.1``, ``2130706433``, ``0x7f.1``,
+    ``127.0.0.1.``: no top-level domain is numeric, RFC 3696 §2; the engine refuses them,
+    or the C resolver reads them its own way), an ``xn--`` label that is no IDNA A-label,
+    a bracketed host that is no IPv6 address or carries a zone id (``[v1.x]``,
+    ``[fe80::1%25eth0]``: the engine cannot send either), or a non-ASCII name with no IDNA
+    form. A non-ASCII name is checked as the engine sends it (IDNA-encoded by
+    :func:`retrysafe._wire._as_sent`, ideographic full stops made dots), so ``127。1`` is
+    ``127.1``."""
+    if bracketed:
+        bad_ip = "%" in host
+        if not bad_ip:
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                bad_ip = True
+        if bad_ip:
+            raise ConfigurationError(
+                f"url {shown!r} has a bracketed host that is no IPv6 address the HTTP "
+                "engine can send (IPvFuture and zone ids are not)",
+                option="url",
+            )
+        return
     if not host.isascii():
         from retrysafe._wire import WireError, _as_sent
 
         try:
-            _as_sent(url)
+            encoded = _as_sent(url).raw_host or ""
         except WireError as exc:  # what every attempt would fail with, unsent
             raise ConfigurationError(f"url {shown!r}: {exc}", option="url") from None
-        return
+        host = encoded.lower()
     name = host[:-1] if host.endswith(".") else host
     bad = None
     last = name.rpartition(".")[2].lower()
@@ -207,13 +230,28 @@ def _check_host_name(host: str, shown: str, url: str) -> None:
         bad = "has an empty label in its host name (two dots, or a leading one)"
     elif len(name) > 253 or max(len(label) for label in name.split(".")) > 63:
         bad = "has a host name longer than DNS allows (63 per label, 253 in all)"
-    elif _numeric(last) and not _dotted_quad(name):
+    elif _numeric(last) and (name != host or not _dotted_quad(name)):
         bad = (
             "has a host that ends in a number but is no IPv4 address in dotted-quad form "
-            "(four numbers 0-255 without leading zeros, e.g. 127.0.0.1)"
+            "(four numbers 0-255 without leading zeros and no trailing dot, e.g. 127.0.0.1)"
         )
+    elif "xn--" in name.lower() and not _a_labels(name):
+        bad = "has an xn-- label that is no valid IDNA A-label (punycode)"
     if bad is not None:
         raise ConfigurationError(f"url {shown!r} {bad}", option="url")
+
+
+def _a_labels(name: str) -> bool:
+    """Every ``xn--`` label of ``name`` decodes as an IDNA A-label."""
+    import idna
+
+    for label in name.lower().split("."):
+        if label.startswith("xn--"):
+            try:
+                idna.decode(label)
+            except (idna.IDNAError, UnicodeError, ValueError):
+                return False
+    return True
 
 
 def _check_job_url(url: object) -> str:
@@ -275,9 +313,18 @@ def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
     for name, value in (headers or {}).items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ConfigurationError("headers must map str to str", option="headers")
-        if not name or not set(name) <= _TOKEN_CHARS or any(c in value for c in "\r\n\0"):
+        if not name or not set(name) <= _TOKEN_CHARS:
+            # ascii(): a look-alike letter (the Kelvin sign in "X-\u212a") shows as itself.
             raise ConfigurationError(
-                f"header {_clip(repr(name))} is not a valid header", option="headers"
+                f"header name {_clip(ascii(name))} is not a valid header name "
+                "(letters, digits and !#$%&'*+-.^_`|~ only)",
+                option="headers",
+            )
+        if any(c in value for c in "\r\n\0"):
+            raise ConfigurationError(
+                f"header {_clip(repr(name))} has a value with a line break or NUL, which no "
+                "header value holds",
+                option="headers",
             )
         if not value.isascii() or _CONTROL.search(value):
             # RFC 9110 §5.5: visible ASCII, spaces and tabs. httpx refuses anything else at
@@ -301,15 +348,22 @@ def _check_headers(headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
             raise ConfigurationError(
                 "pass the idempotency key as key=…, not as a header", option="headers"
             )
-        first = spelled.setdefault(low, name)
-        if first != name:
+        first = spelled.get(low)
+        if first is not None:  # two spellings, or one twice (a multi-valued mapping)
             # Header names are case-insensitive (RFC 9110 §5.1): these are one field twice.
             # A singleton (Content-Type) cannot be sent twice, and aiohttp would send only
             # the last of two spellings; a list field's values are joined with ", " (§5.3).
             raise ConfigurationError(
-                f"header {_clip(repr(name))} is given twice (also as {_clip(repr(first))}): "
-                "header names ignore letter case; give it once (a list field's values "
+                f"header {_clip(repr(name))} is given twice"
+                + (f" (also as {_clip(repr(first))})" if first != name else "")
+                + ": header names ignore letter case; give it once (a list field's values "
                 "joined with ', ')",
+                option="headers",
+            )
+        spelled[low] = name
+        if low == "content-type" and not value:
+            raise ConfigurationError(  # RFC 9110 §8.3: a media type is type/subtype
+                "header 'Content-Type' is empty; leave it out, or give a media type",
                 option="headers",
             )
         if low in RESERVED_HEADERS:

@@ -68,7 +68,7 @@ from retrysafe.stores._schema import (
     parse_version,
     tables,
 )
-from retrysafe.stores._url_check import check_postgres_url
+from retrysafe.stores._url_check import SCHEMA_NAME, check_postgres_url, reserved_schema
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -103,7 +103,6 @@ psycopg.adapters.register_dumper(JsonText, _JsonTextDumper)
 _SCHEMA = {
     k: v.encode() for k, v in load_sql("retrysafe.stores", "sql/schema.postgres.sql").items()
 }
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # The layout: these scripts, in order; its tables are what they create.
 _SCRIPTS = ("schema", "outbox_schema", "agents_schema", "webhooks_schema")
 _TABLES = tables(*(_SCHEMA[name].decode() for name in _SCRIPTS))
@@ -348,12 +347,15 @@ class PostgresConnector(Transactions):
                 f"not {statement_timeout!r}",
                 option="statement_timeout",
             )
-        if not isinstance(schema, str) or not _SCHEMA_NAME.match(schema):
+        if not isinstance(schema, str) or not SCHEMA_NAME.fullmatch(schema):
             raise ConfigurationError(
                 f"schema {schema!r} must be a plain lower-case identifier (letters, digits, _; "
                 "PostgreSQL folds unquoted names to lower case)",
                 option="schema",
             )
+        reserved = reserved_schema(schema)
+        if reserved is not None:
+            raise ConfigurationError(f"schema {schema!r}: {reserved}", option="schema")
         if clock not in ("server", "caller"):
             raise ConfigurationError("clock must be 'server' or 'caller'", option="clock")
         check_postgres_url(url)

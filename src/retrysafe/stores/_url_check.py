@@ -206,3 +206,19 @@ def parse_cluster_url(url: str) -> ClusterURL:
             raise bad(f"node {item!r}: the port must be 1-65535")
         nodes.append((unquote(host), int(port_text) if port_text else 6379))
     return ClusterURL(tuple(nodes), username, password, scheme.lower() == "rediss+cluster")
+
+
+#: A PostgreSQL schema name retrysafe takes: a plain identifier PostgreSQL keeps as written
+#: (it folds unquoted names to lower case).
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def reserved_schema(name: str) -> str | None:
+    """Why PostgreSQL's own schema ``name`` may not hold retrysafe's tables, or None: names
+    starting with ``pg_`` are reserved (PostgreSQL refuses to create them), and
+    ``information_schema`` is the SQL standard's catalogue views."""
+    if name.startswith("pg_"):
+        return "names starting with pg_ are reserved for PostgreSQL's own schemas"
+    if name == "information_schema":
+        return "information_schema holds PostgreSQL's catalogue views, not tables of yours"
+    return None
