@@ -36,7 +36,12 @@ from benchmarks._wire import _loop, bare_aiohttp, bare_httpx, endpoint
 
 async def retrysafe_engine(url: str, n: int, concurrency: int) -> float:
     """(r): N POSTs through retrysafe's default engine, as the worker sends them."""
-    engine = AiohttpEngine(connect_timeout=5.0, read_timeout=10.0, max_connections=concurrency)
+    engine = AiohttpEngine(
+        connect_timeout=5.0,
+        read_timeout=10.0,
+        max_connections=concurrency,
+        attempt_timeout=10.0,  # as the worker's engine: every send below is under it
+    )
     body = json.dumps({"n": 0}).encode()
     headers = [("content-type", "application/json"), ("Idempotency-Key", "k")]
 
