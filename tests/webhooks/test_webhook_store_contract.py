@@ -447,6 +447,20 @@ def test_purge_works_in_batches(stores: Stores) -> None:
 
 
 # ---------------------------------------------------------------------- async face
+def _count_statements(face: Any) -> list[int]:
+    """``[n]``: how many operations ``face`` sends to its connector from now on (each batch
+    is one)."""
+    runs = [0]
+    run = face.connector.run
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        runs[0] += 1
+        return await run(*args, **kwargs)
+
+    face.connector.run = counted
+    return runs
+
+
 @pytest.mark.anyio
 async def test_the_async_face_reads_and_writes_the_same_tables(stores: Stores) -> None:
     """asyncio_webhook_store: delivery_context, get_endpoint, the failure run and
@@ -480,25 +494,17 @@ async def test_the_async_faces_reads_asked_for_together_are_one_statement_each(
     endpoints = [stores.hooks.insert_endpoint(_endpoint(n)) for n in range(3)]
     job_ids = _send(stores, _event(), *endpoints)
     face: Any = stores.hooks.asyncio_webhook_store()
-    runs = 0
-    run = face.connector.run
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal runs
-        runs += 1
-        return await run(*args, **kwargs)
-
-    face.connector.run = counted
+    runs = _count_statements(face)
     try:
         ids = [e.id for e in endpoints] + [endpoints[0].id, "ep_" + "f" * 32]
         contexts = [*job_ids, "0" * 32]
         got = await asyncio.gather(
             *(face.get_endpoint(i) for i in ids), *(face.delivery_context(j) for j in contexts)
         )
-        assert runs == 2
+        assert runs[0] == 2
         assert got[: len(ids)] == [*endpoints, endpoints[0], None]
         assert got[len(ids) :] == [("evt_1", e) for e in endpoints] + [None]
-        assert await face.get_endpoint(endpoints[1].id) == endpoints[1] and runs == 3
+        assert await face.get_endpoint(endpoints[1].id) == endpoints[1] and runs[0] == 3
     finally:
         await face.aclose()
 
@@ -515,21 +521,13 @@ async def test_the_async_faces_resets_asked_for_together_are_one_statement(
         stores.hooks.record_endpoint_failure(e.id, now=T0)
         stores.hooks.record_endpoint_failure(e.id, now=T0 + 1)
     face: Any = stores.hooks.asyncio_webhook_store()
-    runs = 0
-    run = face.connector.run
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal runs
-        runs += 1
-        return await run(*args, **kwargs)
-
-    face.connector.run = counted
+    runs = _count_statements(face)
     try:
         ids = [endpoints[0].id, endpoints[1].id, endpoints[0].id, endpoints[3].id, "ep_x"]
         assert await asyncio.gather(*(face.reset_endpoint_failures(i) for i in ids)) == [
             None
         ] * len(ids)
-        assert runs == 1
+        assert runs[0] == 1
     finally:
         await face.aclose()
     after = {e.id: stores.hooks.get_endpoint(e.id) for e in endpoints}
