@@ -227,6 +227,34 @@ def test_a_success_ends_a_run_that_began_during_its_attempt(
         assert (endpoint.failure_count, endpoint.first_failure_at) == (0, None)
 
 
+def test_a_store_outage_while_ending_the_run_leaves_the_success_recorded(
+    store_url: str,
+    receiver: Receiver,
+    base_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every 2xx ends the failure run after its record; a store that fails that one write
+    leaves the delivery SUCCEEDED and says so in one warning (no worker error)."""
+    from retrysafe import StoreUnavailableError
+    from retrysafe.webhooks._store import AsyncSQLWebhookStore
+
+    async def unavailable(self: object, endpoint_id: str) -> None:
+        raise StoreUnavailableError("store down", store="test")
+
+    monkeypatch.setattr(AsyncSQLWebhookStore, "reset_endpoint_failures", unavailable)
+    with Webhooks(store_url, allow_private=True) as hooks:
+        path = receiver.plan("/ok-outage", 200)
+        ep = add(hooks, receiver, base_url, path)
+        hooks.send("a.b", {"n": 1})
+        with caplog.at_level(logging.WARNING):
+            run(hooks)
+        (d,) = hooks.deliveries(endpoint_id=ep)
+        assert d.state is JobState.SUCCEEDED
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "failure run not ended" in warnings[0], warnings
+
+
 def test_410_gone_disables_at_once_with_the_default_window(
     store_url: str, receiver: Receiver, base_url: str
 ) -> None:

@@ -21,7 +21,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 
-from retrysafe._exceptions import WebhookError
+from retrysafe._exceptions import StoreUnavailableError, WebhookError
 from retrysafe.client._models import Attempt, Job, JobState
 from retrysafe.client._policy import Step
 from retrysafe.client._sender import SendResult
@@ -240,7 +240,16 @@ class DeliveryAttempt:
         if a.telemetry is not None:
             a.telemetry.webhook_delivery(endpoint_id, delivery_outcome(attempt, step))
         if attempt.outcome == AttemptOutcome.SUCCESS.value:
-            await a.astore.reset_endpoint_failures(endpoint_id)
+            try:
+                await a.astore.reset_endpoint_failures(endpoint_id)
+            except StoreUnavailableError as exc:  # the attempt is recorded: only the run waits
+                logger.warning(
+                    "endpoint=%s failure run not ended after delivery %s (%s); the next "
+                    "success ends it",
+                    endpoint_id,
+                    job.id,
+                    exc,
+                )
             return
         if attempt.outcome in _NOT_FAILED:
             return
