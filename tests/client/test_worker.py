@@ -268,3 +268,22 @@ def test_async_outbox_submits_on_the_async_face_and_the_worker_delivers(
     job_id, again_id, key, state = asyncio.run(main())
     assert again_id == job_id and state is JobState.SUCCEEDED
     assert [s.key for s in script.requests("/async")] == [key]
+
+
+def test_a_success_credits_back_what_retries_spent_and_a_full_bucket_is_forgotten() -> None:
+    """The per-destination buckets: a destination that never retried keeps no state (a
+    success credits a full bucket nothing); retries spend it, successes put tokens back, and
+    a bucket full again is dropped, the same as one never spent."""
+    from retrysafe.client._worker import _Budgets
+
+    budgets = _Budgets(RetryBudget(capacity=3.0, refill_per_second=0.0, success_credit=1.0))
+    budgets.credit("http://a:80", 0.0)
+    assert budgets._state == {}
+    assert [budgets.spend("http://a:80", 0.0)[0] for _ in range(4)] == [True, True, True, False]
+    budgets.credit("http://a:80", 1.0)
+    assert budgets._state["http://a:80"].tokens == 1.0
+    assert budgets.spend("http://a:80", 1.0)[0] is True
+    for _ in range(3):
+        budgets.credit("http://a:80", 2.0)
+    assert budgets._state == {}  # full again: forgotten
+    assert [budgets.spend("http://a:80", 2.0)[0] for _ in range(4)] == [True, True, True, False]

@@ -177,8 +177,14 @@ class _Budgets:
         return allowed, wait
 
     def credit(self, destination: str, now: float) -> None:
-        state = self._state.get(destination) or self.budget.full(now)
-        self._state[destination] = self.budget.credit(state, now)
+        state = self._state.get(destination)
+        if state is None:  # never spent, or refilled since: a full bucket gains nothing
+            return
+        state = self.budget.credit(state, now)
+        if state.tokens >= self.budget.capacity:
+            del self._state[destination]  # full again: the same as never spent
+        else:
+            self._state[destination] = state
 
 
 class _StoreOutage:
