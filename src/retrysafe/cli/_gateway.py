@@ -290,14 +290,8 @@ def gateway(
         with errors(store, flags=_FLAGS):  # a bad URL exits 2, an unreachable store 1
             # Its own schema or prefix: a gateway and the service behind it may share one
             # PostgreSQL database or one Redis (docs/stores.md) without sharing keys.
-            scoping = (
-                {"schema": schema}
-                if schema is not None
-                else {"prefix": prefix}
-                if prefix is not None
-                else {}
-            )
-            key_store = open_store(store, **scoping)
+            scoping = {"schema": schema, "prefix": prefix}  # check_scoping: one at most
+            key_store = open_store(store, **{k: v for k, v in scoping.items() if v is not None})
         try:
             with serving_metrics(metrics_address, key_store, log=True) as metrics:
                 if metrics is not None:

@@ -172,12 +172,13 @@ def _numeric(label: str) -> bool:
 
 def _dotted_quad(host: str) -> bool:
     """``host`` is an IPv4 address written as four decimal numbers, 0–255, no leading zeros
-    (what every HTTP client and resolver reads alike)."""
-    labels = host.split(".")
-    return len(labels) == 4 and all(
-        x.isdigit() and x.isascii() and int(x) <= 255 and (x == "0" or x[0] != "0")
-        for x in labels
-    )
+    (what every HTTP client and resolver reads alike; :class:`ipaddress.IPv4Address` takes
+    exactly that form)."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 #: What an ASCII host name may hold: letters, digits, hyphens, and the underscore (no DNS
