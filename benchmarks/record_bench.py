@@ -13,11 +13,21 @@ commit does:
         the same one transaction;
 (file)  (rows) on a connection with SQLite's default ``temp_store``: statement journals
         (the savepoint of each operation in a group commit) in a temporary file, as the
-        store did until 2026-12-05.
+        store did until 2026-12-05;
+(plain)  the store's two statements run by hand, without the operation around them (the
+        driver that runs it, the attempts it returns): what the SQL itself costs;
+(select)  as (plain), with the attempt's number read by a ``SELECT`` before an insert
+        without ``RETURNING`` (which costs SQLite an ephemeral table per statement);
+(clustered)  (plain) into an attempts table keyed by the job's ``created_at``, the job id and
+        the number instead of the job id and the number, made beside the store's for the
+        run: a batch's attempt rows then share a page instead of landing on a random page
+        each (job ids are random). Not the store's layout: changing it needs a schema
+        version that earlier releases refuse to open.
 
 Every connection is opened as the store opens its own (WAL, ``synchronous=NORMAL``, foreign
 keys, ``temp_store=MEMORY``). Prints CPU microseconds per job of the claim and of each
-record, (rows)/(json) and (rows)/(file).
+record, and the ratios that tell each change apart: (rows) to (json) and (file), (plain) to
+(select) and (clustered).
 
     python benchmarks/record_bench.py --jobs 20000
 """
@@ -143,9 +153,84 @@ def _record_rows(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
         raise SystemExit("a job was not recorded")
 
 
-def _run(n: int, record: object, temp_store: str | None = None) -> tuple[float, float]:
+# The store's statements of finish_attempts on SQLite (the insert, the update), for the
+# variants that run them by hand or change one of them.
+_STORE_INSERT, _STORE_UPDATE = ops._SQL["finish_attempts"].parts["sqlite"]
+_PLAIN_INSERT = _STORE_INSERT.replace("RETURNING job_id, number", "")
+_NUMBER = """
+SELECT id, sends + 1 FROM outbox_jobs
+WHERE id = :id AND lease_token = :token AND state = 'in_flight'
+"""
+_CLUSTERED_TABLE = """
+CREATE TABLE bench_attempts (
+    job_created_at  REAL NOT NULL,
+    job_id          TEXT NOT NULL,
+    number          INTEGER NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    started_at      REAL NOT NULL,
+    duration        REAL NOT NULL,
+    outcome         TEXT NOT NULL,
+    status          INTEGER,
+    error_type      TEXT,
+    replayed        INTEGER NOT NULL DEFAULT 0,
+    counted         INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (job_created_at, job_id, number)
+) WITHOUT ROWID
+"""
+_CLUSTERED_INSERT = """
+INSERT INTO bench_attempts
+    (job_created_at, job_id, number, idempotency_key, started_at, duration, outcome, status,
+     error_type, replayed, counted)
+SELECT created_at, id, sends + 1, :key, :started_at, :duration, :outcome, :status,
+       :error_type, :replayed, :counted
+FROM outbox_jobs WHERE id = :id AND lease_token = :token AND state = 'in_flight'
+"""
+
+
+def _record_each(conn: sqlite3.Connection, jobs: list[Job], now: float, first: object) -> None:
+    """The store's per-row block, its number and insert replaced by ``first(conn, row)``
+    (which returns the recorded ``(job id, number)`` rows), in one savepoint."""
+    finishes = _finishes(jobs, now)
+    numbers: dict[str, int] = {}
+    conn.execute("SAVEPOINT bench")
+    for row in ops.finish_rows("caller", finishes):
+        numbers.update(first(conn, row))  # type: ignore[operator]
+        conn.execute(_STORE_UPDATE, row)
+    conn.execute("RELEASE bench")
+    if len(numbers) != len(jobs):
+        raise SystemExit("a job was not recorded")
+
+
+def _record_plain(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
+        return conn.execute(_STORE_INSERT, row).fetchall()
+
+    _record_each(conn, jobs, now, first)
+
+
+def _record_select(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
+        found = conn.execute(_NUMBER, row).fetchall()
+        conn.execute(_PLAIN_INSERT, row)
+        return found
+
+    _record_each(conn, jobs, now, first)
+
+
+def _record_clustered(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
+        found = conn.execute(_NUMBER, row).fetchall()
+        conn.execute(_CLUSTERED_INSERT, row)
+        return found
+
+    _record_each(conn, jobs, now, first)
+
+
+def _run(
+    n: int, record: object, temp_store: str | None = None, setup: str | None = None
+) -> tuple[float, float]:
     """(claim, record) CPU microseconds per job over N jobs; ``temp_store`` overrides the
-    store's own setting on the connection."""
+    store's own setting on the connection; ``setup`` is run on it first."""
     with tempfile.TemporaryDirectory() as d, SQLiteStore(Path(d) / "o.db") as store:
         with Outbox(store) as outbox, store.transaction() as tx:
             for i in range(n):
@@ -154,6 +239,8 @@ def _run(n: int, record: object, temp_store: str | None = None) -> tuple[float, 
         conn, _ = connector._connect_writable(5.0)  # as the store opens its own
         if temp_store is not None:
             conn.execute(f"PRAGMA temp_store={temp_store}")
+        if setup is not None:
+            conn.execute(setup)
         now = time.time() + 1
         claim = write = 0.0
         done = 0
@@ -188,19 +275,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args(argv)
     variants = {
-        "json": (_record_json, None),
-        "rows": (_record_rows, None),
-        "file": (_record_rows, "FILE"),  # statement journals in a temporary file
+        "json": (_record_json, None, None),
+        "rows": (_record_rows, None, None),
+        "file": (_record_rows, "FILE", None),  # statement journals in a temporary file
+        "plain": (_record_plain, None, None),
+        "select": (_record_select, None, None),
+        "clustered": (_record_clustered, None, _CLUSTERED_TABLE),
     }
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(args.rounds):  # interleaved: noise hits all alike
-        for name, (record, temp_store) in variants.items():
-            rows[name].append(_run(args.jobs, record, temp_store))
+        for name, (record, temp_store, setup) in variants.items():
+            rows[name].append(_run(args.jobs, record, temp_store, setup))
     med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
     for name, (claim, write) in med.items():
         print(f"({name}) claim {claim:6.1f} us/job   record {write:6.1f} us/job")
-    print(f"record (rows)/(json) = {med['rows'][1] / med['json'][1]:.2f}")
-    print(f"record (rows)/(file) = {med['rows'][1] / med['file'][1]:.2f}")
+    for ours, other in (("rows", "json"), ("rows", "file"), ("plain", "select")):
+        print(f"record ({ours})/({other}) = {med[ours][1] / med[other][1]:.2f}")
+    print(f"record (clustered)/(plain) = {med['clustered'][1] / med['plain'][1]:.2f}")
     return 0
 
 
