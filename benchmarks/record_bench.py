@@ -7,29 +7,34 @@ commit does:
 
 (json)  the baseline: the batch as one JSON array, taken apart by two statements
         (``json_each`` and ``json_extract``), the worker's way until 2026-12-03 (its
-        statements are kept here, as they were shipped);
+        statements are kept here as they were shipped, the insert given the job's creation
+        time that schema version 3 keys attempts by);
 (rows)  the store's ``finish_attempts`` operation now: on SQLite its block runs once per
-        finish with plain parameters (an insert ``RETURNING`` the number, an update), in
-        the same one transaction;
+        finish with plain parameters (a ``SELECT`` of the attempt's number, an insert, an
+        update), in the same one transaction;
 (file)  (rows) on a connection with SQLite's default ``temp_store``: statement journals
         (the savepoint of each operation in a group commit) in a temporary file, as the
         store did until 2026-12-05;
-(plain)  the store's two statements run by hand, without the operation around them (the
+(plain)  the store's three statements run by hand, without the operation around them (the
         driver that runs it, the attempts it returns): what the SQL itself costs;
-(select)  as (plain), with the attempt's number read by a ``SELECT`` before an insert
-        without ``RETURNING`` (which costs SQLite an ephemeral table per statement);
-(clustered)  (plain) into an attempts table keyed by the job's ``created_at``, the job id and
-        the number instead of the job id and the number, made beside the store's for the
-        run: a batch's attempt rows then share a page instead of landing on a random page
-        each (job ids are random). Not the store's layout: changing it needs a schema
-        version that earlier releases refuse to open.
+(returning)  as (plain), the number from the insert's ``RETURNING`` (an ephemeral table per
+        statement) instead of the ``SELECT`` before it, as the store did until 2026-12-06;
+(random)  (plain) into an attempts table of the layout before schema version 3, made beside
+        the store's for the run: keyed by the job id and the number, so that each attempt of
+        a batch lands on a random page (job ids are random); the store's own layout keys
+        them by the job's creation time first, so a batch's attempts share a page.
+
+``--history N`` first fills the attempts tables with N attempts of older jobs (a store that has
+run for a while; the default 0 is a new one) and reopens the connection, so that the record
+starts with a cold page cache, as a worker that starts on a big store does.
 
 Every connection is opened as the store opens its own (WAL, ``synchronous=NORMAL``, foreign
 keys, ``temp_store=MEMORY``). Prints CPU microseconds per job of the claim and of each
 record, and the ratios that tell each change apart: (rows) to (json) and (file), (plain) to
-(select) and (clustered).
+(returning) and (random).
 
     python benchmarks/record_bench.py --jobs 20000
+    python benchmarks/record_bench.py --jobs 10000 --history 300000
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from retrysafe.stores._connector import drive
 from retrysafe.stores._sqlite import SQLiteConnector, _execute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
-from benchmarks._args import positive_int
+from benchmarks._args import non_negative_int, positive_int
 
 
 def _finishes(jobs: list[Job], now: float) -> list[Finish]:
@@ -81,13 +86,14 @@ def _finishes(jobs: list[Job], now: float) -> list[Finish]:
     ]
 
 
-#: The baseline's two statements (``outbox.sqlite.sql``'s ``finish_attempts`` until 2026-12-03).
+#: The baseline's two statements (``outbox.sqlite.sql``'s ``finish_attempts`` until 2026-12-03;
+#: the insert writes ``job_created_at`` too, which the table has since schema version 3).
 _JSON_INSERT = """
 INSERT INTO outbox_attempts
-    (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
-     replayed, counted)
-SELECT j.id, j.sends + 1, f.key, f.started_at, f.duration, f.outcome, f.status, f.error_type,
-       f.replayed, f.counted
+    (job_created_at, job_id, number, idempotency_key, started_at, duration, outcome, status,
+     error_type, replayed, counted)
+SELECT j.created_at, j.id, j.sends + 1, f.key, f.started_at, f.duration, f.outcome, f.status,
+       f.error_type, f.replayed, f.counted
 FROM (
     SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.token') AS token,
            json_extract(value, '$.key') AS key,
@@ -153,17 +159,12 @@ def _record_rows(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
         raise SystemExit("a job was not recorded")
 
 
-# The store's statements of finish_attempts on SQLite (the insert, the update), for the
-# variants that run them by hand or change one of them.
-_STORE_INSERT, _STORE_UPDATE = ops._SQL["finish_attempts"].parts["sqlite"]
-_PLAIN_INSERT = _STORE_INSERT.replace("RETURNING job_id, number", "")
-_NUMBER = """
-SELECT id, sends + 1 FROM outbox_jobs
-WHERE id = :id AND lease_token = :token AND state = 'in_flight'
-"""
-_CLUSTERED_TABLE = """
+# The store's statements of finish_attempts on SQLite (the number, the insert, the update),
+# for the variants that run them by hand or change one of them.
+_NUMBER, _STORE_INSERT, _STORE_UPDATE = ops._SQL["finish_attempts"].parts["sqlite"]
+_RETURNING_INSERT = _STORE_INSERT + "\nRETURNING job_id, number"
+_RANDOM_TABLE = """
 CREATE TABLE bench_attempts (
-    job_created_at  REAL NOT NULL,
     job_id          TEXT NOT NULL,
     number          INTEGER NOT NULL,
     idempotency_key TEXT NOT NULL,
@@ -174,17 +175,36 @@ CREATE TABLE bench_attempts (
     error_type      TEXT,
     replayed        INTEGER NOT NULL DEFAULT 0,
     counted         INTEGER NOT NULL DEFAULT 1,
-    PRIMARY KEY (job_created_at, job_id, number)
+    PRIMARY KEY (job_id, number)
 ) WITHOUT ROWID
 """
-_CLUSTERED_INSERT = """
+_RANDOM_INSERT = """
 INSERT INTO bench_attempts
-    (job_created_at, job_id, number, idempotency_key, started_at, duration, outcome, status,
-     error_type, replayed, counted)
-SELECT created_at, id, sends + 1, :key, :started_at, :duration, :outcome, :status,
-       :error_type, :replayed, :counted
+    (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
+     replayed, counted)
+SELECT id, sends + 1, :key, :started_at, :duration, :outcome, :status, :error_type,
+       :replayed, :counted
 FROM outbox_jobs WHERE id = :id AND lease_token = :token AND state = 'in_flight'
 """
+_HISTORY = {
+    "outbox_attempts": "INSERT INTO outbox_attempts (job_created_at, job_id, number, "
+    "idempotency_key, started_at, duration, outcome) VALUES (?, ?, 1, 'k', ?, 0.01, 'success')",
+    "bench_attempts": "INSERT INTO bench_attempts (job_id, number, idempotency_key, "
+    "started_at, duration, outcome) VALUES (?, 1, 'k', ?, 0.01, 'success')",
+}
+
+
+def _fill_history(conn: sqlite3.Connection, n: int, tables: list[str]) -> None:
+    """``n`` attempts of older jobs (created a day ago and later, random ids) in ``tables``."""
+    then = time.time() - 86400
+    rows = [(then + i * 0.01, uuid.uuid4().hex) for i in range(n)]
+    conn.execute("BEGIN IMMEDIATE")
+    for table in tables:
+        if table == "outbox_attempts":
+            conn.executemany(_HISTORY[table], [(at, job, at) for at, job in rows])
+        else:
+            conn.executemany(_HISTORY[table], [(job, at) for at, job in rows])
+    conn.execute("COMMIT")
 
 
 def _record_each(conn: sqlite3.Connection, jobs: list[Job], now: float, first: object) -> None:
@@ -203,44 +223,54 @@ def _record_each(conn: sqlite3.Connection, jobs: list[Job], now: float, first: o
 
 def _record_plain(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
     def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
-        return conn.execute(_STORE_INSERT, row).fetchall()
-
-    _record_each(conn, jobs, now, first)
-
-
-def _record_select(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
-    def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
         found = conn.execute(_NUMBER, row).fetchall()
-        conn.execute(_PLAIN_INSERT, row)
+        conn.execute(_STORE_INSERT, row)
         return found
 
     _record_each(conn, jobs, now, first)
 
 
-def _record_clustered(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+def _record_returning(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
+    def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
+        return conn.execute(_RETURNING_INSERT, row).fetchall()
+
+    _record_each(conn, jobs, now, first)
+
+
+def _record_random(conn: sqlite3.Connection, jobs: list[Job], now: float) -> None:
     def first(conn: sqlite3.Connection, row: dict[str, object]) -> list[tuple[str, int]]:
         found = conn.execute(_NUMBER, row).fetchall()
-        conn.execute(_CLUSTERED_INSERT, row)
+        conn.execute(_RANDOM_INSERT, row)
         return found
 
     _record_each(conn, jobs, now, first)
 
 
 def _run(
-    n: int, record: object, temp_store: str | None = None, setup: str | None = None
+    n: int,
+    record: object,
+    temp_store: str | None = None,
+    setup: str | None = None,
+    history: int = 0,
 ) -> tuple[float, float]:
     """(claim, record) CPU microseconds per job over N jobs; ``temp_store`` overrides the
-    store's own setting on the connection; ``setup`` is run on it first."""
+    store's own setting on the connection; ``setup`` is run on it first; ``history``
+    attempts of older jobs fill the attempts tables before the run."""
     with tempfile.TemporaryDirectory() as d, SQLiteStore(Path(d) / "o.db") as store:
         with Outbox(store) as outbox, store.transaction() as tx:
             for i in range(n):
                 outbox.submit("http://127.0.0.1:9/jobs", json={"n": i}, connection=tx)
         connector = SQLiteConnector(str(Path(d) / "o.db"), busy_timeout=5.0, readonly=False)
         conn, _ = connector._connect_writable(5.0)  # as the store opens its own
-        if temp_store is not None:
-            conn.execute(f"PRAGMA temp_store={temp_store}")
         if setup is not None:
             conn.execute(setup)
+        if history:
+            tables = ["outbox_attempts"] + (["bench_attempts"] if setup is not None else [])
+            _fill_history(conn, history, tables)
+            conn.close()
+            conn, _ = connector._connect_writable(5.0)  # a cold page cache
+        if temp_store is not None:
+            conn.execute(f"PRAGMA temp_store={temp_store}")
         now = time.time() + 1
         claim = write = 0.0
         done = 0
@@ -273,25 +303,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=positive_int, default=20000)
     parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument(
+        "--history",
+        type=non_negative_int,
+        default=0,
+        help="attempts of older jobs already in the store (default 0: a new store)",
+    )
     args = parser.parse_args(argv)
     variants = {
         "json": (_record_json, None, None),
         "rows": (_record_rows, None, None),
         "file": (_record_rows, "FILE", None),  # statement journals in a temporary file
         "plain": (_record_plain, None, None),
-        "select": (_record_select, None, None),
-        "clustered": (_record_clustered, None, _CLUSTERED_TABLE),
+        "returning": (_record_returning, None, None),
+        "random": (_record_random, None, _RANDOM_TABLE),
     }
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(args.rounds):  # interleaved: noise hits all alike
         for name, (record, temp_store, setup) in variants.items():
-            rows[name].append(_run(args.jobs, record, temp_store, setup))
+            rows[name].append(_run(args.jobs, record, temp_store, setup, args.history))
     med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
     for name, (claim, write) in med.items():
         print(f"({name}) claim {claim:6.1f} us/job   record {write:6.1f} us/job")
-    for ours, other in (("rows", "json"), ("rows", "file"), ("plain", "select")):
+    for ours, other in (("rows", "json"), ("rows", "file"), ("plain", "returning")):
         print(f"record ({ours})/({other}) = {med[ours][1] / med[other][1]:.2f}")
-    print(f"record (clustered)/(plain) = {med['clustered'][1] / med['plain'][1]:.2f}")
+    print(f"record (plain)/(random) = {med['plain'][1] / med['random'][1]:.2f}")
     return 0
 
 

@@ -353,3 +353,106 @@ def test_migrate_creates_a_store_the_other_commands_then_use(tmp_path: Path) -> 
     assert _migrate("--store", store)[0] == 0
     listed = CliRunner().invoke(cli, ["jobs", "list", "--store", store, "--json"])
     assert listed.exit_code == 0 and json.loads(listed.stdout)["jobs"] == []
+
+
+# The version-2 layout of outbox_attempts (SQLite): keyed by (job_id, number), deleted with
+# its job by a foreign key; no trigger.
+_V2_ATTEMPTS = """
+CREATE TABLE outbox_attempts (
+    job_id          TEXT NOT NULL REFERENCES outbox_jobs (id) ON DELETE CASCADE,
+    number          INTEGER NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    started_at      REAL NOT NULL,
+    duration        REAL NOT NULL,
+    outcome         TEXT NOT NULL,
+    status          INTEGER,
+    error_type      TEXT,
+    replayed        INTEGER NOT NULL DEFAULT 0,
+    counted         INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (job_id, number)
+) WITHOUT ROWID
+"""
+_ATTEMPT_COLUMNS = (
+    "job_id, number, idempotency_key, started_at, duration, outcome, status, error_type, "
+    "replayed, counted"
+)
+
+
+def _to_version_2(path: Path) -> None:
+    """Turn a current SQLite store into the version-2 layout, its attempts kept."""
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TRIGGER outbox_attempts_of_deleted_job")
+        conn.execute("ALTER TABLE outbox_attempts RENAME TO current_attempts")
+        conn.execute(_V2_ATTEMPTS)
+        conn.execute(
+            f"INSERT INTO outbox_attempts ({_ATTEMPT_COLUMNS}) "
+            f"SELECT {_ATTEMPT_COLUMNS} FROM current_attempts"
+        )
+        conn.execute("DROP TABLE current_attempts")
+    conn.close()
+    _set_version(["--store", f"sqlite:///{path}"], 2)
+
+
+def test_a_version_2_sqlite_store_gets_its_attempts_rebuilt_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """Version 2 -> 3 on SQLite: the attempts table is rebuilt keyed by the job's creation
+    time. Every attempt is kept (read back per job as before), the old table is gone, a job
+    delivered after the upgrade records its attempts, and deleting a job still deletes its
+    attempts (the trigger that replaced the foreign key's cascade)."""
+    import httpx
+
+    from retrysafe import Outbox, RetryPolicy
+
+    calls: dict[str, int] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        n = calls[request.url.path] = calls.get(request.url.path, 0) + 1
+        if request.url.path == "/flaky" and n == 1:
+            return httpx.Response(503)
+        return httpx.Response(422 if request.url.path == "/bad" else 201)
+
+    db = tmp_path / "m.db"
+    url = f"sqlite:///{db}"
+    policy = RetryPolicy(wait_initial=0.01, wait_max=0.01)
+    run = {"transport": httpx.MockTransport(answer), "poll_interval": 0.01}
+    with Outbox(url, policy=policy) as outbox:
+        ids = [
+            outbox.submit(f"http://127.0.0.1:9/{p}", json={}).id for p in ("ok", "flaky", "bad")
+        ]
+        assert outbox.worker(**run).run_until_idle().succeeded == 2
+        before = {i: outbox.attempts(i) for i in ids}
+    assert [len(before[i]) for i in ids] == [1, 2, 1]
+    _to_version_2(db)
+
+    with pytest.raises(SchemaError, match=r"older schema \(version 2.*retrysafe migrate"):
+        _open(["--store", url], create=False)
+    code, out, err = _migrate("--store", url, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["action"], report["from_version"], report["to_version"]) == (
+        "upgraded",
+        2,
+        SCHEMA_VERSION,
+    )
+
+    conn = sqlite3.connect(db)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not {t for t in tables if t.startswith("retrysafe_rebuilt_")}
+    columns = [r[1] for r in conn.execute("PRAGMA table_info(outbox_attempts)")]
+    assert columns[:3] == ["job_created_at", "job_id", "number"]
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+
+    with Outbox(url, policy=policy) as outbox:
+        assert {i: outbox.attempts(i) for i in ids} == before
+        later = outbox.submit("http://127.0.0.1:9/ok", json={"after": True}).id
+        assert outbox.worker(**run).run_until_idle().succeeded == 1
+        assert [(a.number, a.status) for a in outbox.attempts(later)] == [(1, 201)]
+        assert outbox.purge(states=["succeeded"], ids=[ids[1]]) == 1
+    conn = sqlite3.connect(db)
+    left = conn.execute("SELECT job_id, count(*) FROM outbox_attempts GROUP BY job_id").fetchall()
+    conn.close()
+    assert dict(left) == {ids[0]: 1, ids[2]: 1, later: 1}
+    assert "nothing to do" in _migrate("--store", url)[1]

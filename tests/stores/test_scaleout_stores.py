@@ -75,11 +75,14 @@ def test_redis_records_carry_a_native_ttl(redis_url: str, redis_prefix: str) -> 
     """Redis records expire by themselves (PEXPIRE = retention); the raw key never appears."""
     store = RedisStore(redis_url, prefix=redis_prefix)
     try:
+        started = time.monotonic()
         store.claim(H, FP, now=0, lease=10, retention=100)
         client = redis.Redis.from_url(redis_url)
         keys = sorted(k.decode() for k in client.scan_iter(match=redis_prefix + "*"))
         assert keys == [f"{redis_prefix}k:{{{H}}}", f"{redis_prefix}t:{{{H}}}"]
-        assert 99_000 <= client.pttl(keys[0]) <= 100_000
+        ttl = client.pttl(keys[0])
+        # What is left of 100 s: less only by the time this test took (a loaded host).
+        assert 100_000 - (time.monotonic() - started) * 1000 - 1 <= ttl <= 100_000
         assert client.pttl(keys[1]) > 100_000  # the token counter outlives the record
         client.close()
     finally:

@@ -40,8 +40,11 @@ MIGRATE_HINT = "run `retrysafe migrate --store URL`; from Python, open the store
 #:
 #: 1. keys, outbox, webhooks, agent runs;
 #: 2. ``idempotency_keys.created_at``: when the record's claim was made (``retrysafe keys``
-#:    lists keys newest first); NULL for records claimed before the upgrade.
-SCHEMA_VERSION = 2
+#:    lists keys newest first); NULL for records claimed before the upgrade;
+#: 3. SQLite: ``outbox_attempts`` keyed by the job's creation time first, so that a batch's
+#:    attempt records share pages (the table is rebuilt on upgrade: ``REBUILT_TABLES`` in
+#:    ``stores/_sqlite.py``); PostgreSQL's layout is unchanged.
+SCHEMA_VERSION = 3
 
 #: Columns added to a table after the table was first released: ``(table, column, block)``.
 #: A table created by the current layout has them already; upgrading adds each one the table

@@ -581,6 +581,19 @@ class SQLiteConnector(Transactions):
             self._connections.clear()
 
 
+#: Tables whose SQLite layout changed after their first release, so that an upgrade rebuilds
+#: them: ``(table, column, trigger, block)``. A table without ``column`` is of the earlier
+#: layout: the upgrade drops ``trigger`` (the current layout's, which refers to the table),
+#: renames the table to ``retrysafe_rebuilt_<table>``, lets the layout script create the
+#: current one, copies the rows with ``block`` of ``sql/schema.sqlite.sql`` and drops the old
+#: table, all in the migration's one transaction. PostgreSQL keeps its layout of these tables.
+#:
+#: Version 3: ``outbox_attempts`` keyed by the job's creation time first.
+REBUILT_TABLES: tuple[tuple[str, str, str, str], ...] = (
+    ("outbox_attempts", "job_created_at", "outbox_attempts_of_deleted_job", "copy_outbox_attempts"),
+)
+
+
 def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migration:
     """Check the schema on ``conn`` and, with ``create``, create or upgrade it (inside an
     open transaction: in a savepoint). ``where`` names the store in messages.
@@ -590,12 +603,27 @@ def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migr
             than this release.
     """
 
+    def columns(table: str) -> set[str]:
+        rows = conn.execute(_SCHEMA["table_columns"], {"table": table}).fetchall()
+        return {str(row[0]) for row in rows}
+
     def apply() -> None:
+        # A table of an earlier layout is renamed aside first (its triggers go: the layout
+        # makes the current ones), so that the layout creates the current table in its place.
+        rebuilt = []
+        for table, column, trigger, block in REBUILT_TABLES:
+            have = columns(table)
+            if have and column not in have:
+                conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+                conn.execute(f"ALTER TABLE {table} RENAME TO retrysafe_rebuilt_{table}")
+                rebuilt.append((table, block))
         for stmt in split_statements(_SCHEMA["schema"]):
             conn.execute(stmt)
+        for table, block in rebuilt:
+            conn.execute(_SCHEMA[block])
+            conn.execute(f"DROP TABLE retrysafe_rebuilt_{table}")
         for table, column, block in ADDED_COLUMNS:  # no ADD COLUMN IF NOT EXISTS
-            have = conn.execute(_SCHEMA["table_columns"], {"table": table}).fetchall()
-            if column not in {str(row[0]) for row in have}:
+            if column not in columns(table):
                 conn.execute(_SCHEMA[block])
         conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 

@@ -99,14 +99,18 @@ RETURNING {job_columns};
 -- attempt's insert and the job's update are two statements guarded by the same condition
 -- (the job is IN_FLIGHT under the finish's token); the write lock keeps the job unchanged
 -- between them, so both happen or neither does. An attempt's number is its job's new send
--- count; each recorded attempt returns (job id, number) (a job missing: not the owner).
+-- count; each recorded attempt returns (job id, number) (a job missing: not the owner),
+-- read by a first statement under the same condition before the writes: the insert's
+-- RETURNING would cost SQLite an ephemeral table per statement (0.86-0.95 x the record's CPU
+-- without it: `python benchmarks/record_bench.py`, (plain) against (returning)).
+SELECT id, sends + 1 FROM outbox_jobs
+WHERE id = :id AND lease_token = :token AND state = 'in_flight';
 INSERT INTO outbox_attempts
-    (job_id, number, idempotency_key, started_at, duration, outcome, status, error_type,
-     replayed, counted)
-SELECT id, sends + 1, :key, :started_at, :duration, :outcome, :status, :error_type,
-       :replayed, :counted
-FROM outbox_jobs WHERE id = :id AND lease_token = :token AND state = 'in_flight'
-RETURNING job_id, number;
+    (job_created_at, job_id, number, idempotency_key, started_at, duration, outcome, status,
+     error_type, replayed, counted)
+SELECT created_at, id, sends + 1, :key, :started_at, :duration, :outcome, :status,
+       :error_type, :replayed, :counted
+FROM outbox_jobs WHERE id = :id AND lease_token = :token AND state = 'in_flight';
 UPDATE outbox_jobs
 SET state = :state, due_at = :due_at,
     attempts = attempts + (CASE WHEN :counted THEN 1 ELSE 0 END),
@@ -179,10 +183,15 @@ WHERE queue = :queue
 ORDER BY created_at, id LIMIT :limit;
 
 -- name: list_attempts
+-- By the table's key: the job's creation time, then its id (schema.sqlite.sql). A job that
+-- is gone has no attempts (they were deleted with it).
 
 SELECT job_id, idempotency_key, number, started_at, duration, outcome, status, error_type,
        replayed, counted
-FROM outbox_attempts WHERE job_id = :job_id ORDER BY number;
+FROM outbox_attempts
+WHERE job_created_at = (SELECT created_at FROM outbox_jobs WHERE id = :job_id)
+  AND job_id = :job_id
+ORDER BY number;
 
 -- name: count_jobs
 
