@@ -100,6 +100,8 @@ class Script:
                 await asyncio.sleep(step.sleep)
             if step.truncate:
                 return _Truncated()
+            if isinstance(step.body, bytes):  # sent as is, whatever it claims to be
+                return Response(step.body, step.status, headers=step.headers)
             if step.body is not None and step.headers.get("content-type") == (
                 "application/problem+json"
             ):

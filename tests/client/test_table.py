@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -133,6 +134,32 @@ def test_422_key_reused_is_rejected_and_keeps_the_problem(
     assert final.state is JobState.REJECTED
     assert [a.outcome for a in outbox.attempts(job.id)] == ["key_reused"]
     assert final.last_error is not None and "aaa" in final.last_error and "bbb" in final.last_error
+
+
+@pytest.mark.parametrize("ctype", ["application/problem+json", "application/json"])
+@pytest.mark.parametrize(("status", "state"), [(422, JobState.REJECTED), (503, JobState.UNKNOWN)])
+def test_an_error_body_nested_past_the_stack_is_classified_by_its_status(
+    outbox: Outbox, script: Script, base_url: str, ctype: str, status: int, state: JobState
+) -> None:
+    """A JSON error body nested deeper than Python can parse (5,000 arrays) is no problem
+    document: the answer is classified by its status, each attempt is recorded, and the job
+    ends (it went back to PENDING unrecorded, to be sent again forever, when the parser's
+    RecursionError escaped)."""
+    deep = b"[" * 5000 + b"]" * 5000
+    step = Step(status, headers={"content-type": ctype}, body=deep)
+    path = script.plan(f"/deep{status}{len(ctype)}", *[step] * 3)
+    job = outbox.submit(base_url + path, json={})
+    worker = outbox.worker(policy=RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.02))
+
+    async def bounded() -> None:  # the bug this pins down sent the job forever
+        await asyncio.wait_for(worker.serve(until_idle=True), timeout=30)
+
+    asyncio.run(bounded())
+    final = outbox.get(job.id)
+    attempts = outbox.attempts(job.id)
+    assert final.state is state
+    assert len(attempts) == len(script.requests(path)) == (1 if status == 422 else 3)
+    assert final.last_error is not None and final.last_error.startswith("[[[")
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])

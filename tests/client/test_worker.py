@@ -287,3 +287,60 @@ def test_a_success_credits_back_what_retries_spent_and_a_full_bucket_is_forgotte
         budgets.credit("http://a:80", 2.0)
     assert budgets._state == {}  # full again: forgotten
     assert [budgets.spend("http://a:80", 2.0)[0] for _ in range(4)] == [True, True, True, False]
+
+
+def test_a_job_that_keeps_failing_in_the_worker_is_parked_unknown(
+    outbox: Outbox, script: Script, base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose every attempt fails inside the worker (a bug after the answer: here the
+    next-step rule raises) is released PENDING, after a doubling delay, then parked UNKNOWN at
+    the third failure in a row (it was sent: reconcile it once the cause is fixed) — it was
+    sent again forever, its attempts never recorded. Another job, whose attempt is recorded
+    between its failures, starts its count again."""
+    import contextvars
+
+    import retrysafe.client._worker as worker_module
+    from retrysafe.client._worker import WORKER_ERRORS_MAX
+
+    # Whether this attempt's next step fails: set by the send, read by the next-step rule
+    # (both run in the attempt's task).
+    fails: contextvars.ContextVar[bool] = contextvars.ContextVar("fails", default=False)
+    real_next_step = getattr(worker_module, "next_step")  # noqa: B009 (not exported)
+    real_send = getattr(worker_module, "send_attempt")  # noqa: B009
+    flaky = {"n": 0}
+
+    def next_step(classification: Any, **kw: Any) -> Any:
+        if fails.get():
+            raise RuntimeError("a bug after the answer")
+        return real_next_step(classification, **kw)
+
+    async def send_attempt(client: Any, job: Any, **kw: Any) -> Any:
+        if job.url.endswith("/flaky"):  # fails in the worker every other time
+            flaky["n"] += 1
+            fails.set(flaky["n"] % 2 == 1)
+        else:
+            fails.set(job.url.endswith("/broken"))
+        return await real_send(client, job, **kw)
+
+    monkeypatch.setattr(worker_module, "next_step", next_step)
+    monkeypatch.setattr(worker_module, "send_attempt", send_attempt)
+    script.plan("/broken", *[Step(201)] * 10)
+    script.plan("/flaky", *[Step(503)] * 10)
+    bad = outbox.submit(base_url + "/broken", json={})
+    other = outbox.submit(base_url + "/flaky", json={})
+    policy = RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.05)
+    worker = outbox.worker(policy=policy)
+
+    async def bounded() -> None:
+        await asyncio.wait_for(worker.serve(until_idle=True), timeout=30)
+
+    asyncio.run(bounded())
+    parked = outbox.get(bad.id)
+    assert parked.state is JobState.UNKNOWN
+    assert parked.last_error is not None and "parked UNKNOWN" in parked.last_error
+    assert len(script.requests("/broken")) == WORKER_ERRORS_MAX
+    assert outbox.attempts(bad.id) == []  # no answer was recorded: its outcome is unknown
+    # Recorded attempts between its failures: it ran out of attempts as the policy says.
+    done = outbox.get(other.id)
+    assert done.state is JobState.UNKNOWN and done.attempts == 3
+    assert "parked" not in (done.last_error or "")

@@ -221,7 +221,7 @@ async def _send(
         if ctype == PROBLEM_CONTENT_TYPE or ctype == "application/json":
             try:
                 doc = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
                 doc = None
             if isinstance(doc, dict) and isinstance(doc.get("type"), str):
                 problem_type = doc["type"]

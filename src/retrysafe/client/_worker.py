@@ -119,6 +119,14 @@ class AttemptHooksFactory(Protocol):
 
 #: The longest wait between two tries of a store that is unavailable (seconds).
 STORE_WAIT_MAX = 5.0
+#: How many times in a row one job may fail inside the worker (a bug: an exception that is no
+#: network or store trouble) before it is parked UNKNOWN instead of released PENDING again;
+#: each release waits twice as long as the one before (from the policy's first wait, at most
+#: its longest). Without a bound such a job was sent again forever, its attempts never
+#: recorded. Counted per worker process.
+WORKER_ERRORS_MAX = 3
+#: The most jobs whose worker errors are counted at once (the oldest count is dropped).
+_WORKER_ERRORS_KEPT = 10_000
 #: How long (seconds) a worker run with ``until_idle`` waits for a store that stays unavailable
 #: before it gives up with :class:`~retrysafe.StoreUnavailableError` (``store_outage_limit``).
 DEFAULT_STORE_OUTAGE_LIMIT = 60.0
@@ -590,6 +598,8 @@ class Worker:
         self._on_attempt = on_attempt
         self._attempt_hooks = attempt_hooks
         self._fatal: SchemaError | None = None
+        #: Job id -> worker errors in a row (see WORKER_ERRORS_MAX).
+        self._worker_errors: dict[str, int] = {}
         self.stats = WorkerStats()
         self._outage = _StoreOutage(
             self.store.url,
@@ -1196,6 +1206,8 @@ class Worker:
             if self._budgets is not None and step.state is JobState.SUCCEEDED:
                 self._budgets.credit(job.destination, end)
             await self._record(job, token, result, step, end, lease.until, hooks)
+            if self._worker_errors:  # recorded: a run of worker errors is over
+                self._worker_errors.pop(job.id, None)
         except asyncio.CancelledError:
             # Cancellation is never retried nor counted: back to PENDING, same key, now.
             await self._release_now(job, token, "cancelled")
@@ -1223,18 +1235,42 @@ class Worker:
                     exc,
                 )
                 self.stop()
+                state, delay = JobState.PENDING, self.policy.wait_initial_s
             else:
                 logger.exception("job=%s failed in the worker: %r", job.id, exc)
+                state, delay = self._after_worker_error(job)
             with contextlib.suppress(Exception):
                 now = self._clock()
+                parked = "; parked UNKNOWN" if state is JobState.UNKNOWN else ""
                 await self._astore.release_job(
                     job.id,
                     token,
-                    state=JobState.PENDING,
-                    due_at=now + self.policy.wait_initial_s,
-                    error=f"worker error: {exc!r}",
+                    state=state,
+                    due_at=now + delay,
+                    error=f"worker error: {exc!r}{parked}",
                     now=now,
                 )
+
+    def _after_worker_error(self, job: Job) -> tuple[JobState, float]:
+        """The state and delay of a job released after a worker error: PENDING after a
+        doubling delay, or UNKNOWN (a terminal state the dead-letter queue lists; reconcile
+        it, same key, once the cause is fixed) at the :data:`WORKER_ERRORS_MAX`-th in a row:
+        it may have been sent."""
+        errors = self._worker_errors
+        count = errors.pop(job.id, 0) + 1
+        if count >= WORKER_ERRORS_MAX:
+            logger.error(
+                "job=%s failed in the worker %d times in a row: parked UNKNOWN (reconcile it "
+                "with the same key once the cause is fixed)",
+                job.id,
+                count,
+            )
+            return JobState.UNKNOWN, 0.0
+        if len(errors) >= _WORKER_ERRORS_KEPT:
+            del errors[next(iter(errors))]
+        errors[job.id] = count
+        policy = self.policy
+        return JobState.PENDING, min(policy.wait_initial_s * 2 ** (count - 1), policy.wait_max_s)
 
     async def _give_back_claim(self, claim: asyncio.Future[list[Job]]) -> None:
         """Cancelled (Ctrl-C) while a claim was on its way: the claim may have landed in the

@@ -160,7 +160,10 @@ def _canonical_json(body: bytes) -> bytes:
             return encoded
     # surrogatepass: "\ud800" is valid JSON text but a lone surrogate, which strict UTF-8
     # refuses to encode.
-    return _CANONICAL_JSON.encode(parsed).encode("utf-8", "surrogatepass")
+    try:
+        return _CANONICAL_JSON.encode(parsed).encode("utf-8", "surrogatepass")
+    except RecursionError:  # parsed just inside the stack's depth; encoding went deeper
+        return body
 
 
 # Sorted keys; subclasses of built-in types (our _Float) go to ``default``, which is unset, so

@@ -219,6 +219,10 @@ class WebhookVerifier:
             payload = json.loads(body)
         except ValueError:
             raise WebhookVerificationError("body is not JSON", webhook_id=webhook_id) from None
+        except RecursionError:
+            raise WebhookVerificationError(
+                "body is JSON nested too deeply to parse", webhook_id=webhook_id
+            ) from None
         return webhook_id, payload
 
     # ------------------------------------------------------------------ the claim, once
