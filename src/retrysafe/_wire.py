@@ -244,7 +244,7 @@ class AiohttpEngine:
         import aiohttp
 
         resolver = None if self._guard is None else _guard_resolver(self._guard)
-        connector = aiohttp.TCPConnector(
+        connector = _connector_class()(
             limit=self._max_connections,
             limit_per_host=0,
             # With the guard, every new connection resolves and checks (no DNS cache):
@@ -510,6 +510,37 @@ class _Refused(OSError):
     def __init__(self, error: WireError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+@functools.cache
+def _connector_class() -> type[aiohttp.TCPConnector]:
+    """aiohttp's connector, except that a pooled connection which received data while it
+    waited (an answer nobody asked for: a server that answered one request twice) is closed
+    instead of reused. aiohttp checks for leftover data only when a connection goes back to
+    the pool, so data that arrived later was read by the next request as its own answer: a
+    job SUCCEEDED in a millisecond whose request never reached the server. An answer that
+    arrives after the next request left cannot be told apart by any HTTP/1.1 client."""
+    import aiohttp
+
+    if not inspect.iscoroutinefunction(getattr(aiohttp.TCPConnector, "_get", None)):
+        return aiohttp.TCPConnector  # an aiohttp whose pool works otherwise: as it is
+
+    from aiohttp.client_reqrep import ConnectionKey
+    from aiohttp.connector import Connection
+    from aiohttp.tracing import Trace
+
+    class Connector(aiohttp.TCPConnector):
+        async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+            while True:
+                conn = await super()._get(key, traces)
+                if conn is None:
+                    return None
+                protocol = getattr(conn, "protocol", None)
+                if protocol is None or not getattr(protocol, "should_close", False):
+                    return conn
+                conn.close()  # closes the connection: nothing in it belongs to a request
+
+    return Connector
 
 
 def _guard_resolver(guard: AddressGuard) -> aiohttp.abc.AbstractResolver:

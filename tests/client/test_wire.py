@@ -1576,3 +1576,36 @@ def test_the_worker_and_the_webhook_worker_run_on_uvloop(
         uvloop.run(hooks.worker(poll_interval=0.01).serve(until_idle=True))
     signed = [r for r in server.requests if "webhook-signature" in r.headers]
     assert len(signed) == 1 and signed[0].headers["webhook-signature"].startswith("v1,")
+
+
+def test_engine_drops_a_pooled_connection_that_received_an_answer_nobody_asked_for(
+    serve: Callable[..., RawServer],
+) -> None:
+    """A server that answers one request twice: the second answer reaches the connection while
+    it waits in the pool. The next request must not take that stray answer for its own (it
+    did: a job was SUCCEEDED in a millisecond without its request reaching the server); the
+    connection is dropped and the request goes on a new one."""
+
+    def twice(conn: Conn, request: Request) -> None:
+        if request.path == "/double":
+            conn.answer(200, b"{}", ())
+            time.sleep(0.05)  # after the client has put the connection back in its pool
+            conn.answer(200, b'{"stray":1}', ())
+        else:
+            conn.answer(201, b'{"mine":1}', ())
+
+    server = serve(twice)
+
+    async def go() -> list[tuple[int, bytes]]:
+        eng = AiohttpEngine(connect_timeout=1.0, read_timeout=1.0)
+        try:
+            first = await eng.send("POST", server.url + "/double", headers=[], body=b"", keep=64)
+            await asyncio.sleep(0.2)  # the stray answer arrives while the connection is idle
+            second = await eng.send("POST", server.url + "/next", headers=[], body=b"", keep=64)
+        finally:
+            await eng.aclose()
+        return [(a.status, a.body) for a in (first, second)]
+
+    assert asyncio.run(go()) == [(200, b"{}"), (201, b'{"mine":1}')]
+    assert server.paths() == ["/double", "/next"]
+    assert server.connections == 2
