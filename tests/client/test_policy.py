@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
 import pytest
 
+from retrysafe import ConfigurationError
 from retrysafe.client import JobState, RetryBudget, RetryPolicy, next_step, reconcile_step
 from retrysafe.client._policy import deadline_passed
 from retrysafe.core import (
@@ -208,3 +210,29 @@ def test_budget_successes_refill() -> None:
     state = budget.credit(state, NOW)
     assert budget.spend(state, NOW)[0]
     assert budget.credit(budget.credit(state, NOW), NOW).tokens == 2.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"capacity": math.nan}, "capacity must be a finite number"),
+        ({"refill_per_second": math.nan}, "refill_per_second must be a finite number"),
+        ({"refill_per_second": math.inf}, "refill_per_second must be a finite number"),
+        ({"retry_cost": math.nan}, "retry_cost must be a finite number"),
+        ({"success_credit": -math.inf}, "success_credit must be a finite number"),
+        ({"capacity": True}, "capacity must be a number"),
+        ({"retry_cost": "1"}, "retry_cost must be a number"),
+        ({"refill_per_second": 1e-9}, "refills one retry"),
+        ({"refill_per_second": 0.0, "success_credit": 0.0}, "never refills"),
+    ],
+)
+def test_budget_refuses_what_would_turn_it_off_or_stall_it(
+    settings: dict[str, object], said: str
+) -> None:
+    """NaN compared false everywhere, so a NaN refill let every retry through (the budget was
+    off without a word); a refill of 1e-9 per second deferred a retry for decades (the worker
+    never became idle). Both, and infinities and non-numbers, are refused by name."""
+    with pytest.raises(ConfigurationError, match=said):
+        RetryBudget(**settings)  # type: ignore[arg-type]
+    # The slowest refill allowed pays for one retry within a day.
+    RetryBudget(refill_per_second=1 / 86_400)

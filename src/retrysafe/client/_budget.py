@@ -9,6 +9,7 @@ destination that is already failing. Nothing is dropped and a deferral is not an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from retrysafe._exceptions import ConfigurationError
@@ -24,6 +25,10 @@ class BudgetState:
     updated_at: float
 
 
+#: The longest time (seconds) the refill alone may take to pay for one retry.
+SLOWEST_REFILL_S = 86_400.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryBudget:
     """Token-bucket settings, applied per destination (``scheme://host:port``).
@@ -37,7 +42,10 @@ class RetryBudget:
         success_credit: tokens a success puts back (default 1).
 
     Raises:
-        ConfigurationError: a negative value, or ``capacity < retry_cost``.
+        ConfigurationError: a value that is not a finite number >= 0 (NaN turned the budget
+            off: no comparison with it is true), ``capacity < retry_cost``, no refill at all,
+            or a refill so slow that one retry waits more than a day for it
+            (:data:`SLOWEST_REFILL_S`; 0 refills by successes only).
     """
 
     capacity: float = 100.0
@@ -47,8 +55,25 @@ class RetryBudget:
 
     def __post_init__(self) -> None:
         for name in ("capacity", "refill_per_second", "retry_cost", "success_credit"):
-            if getattr(self, name) < 0:
-                raise ConfigurationError(f"retry budget {name} must be >= 0", option=name)
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigurationError(
+                    f"retry budget {name} must be a number, not {value!r}", option=name
+                )
+            if not math.isfinite(value) or value < 0:
+                raise ConfigurationError(
+                    f"retry budget {name} must be a finite number >= 0, not {value!r}",
+                    option=name,
+                )
+        rate = self.refill_per_second
+        if rate > 0 and self.retry_cost / rate > SLOWEST_REFILL_S:
+            raise ConfigurationError(
+                f"retry budget refill_per_second {rate!r} refills one retry (retry_cost "
+                f"{self.retry_cost:g}) in {self.retry_cost / rate / 3600:.3g} hours, so a "
+                "deferred retry would wait that long; refill one within a day, or set 0 to "
+                "refill by successes only",
+                option="refill_per_second",
+            )
         if self.capacity < self.retry_cost:
             raise ConfigurationError(
                 "retry budget capacity must be >= retry_cost", option="capacity"
