@@ -408,6 +408,7 @@ _as_sent_cached = functools.lru_cache(maxsize=_SENT_CACHED)(_parse_as_sent)
 def _from_aiohttp(exc: aiohttp.ClientError) -> WireError:
     """aiohttp's errors, translated once (the order matters: subclasses first)."""
     import aiohttp
+    from aiohttp.http_exceptions import HttpProcessingError
 
     message = str(exc)
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -432,6 +433,14 @@ def _from_aiohttp(exc: aiohttp.ClientError) -> WireError:
         after = f" after the status line ({code})" if isinstance(code, int) else ""
         return WireError("RemoteProtocolError", f"server disconnected{after}", sent=True)
     if isinstance(exc, aiohttp.ClientPayloadError):
+        # aiohttp wraps the parser's error ("<ContentLengthError: 400, message='Not enough
+        # data…'>", a 400 of its own again): keep its words, not its repr.
+        causes = (*exc.args, exc.__cause__, exc.__context__)
+        inner = next((c for c in causes if isinstance(c, HttpProcessingError)), None)
+        if inner is not None and inner.message:
+            head = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+            head = head.split(": <", 1)[0] or "truncated answer"
+            message = f"{head}: {inner.message}"
         return WireError("ReadError", message or "truncated answer", sent=True)
     if isinstance(exc, aiohttp.ClientResponseError):
         # An answer that breaks HTTP's grammar: aiohttp words it as a 400 of its own ("400,

@@ -1512,12 +1512,18 @@ def bad_header(conn: Conn, request: Request) -> None:
     conn.close()
 
 
+def short_body_then_close(conn: Conn, request: Request) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+    conn.close()
+
+
 @pytest.mark.parametrize(
     ("handler", "expected"),
     [
         (gzip_500, "-byte answer body, content-encoding gzip"),
         (binary_500, "oops\ufffd\ufffd[31m\ufffd red\r\n\tdone"),
         (bad_header, "malformed answer: "),
+        (short_body_then_close, "not completed: Not enough data to satisfy content length"),
     ],
 )
 def test_last_error_is_text_a_person_can_read(
@@ -1525,7 +1531,8 @@ def test_last_error_is_text_a_person_can_read(
 ) -> None:
     """A compressed error body is described, not shown as binary; control characters of a
     body become U+FFFD (tab and newlines stay); an answer that breaks HTTP's grammar is
-    called malformed, not "400, message=…" (no 400 was ever answered)."""
+    called malformed, and a truncated one truncated, not "400, message=…" (no 400 was ever
+    answered)."""
     server = serve(handler)
     job = outbox.submit(server.url + "/", json={})
     run(outbox, policy(attempts=1))
