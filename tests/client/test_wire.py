@@ -1616,3 +1616,35 @@ def test_engine_drops_a_pooled_connection_that_received_an_answer_nobody_asked_f
     assert asyncio.run(go()) == [(200, b"{}"), (201, b'{"mine":1}')]
     assert server.paths() == ["/double", "/next"]
     assert server.connections == 2
+
+
+def test_reconcile_keeps_jobs_to_a_healthy_destination_flowing_past_a_hung_one(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Reconcile claims every UNKNOWN job first and sends them through ``concurrency`` slots.
+    Jobs to an endpoint that never answers used to take every slot, wave after wave, in
+    claim order, while the jobs to a recovered endpoint waited behind them all (40 hung jobs
+    ahead of 10 healthy ones: 10 s at timeout 2). Each destination now keeps within its
+    limit of attempts in flight, as in the worker, so the healthy jobs are sent once the
+    hung destination's first attempts have timed out — before most of its own jobs."""
+    up = {"now": False}
+
+    def recovering(conn: Conn, request: Request) -> None:
+        conn.answer(201 if up["now"] else 503, b"{}")
+
+    hung, healthy = serve(lambda conn, request: conn.hold()), serve(recovering)
+    hung_jobs = [outbox.submit(hung.url + f"/h{i}", json={}) for i in range(12)]
+    healthy_jobs = [outbox.submit(healthy.url + f"/ok{i}", json={}) for i in range(4)]
+    run(outbox, policy(attempts=1, timeout=0.3), concurrency=16)
+    assert {outbox.get(j.id).state for j in hung_jobs + healthy_jobs} == {JobState.UNKNOWN}
+
+    up["now"] = True
+    report = outbox.reconcile(concurrency=4, policy=policy(timeout=0.3))
+    assert (report.succeeded, report.unknown) == (4, 12)
+
+    def started(job: Job) -> float:
+        return outbox.attempts(job.id)[-1].started_at  # the reconcile attempt
+
+    # In claim order, every healthy job would start after the last hung one.
+    assert max(map(started, healthy_jobs)) < max(map(started, hung_jobs))
+    assert len(hung.requests) == 12 + 12  # each hung job sent once more, nothing else

@@ -276,6 +276,77 @@ class _StoreOutage:
 
 #: Seconds a cancelled worker waits for a claim already sent, to give its jobs back.
 _CLAIM_WAIT = 5.0
+
+
+def adapt_limit(limits: DestinationLimits, job: Job, result: SendResult, timeout: float) -> None:
+    """Adapt the limit of ``job``'s destination to how its attempt ended (its duration, and
+    whether it was congested: :func:`~retrysafe.client._limits.congested`, ``timeout`` in
+    seconds); log when the destination goes down to one attempt in flight or back up. The
+    worker's rule, and reconcile's."""
+    limits.took(job.destination, result.duration)
+    change = limits.answered(
+        job.destination,
+        congested=congested(result.error_type, result.status, result.duration, timeout),
+    )
+    if change == "down":
+        logger.warning(
+            "destination %s: attempts time out (or fail after half the timeout); one "
+            "attempt in flight to it until its attempts end in time",
+            shown_destination(job.destination),
+        )
+    elif change == "up":
+        logger.info(
+            "destination %s answers in time again: up to %d attempts in flight to it",
+            shown_destination(job.destination),
+            limits.cap,
+        )
+
+
+class _DestinationSlots:
+    """``concurrency`` slots shared by jobs that all wait at once (reconcile claims every job
+    first), each start also within its destination's limit (:class:`DestinationLimits`): a
+    slot that frees goes to the first waiting job whose destination may start one, so the
+    jobs to an endpoint that never answers hold at most their limit of the slots and the
+    others keep flowing (they waited behind it, one timeout after another, in claim order).
+    """
+
+    def __init__(self, concurrency: int, limits: DestinationLimits) -> None:
+        self.free = concurrency
+        self.limits = limits
+        self.waiting: list[tuple[str, asyncio.Future[None]]] = []
+
+    async def acquire(self, destination: str) -> None:
+        if self.free > 0 and not self.waiting and self.limits.start(destination):
+            self.free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append((destination, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # handed a slot, then cancelled
+                self.release(destination)
+            elif (destination, future) in self.waiting:
+                self.waiting.remove((destination, future))
+            raise
+
+    def release(self, destination: str) -> None:
+        self.limits.end(destination)
+        self.free += 1
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Give free slots to the first waiting jobs whose destinations may start."""
+        kept: list[tuple[str, asyncio.Future[None]]] = []
+        for destination, future in self.waiting:
+            if future.done():
+                continue
+            if self.free > 0 and self.limits.start(destination):
+                self.free -= 1
+                future.set_result(None)
+            else:
+                kept.append((destination, future))
+        self.waiting = kept
 #: With a backlog, a worker claims at once when at least this many slots are free (a quarter
 #: of its concurrency, at least 1), not once per finished job: one claim statement for 8 jobs
 #: costs SQLite about twice one for 1 job, not eight times (README, "What a claim costs"),
@@ -1076,27 +1147,8 @@ class Worker:
         )
 
     def _answered(self, job: Job, result: SendResult) -> None:
-        """Adapt the limit of ``job``'s destination to how its attempt ended
-        (:func:`~retrysafe.client._limits.congested`)."""
-        self._limits.took(job.destination, result.duration)
-        change = self._limits.answered(
-            job.destination,
-            congested=congested(
-                result.error_type, result.status, result.duration, self.policy.timeout_s
-            ),
-        )
-        if change == "down":
-            logger.warning(
-                "destination %s: attempts time out (or fail after half the timeout); one "
-                "attempt in flight to it until its attempts end in time",
-                shown_destination(job.destination),
-            )
-        elif change == "up":
-            logger.info(
-                "destination %s answers in time again: up to %d attempts in flight to it",
-                shown_destination(job.destination),
-                self._limits.cap,
-            )
+        """Adapt the limit of ``job``'s destination to how its attempt ended."""
+        adapt_limit(self._limits, job, result, self.policy.timeout_s)
 
     # ------------------------------------------------------------------ one job
     async def _process(self, client: Engine, job: Job) -> None:
@@ -1508,7 +1560,7 @@ async def areconcile(
             ),
             until=start + 3.0 * policy.timeout_s,
         )
-        sem = asyncio.Semaphore(concurrency)
+        slots = _DestinationSlots(concurrency, DestinationLimits(concurrency, concurrency))
         finals: list[Job] = []
         counts = dict.fromkeys(JobState, 0)
         client = make_engine(
@@ -1524,10 +1576,14 @@ async def areconcile(
             async def resend(held: _JobLease) -> None:
                 job, token = held.job, held.token
                 try:
-                    async with sem:
+                    await slots.acquire(job.destination)
+                    try:
                         result = await send_attempt(
                             client, job, timeout=policy.timeout_s, clock=clock, telemetry=tel
                         )
+                        adapt_limit(slots.limits, job, result, policy.timeout_s)
+                    finally:
+                        slots.release(job.destination)
                 except asyncio.CancelledError:
                     # Cancelled mid-attempt or still waiting for a slot (every job is claimed
                     # up front): either way the job goes back to UNKNOWN now, not IN_FLIGHT
