@@ -238,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s): {', '.join(unknown)}")
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (Debian: apt-get install -y valgrind)")
+    known = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", args.baseline + "^{commit}"],
+        capture_output=True,
+    )
+    if known.returncode != 0:
+        parser.error(f"--baseline {args.baseline!r} names no commit of this repository")
     with contextlib.ExitStack() as stack:
         if "engine" in cases:
             sys.path.insert(0, str(ROOT))  # run as a script
