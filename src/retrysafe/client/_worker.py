@@ -321,6 +321,8 @@ class _DestinationSlots:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.append((destination, future))
+        if self.free > 0:  # the jobs waiting before it may all be to full destinations
+            self._hand_on()
         try:
             await future
         except asyncio.CancelledError:
@@ -347,6 +349,8 @@ class _DestinationSlots:
             else:
                 kept.append((destination, future))
         self.waiting = kept
+
+
 #: With a backlog, a worker claims at once when at least this many slots are free (a quarter
 #: of its concurrency, at least 1), not once per finished job: one claim statement for 8 jobs
 #: costs SQLite about twice one for 1 job, not eight times (README, "What a claim costs"),
