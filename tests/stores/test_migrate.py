@@ -456,3 +456,34 @@ def test_a_version_2_sqlite_store_gets_its_attempts_rebuilt_and_keeps_them(
     conn.close()
     assert dict(left) == {ids[0]: 1, ids[2]: 1, later: 1}
     assert "nothing to do" in _migrate("--store", url)[1]
+
+
+def test_an_attempt_log_of_the_old_layout_behind_a_current_version_stops_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A SQLite store whose version says 3 but whose attempts table has the version-2 layout
+    (edited by hand, or used by a process that never opened the store: a Django project
+    before its migration 0002): the record fails, and the worker stops with a SchemaError
+    naming `retrysafe migrate` instead of sending the job again and again."""
+    import httpx
+
+    from retrysafe import Outbox
+
+    db = tmp_path / "m.db"
+    url = f"sqlite:///{db}"
+    with Outbox(url) as outbox:
+        job = outbox.submit("http://127.0.0.1:9/x", json={})
+    _to_version_2(db)
+    _set_version(["--store", url], SCHEMA_VERSION)
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    with Outbox(url) as outbox:
+        worker = outbox.worker(transport=httpx.MockTransport(answer), poll_interval=0.01)
+        with pytest.raises(SchemaError, match=r"older retrysafe schema.*retrysafe migrate"):
+            worker.run_until_idle()
+        assert len(sent) == 1
+        assert outbox.get(job.id).state.value == "pending"

@@ -96,6 +96,16 @@ def _translate(exc: sqlite3.Error, store: str) -> StoreError:
             "(run `retrysafe migrate --store URL`)",
             store=store,
         )
+    if isinstance(exc, sqlite3.OperationalError) and (
+        "no such column" in low or "has no column named" in low
+    ):
+        # A table of an earlier layout, used by a process that did not open the store
+        # itself (a Django project before its migration 0002, say).
+        return SchemaError(
+            f"SQLite store {store} has an older retrysafe schema: {msg} "
+            "(run `retrysafe migrate --store URL`)",
+            store=store,
+        )
     return StoreError(f"SQLite store {store} failed: {msg}", store=store)
 
 
