@@ -298,42 +298,47 @@ def test_a_destination_is_stored_bare_and_shown_with_ipv6_in_brackets() -> None:
 
 
 def test_reconcile_slots_go_to_the_first_job_whose_destination_may_start() -> None:
-    """Reconcile's slots (every claimed job waits at once): a job to a full destination waits
-    without holding back one to another destination, even when it arrived first; a freed
-    slot goes to the first waiting job that may start; a waiter cancelled after it was handed
-    a slot gives the slot back."""
+    """Reconcile's slots (every claimed job waits at once): a freed slot goes to the first
+    waiting job whose destination may start, ahead of earlier jobs to a full destination;
+    a slot never idles while a job waits (a full destination's job takes it when nothing
+    else can); a waiter cancelled after it was handed a slot gives the slot back."""
     from retrysafe.client._worker import _DestinationSlots
 
-    async def go() -> list[str]:
+    async def go() -> None:
         slots = _DestinationSlots(2, DestinationLimits(1, 2))  # one in flight per destination
         order: list[str] = []
+        done: dict[str, asyncio.Event] = {}
 
-        async def job(name: str, destination: str, hold: asyncio.Event) -> None:
+        async def job(name: str, destination: str) -> None:
+            done[name] = asyncio.Event()
             await slots.acquire(destination)
             order.append(name)
-            await hold.wait()
+            await done[name].wait()
             slots.release(destination)
 
-        a1_done, a2_done, b_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        tasks = [asyncio.create_task(job("a1", "a", a1_done))]
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(job("a2", "a", a2_done)))  # a is full: waits
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(job("b", "b", b_done)))  # a free slot: goes now
-        await asyncio.sleep(0.01)
-        assert order == ["a1", "b"]
-        a1_done.set()  # a2 may go now
-        await asyncio.sleep(0.01)
-        assert order == ["a1", "b", "a2"]
-        late = asyncio.create_task(job("c", "b", asyncio.Event()))  # b is full: waits
-        await asyncio.sleep(0)
-        b_done.set()
-        await asyncio.sleep(0)  # b's slot handed to c ...
+        async def step() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(job(n, d)) for n, d in (("a1", "a"), ("a2", "a"))]
+        await step()
+        assert order == ["a1", "a2"]  # nobody else waits: both slots used, limit or not
+        tasks += [asyncio.create_task(job(n, d)) for n, d in (("a3", "a"), ("b", "b"))]
+        await step()
+        done["a1"].set()
+        await step()
+        assert order == ["a1", "a2", "b"]  # b's destination may start, a's may not
+        done["a2"].set()
+        await step()
+        assert order == ["a1", "a2", "b", "a3"]
+        late = asyncio.create_task(job("c", "c"))
+        await step()
+        done["b"].set()
+        await asyncio.sleep(0)  # b's slot is handed to c ...
         late.cancel()  # ... which is cancelled before it runs: the slot comes back
         await asyncio.gather(late, return_exceptions=True)
-        a2_done.set()
+        done["a3"].set()
         await asyncio.gather(*tasks)
         assert (slots.free, slots.waiting) == (2, [])
-        return order
 
-    assert asyncio.run(go())[:3] == ["a1", "b", "a2"]
+    asyncio.run(go())

@@ -224,6 +224,7 @@ def test_budget_successes_refill() -> None:
         ({"retry_cost": "1"}, "retry_cost must be a number"),
         ({"refill_per_second": 1e-9}, "refills one retry"),
         ({"refill_per_second": 0.0, "success_credit": 0.0}, "never refills"),
+        ({"capacity": 10**400}, "capacity must be a finite number"),
     ],
 )
 def test_budget_refuses_what_would_turn_it_off_or_stall_it(

@@ -344,3 +344,48 @@ def test_a_job_that_keeps_failing_in_the_worker_is_parked_unknown(
     done = outbox.get(other.id)
     assert done.state is JobState.UNKNOWN and done.attempts == 3
     assert "parked" not in (done.last_error or "")
+    # Both counted UNKNOWN (what `worker --until-idle` exits 1 for).
+    assert worker.stats.unknown == 2
+
+
+def test_a_job_whose_attempt_hooks_cannot_be_made_is_parked_unknown(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """An ``AttemptHooksFactory.attempt`` that raises is a worker error like any other (it
+    left the job IN_FLIGHT, claimed again at every lease): released, then parked UNKNOWN."""
+    from retrysafe.client._worker import WORKER_ERRORS_MAX
+
+    class Broken:
+        def attempt(self, job: Any) -> Any:
+            raise RuntimeError("no hooks today")
+
+        async def aclose(self) -> None:
+            return None
+
+    script.plan("/x", *[Step(201)] * 5)
+    job = outbox.submit(base_url + "/x", json={})
+    worker = Worker(
+        outbox.store,
+        policy=RetryPolicy(wait_initial=0.01, wait_max=0.05),
+        attempt_hooks=Broken(),
+        poll_interval=0.01,
+    )
+
+    async def bounded() -> None:
+        await asyncio.wait_for(worker.serve(until_idle=True), timeout=30)
+
+    asyncio.run(bounded())
+    parked = outbox.get(job.id)
+    assert parked.state is JobState.UNKNOWN
+    assert parked.last_error is not None and "no hooks today" in parked.last_error
+    assert script.requests("/x") == []  # never sent: the hooks come first
+    assert worker.stats.unknown == 1 and WORKER_ERRORS_MAX == 3
+
+
+@pytest.mark.parametrize("budget", [{"capacity": 1}, 5, "x", RetryPolicy()])
+def test_a_budget_that_is_no_retry_budget_is_refused_up_front(outbox: Outbox, budget: Any) -> None:
+    """It was accepted, then every job failed inside the worker at its first retry."""
+    from retrysafe import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="budget must be a RetryBudget or None"):
+        outbox.worker(budget=budget)

@@ -297,3 +297,26 @@ def test_reading_commands_never_create_postgres_tables(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
         ).fetchone()
     assert row == (0,)
+
+
+@pytest.mark.parametrize(
+    ("what", "command"),
+    [
+        ("deliveries", "`retrysafe webhooks dlq replay --all`"),
+        ("jobs", "`retrysafe reconcile`"),
+    ],
+)
+def test_a_worker_left_with_unknown_names_the_command_that_sends_them_again(
+    capsys: pytest.CaptureFixture[str], what: str, command: str
+) -> None:
+    """UNKNOWN deliveries are sent again by a replay from the dead-letter queue (signed, on
+    their schedule): the webhook worker named `retrysafe reconcile`, which sends only
+    outbox jobs, and said "reconciled 0"."""
+    from retrysafe import WorkerStats
+    from retrysafe.cli._client import finish
+
+    with pytest.raises(SystemExit) as exit_:
+        finish(WorkerStats(unknown=2), None, until_idle=True, what=what)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert f"{what} left UNKNOWN: 2" in err and command in err

@@ -289,9 +289,16 @@ def finish(stats: WorkerStats, code: int | None, *, until_idle: bool, what: str)
         )
         raise SystemExit(code)
     if until_idle and stats.unknown:
+        # Deliveries are sent again with their hooks (signature, schedule) by a replay from
+        # the dead-letter queue; the outbox's reconcile would send them unsigned.
+        again = (
+            "`retrysafe webhooks dlq replay --all` sends them again with the same webhook-id"
+            if what == "deliveries"
+            else "`retrysafe reconcile` re-sends them with the same key"
+        )
         fail(
             f"{what} left UNKNOWN: {stats.unknown} (their effect may or may not have "
-            "happened; `retrysafe reconcile` re-sends them with the same key)",
+            f"happened; {again})",
             EXIT_FAILED,
         )
 

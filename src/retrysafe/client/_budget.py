@@ -10,6 +10,7 @@ destination that is already failing. Nothing is dropped and a deferral is not an
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from retrysafe._exceptions import ConfigurationError
@@ -56,13 +57,17 @@ class RetryBudget:
     def __post_init__(self) -> None:
         for name in ("capacity", "refill_per_second", "retry_cost", "success_credit"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ConfigurationError(
-                    f"retry budget {name} must be a number, not {value!r}", option=name
+                    f"retry budget {name} must be a number, not {value!r:.40}", option=name
                 )
-            if not math.isfinite(value) or value < 0:
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an int beyond any float
+                finite = False
+            if not finite or value < 0:
                 raise ConfigurationError(
-                    f"retry budget {name} must be a finite number >= 0, not {value!r}",
+                    f"retry budget {name} must be a finite number >= 0, not {value!r:.40}",
                     option=name,
                 )
         rate = self.refill_per_second

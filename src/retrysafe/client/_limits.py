@@ -160,10 +160,11 @@ class DestinationLimits:
             out |= self._throttled
         return sorted(out)
 
-    def start(self, destination: str) -> bool:
+    def start(self, destination: str, *, force: bool = False) -> bool:
         """Take a slot for an attempt to ``destination``; False (nothing taken) when it may
-        start none now (give the job back unstarted)."""
-        if self.allowance(destination) <= 0:
+        start none now (give the job back unstarted). ``force``: take it whatever the limit
+        (a caller that would otherwise leave a slot idle: reconcile)."""
+        if not force and self.allowance(destination) <= 0:
             return False
         self._in_flight[destination] = self._in_flight.get(destination, 0) + 1
         return True

@@ -304,10 +304,12 @@ def adapt_limit(limits: DestinationLimits, job: Job, result: SendResult, timeout
 
 class _DestinationSlots:
     """``concurrency`` slots shared by jobs that all wait at once (reconcile claims every job
-    first), each start also within its destination's limit (:class:`DestinationLimits`): a
-    slot that frees goes to the first waiting job whose destination may start one, so the
-    jobs to an endpoint that never answers hold at most their limit of the slots and the
-    others keep flowing (they waited behind it, one timeout after another, in claim order).
+    first), given out by their destinations' limits (:class:`DestinationLimits`): a slot
+    that frees goes to the first waiting job whose destination may start one, so the jobs to
+    an endpoint that never answers do not hold back the others (they waited behind it, one
+    timeout after another, in claim order). Only when no waiting job's destination may
+    start does a free slot go to the first waiting job anyway: a slot never idles while a
+    job waits (a reconcile of jobs all to one hung endpoint takes as long as it used to).
     """
 
     def __init__(self, concurrency: int, limits: DestinationLimits) -> None:
@@ -316,7 +318,8 @@ class _DestinationSlots:
         self.waiting: list[tuple[str, asyncio.Future[None]]] = []
 
     async def acquire(self, destination: str) -> None:
-        if self.free > 0 and not self.waiting and self.limits.start(destination):
+        if self.free > 0 and not self.waiting:
+            self.limits.start(destination, force=True)
             self.free -= 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -338,17 +341,21 @@ class _DestinationSlots:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """Give free slots to the first waiting jobs whose destinations may start."""
-        kept: list[tuple[str, asyncio.Future[None]]] = []
-        for destination, future in self.waiting:
-            if future.done():
-                continue
-            if self.free > 0 and self.limits.start(destination):
-                self.free -= 1
-                future.set_result(None)
-            else:
-                kept.append((destination, future))
-        self.waiting = kept
+        """Give free slots to the first waiting jobs whose destinations may start, then any
+        slot still free to the first waiting jobs."""
+        for force in (False, True):
+            kept: list[tuple[str, asyncio.Future[None]]] = []
+            for destination, future in self.waiting:
+                if future.done():
+                    continue
+                if self.free > 0 and self.limits.start(destination, force=force):
+                    self.free -= 1
+                    future.set_result(None)
+                else:
+                    kept.append((destination, future))
+            self.waiting = kept
+            if not self.free or not kept:
+                return
 
 
 #: With a backlog, a worker claims at once when at least this many slots are free (a quarter
@@ -633,6 +640,8 @@ class Worker:
             else seconds(store_outage_limit, "store_outage_limit")
         )
         self.policy = policy_or_default(policy, RetryPolicy)
+        if budget is not None:  # None: no budget; a dict or a number failed at the first retry
+            budget = policy_or_default(budget, RetryBudget, "budget")
         self.concurrency = count(concurrency, "concurrency")
         self.max_per_destination = min(
             self.concurrency,
@@ -1183,8 +1192,10 @@ class Worker:
 
     async def _attempt(self, client: Engine, lease: _JobLease) -> None:
         job, token = lease.job, lease.token
-        hooks = None if self._attempt_hooks is None else self._attempt_hooks.attempt(job)
+        hooks: AttemptHooks | None = None
         try:
+            if self._attempt_hooks is not None:  # inside: a hook that fails is a worker error
+                hooks = self._attempt_hooks.attempt(job)
             now = self._clock()
             if deadline_passed(job.deadline_at, now):
                 await self._give_back(
@@ -1295,16 +1306,27 @@ class Worker:
             else:
                 logger.exception("job=%s failed in the worker: %r", job.id, exc)
                 state, delay = self._after_worker_error(job)
+            released = False
             with contextlib.suppress(Exception):
                 now = self._clock()
                 parked = "; parked UNKNOWN" if state is JobState.UNKNOWN else ""
-                await self._astore.release_job(
+                released = await self._astore.release_job(
                     job.id,
                     token,
                     state=state,
                     due_at=now + delay,
                     error=f"worker error: {exc!r}{parked}",
                     now=now,
+                )
+            if not released:  # no longer ours (recorded before the error, or taken over)
+                self._worker_errors.pop(job.id, None)
+            elif state is JobState.UNKNOWN:
+                self.stats.unknown += 1
+                logger.error(
+                    "job=%s failed in the worker %d times in a row: parked UNKNOWN (reconcile "
+                    "it with the same key once the cause is fixed)",
+                    job.id,
+                    WORKER_ERRORS_MAX,
                 )
 
     def _after_worker_error(self, job: Job) -> tuple[JobState, float]:
@@ -1315,12 +1337,6 @@ class Worker:
         errors = self._worker_errors
         count = errors.pop(job.id, 0) + 1
         if count >= WORKER_ERRORS_MAX:
-            logger.error(
-                "job=%s failed in the worker %d times in a row: parked UNKNOWN (reconcile it "
-                "with the same key once the cause is fixed)",
-                job.id,
-                count,
-            )
             return JobState.UNKNOWN, 0.0
         if len(errors) >= _WORKER_ERRORS_KEPT:
             del errors[next(iter(errors))]
