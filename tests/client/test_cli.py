@@ -596,3 +596,39 @@ def test_data_from_a_closed_stdin_or_a_bare_at_sign_is_one_clear_line(
     assert code == 2 and "--data: the argument is not JSON" in err, err
     code, out, _ = _run("jobs", "list", "--store", store, "--json")
     assert json.loads(out)["jobs"] == []
+
+
+def test_sigterm_on_reconcile_gives_its_jobs_back_as_unknown_and_exits_143(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """SIGTERM mid-reconcile (what `timeout`, systemd and Kubernetes send): every job it had
+    claimed is UNKNOWN again, so the next reconcile sees it, and the exit code is 143. The
+    default action killed the process and left them IN_FLIGHT until their leases ended."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/down", Step(503))
+    script.plan("/hang", Step(200, sleep=10.0))
+    with Outbox(store, policy=RetryPolicy(attempts=1, wait_initial=0.01)) as outbox:
+        job = outbox.submit(base_url + "/down", json={})
+        outbox.worker(poll_interval=0.01).run_until_idle()
+        assert outbox.get(job.id).state is JobState.UNKNOWN
+    # The reconcile attempt goes to the same URL, which now hangs.
+    script.plan("/down", Step(200, sleep=10.0))
+    script.started.clear()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "reconcile", "--store", store, "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert script.started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in err
+    with Outbox(store) as outbox:
+        final = outbox.get(job.id)
+    assert final.state is JobState.UNKNOWN and final.key == job.key

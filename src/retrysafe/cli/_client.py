@@ -44,7 +44,15 @@ from retrysafe.cli._common import (
     serving_metrics,
     store_option,
 )
-from retrysafe.client import DEAD_LETTER_STATES, Attempt, Job, JobState, Outbox, RetryPolicy
+from retrysafe.client import (
+    DEAD_LETTER_STATES,
+    Attempt,
+    Job,
+    JobState,
+    Outbox,
+    ReconcileReport,
+    RetryPolicy,
+)
 from retrysafe.client._jobs import shown_url
 from retrysafe.client._policy import Step
 from retrysafe.client._worker import DEFAULT_LEASE, Worker, WorkerStats
@@ -599,6 +607,49 @@ def jobs_cancel(store: str, job_id: str, as_json: bool) -> None:
 
 
 # ---------------------------------------------------------------------- reconcile
+def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
+    """``outbox``'s reconcile; SIGTERM (``timeout``, systemd, Kubernetes) stops it as Ctrl-C
+    does, on the event loop: every claimed job goes back to UNKNOWN, then exit 143 (the
+    default action killed the process and left them IN_FLIGHT until their leases ended,
+    unseen by the next reconcile)."""
+    from retrysafe.client import areconcile
+
+    terminated = False
+
+    async def main() -> ReconcileReport:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            if task is not None:
+                task.cancel()
+
+        installed = False
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+            installed = True
+        try:
+            options.setdefault("policy", outbox.policy)
+            options.setdefault("queue", outbox.queue)
+            options.setdefault("telemetry", outbox.telemetry)
+            return await areconcile(outbox.store, **options)
+        finally:
+            if installed:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+    click.echo(
+        "retrysafe: stopped by SIGTERM: every job it had claimed is UNKNOWN again", err=True
+    )
+    raise SystemExit(EXIT_SIGTERM)
+
+
 @click.command("reconcile", epilog=epilog("(jobs are still UNKNOWN after it);"))
 @store_option(schemes=SQL_STORES, with_schema=True)
 @click.option(
@@ -628,7 +679,7 @@ def reconcile_command(
     policy = _policy(1, timeout, 1.0, 30.0)
     with _outbox(store, policy) as outbox:
         ids = [outbox.resolve(j) for j in job_ids] or None
-        report = outbox.reconcile(ids=ids, limit=limit, concurrency=concurrency)
+        report = _reconcile_until_signal(outbox, ids=ids, limit=limit, concurrency=concurrency)
     if as_json:
         _emit({**report.to_dict(), "jobs": [_job_dict(j) for j in report.jobs]})
     else:
