@@ -236,6 +236,23 @@ def outage_bound(until_idle: bool) -> dict[str, Any]:
     return {}
 
 
+@contextlib.contextmanager
+def _on_sigterm(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` on the running event loop when SIGTERM arrives while inside (no
+    exception raised from a signal handler); where the loop takes no signal handlers (not
+    the main thread, Windows), SIGTERM keeps its default action."""
+    loop = asyncio.get_running_loop()
+    installed = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGTERM, callback)
+        installed = True
+    try:
+        yield
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
     """Run ``w`` in this thread until idle (``until_idle``) or stopped.
 
@@ -250,22 +267,13 @@ def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
     terminated = False
 
     async def main() -> WorkerStats:
-        loop = asyncio.get_running_loop()
-
         def on_sigterm() -> None:
             nonlocal terminated
             terminated = True
             w.stop()
 
-        installed = False
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-            installed = True
-        try:
+        with _on_sigterm(on_sigterm):
             return await w.serve(until_idle=until_idle)
-        finally:
-            if installed:
-                loop.remove_signal_handler(signal.SIGTERM)
 
     try:
         stats = asyncio.run(main())
@@ -617,7 +625,6 @@ def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
     terminated = False
 
     async def main() -> ReconcileReport:
-        loop = asyncio.get_running_loop()
         task = asyncio.current_task()
 
         def on_sigterm() -> None:
@@ -626,18 +633,11 @@ def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
             if task is not None:
                 task.cancel()
 
-        installed = False
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-            installed = True
-        try:
-            options.setdefault("policy", outbox.policy)
-            options.setdefault("queue", outbox.queue)
-            options.setdefault("telemetry", outbox.telemetry)
+        options.setdefault("policy", outbox.policy)
+        options.setdefault("queue", outbox.queue)
+        options.setdefault("telemetry", outbox.telemetry)
+        with _on_sigterm(on_sigterm):
             return await areconcile(outbox.store, **options)
-        finally:
-            if installed:
-                loop.remove_signal_handler(signal.SIGTERM)
 
     try:
         return asyncio.run(main())
