@@ -804,17 +804,19 @@ def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
         outbox.submit(quick.url + f"/{i}", json={"i": i})
     run(outbox, policy(attempts=1, timeout=5.0), concurrency=16)
     assert len(slow.requests) == 32 and len(quick_seen) == 300
-    last_quick = max(quick_seen)
-    later = [n for t, n, number in slow_starts if number >= 16 and t < last_quick]
+    # Slots are work-conserving: once every quick job left is claimed or in flight, the slow
+    # destination may take the slots left over. So only the slow starts after which more
+    # than 32 quick requests were still to come count (at most 16 jobs are in flight and 16
+    # more claimed: some quick job was due and unclaimed then). Counting every slow start
+    # before the last quick request made the test fail now and then on a loaded host (9 or
+    # 10 of 16 at the quick backlog's tail, before this release too).
+    later = [
+        n
+        for t, n, number in slow_starts
+        if number >= 16 and sum(q > t for q in quick_seen) > 32
+    ]
     assert later, "no slow attempt started while quick jobs were due"
-    # Slots are work-conserving: when a claim finds no quick job due at that instant (a
-    # loaded host delays the quick jobs' claims and records), a slow job may take a slot
-    # left over, so one start now and then overshoots the half by a slot or two (seen: 9 of
-    # 16 in one run in ten with both cores busy, before this release too). The bug this
-    # pins down gave the slow destination nearly every slot (61-64 of 64) at every start.
-    typical = sorted(later)[(len(later) * 4) // 5]
-    assert typical <= 8, f"slow attempts typically held {typical} of 16 slots: {later}"
-    assert max(later) <= 12, f"slow attempts held {max(later)} of 16 slots: {later}"
+    assert max(later) <= 8, f"slow attempts held {max(later)} of 16 slots while quick jobs waited"
 
 
 def test_at_concurrency_one_jobs_go_first_come_first_served_slow_or_not(
