@@ -222,3 +222,13 @@ def sql_store_url(request: pytest.FixtureRequest, sqlite_path: Path) -> str:
         return f"sqlite:///{sqlite_path}"
     url: str = request.getfixturevalue("pg_database_url")
     return url
+
+
+def run_bounded(worker: Any, seconds: float = 30.0) -> None:
+    """Run ``worker`` until idle, failing after ``seconds`` instead of hanging (for bugs that
+    would send a job forever)."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(worker.serve(until_idle=True), timeout=seconds)
+
+    asyncio.run(bounded())

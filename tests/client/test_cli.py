@@ -25,6 +25,27 @@ def _run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _signal_mid_attempt(
+    script: Script, args: list[str], sig: signal.Signals
+) -> tuple[int, str, str]:
+    """Run ``retrysafe ARGS`` in a child process, send it ``sig`` once the endpoint has
+    received a request, and return its exit code, stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert script.started.wait(30)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err
+
+
 def _migrate(store: str) -> None:
     """Create the store, as docs/cli.md says to before the first command."""
     code, _, err = _run("migrate", "--store", store)
@@ -248,20 +269,10 @@ def test_ctrl_c_on_worker_releases_its_job_and_exits_130(
     script.plan("/hang", Step(200, sleep=10.0))
     with Outbox(store) as outbox:
         job = outbox.submit(base_url + "/hang", json={})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, _, err = _signal_mid_attempt(
+        script, ["worker", "--store", store, "--json"], signal.SIGINT
     )
-    try:
-        assert script.started.wait(30)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
+    assert code == 130, err
     with Outbox(store) as outbox:
         final = outbox.get(job.id)
     assert final.state is JobState.PENDING and final.key == job.key and final.attempts == 0
@@ -445,20 +456,10 @@ def test_sigterm_lets_the_worker_finish_its_attempt_and_exit_143(
     script.plan("/slow", Step(201, sleep=1.0))
     with Outbox(store) as outbox:
         job = outbox.submit(base_url + "/slow", json={})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, out, err = _signal_mid_attempt(
+        script, ["worker", "--store", store, "--json"], signal.SIGTERM
     )
-    try:
-        assert script.started.wait(30)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
+    assert code == 143, err
     assert json.loads(out.splitlines()[-1])["succeeded"] == 1
     assert "retrysafe: stopped by SIGTERM" in err
     with Outbox(store) as outbox:
@@ -614,20 +615,10 @@ def test_sigterm_on_reconcile_gives_its_jobs_back_as_unknown_and_exits_143(
     # The reconcile attempt goes to the same URL, which now hangs.
     script.plan("/down", Step(200, sleep=10.0))
     script.started.clear()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrysafe", "reconcile", "--store", store, "--timeout", "30"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, _, err = _signal_mid_attempt(
+        script, ["reconcile", "--store", store, "--timeout", "30"], signal.SIGTERM
     )
-    try:
-        assert script.started.wait(30)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
+    assert code == 143, err
     assert "stopped by SIGTERM" in err
     with Outbox(store) as outbox:
         final = outbox.get(job.id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -11,7 +10,7 @@ from retrysafe import JobState, Outbox, RetryPolicy
 from retrysafe._serving import free_port
 from retrysafe.core import KEY_REUSED_PROBLEM
 
-from .conftest import Script, Step
+from .conftest import Script, Step, run_bounded
 
 
 def _deliver(outbox: Outbox, url: str, **policy: object) -> tuple[JobState, list[str], set[str]]:
@@ -151,10 +150,7 @@ def test_an_error_body_nested_past_the_stack_is_classified_by_its_status(
     job = outbox.submit(base_url + path, json={})
     worker = outbox.worker(policy=RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.02))
 
-    async def bounded() -> None:  # the bug this pins down sent the job forever
-        await asyncio.wait_for(worker.serve(until_idle=True), timeout=30)
-
-    asyncio.run(bounded())
+    run_bounded(worker)  # the bug this pins down sent the job forever
     final = outbox.get(job.id)
     attempts = outbox.attempts(job.id)
     assert final.state is state

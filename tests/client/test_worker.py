@@ -16,7 +16,7 @@ from retrysafe import AsyncOutbox, JobState, Outbox, RetryBudget, RetryPolicy, W
 from retrysafe.client import outbox_store
 from retrysafe.client._worker import GRACE_MARGIN
 
-from .conftest import FAST, OutboxDatabase, Script, Step
+from .conftest import FAST, OutboxDatabase, Script, Step, run_bounded
 
 
 @pytest.fixture
@@ -331,10 +331,7 @@ def test_a_job_that_keeps_failing_in_the_worker_is_parked_unknown(
     policy = RetryPolicy(attempts=3, wait_initial=0.01, wait_max=0.05)
     worker = outbox.worker(policy=policy)
 
-    async def bounded() -> None:
-        await asyncio.wait_for(worker.serve(until_idle=True), timeout=30)
-
-    asyncio.run(bounded())
+    run_bounded(worker)  # the bug this pins down sent the job forever
     parked = outbox.get(bad.id)
     assert parked.state is JobState.UNKNOWN
     assert parked.last_error is not None and "parked UNKNOWN" in parked.last_error
@@ -371,10 +368,7 @@ def test_a_job_whose_attempt_hooks_cannot_be_made_is_parked_unknown(
         poll_interval=0.01,
     )
 
-    async def bounded() -> None:
-        await asyncio.wait_for(worker.serve(until_idle=True), timeout=30)
-
-    asyncio.run(bounded())
+    run_bounded(worker)  # the bug this pins down sent the job forever
     parked = outbox.get(job.id)
     assert parked.state is JobState.UNKNOWN
     assert parked.last_error is not None and "no hooks today" in parked.last_error
