@@ -213,6 +213,16 @@ def per_operation(src: Path, case: str) -> float:
     return (large - small) / (4 * n)
 
 
+def check_revision(parser: argparse.ArgumentParser, revision: str) -> None:
+    """A usage error (exit 2) unless ``revision`` names a commit of this repository."""
+    known = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", revision + "^{commit}"],
+        capture_output=True,
+    )
+    if known.returncode != 0:
+        parser.error(f"--baseline {revision!r} names no commit of this repository")
+
+
 def _baseline_tree(revision: str, into: Path) -> Path:
     """``git archive`` of ``revision``'s ``src`` into ``into``; returns that ``src``."""
     archive = into / "baseline.tar"
@@ -238,12 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s): {', '.join(unknown)}")
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (Debian: apt-get install -y valgrind)")
-    known = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", args.baseline + "^{commit}"],
-        capture_output=True,
-    )
-    if known.returncode != 0:
-        parser.error(f"--baseline {args.baseline!r} names no commit of this repository")
+    check_revision(parser, args.baseline)
     with contextlib.ExitStack() as stack:
         if "engine" in cases:
             sys.path.insert(0, str(ROOT))  # run as a script

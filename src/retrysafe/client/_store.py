@@ -681,6 +681,7 @@ class AsyncSQLOutboxStore(OnAsyncConnector):
     finish_attempts = async_op(finish_attempts)
     release_job = async_op(release_job)
     extend_job_lease = async_op(extend_job_lease)
+    transition_job = async_op(transition_job)
     get_job = async_op(get_job, skippable=True)
     count_jobs = async_op(count_jobs, skippable=True)
     next_due = async_op(next_due, skippable=True)
