@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrysafe._exceptions import (
     ConfigurationError,
+    DamagedJobError,
     InvalidKeyError,
     JobError,
     JobNotFoundError,
@@ -60,6 +61,7 @@ __all__ = [
     "CallIdReusedError",
     "ChaosProxy",
     "ConfigurationError",
+    "DamagedJobError",
     "EffectLedger",
     "IdempotencyConfig",
     "IdempotencyMiddleware",

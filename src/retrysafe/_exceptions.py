@@ -10,6 +10,7 @@ structured attributes instead of information buried in the message::
     ├── InvalidKeyError             an idempotency key that is empty, too long or not visible ASCII
     ├── StoreError                  the store failed; the driver's error is the ``__cause__``
     │   ├── StoreUnavailableError   the store cannot be reached or is locked/read-only
+    │   ├── DamagedJobError         a job's stored row holds values retrysafe never writes
     │   └── SchemaError             the store's schema is missing or from another version
     ├── JobError                    an outbox job cannot be submitted or changed
     │   └── JobNotFoundError        no job with that id
@@ -89,6 +90,21 @@ class StoreUnavailableError(StoreError):
 
     Middleware answers ``503 store-unavailable`` with ``Retry-After`` (fail closed, SPEC §3).
     """
+
+
+class DamagedJobError(StoreError):
+    """A job's stored row cannot be read: a value in it is not one retrysafe writes (headers
+    that are no JSON array of ``[name, value]`` pairs, a state or time of another type), so
+    something other than retrysafe wrote or changed it. A worker that claims such a job never
+    sends it: it parks it UNKNOWN, with the reason in ``last_error``.
+
+    Attributes:
+        job_id: the job's id.
+    """
+
+    def __init__(self, message: str, *, job_id: str, store: str = "") -> None:
+        super().__init__(message, store=store)
+        self.job_id = job_id
 
 
 class SchemaError(StoreError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from retrysafe import JobState
+from retrysafe import DamagedJobError, JobState
 from retrysafe.client import AsyncOutboxStore, Attempt, NewJob, OutboxStore, outbox_store
 from retrysafe.client._models import Finish
 
@@ -639,3 +639,31 @@ def test_a_batch_naming_one_job_twice_is_refused_and_writes_nothing(
     with pytest.raises(ValueError, match="same job twice"):
         outbox_store.finish_attempts([finish, finish])
     assert outbox_store.list_attempts(job_id) == []
+
+
+def test_a_claimed_job_whose_row_cannot_be_read_is_parked_unknown_and_the_others_go(
+    outbox_store: OutboxStore,
+) -> None:
+    """A row something else wrote or changed (headers that are no JSON array) stopped every
+    worker that claimed it: the claim raised, and the next claim met the same row once its
+    lease ended. The claim now returns the others and parks it UNKNOWN without an attempt,
+    the reason in last_error; reads of it raise DamagedJobError naming it."""
+    good, bad = _insert(outbox_store, 2)
+    with outbox_store.transaction() as conn:  # type: ignore[attr-defined]
+        conn.execute(f"UPDATE outbox_jobs SET headers = '{{not json' WHERE id = '{bad}'")
+    claimed = outbox_store.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
+    assert [j.id for j in claimed] == [good]
+    with outbox_store.transaction() as conn:  # type: ignore[attr-defined]
+        state, token, attempts, error = conn.execute(
+            "SELECT state, lease_token, attempts, last_error FROM outbox_jobs "
+            f"WHERE id = '{bad}'"
+        ).fetchone()
+    assert (state, token, attempts) == ("unknown", None, 0)
+    assert "headers (not a JSON array" in error and bad in error
+    with pytest.raises(DamagedJobError, match="headers") as info:
+        outbox_store.get_job(bad)
+    assert info.value.job_id == bad
+    # Reconcile's claim of UNKNOWN jobs parks it the same way, and never returns it.
+    assert outbox_store.claim_unknown_jobs(
+        queue="default", token="r", now=T0 + 2, lease=5, limit=10, ids=None
+    ) == []

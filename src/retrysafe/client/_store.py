@@ -27,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from retrysafe._exceptions import ConfigurationError, StoreError
+from retrysafe._exceptions import ConfigurationError, DamagedJobError, StoreError
 from retrysafe.client._models import Attempt, Finish, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count as positive
 from retrysafe.core import RACE_LIMIT
@@ -80,6 +81,8 @@ __all__ = [
     "states_param",
     "transition_job",
 ]
+
+logger = logging.getLogger("retrysafe.client")
 
 if TYPE_CHECKING:
     from retrysafe.stores import PostgresStore, SQLiteStore
@@ -138,7 +141,61 @@ _headers_of = functools.lru_cache(maxsize=256)(_parse)
 
 
 def job_from_row(row: Sequence[Any]) -> Job:
-    """A :class:`Job` from a row of the job columns (the order the statements return them)."""
+    """A :class:`Job` from a row of the job columns (the order the statements return them).
+
+    Raises:
+        DamagedJobError: a value of the row is not one retrysafe writes (something else wrote
+            or changed the row): the message names the job and the column.
+    """
+    try:
+        return _job_from_row(row)
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise DamagedJobError(_damage(row, exc), job_id=str(row[0])) from exc
+
+
+def _damage(row: Sequence[Any], exc: BaseException) -> str:
+    """Why ``row`` cannot be read, for :class:`DamagedJobError` and the parked job's
+    ``last_error``."""
+    where = "a value"
+    try:
+        _parse(row[JOB_COLUMNS.index("headers")])
+    except (ValueError, TypeError, RecursionError):
+        where = "its headers (not a JSON array of [name, value] pairs)"
+    detail = f"{type(exc).__name__}: {exc}"[:200]
+    return (
+        f"job {row[0]}: the stored row cannot be read, {where}: {detail}. Something other "
+        "than retrysafe wrote or changed it. A worker that claims it parks it UNKNOWN "
+        "without sending it; correct the row in the database, or delete it (`retrysafe dlq "
+        "purge --state unknown` deletes the UNKNOWN jobs)"
+    )
+
+
+def _readable(rows: Sequence[Sequence[Any]]) -> tuple[list[Job], list[tuple[str, str]]]:
+    """The jobs of ``rows`` that can be read, and (id, why) of each damaged one."""
+    jobs: list[Job] = []
+    damaged: list[tuple[str, str]] = []
+    for row in rows:
+        try:
+            jobs.append(job_from_row(row))
+        except DamagedJobError as exc:
+            damaged.append((exc.job_id, str(exc)))
+    return jobs, damaged
+
+
+def _park_damaged(
+    clock: Clock, damaged: list[tuple[str, str]], token: str, now: float
+) -> Op[None]:
+    """End the new lease of each damaged job (a claim's): UNKNOWN, never sent by it, the
+    reason in ``last_error``. A worker that failed on such a row stopped, and a new one
+    claimed the same row again once the lease ended."""
+    for job_id, why in damaged:
+        logger.error("job=%s parked UNKNOWN without an attempt: %s", job_id, why)
+        yield from release_job(
+            clock, job_id, token, state=JobState.UNKNOWN, due_at=now, error=why, now=now
+        )
+
+
+def _job_from_row(row: Sequence[Any]) -> Job:
     (
         id_,
         key,
@@ -305,7 +362,10 @@ def claim_jobs(
         "only": only_destination,
     }
     rows = yield all_rows(_SQL["claim_jobs"], params)
-    return sorted((job_from_row(r) for r in rows), key=_oldest_first)
+    jobs, damaged = _readable(rows)
+    if damaged:
+        yield from _park_damaged(clock, damaged, token, now)
+    return sorted(jobs, key=_oldest_first)
 
 
 def _oldest_first(job: Job) -> tuple[float, str]:
@@ -333,7 +393,10 @@ def claim_unknown_jobs(
         "ids": None if ids is None else json.dumps(list(ids)),
     }
     rows = yield all_rows(_SQL["claim_unknown_jobs"], params)
-    return [job_from_row(r) for r in rows]
+    jobs, damaged = _readable(rows)
+    if damaged:
+        yield from _park_damaged(clock, damaged, token, now)
+    return jobs
 
 
 def finish_attempt(

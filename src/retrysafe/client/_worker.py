@@ -226,7 +226,7 @@ class _Budgets:
         deferred retry came due within ``2 * wait`` (a tenth of a second by default): while
         a destination stayed down, the worker claimed and deferred each of them again each
         time one token refilled, 136,483 deferrals for 194 retries in 10 s with 2,000 jobs
-        to a failing destination (README, "Retry budget").
+        to a failing destination (README, "Retry budget deferrals").
         """
         start = now + wait
         slot = self._slot.get(destination, start)
