@@ -461,20 +461,17 @@ def test_a_version_2_sqlite_store_gets_its_attempts_rebuilt_and_keeps_them(
 def test_an_attempt_log_of_the_old_layout_behind_a_current_version_stops_the_worker(
     tmp_path: Path,
 ) -> None:
-    """A SQLite store whose version says 3 but whose attempts table has the version-2 layout
-    (edited by hand, or used by a process that never opened the store: a Django project
-    before its migration 0002): the record fails, and the worker stops with a SchemaError
-    naming `retrysafe migrate` instead of sending the job again and again."""
+    """A SQLite store whose attempts table takes the version-2 layout while a worker runs on
+    it (the version says 3: edited by hand, or a process that never opened the store, such
+    as a Django project before its migration 0002): the record fails, and the worker stops
+    with a SchemaError naming `retrysafe migrate` instead of sending the job again and again.
+    (Opening the store again repairs it: see the next test.)"""
     import httpx
 
     from retrysafe import Outbox
 
     db = tmp_path / "m.db"
     url = f"sqlite:///{db}"
-    with Outbox(url) as outbox:
-        job = outbox.submit("http://127.0.0.1:9/x", json={})
-    _to_version_2(db)
-    _set_version(["--store", url], SCHEMA_VERSION)
     sent: list[httpx.Request] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -482,8 +479,77 @@ def test_an_attempt_log_of_the_old_layout_behind_a_current_version_stops_the_wor
         return httpx.Response(201)
 
     with Outbox(url) as outbox:
+        job = outbox.submit("http://127.0.0.1:9/x", json={})
+        _to_version_2(db)
+        _set_version(["--store", url], SCHEMA_VERSION)
         worker = outbox.worker(transport=httpx.MockTransport(answer), poll_interval=0.01)
         with pytest.raises(SchemaError, match=r"older retrysafe schema.*retrysafe migrate"):
             worker.run_until_idle()
         assert len(sent) == 1
         assert outbox.get(job.id).state.value == "pending"
+
+
+def test_migrate_repairs_a_current_version_whose_layout_was_damaged(tmp_path: Path) -> None:
+    """A store at the current version without its attempts trigger and an index (dropped by
+    hand), and with its attempts table in the version-2 layout: the version alone said
+    current, so `retrysafe migrate` did nothing while the worker said to run it, and a
+    purged job's attempts stayed behind. Now migrate re-creates what is missing, keeps the
+    attempts, and a second run has nothing to do; opening the store with create=False names
+    what is missing."""
+    from retrysafe import Outbox
+    from retrysafe.stores import SQLiteStore
+
+    db = tmp_path / "d.db"
+    url = f"sqlite:///{db}"
+    with Outbox(url) as outbox:
+        job = outbox.submit("http://127.0.0.1:9/x", json={})
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(
+            "INSERT INTO outbox_attempts (job_created_at, job_id, number, idempotency_key, "
+            "started_at, duration, outcome) SELECT created_at, id, 1, idempotency_key, "
+            "created_at, 0.1, 'server_error' FROM outbox_jobs"
+        )
+    conn.close()
+    _to_version_2(db)
+    _set_version(["--store", url], SCHEMA_VERSION)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("DROP INDEX outbox_jobs_due")
+    conn.close()
+    with pytest.raises(SchemaError, match=r"version 3 without outbox_jobs_due, .*job_created_at"):
+        SQLiteStore(db, create=False)
+    code, out, err = _migrate("--store", url)
+    assert code == 0, err
+    assert "re-created what schema version 3 lacked" in out
+    assert "outbox_jobs_due" in out and "outbox_attempts_of_deleted_job" in out
+    code, out, err = _migrate("--store", url)
+    assert code == 0 and "nothing to do" in out, out + err
+    with Outbox(url) as outbox:
+        assert [a.number for a in outbox.attempts(job.id)] == [1]
+    conn = sqlite3.connect(db)
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    assert {"outbox_jobs_due", "outbox_attempts_of_deleted_job"} <= names
+
+
+def test_migrate_re_creates_a_postgresql_index_dropped_by_hand(
+    pg_url: str, pg_schema: str
+) -> None:
+    """PostgreSQL: an index of the layout dropped by hand is missing at the current version,
+    and migrate re-creates it."""
+    import psycopg
+
+    args = ["--store", pg_url, "--schema", pg_schema]
+    assert _migrate(*args)[0] == 0
+    with psycopg.connect(pg_url, autocommit=True) as pg:
+        pg.execute(f"DROP INDEX {pg_schema}.outbox_jobs_due")
+    code, out, err = _migrate(*args)
+    assert code == 0, err
+    assert "re-created what schema version 3 lacked: outbox_jobs_due" in out
+    with psycopg.connect(pg_url, autocommit=True) as pg:
+        row = pg.execute(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = %s AND indexname = %s",
+            (pg_schema, "outbox_jobs_due"),
+        ).fetchone()
+    assert row is not None and row[0] == 1

@@ -68,7 +68,7 @@ def _sql(url: str, schema: str) -> MigrateReport:
     if done.action == "created":
         msg = f"created the retrysafe schema, version {after}"
     elif done.added:
-        msg = f"added the missing tables {', '.join(done.added)} to schema version {after}"
+        msg = f"re-created what schema version {after} lacked: {', '.join(done.added)}"
     elif done.action == "upgraded":
         msg = f"upgraded the schema from version {done.from_version} to {after}"
     else:
@@ -97,9 +97,9 @@ def _sql(url: str, schema: str) -> MigrateReport:
 def migrate(store: str, schema: str, as_json: bool) -> None:
     """Create or upgrade the store's schema and record its version.
 
-    sqlite and postgresql: creates missing tables, upgrades an older schema, and does
-    nothing when the schema is current; a schema written by a newer retrysafe is refused
-    (exit 1). redis: no schema, nothing to migrate.
+    sqlite and postgresql: creates missing tables (and indexes and triggers), upgrades an
+    older schema, and does nothing when the schema is current; a schema written by a newer
+    retrysafe is refused (exit 1). redis: no schema, nothing to migrate.
     """
     from retrysafe.stores import open_store
     from retrysafe.stores._url_check import redact_url

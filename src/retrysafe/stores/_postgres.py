@@ -64,6 +64,7 @@ from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
     State,
+    layout_objects,
     migrate,
     parse_version,
     tables,
@@ -106,6 +107,7 @@ _SCHEMA = {
 # The layout: these scripts, in order; its tables are what they create.
 _SCRIPTS = ("schema", "outbox_schema", "agents_schema", "webhooks_schema")
 _TABLES = tables(*(_SCHEMA[name].decode() for name in _SCRIPTS))
+_OBJECTS = layout_objects(*(_SCHEMA[name].decode() for name in _SCRIPTS))
 
 
 def _redact(message: str, password: str | None) -> str:
@@ -554,13 +556,14 @@ def ensure_schema(
 
 
 def _state(conn: psycopg.Connection[Any], where: str) -> State:
-    """The schema's version and missing tables, as the database holds them now."""
+    """The schema's version and its missing tables and indexes, as the database holds them
+    now."""
     version = None
     row = conn.execute(_SCHEMA["meta_exists"]).fetchone()
     if row is not None and row[0]:
         got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
         version = None if got is None else parse_version(got[0], where)
-    missing = conn.execute(_SCHEMA["missing_tables"], {"tables": list(_TABLES)}).fetchall()
+    missing = conn.execute(_SCHEMA["missing_tables"], {"tables": list(_OBJECTS)}).fetchall()
     return State(version, tuple(str(r[0]) for r in missing))
 
 

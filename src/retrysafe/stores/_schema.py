@@ -25,6 +25,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "State",
+    "layout_objects",
     "migrate",
     "parse_version",
     "schema_action",
@@ -55,11 +56,24 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)", re.IGNORECASE)
+_INDEX_OR_TRIGGER = re.compile(
+    r"CREATE (?:UNIQUE INDEX|INDEX|TRIGGER) IF NOT EXISTS (\w+)", re.IGNORECASE
+)
 
 
 def tables(*scripts: str) -> tuple[str, ...]:
     """The table names the schema scripts create, in order."""
     return tuple(name for script in scripts for name in _TABLE.findall(script))
+
+
+def layout_objects(*scripts: str) -> tuple[str, ...]:
+    """What a current schema holds: the tables the schema scripts create, then their indexes
+    and triggers, in order. One dropped by hand (a trigger that deletes a job's attempts
+    with it, an index a claim walks) makes the schema not current, so a migration re-creates
+    it (the scripts' ``IF NOT EXISTS`` leave the rest alone)."""
+    return tables(*scripts) + tuple(
+        name for script in scripts for name in _INDEX_OR_TRIGGER.findall(script)
+    )
 
 
 def parse_version(raw: object, where: str) -> int:
@@ -81,8 +95,10 @@ def parse_version(raw: object, where: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class State:
-    """The schema as the database holds it: ``version`` (None: no retrysafe schema) and the
-    tables of the current layout that are missing."""
+    """The schema as the database holds it: ``version`` (None: no retrysafe schema) and what
+    of the current layout is missing: tables, indexes and triggers by name
+    (:func:`layout_objects`), a table of an earlier layout or without a column as
+    ``table.column``."""
 
     version: int | None
     missing: tuple[str, ...]
@@ -127,7 +143,7 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
     elif state.version < SCHEMA_VERSION:
         what = f"an older schema (version {state.version}; this retrysafe writes {SCHEMA_VERSION})"
     else:
-        what = f"schema version {state.version} without the tables " + ", ".join(state.missing)
+        what = f"schema version {state.version} without " + ", ".join(state.missing)
     raise SchemaError(f"{where} has {what} ({MIGRATE_HINT})", store=where)
 
 

@@ -54,6 +54,7 @@ from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
     State,
+    layout_objects,
     migrate,
     parse_version,
     tables,
@@ -71,6 +72,7 @@ __all__ = [
 _T = TypeVar("_T")
 _SCHEMA = load_sql("retrysafe.stores", "sql/schema.sqlite.sql")
 _TABLES = tables(_SCHEMA["schema"])
+_OBJECTS = layout_objects(_SCHEMA["schema"])
 
 # Messages of sqlite3.OperationalError that mean "cannot serve now" rather than "a bug".
 _UNAVAILABLE = (
@@ -648,13 +650,20 @@ def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migr
 
 
 def _state(conn: sqlite3.Connection, where: str) -> State:
-    """The schema's version and missing tables, as the file holds them now."""
-    present = {str(r[0]) for r in conn.execute(_SCHEMA["list_tables"]).fetchall()}
+    """The schema's version and what of the current layout is missing, as the file holds
+    them now (see :class:`~retrysafe.stores._schema.State`)."""
+    present = {str(r[0]) for r in conn.execute(_SCHEMA["list_objects"]).fetchall()}
     version = None
     if "retrysafe_meta" in present:
         row = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
         version = None if row is None else parse_version(row[0], where)
-    return State(version, tuple(t for t in _TABLES if t not in present))
+    missing = [name for name in _OBJECTS if name not in present]
+    for table, column, *_ in (*REBUILT_TABLES, *ADDED_COLUMNS):
+        if table in present:
+            have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                missing.append(f"{table}.{column}")
+    return State(version, tuple(missing))
 
 
 class SQLiteTransaction:

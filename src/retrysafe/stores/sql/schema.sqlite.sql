@@ -182,8 +182,9 @@ FROM retrysafe_rebuilt_outbox_attempts a JOIN outbox_jobs j ON j.id = a.job_id;
 -- name: table_columns
 SELECT name FROM pragma_table_info(:table);
 
--- name: list_tables
-SELECT name FROM sqlite_master WHERE type = 'table';
+-- name: list_objects
+-- Every table, index and trigger (retrysafe._schema.layout_objects names those it needs).
+SELECT name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger');
 
 -- name: get_schema_version
 
