@@ -104,7 +104,10 @@ def test_migrate_refuses_a_newer_schema_version(store_args: list[str]) -> None:
     code, out, err = _migrate(*store_args)
     assert code == 1 and out == ""
     assert "schema version 99" in err and f"up to {SCHEMA_VERSION}" in err
-    assert "retrysafe migrate" in err
+    # The command to run names the store as given, and its PostgreSQL schema (it read
+    # "--store URL" and left the schema out).
+    assert f"then run `retrysafe migrate --store {store_args[1]}" in err
+    assert store_args[1].startswith("sqlite:") or f"--schema {store_args[3]}`" in err
 
 
 def test_migrate_adds_the_outbox_tables_to_an_older_postgres_schema(
@@ -232,6 +235,9 @@ def test_an_unreadable_schema_version_is_one_clear_error(store_args: list[str], 
     code, out, err = _migrate(*store_args)
     assert code == 1 and out == ""
     assert "unreadable schema version" in err and len(err.strip().splitlines()) == 1
+    # The command to run names the store as given, and its PostgreSQL schema.
+    assert f"then run `retrysafe migrate --store {store}" in err
+    assert store.startswith("sqlite:") or f"--schema {store_args[3]}`" in err
     result = CliRunner().invoke(cli, ["jobs", "list", *store_args[:2]])
     if store.startswith("sqlite:"):  # jobs list takes no --schema: the public schema differs
         assert result.exit_code == 1

@@ -25,6 +25,7 @@ from retrysafe.cli._common import (
     epilog,
     errors,
     json_option,
+    remember_schema,
     store_option,
 )
 
@@ -91,6 +92,7 @@ def _sql(url: str, schema: str) -> MigrateReport:
     type=SchemaName(),
     default="public",
     show_default=True,
+    callback=remember_schema,
     help="PostgreSQL schema holding retrysafe's tables.",
 )
 @json_option

@@ -86,8 +86,8 @@ def parse_version(raw: object, where: str) -> int:
     if not text.isdigit():
         raise SchemaError(
             f"{where} has an unreadable schema version {raw!r} in retrysafe_meta (expected a "
-            f"whole number up to {SCHEMA_VERSION}); fix or remove that row, then run "
-            "`retrysafe migrate --store URL`",
+            f"whole number up to {SCHEMA_VERSION}); fix or remove that row, then "
+            f"{MIGRATE_HINT}",
             store=where,
         )
     return int(text)
@@ -130,8 +130,8 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
     if state.version is not None and state.version > SCHEMA_VERSION:
         raise SchemaError(
             f"{where} has schema version {state.version}; this retrysafe understands up to "
-            f"{SCHEMA_VERSION}. Upgrade retrysafe (`pip install -U retrysafe`), then run "
-            "`retrysafe migrate --store URL`.",
+            f"{SCHEMA_VERSION}. Upgrade retrysafe (`pip install -U retrysafe`), then "
+            f"{MIGRATE_HINT}.",
             store=where,
         )
     if state.current:
