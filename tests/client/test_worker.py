@@ -205,12 +205,14 @@ def test_budget_slots_are_one_refill_apart_and_successes_pay_for_the_earliest() 
     budgets = _Budgets(RetryBudget(capacity=2.0, refill_per_second=4.0))
     rng = random.Random(1)
     assert [budgets.spend("d", 100.0)[0] for _ in range(3)] == [True, True, False]
-    dues = [budgets.defer("d", f"j{i}", 100.0, 0.25, rng) for i in range(4)]
+    dues = [budgets.defer("d", 100.0, 0.25, rng) for i in range(4)]
+    for i, due in enumerate(dues):
+        budgets.deferred("d", f"j{i}", due)
     for i, due in enumerate(dues):  # slot i at 100.25 + i/4, jittered within its step
         assert 100.25 + i * 0.25 <= due < 100.25 + (i + 1) * 0.25
     # Past the span the slots start again from the front.
     slots = int(DEFERRAL_SPAN_MAX * 4)
-    more = [budgets.defer("d", f"k{i}", 100.0, 0.25, rng) for i in range(slots)]
+    more = [budgets.defer("d", 100.0, 0.25, rng) for i in range(slots)]
     wrapped = next(i for i in range(1, len(more)) if more[i] < more[i - 1])
     assert wrapped == slots - len(dues)
     assert 100.25 <= more[wrapped] < 100.5

@@ -210,11 +210,9 @@ class _Budgets:
         self._state[destination] = new
         return allowed, wait
 
-    def defer(
-        self, destination: str, job_id: str, now: float, wait: float, rng: random.Random
-    ) -> float:
-        """When the retry of ``job_id`` that :meth:`spend` refused (``wait`` seconds until a
-        token) comes due (Unix seconds).
+    def defer(self, destination: str, now: float, wait: float, rng: random.Random) -> float:
+        """When a retry that :meth:`spend` refused (``wait`` seconds until a token) comes due
+        (Unix seconds); :meth:`deferred` remembers it once the store has it.
 
         A destination's deferred retries take slots one refill of a retry apart (``step``)
         from ``now + wait`` on, so each finds the token the refill made for it, plus a jitter
@@ -233,12 +231,17 @@ class _Budgets:
         if not start <= slot < start + self.span_max:  # the front again (NaN-proof)
             slot = start
         self._slot[destination] = slot + self.step
-        due = slot + rng.uniform(0, self.step)
+        return slot + rng.uniform(0, self.step)
+
+    def deferred(self, destination: str, job_id: str, due: float) -> None:
+        """Remember that the store holds ``job_id`` PENDING until ``due`` (:meth:`defer`), so
+        that a success may bring it forward. Only once the store has it: a bring-forward that
+        ran while the job was still leased matched nothing, and the job then waited for its
+        slot."""
         deferred = self._deferred.get(destination)
         if deferred is None:
             deferred = self._deferred[destination] = collections.deque(maxlen=_DEFERRED_KEPT)
         deferred.append((due, job_id))  # an entry whose time passed is skipped by credit
-        return due
 
     def credit(self, destination: str, now: float) -> list[str]:
         """Put a success's credit in the destination's bucket; the ids of the deferred retries
@@ -1277,15 +1280,17 @@ class Worker:
 
     async def _give_back(
         self, lease: _JobLease, *, state: JobState, due_at: float, error: str | None, now: float
-    ) -> None:
-        """End the lease without an attempt (deadline, retry budget, gate)."""
+    ) -> bool:
+        """End the lease without an attempt (deadline, retry budget, gate); False when the
+        lease was no longer this worker's (nothing written)."""
         lease.settle()
-        await self._outage.call(
+        released: bool = await self._outage.call(
             lambda: self._astore.release_job(
                 lease.job.id, lease.token, state=state, due_at=due_at, error=error, now=now
             ),
             until=lease.until,
         )
+        return released
 
     async def _attempt(self, client: Engine, lease: _JobLease) -> None:
         job, token = lease.job, lease.token
@@ -1314,10 +1319,11 @@ class Worker:
                 allowed, wait = self._budgets.spend(job.destination, now)
                 if not allowed:
                     # Deferred, not dropped, and not an attempt (SPEC §5 retry budget).
-                    due_at = self._budgets.defer(job.destination, job.id, now, wait, self._rng)
-                    await self._give_back(
+                    due_at = self._budgets.defer(job.destination, now, wait, self._rng)
+                    if await self._give_back(
                         lease, state=JobState.PENDING, due_at=due_at, error=None, now=now
-                    )
+                    ):
+                        self._budgets.deferred(job.destination, job.id, due_at)
                     self.stats.deferred += 1
                     if self._telemetry is not None:
                         self._telemetry.budget_deferral(self.queue)
