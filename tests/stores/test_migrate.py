@@ -108,6 +108,10 @@ def test_migrate_refuses_a_newer_schema_version(store_args: list[str]) -> None:
     # "--store URL" and left the schema out).
     assert f"then run `retrysafe migrate --store {store_args[1]}" in err
     assert store_args[1].startswith("sqlite:") or f"--schema {store_args[3]}`" in err
+    if not store_args[1].startswith("sqlite:"):  # the console's own --schema is named too
+        result = CliRunner().invoke(cli, ["ui", *store_args, "--listen", "127.0.0.1:9"])
+        assert result.exit_code == 1
+        assert f"--schema {store_args[3]}`" in result.stderr
 
 
 def test_migrate_adds_the_outbox_tables_to_an_older_postgres_schema(
@@ -523,7 +527,7 @@ def test_migrate_repairs_a_current_version_whose_layout_was_damaged(tmp_path: Pa
     with conn:
         conn.execute("DROP INDEX outbox_jobs_due")
     conn.close()
-    with pytest.raises(SchemaError, match=r"version 3 without outbox_jobs_due, .*job_created_at"):
+    with pytest.raises(SchemaError, match=r"version 3 without .*job_created_at.*outbox_jobs_due"):
         SQLiteStore(db, create=False)
     code, out, err = _migrate("--store", url)
     assert code == 0, err
@@ -537,6 +541,28 @@ def test_migrate_repairs_a_current_version_whose_layout_was_damaged(tmp_path: Pa
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     conn.close()
     assert {"outbox_jobs_due", "outbox_attempts_of_deleted_job"} <= names
+
+
+def test_a_store_without_an_index_opens_without_create_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only an index or trigger missing: the statements still run, so a store opened with
+    create=False (a read-only copy, a user without DDL rights) is used, with a warning naming
+    what is missing and `retrysafe migrate`; it was refused outright."""
+    from retrysafe.stores import SQLiteStore
+
+    db = tmp_path / "i.db"
+    SQLiteStore(db).close()
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("DROP INDEX outbox_jobs_due")
+    conn.close()
+    with caplog.at_level("WARNING", logger="retrysafe.stores"):
+        SQLiteStore(db, create=False).close()
+        SQLiteStore(db, readonly=True).close()
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned and all("without outbox_jobs_due" in m for m in warned)
+    assert "retrysafe migrate" in warned[0]
 
 
 def test_migrate_re_creates_a_postgresql_index_dropped_by_hand(

@@ -659,7 +659,7 @@ def test_a_claimed_job_whose_row_cannot_be_read_is_parked_unknown_and_the_others
             f"WHERE id = '{bad}'"
         ).fetchone()
     assert (state, token, attempts) == ("unknown", None, 0)
-    assert "headers (not a JSON array" in error and bad in error
+    assert "its headers: JSONDecodeError" in error and bad in error
     with pytest.raises(DamagedJobError, match="headers") as info:
         outbox_store.get_job(bad)
     assert info.value.job_id == bad
@@ -667,3 +667,60 @@ def test_a_claimed_job_whose_row_cannot_be_read_is_parked_unknown_and_the_others
     assert outbox_store.claim_unknown_jobs(
         queue="default", token="r", now=T0 + 2, lease=5, limit=10, ids=None
     ) == []
+
+
+#: Damage only something other than retrysafe writes (SQL SET clauses): on either store, and
+#: what only SQLite's loosely typed columns can hold.
+_DAMAGE = {
+    "content-length header": """headers = '[["Content-Length", "1"]]'""",
+    "line break in a header": """headers = '[["X-A", "b\\r\\nHost: evil"]]'""",
+    "headers object": """headers = '{"ab": 1}'""",
+    "header pair of numbers": "headers = '[[1, 2]]'",
+    "NaN creation time": "created_at = 'NaN'",
+}
+_SQLITE_DAMAGE = {
+    "integer body": "body = 100",
+    "infinite attempts": "attempts = 9e999",
+}
+
+
+def _parked(store: OutboxStore, clause: str) -> None:
+    good, bad = _insert(store, 2)
+    with store.transaction() as conn:  # type: ignore[attr-defined]
+        conn.execute(f"UPDATE outbox_jobs SET {clause} WHERE id = '{bad}'")
+    claimed = store.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
+    assert [j.id for j in claimed] == [good]
+    with pytest.raises(DamagedJobError):
+        store.get_job(bad)
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+def test_every_kind_of_damage_is_parked_never_claimed(
+    outbox_store: OutboxStore, damage: str
+) -> None:
+    """Values that would send something else than what was submitted (a Content-Length of 1,
+    "a: b" for {"ab": 1}) or that cannot be read: parked, not returned."""
+    _parked(outbox_store, _DAMAGE[damage])
+
+
+@pytest.mark.parametrize("damage", list(_SQLITE_DAMAGE))
+def test_damage_only_sqlite_can_hold_is_parked_never_claimed(
+    tmp_path: Path, request: pytest.FixtureRequest, damage: str
+) -> None:
+    """100 zero bytes sent for an integer body; an infinite count raised OverflowError and
+    stopped the worker. (A method stored as the number 5 is the text "5" in SQLite, which a
+    submission may send.)"""
+    store = open_test_store("sqlite", request, tmp_path)
+    try:
+        _parked(outbox_store(store), _SQLITE_DAMAGE[damage])
+    finally:
+        store.close()
+
+
+def test_a_due_time_that_is_no_number_is_no_next_due(outbox_store: OutboxStore) -> None:
+    """A NaN due time made an idle worker wait NaN seconds (it polled the store without a
+    pause); one stored as text stopped it with a ValueError."""
+    (job_id,) = _insert(outbox_store, 1)
+    with outbox_store.transaction() as conn:  # type: ignore[attr-defined]
+        conn.execute(f"UPDATE outbox_jobs SET due_at = 'NaN' WHERE id = '{job_id}'")
+    assert outbox_store.next_due(queue="default") is None

@@ -416,9 +416,11 @@ def _remember_schema(ctx: click.Context, param: click.Parameter, value: str | No
         ctx.meta[_SCHEMA_META] = value
 
 
-def remember_schema(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """The callback of a command's own ``--schema`` (default ``public``): a schema other than
-    public is named in the ``retrysafe migrate`` command its errors suggest."""
+def remember_schema(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    """The callback of a command's own ``--schema`` (``migrate``, ``ui``): a schema other
+    than public is named in the ``retrysafe migrate`` command its errors suggest."""
     if value != "public":
         _remember_schema(ctx, param, value)
     return value

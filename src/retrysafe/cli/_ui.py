@@ -22,6 +22,7 @@ from retrysafe.cli._common import (
     fail,
     opened_store,
     parse_listen,
+    remember_schema,
     store_option,
 )
 from retrysafe.cli._signals import Signals, Stopper, quiet_server, server_config
@@ -55,6 +56,7 @@ TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a toke
     envvar=SCHEMA_ENV,
     type=SchemaName(),
     default=None,
+    callback=remember_schema,
     help="PostgreSQL schema holding retrysafe's tables (default public).",
 )
 @click.option(

@@ -28,12 +28,15 @@ import contextlib
 import functools
 import json
 import logging
+import math
+import re
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from retrysafe._exceptions import ConfigurationError, DamagedJobError, StoreError
+from retrysafe.client._jobs import RESERVED_HEADERS
 from retrysafe.client._models import Attempt, Finish, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count as positive
 from retrysafe.core import RACE_LIMIT
@@ -129,8 +132,35 @@ _STATES = {s.value: s for s in JobState}
 
 def _parse(headers: str) -> tuple[tuple[str, str], ...]:
     """A job's stored headers (a JSON array of [name, value]) as the pairs :class:`Job`
-    holds."""
-    return tuple((str(k), str(v)) for k, v in json.loads(headers))
+    holds.
+
+    Raises:
+        ValueError: not such an array; or a header that would make every attempt malformed
+            or ambiguous, which no submission may set (:data:`RESERVED_HEADERS`: a
+            Content-Length, a second Host, an Idempotency-Key) or a line break or NUL in a
+            name or value: a row something else wrote. (Values an earlier release accepted,
+            such as a DEL character, are still read.)
+    """
+    fields = json.loads(headers)
+    if not isinstance(fields, list):
+        raise ValueError("not a JSON array of [name, value] pairs")
+    pairs = []
+    for field in fields:
+        if not (isinstance(field, list) and len(field) == 2):
+            raise ValueError("not a JSON array of [name, value] pairs")
+        name, value = field
+        if not (type(name) is str and type(value) is str and name):
+            raise ValueError("not a JSON array of [name, value] pairs")
+        if name.lower() in RESERVED_HEADERS:
+            raise ValueError(f"header {name[:40]!r} is set by the HTTP client, never by a job")
+        if _BREAKS.search(name) or _BREAKS.search(value):
+            raise ValueError(f"header {name[:40]!r} holds a line break or NUL")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+#: What no header name or value may hold: it would split the request (RFC 9110 §5.5).
+_BREAKS = re.compile(r"[\r\n\0]")
 
 
 #: The longest stored headers whose parse is cached, and how many are kept (at most 1 MiB of
@@ -149,7 +179,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
     """
     try:
         return _job_from_row(row)
-    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
         raise DamagedJobError(_damage(row, exc), job_id=str(row[0])) from exc
 
 
@@ -160,7 +190,7 @@ def _damage(row: Sequence[Any], exc: BaseException) -> str:
     try:
         _parse(row[JOB_COLUMNS.index("headers")])
     except (ValueError, TypeError, RecursionError):
-        where = "its headers (not a JSON array of [name, value] pairs)"
+        where = "its headers"
     detail = f"{type(exc).__name__}: {exc}"[:200]
     return (
         f"job {row[0]}: the stored row cannot be read, {where}: {detail}. Something other "
@@ -221,6 +251,20 @@ def _job_from_row(row: Sequence[Any]) -> Job:
         last_outcome,
         last_error,
     ) = row
+    if not (
+        type(id_) is str
+        and type(key) is str
+        and type(queue) is str
+        and type(method) is str
+        and type(url) is str
+        and type(destination) is str
+    ):
+        raise TypeError("a text column (id, key, queue, method, url, destination) holds no text")
+    if not isinstance(body, (bytes, memoryview)):  # bytes(5) would be five zero bytes
+        raise TypeError(f"the body is {type(body).__name__}, not bytes")
+    created, updated, due = float(created_at), float(updated_at), float(due_at)
+    if not (math.isfinite(created) and math.isfinite(updated) and math.isfinite(due)):
+        raise ValueError("a time (created_at, updated_at, due_at) is not finite")
     return Job(
         id=id_,
         key=key,
@@ -231,9 +275,9 @@ def _job_from_row(row: Sequence[Any]) -> Job:
         destination=destination,
         headers=_headers_of(headers) if len(headers) <= _CACHED_HEADERS else _parse(headers),
         body=bytes(body),
-        created_at=float(created_at),
-        updated_at=float(updated_at),
-        due_at=float(due_at),
+        created_at=created,
+        updated_at=updated,
+        due_at=due,
         deadline_at=_float(deadline_at),
         attempts=int(attempts),
         sends=int(sends),
@@ -630,9 +674,11 @@ def next_due(clock: Clock, *, queue: str) -> Op[float | None]:
     row = yield one(_SQL["next_due"], {"queue": queue})
     if row is None or row[0] is None:
         return None
-    if clock == "caller":
-        return float(row[0])
-    return time.time() + (float(row[0]) - float(row[1]))
+    try:
+        due = float(row[0]) if clock == "caller" else time.time() + (float(row[0]) - float(row[1]))
+    except (ValueError, TypeError, OverflowError):  # a due time something else wrote
+        return None
+    return due if math.isfinite(due) else None  # NaN: a worker that waited for it spun
 
 
 def purge_jobs(

@@ -563,8 +563,13 @@ def _state(conn: psycopg.Connection[Any], where: str) -> State:
     if row is not None and row[0]:
         got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
         version = None if got is None else parse_version(got[0], where)
-    missing = conn.execute(_SCHEMA["missing_tables"], {"tables": list(_OBJECTS)}).fetchall()
-    return State(version, tuple(str(r[0]) for r in missing))
+    rows = conn.execute(_SCHEMA["missing_tables"], {"tables": list(_OBJECTS)}).fetchall()
+    names = [str(r[0]) for r in rows]
+    return State(
+        version,
+        tuple(n for n in names if n in _TABLES),
+        tuple(n for n in names if n not in _TABLES),
+    )
 
 
 class PostgresTransaction:

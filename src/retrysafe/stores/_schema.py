@@ -12,12 +12,15 @@ at once one creates and the other finds nothing to do (:func:`schema_action` say
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from retrysafe._exceptions import SchemaError
+
+logger = logging.getLogger("retrysafe.stores")
 
 __all__ = [
     "ADDED_COLUMNS",
@@ -83,7 +86,7 @@ def parse_version(raw: object, where: str) -> int:
         SchemaError: it is not a whole number (edited by hand, or not retrysafe's table).
     """
     text = str(raw).strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # "³" and "٣" are digits to isdigit()
         raise SchemaError(
             f"{where} has an unreadable schema version {raw!r} in retrysafe_meta (expected a "
             f"whole number up to {SCHEMA_VERSION}); fix or remove that row, then "
@@ -96,15 +99,22 @@ def parse_version(raw: object, where: str) -> int:
 @dataclass(frozen=True, slots=True)
 class State:
     """The schema as the database holds it: ``version`` (None: no retrysafe schema) and what
-    of the current layout is missing: tables, indexes and triggers by name
-    (:func:`layout_objects`), a table of an earlier layout or without a column as
-    ``table.column``."""
+    of the current layout is missing: ``missing``, the tables (by name) and the tables of an
+    earlier layout or without a column (as ``table.column``), without which the statements
+    fail; ``unindexed``, the indexes and triggers (:func:`layout_objects`), without which they
+    run slower or a purge leaves a job's attempts behind."""
 
     version: int | None
     missing: tuple[str, ...]
+    unindexed: tuple[str, ...] = ()
 
     @property
     def current(self) -> bool:
+        return self.version == SCHEMA_VERSION and not self.missing and not self.unindexed
+
+    @property
+    def usable(self) -> bool:
+        """Whether the statements can run on it (the indexes and triggers aside)."""
         return self.version == SCHEMA_VERSION and not self.missing
 
 
@@ -138,12 +148,23 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
         return False
     if create:
         return True
+    if state.usable:  # a read-only copy without an index is still read
+        logger.warning(
+            "%s has schema version %s without %s (%s)",
+            where,
+            state.version,
+            ", ".join(state.unindexed),
+            MIGRATE_HINT,
+        )
+        return False
     if state.version is None:
         what = "no retrysafe schema"
     elif state.version < SCHEMA_VERSION:
         what = f"an older schema (version {state.version}; this retrysafe writes {SCHEMA_VERSION})"
     else:
-        what = f"schema version {state.version} without " + ", ".join(state.missing)
+        what = f"schema version {state.version} without " + ", ".join(
+            state.missing + state.unindexed
+        )
     raise SchemaError(f"{where} has {what} ({MIGRATE_HINT})", store=where)
 
 
@@ -184,5 +205,5 @@ def schema_action(before: State) -> Migration:
         return Migration("none", before.version)
     if before.version is None:
         return Migration("created", None)
-    added = before.missing if before.version == SCHEMA_VERSION else ()
+    added = before.missing + before.unindexed if before.version == SCHEMA_VERSION else ()
     return Migration("upgraded", before.version, added)

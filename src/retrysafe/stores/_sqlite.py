@@ -657,13 +657,14 @@ def _state(conn: sqlite3.Connection, where: str) -> State:
     if "retrysafe_meta" in present:
         row = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
         version = None if row is None else parse_version(row[0], where)
-    missing = [name for name in _OBJECTS if name not in present]
+    missing = [name for name in _TABLES if name not in present]
     for table, column, *_ in (*REBUILT_TABLES, *ADDED_COLUMNS):
         if table in present:
             have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 missing.append(f"{table}.{column}")
-    return State(version, tuple(missing))
+    unindexed = tuple(n for n in _OBJECTS if n not in present and n not in _TABLES)
+    return State(version, tuple(missing), unindexed)
 
 
 class SQLiteTransaction:
