@@ -14,17 +14,14 @@ seconds, and the seconds from the end of the outage until the last job succeeded
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 from benchmarks._args import positive_int
-from benchmarks.instructions import ROOT, _baseline_tree, check_revision
+from benchmarks.instructions import ROOT, _baseline_tree, check_revision, run_on
 
 #: The endpoint (argv: port, outage): 503 from a POST to /start for OUTAGE seconds, then 201.
 _ENDPOINT = """
@@ -86,17 +83,7 @@ _FIELDS = ("claims", "deferrals", "attempts", "CPU s", "s after outage")
 
 
 def _one(src: Path, jobs: int, outage: float) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    run = subprocess.run(
-        [sys.executable, "-c", _RUN, str(jobs), str(outage), _ENDPOINT],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if run.returncode != 0:
-        raise SystemExit(f"the run on {src} failed ({run.returncode}): {run.stderr[-800:]}")
-    return [float(v) for v in json.loads(run.stdout.strip().splitlines()[-1])]
+    return [float(v) for v in run_on(src, _RUN, str(jobs), str(outage), _ENDPOINT)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,6 +213,25 @@ def per_operation(src: Path, case: str) -> float:
     small = _instructions(src, CASES[case], n)
     large = _instructions(src, CASES[case], 5 * n)
     return (large - small) / (4 * n)
+
+
+def run_on(src: Path, code: str, *args: str) -> Any:
+    """Run ``code`` (``python -c``, with ``args``) on the ``src`` tree first on the path; the
+    JSON of its last line of output.
+
+    Raises:
+        SystemExit: the run failed (its status and the end of its error output).
+    """
+    run = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if run.returncode != 0:
+        raise SystemExit(f"the run on {src} failed ({run.returncode}): {run.stderr[-800:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def check_revision(parser: argparse.ArgumentParser, revision: str) -> None:

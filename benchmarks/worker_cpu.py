@@ -19,17 +19,14 @@ with every pair, and the median jobs/s.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 from benchmarks._args import positive_int
-from benchmarks.instructions import ROOT, _baseline_tree
+from benchmarks.instructions import ROOT, _baseline_tree, run_on
 
 #: One process: submit, deliver, print [CPU µs per job, jobs/s] of the measured delivery.
 _RUN = """
@@ -57,17 +54,7 @@ print(json.dumps([cpu / n * 1e6, n / wall]))
 
 
 def _one(src: Path, jobs: int, concurrency: int) -> tuple[float, float]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    run = subprocess.run(
-        [sys.executable, "-c", _RUN, str(jobs), str(concurrency), str(ROOT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if run.returncode != 0:
-        raise SystemExit(f"the run on {src} failed ({run.returncode}): {run.stderr[-800:]}")
-    cpu, rate = json.loads(run.stdout.strip().splitlines()[-1])
+    cpu, rate = run_on(src, _RUN, str(jobs), str(concurrency), str(ROOT))
     return float(cpu), float(rate)
 
 
