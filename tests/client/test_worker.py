@@ -207,7 +207,7 @@ def test_budget_slots_are_one_refill_apart_and_successes_pay_for_the_earliest() 
     assert [budgets.spend("d", 100.0)[0] for _ in range(3)] == [True, True, False]
     dues = [budgets.defer("d", 100.0, 0.25, rng) for i in range(4)]
     for i, due in enumerate(dues):
-        budgets.deferred("d", f"j{i}", due)
+        budgets.deferred("d", f"j{i}", due, 100.0)
     for i, due in enumerate(dues):  # slot i at 100.25 + i/4, jittered within its step
         assert 100.25 + i * 0.25 <= due < 100.25 + (i + 1) * 0.25
     # Past the span the slots start again from the front.
@@ -218,8 +218,9 @@ def test_budget_slots_are_one_refill_apart_and_successes_pay_for_the_earliest() 
     assert 100.25 <= more[wrapped] < 100.5
     # A success pays for the earliest deferred retries not yet due (as many as the bucket
     # holds whole tokens); those due by now (and within 0.05 s) are skipped.
-    assert budgets.credit("d", 100.0) == ["j0"]  # 0 tokens + 1 credit
-    assert budgets.credit("d", 100.7) == ["j2", "j3"]  # full: 2 tokens; j1 due before 100.75
+    assert budgets.credit("d", 100.0) == [("j0", dues[0], 100.0)]  # 0 tokens + 1 credit
+    # full: 2 tokens; j1 was due before 100.75
+    assert budgets.credit("d", 100.7) == [("j2", dues[2], 100.0), ("j3", dues[3], 100.0)]
     assert budgets.credit("e", 100.0) == []  # never spent
 
 

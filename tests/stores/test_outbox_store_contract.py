@@ -724,3 +724,34 @@ def test_a_due_time_that_is_no_number_is_no_next_due(outbox_store: OutboxStore) 
     with outbox_store.transaction() as conn:  # type: ignore[attr-defined]
         conn.execute(f"UPDATE outbox_jobs SET due_at = 'NaN' WHERE id = '{job_id}'")
     assert outbox_store.next_due(queue="default") is None
+
+
+def test_hasten_moves_a_deferred_job_only_while_its_due_time_is_the_deferrals(
+    outbox_store: OutboxStore,
+) -> None:
+    """What brings a retry the retry budget deferred forward: only a job still PENDING until
+    exactly the time its deferral set. One an operator retried and a server's Retry-After
+    rescheduled since was sent again long before that Retry-After (a fresh-user pass)."""
+    deferred, rescheduled = _insert(outbox_store, 2)
+    claimed = outbox_store.claim_jobs(queue="default", token="t", now=T0, lease=30, limit=9)
+    assert {j.id for j in claimed} == {deferred, rescheduled}
+    for job_id, due in ((deferred, T0 + 40.25), (rescheduled, T0 + 30.5)):
+        assert outbox_store.release_job(
+            job_id, "t", state=JobState.PENDING, due_at=due, error=None, now=T0
+        )
+    astore: Any = outbox_store.asyncio_outbox_store()  # hasten_jobs: no protocol method
+
+    async def hasten() -> int:
+        try:
+            changed: int = await astore.hasten_jobs(
+                [(deferred, T0 + 40.25, T0), (rescheduled, T0 + 60.0, T0)], now=T0 + 1
+            )
+            return changed
+        finally:
+            await astore.aclose()
+
+    assert asyncio.run(hasten()) == 1
+    got = outbox_store.get_job(deferred)
+    assert got is not None and got.due_at == T0 + 1 and got.state is JobState.PENDING
+    other = outbox_store.get_job(rescheduled)
+    assert other is not None and other.due_at == T0 + 30.5

@@ -69,6 +69,7 @@ __all__ = [
     "finish_attempt",
     "finish_attempts",
     "get_job",
+    "hasten_jobs",
     "insert_job",
     "job_from_row",
     "job_ids_with_prefix",
@@ -612,6 +613,22 @@ def transition_job(
     return None if row is None else job_from_row(row)
 
 
+def hasten_jobs(
+    clock: Clock, jobs: Sequence[tuple[str, float, float]], *, now: float
+) -> Op[int]:
+    """Make each ``(job id, due at, released at)`` due ``now`` while it is PENDING until
+    exactly the time :func:`release_job` set when it released it at ``released at`` with
+    that ``due at`` (a retry the retry budget deferred: see the worker's ``_Budgets``); how
+    many changed."""
+    changed = 0
+    for job_id, due_at, released_at in jobs:
+        due = caller_time(clock, due_at, released_at)
+        params = {"id": job_id, "due_at": due["at"], "due_in": due["in"]}
+        params["now"] = caller_now(clock, now)
+        changed += yield count(_SQL["hasten_job"], params)
+    return changed
+
+
 def get_job(clock: Clock, job_id: str) -> Op[Job | None]:
     """The job with id ``job_id``, whatever its queue, or None."""
     row = yield one(_SQL["get_job"], {"id": job_id})
@@ -790,7 +807,7 @@ class AsyncSQLOutboxStore(OnAsyncConnector):
     finish_attempts = async_op(finish_attempts)
     release_job = async_op(release_job)
     extend_job_lease = async_op(extend_job_lease)
-    transition_job = async_op(transition_job)
+    hasten_jobs = async_op(hasten_jobs)
     get_job = async_op(get_job, skippable=True)
     count_jobs = async_op(count_jobs, skippable=True)
     next_due = async_op(next_due, skippable=True)

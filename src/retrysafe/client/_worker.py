@@ -191,8 +191,9 @@ class _Budgets:
         self._state: dict[str, BudgetState] = {}
         #: Per destination whose bucket ran dry: its next deferred retry's slot.
         self._slot: dict[str, float] = {}
-        #: Per destination: the retries this worker deferred, as (due at, job id), oldest first.
-        self._deferred: dict[str, collections.deque[tuple[float, str]]] = {}
+        #: Per destination: the retries this worker deferred, as (due at, job id, released at),
+        #: oldest first.
+        self._deferred: dict[str, collections.deque[tuple[float, str, float]]] = {}
         #: Seconds between two deferred retries' slots: the refill of one retry; by successes
         #: only, a bucketful of retries in the second that was waited before.
         if budget.refill_per_second > 0:
@@ -233,20 +234,22 @@ class _Budgets:
         self._slot[destination] = slot + self.step
         return slot + rng.uniform(0, self.step)
 
-    def deferred(self, destination: str, job_id: str, due: float) -> None:
-        """Remember that the store holds ``job_id`` PENDING until ``due`` (:meth:`defer`), so
-        that a success may bring it forward. Only once the store has it: a bring-forward that
-        ran while the job was still leased matched nothing, and the job then waited for its
-        slot."""
+    def deferred(self, destination: str, job_id: str, due: float, released: float) -> None:
+        """Remember that the store holds ``job_id`` PENDING until ``due`` (:meth:`defer`), as
+        released at ``released``, so that a success may bring it forward. Only once the store
+        has it: a bring-forward that ran while the job was still leased matched nothing, and
+        the job then waited for its slot."""
         deferred = self._deferred.get(destination)
         if deferred is None:
             deferred = self._deferred[destination] = collections.deque(maxlen=_DEFERRED_KEPT)
-        deferred.append((due, job_id))  # an entry whose time passed is skipped by credit
+        deferred.append((due, job_id, released))  # one whose time passed is skipped by credit
 
-    def credit(self, destination: str, now: float) -> list[str]:
-        """Put a success's credit in the destination's bucket; the ids of the deferred retries
-        that the bucket's tokens now pay for and that were due later than
-        :data:`_EARLY_MARGIN` from now, earliest first: the worker makes them due now."""
+    def credit(self, destination: str, now: float) -> list[tuple[str, float, float]]:
+        """Put a success's credit in the destination's bucket; the (job id, due at, released
+        at) of the
+        deferred retries that the bucket's tokens now pay for and that were due later than
+        :data:`_EARLY_MARGIN` from now, earliest remembered first: the worker makes them due
+        now."""
         state = self._state.get(destination)
         if state is None:  # never spent, or refilled since: a full bucket gains nothing
             return []
@@ -259,16 +262,16 @@ class _Budgets:
         deferred = self._deferred.get(destination)
         if not deferred:
             return []
-        ids: list[str] = []
+        early: list[tuple[str, float, float]] = []
         paid = math.floor(state.tokens / self.budget.retry_cost) if self.budget.retry_cost else 0
         later = now + _EARLY_MARGIN
-        while deferred and len(ids) < paid:
-            due, job_id = deferred.popleft()
+        while deferred and len(early) < paid:
+            due, job_id, released = deferred.popleft()
             if due > later:
-                ids.append(job_id)
+                early.append((job_id, due, released))
         if not deferred:
             del self._deferred[destination]
-        return ids
+        return early
 
 
 class _StoreOutage:
@@ -1255,24 +1258,23 @@ class Worker:
         with lease:
             await self._attempt(client, lease)
 
-    def _bring_forward(self, ids: list[str], now: float) -> None:
-        """Make the deferred retries ``ids`` due now (a success paid for them, see
-        :meth:`_Budgets.credit`), in the background: each still PENDING, so nobody claimed it
-        since (it was not due). A store without ``transition_job`` (an own
+    def _bring_forward(self, deferred: list[tuple[str, float, float]], now: float) -> None:
+        """Make the deferred retries ``deferred`` (job id, due at, released at) due now (a
+        success paid for them, see :meth:`_Budgets.credit`), in the background, each only
+        while the store still holds it PENDING until exactly that time, as its deferral left
+        it: one claimed since, retried by an operator or rescheduled (a Retry-After) keeps its
+        own time. A store without ``hasten_jobs`` (an own
         :class:`~retrysafe.client.AsyncOutboxStore`) leaves them to their slot; so does a
         failure, which is only logged."""
-        transition = getattr(self._astore, "transition_job", None)
-        if transition is None or self._loop is None:
+        hasten = getattr(self._astore, "hasten_jobs", None)
+        if hasten is None or self._loop is None:
             return
 
         async def bring() -> None:
-            pending = [JobState.PENDING]
-            for job_id in ids:
-                try:
-                    await transition(job_id, from_states=pending, state=JobState.PENDING, now=now)
-                except StoreError as exc:
-                    logger.debug("deferred retries not brought forward: %s", exc)
-                    return
+            try:
+                await hasten(deferred, now=now)
+            except StoreError as exc:
+                logger.debug("deferred retries not brought forward: %s", exc)
 
         task = self._loop.create_task(bring())
         self._early.add(task)
@@ -1323,7 +1325,7 @@ class Worker:
                     if await self._give_back(
                         lease, state=JobState.PENDING, due_at=due_at, error=None, now=now
                     ):
-                        self._budgets.deferred(job.destination, job.id, due_at)
+                        self._budgets.deferred(job.destination, job.id, due_at, now)
                     self.stats.deferred += 1
                     if self._telemetry is not None:
                         self._telemetry.budget_deferral(self.queue)

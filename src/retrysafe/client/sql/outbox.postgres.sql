@@ -198,6 +198,20 @@ WHERE id = %(id)s
   AND state = ANY(ARRAY(SELECT jsonb_array_elements_text(%(from_states)s::jsonb)))
 RETURNING {job_columns};
 
+-- name: hasten_job
+
+-- A retry the retry budget deferred, due now instead of at the time its release set: only
+-- while it is still PENDING until exactly that time (a job claimed, retried by an operator or
+-- rescheduled since, e.g. after a Retry-After, has another). That time is %(due_at)s on the
+-- caller's clock; on the server's, the release stored its now (updated_at) + %(due_in)s.
+WITH t AS (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8) AS now
+)
+UPDATE outbox_jobs
+SET due_at = (SELECT now FROM t), updated_at = (SELECT now FROM t)
+WHERE id = %(id)s AND state = 'pending'
+  AND due_at = coalesce(%(due_at)s::float8, updated_at + %(due_in)s::float8);
+
 -- name: get_job
 
 SELECT {job_columns}

@@ -156,6 +156,15 @@ SET state = :state, due_at = :now, updated_at = :now,
 WHERE id = :id AND state IN (SELECT value FROM json_each(:from_states))
 RETURNING {job_columns};
 
+-- name: hasten_job
+
+-- A retry the retry budget deferred, due now instead of at :due_at (the time its release
+-- set): only while it is still PENDING until exactly that time (a job claimed, retried by an
+-- operator or rescheduled since, e.g. after a Retry-After, has another). :due_in is for
+-- PostgreSQL's server clock; SQLite is always on the caller's.
+UPDATE outbox_jobs SET due_at = :now, updated_at = :now
+WHERE id = :id AND state = 'pending' AND due_at = :due_at;
+
 -- name: get_job
 
 SELECT {job_columns}
