@@ -199,6 +199,23 @@ def test_deferred_retries_wait_for_their_token_and_come_due_once_the_destination
     assert ended - recovered < 1.0
 
 
+def test_a_deferred_retry_comes_due_by_its_deadline_not_at_a_far_slot(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """60 jobs with a 1 s deadline to a destination that keeps failing, one retry per 0.5 s:
+    their slots reach 15 s out, and a job waited in one long past its deadline before it was
+    parked UNKNOWN (a fresh-user pass: 30 s late at the median)."""
+    script.plan("/gone", Step(503))
+    for i in range(60):
+        outbox.submit(base_url + "/gone", json={"i": i}, deadline=1.0)
+    policy = RetryPolicy(attempts=100, wait_initial=0.01, wait_max=0.02, timeout=2.0)
+    budget = RetryBudget(capacity=1, refill_per_second=2.0)
+    started = time.monotonic()
+    outbox.worker(policy=policy, concurrency=16, budget=budget).run_until_idle()
+    assert time.monotonic() - started < 6.0
+    assert {j.state for j in outbox.jobs(limit=100)} == {JobState.UNKNOWN}
+
+
 def test_budget_slots_are_one_refill_apart_and_successes_pay_for_the_earliest() -> None:
     from retrysafe.client._worker import DEFERRAL_SPAN_MAX, _Budgets
 

@@ -130,8 +130,9 @@ WORKER_ERRORS_MAX = 3
 _WORKER_ERRORS_KEPT = 10_000
 #: The longest span (seconds) of one destination's deferred retries (:meth:`_Budgets.defer`):
 #: while it stays down each is claimed again about once per span; a deferred retry that no
-#: success brings forward (its worker stopped) waits at most this long past its token.
-DEFERRAL_SPAN_MAX = 60.0
+#: success brings forward (its worker restarted during the outage) waits at most this long
+#: past its token. Half the policy's default longest backoff.
+DEFERRAL_SPAN_MAX = 15.0
 #: How many deferred retries per destination a worker remembers, to make them due early once
 #: the destination succeeds again (:meth:`_Budgets.credit`); the others wait for their slot.
 _DEFERRED_KEPT = 10_000
@@ -1322,6 +1323,8 @@ class Worker:
                 if not allowed:
                     # Deferred, not dropped, and not an attempt (SPEC §5 retry budget).
                     due_at = self._budgets.defer(job.destination, now, wait, self._rng)
+                    if job.deadline_at is not None:  # the deadline parks it, not a far slot
+                        due_at = min(due_at, max(job.deadline_at, now))
                     if await self._give_back(
                         lease, state=JobState.PENDING, due_at=due_at, error=None, now=now
                     ):
