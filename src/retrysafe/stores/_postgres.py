@@ -64,7 +64,7 @@ from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
     State,
-    layout_objects,
+    indexes,
     migrate,
     parse_version,
     tables,
@@ -107,7 +107,7 @@ _SCHEMA = {
 # The layout: these scripts, in order; its tables are what they create.
 _SCRIPTS = ("schema", "outbox_schema", "agents_schema", "webhooks_schema")
 _TABLES = tables(*(_SCHEMA[name].decode() for name in _SCRIPTS))
-_OBJECTS = layout_objects(*(_SCHEMA[name].decode() for name in _SCRIPTS))
+_INDEXES = indexes(*(_SCHEMA[name].decode() for name in _SCRIPTS))
 
 
 def _redact(message: str, password: str | None) -> str:
@@ -563,12 +563,12 @@ def _state(conn: psycopg.Connection[Any], where: str) -> State:
     if row is not None and row[0]:
         got = conn.execute(_SCHEMA["get_schema_version"]).fetchone()
         version = None if got is None else parse_version(got[0], where)
-    rows = conn.execute(_SCHEMA["missing_tables"], {"tables": list(_OBJECTS)}).fetchall()
-    names = [str(r[0]) for r in rows]
+    rows = conn.execute(_SCHEMA["missing_tables"], {"tables": [*_TABLES, *_INDEXES]})
+    missing = {str(r[0]) for r in rows.fetchall()}
     return State(
         version,
-        tuple(n for n in names if n in _TABLES),
-        tuple(n for n in names if n not in _TABLES),
+        tuple(n for n in _TABLES if n in missing),
+        tuple(n for n in _INDEXES if n in missing),
     )
 
 

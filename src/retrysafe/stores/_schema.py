@@ -28,7 +28,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "State",
-    "layout_objects",
+    "indexes",
     "migrate",
     "parse_version",
     "schema_action",
@@ -69,14 +69,12 @@ def tables(*scripts: str) -> tuple[str, ...]:
     return tuple(name for script in scripts for name in _TABLE.findall(script))
 
 
-def layout_objects(*scripts: str) -> tuple[str, ...]:
-    """What a current schema holds: the tables the schema scripts create, then their indexes
-    and triggers, in order. One dropped by hand (a trigger that deletes a job's attempts
-    with it, an index a claim walks) makes the schema not current, so a migration re-creates
-    it (the scripts' ``IF NOT EXISTS`` leave the rest alone)."""
-    return tables(*scripts) + tuple(
-        name for script in scripts for name in _INDEX_OR_TRIGGER.findall(script)
-    )
+def indexes(*scripts: str) -> tuple[str, ...]:
+    """The index and trigger names the schema scripts create, in order. One dropped by hand
+    (a trigger that deletes a job's attempts with it, an index a claim walks) makes the
+    schema not current, so a migration re-creates it (the scripts' ``IF NOT EXISTS`` leave
+    the rest alone)."""
+    return tuple(name for script in scripts for name in _INDEX_OR_TRIGGER.findall(script))
 
 
 def parse_version(raw: object, where: str) -> int:
@@ -101,7 +99,7 @@ class State:
     """The schema as the database holds it: ``version`` (None: no retrysafe schema) and what
     of the current layout is missing: ``missing``, the tables (by name) and the tables of an
     earlier layout or without a column (as ``table.column``), without which the statements
-    fail; ``unindexed``, the indexes and triggers (:func:`layout_objects`), without which they
+    fail; ``unindexed``, the indexes and triggers (:func:`indexes`), without which they
     run slower or a purge leaves a job's attempts behind."""
 
     version: int | None

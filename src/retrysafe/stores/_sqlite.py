@@ -54,7 +54,7 @@ from retrysafe.stores._schema import (
     SCHEMA_VERSION,
     Migration,
     State,
-    layout_objects,
+    indexes,
     migrate,
     parse_version,
     tables,
@@ -72,7 +72,7 @@ __all__ = [
 _T = TypeVar("_T")
 _SCHEMA = load_sql("retrysafe.stores", "sql/schema.sqlite.sql")
 _TABLES = tables(_SCHEMA["schema"])
-_OBJECTS = layout_objects(_SCHEMA["schema"])
+_INDEXES = indexes(_SCHEMA["schema"])
 
 # Messages of sqlite3.OperationalError that mean "cannot serve now" rather than "a bug".
 _UNAVAILABLE = (
@@ -104,8 +104,7 @@ def _translate(exc: sqlite3.Error, store: str) -> StoreError:
         # A table of an earlier layout, used by a process that did not open the store
         # itself (a Django project before its migration 0002, say).
         return SchemaError(
-            f"SQLite store {store} has an older retrysafe schema: {msg} "
-            "(run `retrysafe migrate --store URL`)",
+            f"SQLite store {store} has an older retrysafe schema: {msg} ({MIGRATE_HINT})",
             store=store,
         )
     return StoreError(f"SQLite store {store} failed: {msg}", store=store)
@@ -663,7 +662,7 @@ def _state(conn: sqlite3.Connection, where: str) -> State:
             have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 missing.append(f"{table}.{column}")
-    unindexed = tuple(n for n in _OBJECTS if n not in present and n not in _TABLES)
+    unindexed = tuple(n for n in _INDEXES if n not in present)
     return State(version, tuple(missing), unindexed)
 
 

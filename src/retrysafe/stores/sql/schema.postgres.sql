@@ -14,7 +14,7 @@ CREATE SCHEMA IF NOT EXISTS {schema};
 SELECT pg_advisory_xact_lock(hashtext(%(schema)s || '.retrysafe_schema'));
 
 -- name: missing_tables
--- The tables and indexes of the layout (retrysafe._schema.layout_objects) that this schema
+-- The tables and indexes of the layout (retrysafe._schema.tables and indexes) that this schema
 -- lacks (an index is a relation too).
 SELECT t FROM unnest(%(tables)s::text[]) AS t WHERE to_regclass(t) IS NULL;
 

@@ -183,7 +183,7 @@ FROM retrysafe_rebuilt_outbox_attempts a JOIN outbox_jobs j ON j.id = a.job_id;
 SELECT name FROM pragma_table_info(:table);
 
 -- name: list_objects
--- Every table, index and trigger (retrysafe._schema.layout_objects names those it needs).
+-- Every table, index and trigger (retrysafe._schema.tables and indexes name those it needs).
 SELECT name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger');
 
 -- name: get_schema_version
