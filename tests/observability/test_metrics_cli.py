@@ -279,14 +279,19 @@ def test_gateway_refuses_metrics_on_its_own_listen_address(
     tmp_path: Path, listen: str, metrics: str
 ) -> None:
     """`--metrics` naming the socket of `--listen`, however spelled: exit 2 before anything
-    starts."""
-    port = str(free_port())
-    done = subprocess.run(
-        _cli("gateway", "--upstream", "http://127.0.0.1:9", "--listen", listen.format(p=port),
-             "--store", f"sqlite:///{tmp_path}/k.db", "--metrics", metrics.format(p=port)),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    starts, and before whether the port is free (here it is taken, as it may be by the time
+    a parallel test's free port is used: the usage error still comes first)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = subprocess.run(
+            _cli("gateway", "--upstream", "http://127.0.0.1:9", "--listen", listen.format(p=port),
+                 "--store", f"sqlite:///{tmp_path}/k.db", "--metrics", metrics.format(p=port)),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
     assert done.returncode == 2, done.stderr
+    assert "own --listen address" in done.stderr
     assert "--metrics" in done.stderr
     assert not (tmp_path / "k.db").exists()
 

@@ -272,10 +272,13 @@ def gateway(
             in_progress_wait=in_progress_wait,
             fail_open=fail_open,
         )
-    check_port_free(host, port)  # before the store: a taken port creates no store either
+    metrics_socket = None
     if metrics_address is not None:
-        metrics_host, metrics_port = parse_listen(metrics_address, option="--metrics")
-        # The same socket however it is spelled (localhost, 0.0.0.0, a wildcard --listen).
+        metrics_socket = metrics_host, metrics_port = parse_listen(
+            metrics_address, option="--metrics"
+        )
+        # The same socket however it is spelled (localhost, 0.0.0.0, a wildcard --listen):
+        # a usage error, so it is told before whether either port is free (exit 2, not 1).
         if reaches_listener(
             metrics_host, metrics_port, listen_host=host, listen_port=port
         ) or reaches_listener(host, port, listen_host=metrics_host, listen_port=metrics_port):
@@ -283,7 +286,9 @@ def gateway(
                 f"{metrics_address} is the gateway's own --listen address {listen}",
                 param_hint="--metrics",
             )
-        check_port_free(metrics_host, metrics_port, option="--metrics", code=2)
+    check_port_free(host, port)  # before the store: a taken port creates no store either
+    if metrics_socket is not None:
+        check_port_free(*metrics_socket, option="--metrics", code=2)
 
     stopper = Stopper()
     with Signals(on_signal=stopper) as signals:
