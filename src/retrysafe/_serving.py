@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -28,6 +28,7 @@ __all__ = [
     "ServerThread",
     "answers",
     "free_port",
+    "last_line",
     "serve_inherited",
     "stop_processes",
 ]
@@ -128,8 +129,26 @@ class ServerThread:
 
 #: Seconds a :class:`ServerProcess` gets to shut down on SIGTERM before it is killed.
 _STOP_WAIT = 1.5
-#: Every live :class:`ServerProcess` of this process (see :func:`stop_processes`).
-_LIVE: set[ServerProcess] = set()
+
+
+class _Child(Protocol):
+    def stop(self, wait: float = ...) -> None: ...
+
+
+#: Every live child process of this process (see :func:`stop_processes`): each
+#: :class:`ServerProcess` and :class:`~retrysafe.demo._proxy.ProxyProcess`.
+_LIVE: set[_Child] = set()
+
+
+def last_line(log: Path | None) -> str:
+    """``": <the last line of output in log>"``, or ``""`` (no log, or nothing in it)."""
+    if log is None:
+        return ""
+    with contextlib.suppress(OSError):
+        lines = log.read_text(errors="replace").strip().splitlines()
+        if lines:
+            return ": " + lines[-1][:300]
+    return ""
 
 
 class ServerProcess:
@@ -234,13 +253,7 @@ class ServerProcess:
 
     def last_output(self) -> str:
         """``": <the child's last line of output>"``, or ``""`` (no log, or nothing in it)."""
-        if self.log is None:
-            return ""
-        with contextlib.suppress(OSError):
-            lines = self.log.read_text(errors="replace").strip().splitlines()
-            if lines:
-                return ": " + lines[-1][:300]
-        return ""
+        return last_line(self.log)
 
     def stop(self, wait: float = _STOP_WAIT) -> None:
         """SIGTERM, then SIGKILL after ``wait`` seconds; returns once the child is gone and
@@ -283,8 +296,9 @@ def answers(host: str, port: int, path: str = "/") -> bool:
 
 
 def stop_processes() -> None:
-    """Kill every live :class:`ServerProcess` of this process at once (SIGKILL, waited
-    for): for a process about to exit without unwinding (a forced exit on a second signal)."""
+    """Kill every live child of this process at once (:class:`ServerProcess`, the demo's
+    proxy; SIGKILL, waited for): for a process about to exit without unwinding (a forced exit
+    on a second signal)."""
     for server in list(_LIVE):
         server.stop(wait=0.0)
 

@@ -60,7 +60,7 @@ def _shown(text: str, limit: int = 120) -> str:
     if len(text) <= limit:
         return text
     head = (limit - 1) * 2 // 3
-    return f"{text[:head]}…{text[-(limit - 1 - head):]}"
+    return f"{text[:head]}…{text[-(limit - 1 - head) :]}"
 
 
 def _parse_line(line: str) -> Any:

@@ -5,7 +5,8 @@
    of its own (as a real service runs apart from its clients: sharing one interpreter lock
    with them, its work would be charged to the pass it serves).
 2. A :class:`~retrysafe.chaos.ChaosProxy` in front of it that loses ``loss_rate`` of the
-   answers *after* the post was published, plus small rates of the other faults.
+   answers *after* the post was published, plus small rates of the other faults; in a
+   process of its own too (as a network is no part of the client).
 3. The same job set sent twice: by the naive client (blind retries, no key) and through the
    outbox worker (a key per job, minted before the first attempt). UNKNOWN jobs are
    reconciled with the same key once the link heals.
@@ -33,12 +34,13 @@ from typing import Any, TypeVar
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeError
 from retrysafe._serving import ServerProcess
-from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, EffectLedger, FaultRates, Report
+from retrysafe.chaos import BeliefState, ClientBelief, EffectLedger, FaultRates, Report
 from retrysafe.chaos import build_report as _build_report
 from retrysafe.client import Outbox, RetryPolicy, Worker, areconcile
 from retrysafe.client._models import JobState
 from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
+from retrysafe.demo._proxy import ProxyProcess
 from retrysafe.stores import SQLiteStore
 
 __all__ = ["MAX_JOBS", "DemoOptions", "DemoResult", "DemoStoppedError", "Progress", "run_demo"]
@@ -212,28 +214,29 @@ class DemoStoppedError(RetrysafeError):
 
 class _Halt:
     """What ends a run early, looked at every :data:`_STOP_POLL` seconds: the caller's
-    ``stop`` event (:class:`DemoStoppedError`), or the service process exiting during the
-    run (a :class:`~retrysafe.RetrysafeError` naming its status and last line: a dead
+    ``stop`` event (:class:`DemoStoppedError`), or a child process exiting during the run (a
+    :class:`~retrysafe.RetrysafeError` naming which, its status and last line: a dead
     service's held socket still accepts connections, so every request would wait out its
-    whole timeout)."""
+    whole timeout; without the proxy every request fails to connect)."""
 
-    __slots__ = ("service", "stop")
+    __slots__ = ("children", "stop")
 
-    def __init__(self, stop: threading.Event | None, service: ServerProcess | None = None):
+    def __init__(
+        self, stop: threading.Event | None, children: dict[str, ServerProcess | ProxyProcess]
+    ) -> None:
         self.stop = stop
-        self.service = service
+        self.children = children
 
     def error(self) -> RetrysafeError | None:
         if self.stop is not None and self.stop.is_set():
             return DemoStoppedError("the demo was stopped")
-        code = None if self.service is None else self.service.exited()
-        if code is not None:
-            assert self.service is not None
-            how = f"signal {-code}" if code < 0 else f"status {code}"
-            return RetrysafeError(
-                f"the demo's publishing service exited ({how}) during the run"
-                f"{self.service.last_output()}"
-            )
+        for name, child in self.children.items():
+            code = child.exited()
+            if code is not None:
+                how = f"signal {-code}" if code < 0 else f"status {code}"
+                return RetrysafeError(
+                    f"the demo's {name} exited ({how}) during the run{child.last_output()}"
+                )
         return None
 
     def check(self) -> None:
@@ -311,24 +314,30 @@ def run_demo(
             ],
             log=work / "service.log",
         )
-        halt = _Halt(stop, service)
+        children: dict[str, ServerProcess | ProxyProcess] = {"publishing service": service}
+        halt = _Halt(stop, children)
         halt.check()
         progress.note("starting the publishing service and the chaos proxy on loopback")
         with contextlib.ExitStack() as running:
             running.callback(service.stop)  # first thing: a stop during start() kills it too
             service.start()
             halt.check()
-            with ChaosProxy(service.url, rates=rates, seed=options.seed) as proxy:
-                url = proxy.url + "/posts"
-                naive = None
-                if options.naive:
-                    naive = _naive_pass(url, job_list, options, ledger, progress, halt)
-                proxy.set_rates(rates)
-                protected = _protected_pass(
-                    url, job_list, options, ledger, proxy, work, progress, halt
-                )
-                faults = proxy.stats().to_dict()
-                progress.note("stopping the service and the proxy")
+            # The proxy runs apart from the clients as well (retrysafe.demo._proxy_child: why).
+            proxy = ProxyProcess(
+                service.url, rates=rates, seed=options.seed, log=work / "proxy.log"
+            )
+            running.callback(proxy.stop)  # stopped first: no request reaches a stopped service
+            children["chaos proxy"] = proxy
+            proxy.start()
+            halt.check()
+            url = proxy.url + "/posts"
+            naive = None
+            if options.naive:
+                naive = _naive_pass(url, job_list, options, ledger, progress, halt)
+            proxy.set_rates(rates)
+            protected = _protected_pass(url, job_list, options, ledger, proxy, work, progress, halt)
+            faults = proxy.stats()
+            progress.note("stopping the service and the proxy")
     return DemoResult(options=options, naive=naive, protected=protected, faults=faults)
 
 
@@ -419,7 +428,7 @@ def _protected_pass(
     jobs: list[dict[str, Any]],
     options: DemoOptions,
     ledger: EffectLedger,
-    proxy: ChaosProxy,
+    proxy: ProxyProcess,
     workdir: Path,
     progress: Progress,
     halt: _Halt,
