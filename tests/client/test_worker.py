@@ -241,15 +241,24 @@ def test_budget_slots_are_one_refill_apart_and_successes_pay_for_the_earliest() 
     assert budgets.credit("e", 100.0) == []  # never spent
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "headers = '[[1]'",
+        # TEXT that is no UTF-8: the claim statement itself failed, after it leased the
+        # jobs, and the worker stopped naming no job.
+        "url = CAST(X'687474703aff' AS TEXT)",
+    ],
+)
 def test_a_job_whose_row_cannot_be_read_is_parked_and_the_worker_goes_on(
-    outbox: Outbox, script: Script, base_url: str
+    outbox: Outbox, script: Script, base_url: str, damage: str
 ) -> None:
     """A job row that something else damaged made every worker that claimed it stop with a
     traceback, again after each restart. It is parked UNKNOWN, never sent; the others go."""
     good = outbox.submit(base_url + "/fine", json={})
     bad = outbox.submit(base_url + "/never", json={})
     with outbox.store.transaction() as conn:  # type: ignore[attr-defined]
-        conn.execute(f"UPDATE outbox_jobs SET headers = '[[1]' WHERE id = '{bad.id}'")
+        conn.execute(f"UPDATE outbox_jobs SET {damage} WHERE id = '{bad.id}'")
     stats = outbox.worker(policy=FAST).run_until_idle()
     assert stats.succeeded == 1 and outbox.get(good.id).state is JobState.SUCCEEDED
     assert script.requests("/never") == []

@@ -681,6 +681,12 @@ _DAMAGE = {
 _SQLITE_DAMAGE = {
     "integer body": "body = 100",
     "infinite attempts": "attempts = 9e999",
+    # TEXT that is no UTF-8 failed the claim statement itself, after its leases were made:
+    # the worker stopped, naming no job.
+    "url that is no UTF-8": "url = CAST(X'687474703aff' AS TEXT)",
+    "headers that are no UTF-8": "headers = CAST(X'5b5b2258222c2022ff225d5d' AS TEXT)",
+    "last error that is no UTF-8": "last_error = CAST(X'ff' AS TEXT)",
+    "last error as a BLOB": "last_error = X'00ff'",
 }
 
 
@@ -690,6 +696,11 @@ def _parked(store: OutboxStore, clause: str) -> None:
         conn.execute(f"UPDATE outbox_jobs SET {clause} WHERE id = '{bad}'")
     claimed = store.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
     assert [j.id for j in claimed] == [good]
+    if "last_error" in clause:  # the parking wrote the reason over it: readable again
+        parked = store.get_job(bad)
+        assert parked is not None and parked.state is JobState.UNKNOWN
+        assert parked.last_error is not None and "cannot be read" in parked.last_error
+        return
     with pytest.raises(DamagedJobError):
         store.get_job(bad)
 

@@ -123,7 +123,9 @@ JOB_COLUMNS = (
     "last_error",
 )
 
-_SQL = Statements("retrysafe.client", "outbox", columns={"job_columns": JOB_COLUMNS})
+_SQL = Statements(
+    "retrysafe.client", "outbox", columns={"job_columns": JOB_COLUMNS}, lenient=["job_columns"]
+)
 
 
 # ---------------------------------------------------------------------- rows
@@ -263,6 +265,9 @@ def _job_from_row(row: Sequence[Any]) -> Job:
         raise TypeError("a text column (id, key, queue, method, url, destination) holds no text")
     if not isinstance(body, (bytes, memoryview)):  # bytes(5) would be five zero bytes
         raise TypeError(f"the body is {type(body).__name__}, not bytes")
+    for text in (lease_token, last_outcome, last_error):
+        if text is not None and type(text) is not str:  # a BLOB, or bytes that are no UTF-8
+            raise TypeError("a text column (lease_token, last_outcome, last_error) holds no text")
     created, updated, due = float(created_at), float(updated_at), float(due_at)
     if not (math.isfinite(created) and math.isfinite(updated) and math.isfinite(due)):
         raise ValueError("a time (created_at, updated_at, due_at) is not finite")

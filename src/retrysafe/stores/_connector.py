@@ -98,19 +98,28 @@ class Statement:
     every run's first statement, ``"count"`` their total), or None. A batch one dialect
     takes in one statement (PostgreSQL: ``jsonb_to_recordset``) can so be plain statements
     per row in another (SQLite, where taking JSON apart costs more than the rows' writes);
-    the operation passes both forms."""
+    the operation passes both forms.
 
-    __slots__ = ("each", "name", "parts")
+    ``lenient``: the rows it returns go to a converter that checks every value (a job's:
+    :func:`~retrysafe.client._store.job_from_row`), so a text value that is no UTF-8 (SQLite
+    stores whatever bytes it is given as TEXT) comes back as ``bytes`` for the converter to
+    report, instead of failing the statement after its writes (a claim's leases) were made.
+    """
+
+    __slots__ = ("each", "lenient", "name", "parts")
 
     def __init__(
         self,
         name: str,
         parts: dict[str, tuple[Any, ...]],
         each: dict[str, str | None] | None = None,
+        *,
+        lenient: bool = False,
     ) -> None:
         self.name = name
         self.parts = parts
         self.each = each or dict.fromkeys(parts)
+        self.lenient = lenient
 
     def __repr__(self) -> str:
         return f"Statement({self.name!r})"
@@ -123,6 +132,8 @@ class Statements:
         columns: column lists by name, substituted for ``{name}`` in every statement of both
             dialects (``RETURNING {job_columns}``): the order a row converter reads lives in
             one place, beside the converter.
+        lenient: the names of ``columns`` whose rows a converter checks value by value: the
+            statements that name one are :attr:`Statement.lenient`.
 
     Raises:
         RuntimeError: (at import) the dialects' files name different statements, or a
@@ -131,7 +142,12 @@ class Statements:
     """
 
     def __init__(
-        self, package: str, feature: str, *, columns: Mapping[str, Sequence[str]] | None = None
+        self,
+        package: str,
+        feature: str,
+        *,
+        columns: Mapping[str, Sequence[str]] | None = None,
+        lenient: Sequence[str] = (),
     ) -> None:
         self.feature = feature
         lists = {f"{{{name}}}": ", ".join(cols) for name, cols in (columns or {}).items()}
@@ -159,6 +175,7 @@ class Statements:
                     "postgres": tuple(p.encode() for p in parts("postgres", name)),
                 },
                 {d: each[d].get(name) for d in DIALECTS},
+                lenient=any(f"{{{c}}}" in texts["sqlite"][name] for c in lenient),
             )
             for name in names
         }

@@ -141,6 +141,26 @@ _EFFECTIVE_IDS = os.access in os.supports_effective_ids
 # ---------------------------------------------------------------------- running operations
 def _execute(conn: sqlite3.Connection, request: Exec) -> Any:
     statement = request.statement
+    if statement.lenient:
+        previous, conn.text_factory = conn.text_factory, _lenient_text  # a caller's, kept
+        try:
+            return _execute_statement(conn, request)
+        finally:
+            conn.text_factory = previous
+    return _execute_statement(conn, request)
+
+
+def _lenient_text(raw: bytes) -> str | bytes:
+    """A TEXT value as ``str``, or as the ``bytes`` stored when they are no UTF-8 (see
+    :attr:`~retrysafe.stores._connector.Statement.lenient`)."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw
+
+
+def _execute_statement(conn: sqlite3.Connection, request: Exec) -> Any:
+    statement = request.statement
     parts = statement.parts["sqlite"]
     each = statement.each["sqlite"]
     if each is not None:

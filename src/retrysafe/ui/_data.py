@@ -53,7 +53,9 @@ LOGGED_UNCHANGED = 20
 CHART_SECONDS = 3600.0
 CHART_BUCKET = 300.0
 
-_SQL = Statements("retrysafe.ui", "console", columns={"job_columns": JOB_COLUMNS})
+_SQL = Statements(
+    "retrysafe.ui", "console", columns={"job_columns": JOB_COLUMNS}, lenient=["job_columns"]
+)
 
 
 @dataclass(frozen=True)
