@@ -694,6 +694,8 @@ def _parked(store: OutboxStore, clause: str) -> None:
     good, bad = _insert(store, 2)
     with store.transaction() as conn:  # type: ignore[attr-defined]
         conn.execute(f"UPDATE outbox_jobs SET {clause} WHERE id = '{bad}'")
+    # A listing leaves it out and shows the others (one damaged row made every listing fail).
+    assert [j.id for j in store.list_jobs(queue="default", states=None, limit=9)] == [good]
     claimed = store.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
     assert [j.id for j in claimed] == [good]
     if "last_error" in clause:  # the parking wrote the reason over it: readable again

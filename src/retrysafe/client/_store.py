@@ -215,6 +215,16 @@ def _readable(rows: Sequence[Sequence[Any]]) -> tuple[list[Job], list[tuple[str,
     return jobs, damaged
 
 
+def readable_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
+    """The jobs of ``rows`` that can be read, for a listing: each damaged row is left out with
+    an ERROR log line naming it and why (one row something else damaged made every listing
+    fail, so an operator saw none of the other jobs)."""
+    jobs, damaged = _readable(rows)
+    for _, why in damaged:
+        logger.error("left out of this listing: %s", why)
+    return jobs
+
+
 def _park_damaged(
     clock: Clock, damaged: list[tuple[str, str]], token: str, now: float
 ) -> Op[None]:
@@ -657,10 +667,11 @@ def resolve_job_id(clock: Clock, prefix: str, *, queue: str) -> Op[str | None]:
 def list_jobs(
     clock: Clock, *, queue: str, states: Sequence[JobState] | None, limit: int
 ) -> Op[list[Job]]:
-    """Jobs of ``queue`` (only in ``states``, when given), oldest first, at most ``limit``."""
+    """Jobs of ``queue`` (only in ``states``, when given), oldest first, at most ``limit``;
+    damaged rows left out (:func:`readable_jobs`)."""
     params = {"queue": queue, "states": states_param(states), "limit": limit}
     rows = yield all_rows(_SQL["list_jobs"], params)
-    return [job_from_row(r) for r in rows]
+    return readable_jobs(rows)
 
 
 def list_attempts(clock: Clock, job_id: str) -> Op[list[Attempt]]:

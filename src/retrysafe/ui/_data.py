@@ -29,7 +29,7 @@ from retrysafe._exceptions import (
     WebhookError,
 )
 from retrysafe.client._models import Attempt, Job, JobState
-from retrysafe.client._store import JOB_COLUMNS, job_from_row, states_param
+from retrysafe.client._store import JOB_COLUMNS, readable_jobs, states_param
 from retrysafe.stores._connector import Op, Statements, all_rows
 
 __all__ = [
@@ -129,7 +129,7 @@ def page_jobs(clock: Any, f: JobFilter, *, limit: int, after: Position | None) -
         **_host_params(f.host, f.port),
     }
     rows = yield all_rows(_SQL["page_jobs"], params)
-    return [job_from_row(r) for r in rows]
+    return readable_jobs(rows)
 
 
 def _attempt_buckets(clock: Any, *, since: float, width: float) -> Op[list[tuple[int, str, int]]]:
