@@ -7,6 +7,7 @@ service, which so never shares an interpreter lock with the clients it is measur
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.client
 import os
 import signal
@@ -193,7 +194,9 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> ServerProcess:
-        listener = self._listener = socket.create_server((self.host, 0), backlog=1024)
+        listener = self._listener = _above_stdio(
+            socket.create_server((self.host, 0), backlog=1024)
+        )
         self.port = listener.getsockname()[1]
         fd = listener.fileno()
         argv = [sys.executable, "-m", self.module, *self.args]
@@ -278,6 +281,17 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _above_stdio(sock: socket.socket) -> socket.socket:
+    """``sock`` on a descriptor above 2. A parent started with stdin or stdout closed gets
+    descriptor 0 or 1 for a new socket, which the child's ``/dev/null`` stdin or its log then
+    replaced (the child failed with "Socket operation on non-socket")."""
+    if sock.fileno() > 2:
+        return sock
+    moved = socket.socket(fileno=fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, 3))
+    sock.close()
+    return moved
 
 
 def answers(host: str, port: int, path: str = "/") -> bool:

@@ -8,7 +8,10 @@ and exits 130 when Ctrl-C interrupts a command.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -78,6 +81,17 @@ class _LazyGroup(click.Group):
         except click.ClickException as exc:
             click.echo(f"retrysafe: error: {clip(exc.format_message())}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if exc.errno not in _CANNOT_WRITE:
+                raise
+            # The results could not be written (`jobs list >/dev/full`): one line, and what
+            # is still buffered for stdout dropped so that exit does not fail again.
+            with contextlib.suppress(OSError, ValueError):
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1)
+                os.close(null)
+            click.echo(f"retrysafe: error: cannot write: {exc.strerror or exc}", err=True)
+            sys.exit(1)
         except click.Abort as exc:
             if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
                 click.echo("retrysafe: interrupted", err=True)
@@ -85,6 +99,10 @@ class _LazyGroup(click.Group):
             click.echo("retrysafe: aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+#: The errors of a write that cannot be done (a full disk, a quota, an I/O error).
+_CANNOT_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
 def _usage_line(exc: click.UsageError) -> None:

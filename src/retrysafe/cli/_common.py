@@ -714,15 +714,27 @@ class ProgressStream:
 def stdout_may_close() -> Iterator[None]:
     """Write results on stdout in this block; should its reader leave (``| head -1``), the
     rest is dropped without a traceback (stdout is pointed at the null device, so nothing
-    fails at exit either) and the command goes on to exit by its own status."""
+    fails at exit either) and the command goes on to exit by its own status. Started with
+    stdout closed (``>&-``), there is nowhere to write: the results are dropped. A stdout that
+    cannot take them (a full disk, ``>/dev/full``) exits 1 with one line."""
+    if sys.stdout is None:  # Python's stand-in for a closed descriptor 1
+        yield
+        return
     try:
         yield
         sys.stdout.flush()
     except BrokenPipeError:
-        with suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, sys.stdout.fileno())
-            os.close(null)
+        _stdout_to_null()
+    except OSError as exc:
+        _stdout_to_null()  # what is still buffered would fail again at exit
+        fail(f"cannot write the results to stdout: {exc.strerror or exc}", EXIT_FAILED)
+
+
+def _stdout_to_null() -> None:
+    with suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 def results_console() -> Any:

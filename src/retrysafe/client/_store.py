@@ -31,11 +31,17 @@ import logging
 import math
 import re
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from retrysafe._exceptions import ConfigurationError, DamagedJobError, StoreError
+from retrysafe._exceptions import (
+    ConfigurationError,
+    DamagedJobError,
+    RetrysafeWarning,
+    StoreError,
+)
 from retrysafe.client._jobs import RESERVED_HEADERS
 from retrysafe.client._models import Attempt, Finish, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count as positive
@@ -216,12 +222,12 @@ def _readable(rows: Sequence[Sequence[Any]]) -> tuple[list[Job], list[tuple[str,
 
 
 def readable_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
-    """The jobs of ``rows`` that can be read, for a listing: each damaged row is left out with
-    an ERROR log line naming it and why (one row something else damaged made every listing
-    fail, so an operator saw none of the other jobs)."""
+    """The jobs of ``rows`` that can be read, for a listing: each damaged row is left out
+    with a :class:`~retrysafe.RetrysafeWarning` naming it and why (one row something else
+    damaged made every listing fail, so an operator saw none of the other jobs)."""
     jobs, damaged = _readable(rows)
     for _, why in damaged:
-        logger.error("left out of this listing: %s", why)
+        warnings.warn(f"left out of this listing: {why}", RetrysafeWarning, stacklevel=2)
     return jobs
 
 
