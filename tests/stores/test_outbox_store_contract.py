@@ -677,6 +677,10 @@ _DAMAGE = {
     "headers object": """headers = '{"ab": 1}'""",
     "header pair of numbers": "headers = '[[1, 2]]'",
     "NaN creation time": "created_at = 'NaN'",
+    # An empty or overlong key went out as it was (a fresh-user pass).
+    "empty key": "idempotency_key = ''",
+    "overlong key": f"idempotency_key = '{'k' * 300}'",
+    "key with a space": "idempotency_key = 'a b'",
 }
 _SQLITE_DAMAGE = {
     "integer body": "body = 100",
@@ -771,3 +775,28 @@ def test_hasten_moves_a_deferred_job_only_while_its_due_time_is_the_deferrals(
     assert got is not None and got.due_at == T0 + 1 and got.state is JobState.PENDING
     other = outbox_store.get_job(rescheduled)
     assert other is not None and other.due_at == T0 + 30.5
+
+
+def test_a_state_retrysafe_never_writes_is_left_alone_with_a_warning(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A row in a state of no JobState (its CHECK constraint ignored) made the counts raise
+    ValueError: `worker --until-idle`, `jobs list` and the console's overview stopped with a
+    traceback (a fresh-user pass). It is neither claimed nor counted, with a warning."""
+    store = open_test_store("sqlite", request, tmp_path)
+    try:
+        box = outbox_store(store)
+        good, bad = _insert(box, 2)
+        with box.transaction() as conn:  # type: ignore[attr-defined]
+            conn.execute("PRAGMA ignore_check_constraints = ON")
+            conn.execute(f"UPDATE outbox_jobs SET state = 'bogus' WHERE id = '{bad}'")
+        with pytest.warns(RetrysafeWarning, match=r"1 job\(s\) in a state .*'bogus'"):
+            counts = box.count_jobs(queue="default")
+        assert counts[JobState.PENDING] == 1 and sum(counts.values()) == 1
+        with pytest.warns(RetrysafeWarning, match="'bogus'"):
+            stats = box.job_stats(now=T0)
+        assert [(s, n) for _, s, n, _ in stats] == [(JobState.PENDING, 1)]
+        claimed = box.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
+        assert [j.id for j in claimed] == [good]
+    finally:
+        store.close()

@@ -45,7 +45,7 @@ from retrysafe._exceptions import (
 from retrysafe.client._jobs import RESERVED_HEADERS
 from retrysafe.client._models import Attempt, Finish, Job, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count as positive
-from retrysafe.core import RACE_LIMIT
+from retrysafe.core import RACE_LIMIT, parse_key
 from retrysafe.stores._connector import (
     Clock,
     JsonText,
@@ -284,6 +284,9 @@ def _job_from_row(row: Sequence[Any]) -> Job:
     for text in (lease_token, last_outcome, last_error):
         if text is not None and type(text) is not str:  # a BLOB, or bytes that are no UTF-8
             raise TypeError("a text column (lease_token, last_outcome, last_error) holds no text")
+    if parse_key(key) != key:  # the submission's own rule (SPEC §2): an empty or overlong
+        # key went out as it was, and the endpoint ran the effect unprotected
+        raise ValueError("the idempotency key is not 1–255 visible ASCII characters")
     created, updated, due = float(created_at), float(updated_at), float(due_at)
     if not (math.isfinite(created) and math.isfinite(updated) and math.isfinite(due)):
         raise ValueError("a time (created_at, updated_at, due_at) is not finite")
@@ -690,8 +693,26 @@ def count_jobs(clock: Clock, *, queue: str) -> Op[dict[JobState, int]]:
     """How many jobs of ``queue`` are in each state (every state present, 0 included)."""
     counts = dict.fromkeys(JobState, 0)
     for state, n in (yield all_rows(_SQL["count_jobs"], {"queue": queue})):
-        counts[JobState(state)] = int(n)
+        known = _known_state(state, int(n))
+        if known is not None:
+            counts[known] = int(n)
     return counts
+
+
+def _known_state(state: Any, n: int) -> JobState | None:
+    """The :class:`JobState` of a stored state, or None, with a warning, for one retrysafe
+    never writes (a row changed by hand, its CHECK constraint dropped): such jobs are never
+    claimed nor counted, where a traceback stopped the worker, `jobs list` and the console."""
+    known = _STATES.get(state) if isinstance(state, str) else None
+    if known is None:
+        warnings.warn(
+            f"{n} job(s) in a state retrysafe does not know ({str(state)[:40]!r}), written by "
+            "something else: left alone (neither claimed nor counted); correct or delete them "
+            "in the database",
+            RetrysafeWarning,
+            stacklevel=3,
+        )
+    return known
 
 
 def job_stats(clock: Clock, *, now: float) -> Op[list[tuple[str, JobState, int, float]]]:
@@ -704,7 +725,9 @@ def job_stats(clock: Clock, *, now: float) -> Op[list[tuple[str, JobState, int, 
     for queue, state, n, oldest, server_now in rows:
         at = now if server_now is None else float(server_now)
         age = 0.0 if oldest is None else max(0.0, at - float(oldest))
-        out.append((str(queue), JobState(state), int(n), age))
+        known = _known_state(state, int(n))
+        if known is not None:
+            out.append((str(queue), known, int(n), age))
     return out
 
 
