@@ -261,6 +261,7 @@ def test_a_job_whose_row_cannot_be_read_is_parked_and_the_worker_goes_on(
         conn.execute(f"UPDATE outbox_jobs SET {damage} WHERE id = '{bad.id}'")
     stats = outbox.worker(policy=FAST).run_until_idle()
     assert stats.succeeded == 1 and outbox.get(good.id).state is JobState.SUCCEEDED
+    assert stats.unknown == 1  # parked: left UNKNOWN (a run that parked one said none was)
     assert script.requests("/never") == []
     with outbox.store.transaction() as conn:  # type: ignore[attr-defined]
         state = conn.execute(f"SELECT state FROM outbox_jobs WHERE id = '{bad.id}'").fetchone()

@@ -18,6 +18,7 @@ import pytest
 from retrysafe import DamagedJobError, JobState, RetrysafeWarning
 from retrysafe.client import AsyncOutboxStore, Attempt, NewJob, OutboxStore, outbox_store
 from retrysafe.client._models import Finish
+from retrysafe.client._store import parked_by
 
 from .conftest import open_test_store
 
@@ -653,6 +654,7 @@ def test_a_claimed_job_whose_row_cannot_be_read_is_parked_unknown_and_the_others
         conn.execute(f"UPDATE outbox_jobs SET headers = '{{not json' WHERE id = '{bad}'")
     claimed = outbox_store.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
     assert [j.id for j in claimed] == [good]
+    assert parked_by(claimed) == (bad,)  # what the worker counts as left UNKNOWN
     with outbox_store.transaction() as conn:  # type: ignore[attr-defined]
         state, token, attempts, error = conn.execute(
             "SELECT state, lease_token, attempts, last_error FROM outbox_jobs "
@@ -664,9 +666,10 @@ def test_a_claimed_job_whose_row_cannot_be_read_is_parked_unknown_and_the_others
         outbox_store.get_job(bad)
     assert info.value.job_id == bad
     # Reconcile's claim of UNKNOWN jobs parks it the same way, and never returns it.
-    assert outbox_store.claim_unknown_jobs(
+    again = outbox_store.claim_unknown_jobs(
         queue="default", token="r", now=T0 + 2, lease=5, limit=10, ids=None
-    ) == []
+    )
+    assert again == [] and parked_by(again) == (bad,)
 
 
 #: Damage only something other than retrysafe writes (SQL SET clauses): on either store, and
@@ -794,7 +797,7 @@ def test_a_state_retrysafe_never_writes_is_left_alone_with_a_warning(
             counts = box.count_jobs(queue="default")
         assert counts[JobState.PENDING] == 1 and sum(counts.values()) == 1
         with pytest.warns(RetrysafeWarning, match="'bogus'"):
-            stats = box.job_stats(now=T0)
+            stats = box.job_stats(now=T0)  # type: ignore[attr-defined]
         assert [(s, n) for _, s, n, _ in stats] == [(JobState.PENDING, 1)]
         claimed = box.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
         assert [j.id for j in claimed] == [good]

@@ -221,6 +221,26 @@ def _readable(rows: Sequence[Sequence[Any]]) -> tuple[list[Job], list[tuple[str,
     return jobs, damaged
 
 
+class Claimed(list[Job]):
+    """A claim's jobs, and :attr:`parked`: the ids of the damaged jobs it parked UNKNOWN
+    instead of returning them (never sent; see :func:`job_from_row`), which the worker and
+    reconcile count as left UNKNOWN (a run that parked one exited 0, saying none was)."""
+
+    parked: tuple[str, ...] = ()
+
+
+def parked_by(claimed: Sequence[Job]) -> tuple[str, ...]:
+    """The ids of the damaged jobs the claim that returned ``claimed`` parked (none from a
+    store of one's own, whose claims return plain lists)."""
+    return claimed.parked if isinstance(claimed, Claimed) else ()
+
+
+def _claimed(jobs: list[Job], damaged: list[tuple[str, str]]) -> Claimed:
+    out = Claimed(jobs)
+    out.parked = tuple(job_id for job_id, _ in damaged)
+    return out
+
+
 def readable_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
     """The jobs of ``rows`` that can be read, for a listing: each damaged row is left out
     with a :class:`~retrysafe.RetrysafeWarning` naming it and why (one row something else
@@ -434,7 +454,7 @@ def claim_jobs(
     jobs, damaged = _readable(rows)
     if damaged:
         yield from _park_damaged(clock, damaged, token, now)
-    return sorted(jobs, key=_oldest_first)
+    return _claimed(sorted(jobs, key=_oldest_first), damaged)
 
 
 def _oldest_first(job: Job) -> tuple[float, str]:
@@ -465,7 +485,7 @@ def claim_unknown_jobs(
     jobs, damaged = _readable(rows)
     if damaged:
         yield from _park_damaged(clock, damaged, token, now)
-    return jobs
+    return _claimed(jobs, damaged)
 
 
 def finish_attempt(

@@ -50,7 +50,7 @@ from retrysafe.client._policy import (
     seconds,
 )
 from retrysafe.client._sender import SendResult, make_engine, send_attempt
-from retrysafe.client._store import StoreArg, open_outbox_store
+from retrysafe.client._store import StoreArg, open_outbox_store, parked_by
 from retrysafe.core import (
     MAX_RUN_TIME,
     Action,
@@ -1179,10 +1179,12 @@ class Worker:
             )
         )
         try:
-            return await asyncio.shield(claim)
+            claimed: list[Job] = await asyncio.shield(claim)
         except asyncio.CancelledError:
             await self._give_back_claim(claim)
             raise
+        self.stats.unknown += len(parked_by(claimed))  # left UNKNOWN, never sent
+        return claimed
 
     def _start(
         self,
@@ -1782,7 +1784,7 @@ async def areconcile(
         return ReconcileReport(
             succeeded=counts[JobState.SUCCEEDED],
             rejected=counts[JobState.REJECTED],
-            unknown=counts[JobState.UNKNOWN],
+            unknown=counts[JobState.UNKNOWN] + len(parked_by(jobs)),  # parked again: damaged
             jobs=tuple(finals),
         )
     finally:
