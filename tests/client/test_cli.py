@@ -623,3 +623,27 @@ def test_sigterm_on_reconcile_gives_its_jobs_back_as_unknown_and_exits_143(
     with Outbox(store) as outbox:
         final = outbox.get(job.id)
     assert final.state is JobState.UNKNOWN and final.key == job.key
+
+
+def test_stored_text_is_shown_as_it_is_never_as_markup_or_terminal_codes(
+    tmp_path: Path,
+) -> None:
+    """A key of `[/]` is a valid key and stopped `jobs list` with rich's MarkupError; one of
+    `[bold]x` restyled the row; a last error holding ESC retitled the terminal in `jobs show`
+    (a fresh-user pass). Each is shown as it is stored, control characters escaped."""
+    db = f"sqlite:///{tmp_path}/o.db"
+    with Outbox(db) as outbox:
+        closing = outbox.submit("http://127.0.0.1:9/a", json={}, key="[/]")
+        outbox.submit("http://127.0.0.1:9/b", json={}, key="[bold]x")
+    with Outbox(db) as again, again.store.transaction() as conn:  # type: ignore[attr-defined]
+        conn.execute(
+            "UPDATE outbox_jobs SET last_error = ? WHERE id = ?",
+            ("\x1b]0;pwned\x07 boom", closing.id),
+        )
+    code, out, err = _run("jobs", "list", "--store", db)
+    assert code == 0, err
+    assert "[/]" in out and "[bold]x" in out
+    code, out, err = _run("jobs", "show", closing.id, "--store", db)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "last error: \\x1b]0;pwned\\x07 boom" in out

@@ -29,6 +29,7 @@ from retrysafe.cli._common import (
     fail,
     json_option,
     opened_store,
+    plain_table,
     print_table,
     store_option,
 )
@@ -110,9 +111,7 @@ def runs(store: str, limit: int, as_json: bool) -> None:
     if as_json:
         _emit([_run_dict(r) for r in records])
         return
-    from rich.table import Table
-
-    table = Table(title="agent runs")
+    table = plain_table(title="agent runs")
     table.add_column("run id", no_wrap=True)
     for col in ("state", "calls", "unknown", "max steps", "max attempts", "created", "reason"):
         table.add_column(col, overflow="fold")
@@ -151,11 +150,10 @@ def calls(run_id: str, store: str, as_json: bool, wide: bool) -> None:
         _emit([_call_dict(c) for c in rows])
         return
     from rich import box
-    from rich.table import Table
 
     # Fits 80 columns: no rules between columns, a shortened key, short columns that never
     # wrap; only the result wraps. --wide adds the full key, kind, arguments hash and times.
-    table = Table(title=f"calls of agent run {run_id}", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = plain_table(title=f"calls of agent run {run_id}", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("step", justify="right", no_wrap=True)
     table.add_column("tool", no_wrap=True)
     if wide:

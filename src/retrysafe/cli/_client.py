@@ -39,10 +39,12 @@ from retrysafe.cli._common import (
     json_option,
     metrics_option,
     opened_store,
+    plain_table,
     print_table,
     read_json_argument,
     serving_metrics,
     store_option,
+    visible_text,
 )
 from retrysafe.client import (
     DEAD_LETTER_STATES,
@@ -148,9 +150,7 @@ def _job_dict(job: Job, *, body: bool = False) -> dict[str, Any]:
 
 
 def _jobs_table(jobs: list[Job], title: str) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title)
+    table = plain_table(title=title)
     table.add_column("id", no_wrap=True, min_width=12)
     table.add_column("state", no_wrap=True)
     for col in ("attempts", "last", "method", "url", "created", "key"):
@@ -174,9 +174,7 @@ def _attempts_table(
     attempts: list[Attempt], *, title: str = "attempts", jobs: list[str] | None = None
 ) -> Any:
     """The attempts, one row each; ``jobs`` (the job id of each attempt) adds a job column."""
-    from rich.table import Table
-
-    table = Table(title=title)
+    table = plain_table(title=title)
     columns = ["#", "started", "duration", "outcome", "status", "error", "replayed", "counted"]
     for col in ["job", *columns] if jobs is not None else columns:
         table.add_column(col)
@@ -582,8 +580,8 @@ def jobs_show(store: str, job_id: str, as_json: bool) -> None:
         _emit({**_job_dict(job, body=True), "attempt_log": [a.to_dict() for a in attempts]})
         return
     print_table(_jobs_table([job], f"job {job.id}"))
-    if job.last_error:
-        click.echo(f"last error: {job.last_error}")
+    if job.last_error:  # a server's words, or a hand-made row's: no control characters
+        click.echo(f"last error: {visible_text(job.last_error)}")
     print_table(_attempts_table(attempts))
 
 
@@ -644,9 +642,7 @@ def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
     except asyncio.CancelledError:
         if not terminated:
             raise
-    click.echo(
-        "retrysafe: stopped by SIGTERM: every job it had claimed is UNKNOWN again", err=True
-    )
+    click.echo("retrysafe: stopped by SIGTERM: every job it had claimed is UNKNOWN again", err=True)
     raise SystemExit(EXIT_SIGTERM)
 
 

@@ -72,12 +72,15 @@ __all__ = [
     "no_store_message",
     "opened_store",
     "parse_listen",
+    "plain_cell",
+    "plain_table",
     "print_table",
     "progress_console",
     "results_console",
     "serving_metrics",
     "stdout_may_close",
     "store_option",
+    "visible_text",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -416,9 +419,7 @@ def _remember_schema(ctx: click.Context, param: click.Parameter, value: str | No
         ctx.meta[_SCHEMA_META] = value
 
 
-def remember_schema(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> str | None:
+def remember_schema(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """The callback of a command's own ``--schema`` (``migrate``, ``ui``): a schema other
     than public is named in the ``retrysafe migrate`` command its errors suggest."""
     if value != "public":
@@ -567,6 +568,46 @@ def print_table(*renderables: Any) -> None:
         console = Console(width=max(width, 20))
     for r in renderables:
         console.print(r)
+
+
+# ---------------------------------------------------------------------- stored text shown
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def visible_text(text: str, *, keep: str = "") -> str:
+    """``text`` with every character a terminal would act on or not show — control
+    characters (ESC, BEL, CR, …) and the other non-printable ones (``str.isprintable``) —
+    written as an escape (``\\x1b``, ``\\u200b``), except those in ``keep``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
+
+
+def plain_cell(text: str) -> Any:
+    """Stored text (or text naming a store) for a table: a rich ``Text``, so ``[…]`` is never
+    read as markup, with its control characters shown escaped."""
+    from rich.text import Text
+
+    return Text(visible_text(text))
+
+
+def plain_table(**options: Any) -> Any:
+    """A rich ``Table`` whose ``str`` cells are :func:`plain_cell`: a table of stored values
+    (an idempotency key of ``[/]`` is a valid key, and stopped `jobs list` with a markup
+    error; one of ``[bold]`` restyled the row). A ``str`` title is plain too."""
+    from rich.table import Table
+
+    class _Plain(Table):
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            cells = [plain_cell(r) if isinstance(r, str) else r for r in renderables]
+            super().add_row(*cells, **kwargs)
+
+    title = options.pop("title", None)
+    return _Plain(title=plain_cell(title) if isinstance(title, str) else title, **options)
 
 
 # ---------------------------------------------------------------------- listen addresses

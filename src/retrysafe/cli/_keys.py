@@ -51,7 +51,9 @@ from retrysafe.cli._common import (
     fail,
     json_option,
     opened_store,
+    plain_cell,
     print_table,
+    visible_text,
 )
 from retrysafe.core import (
     Claim,
@@ -171,12 +173,7 @@ class KeyPrefix(StrParamType):
     name = "text"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if (
-            not isinstance(value, str)
-            or not value
-            or len(value) > 200
-            or not value.isprintable()
-        ):
+        if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable():
             self.fail(
                 f"{_shown_value(value)} is not a key prefix (1 to 200 printable "
                 f"characters, like the default {_DEFAULT_PREFIX!r}; an empty one would mix "
@@ -571,30 +568,6 @@ def _relative(ts: float, now: float) -> str:
     return f"in {text}" if delta >= 0 else f"{text} ago"
 
 
-def _escape(char: str) -> str:
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def _visible(text: str, *, keep: str = "") -> str:
-    """``text`` with every character a terminal would act on or not show — control
-    characters (ESC, BEL, CR, …) and the other non-printable ones (``str.isprintable``) —
-    written as an escape (``\\x1b``, ``\\u200b``), except those in ``keep``."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
-
-
-def _cell(text: str) -> Any:
-    """Stored text (or text naming a store) for a table: a rich ``Text``, so ``[…]`` is never
-    read as markup, with its control characters shown escaped."""
-    from rich.text import Text
-
-    return Text(_visible(text))
-
-
 def next_attempt(entry: KeyEntry, now: float) -> tuple[str, str]:
     """What a repeat of the request that claimed ``entry`` would get now (SPEC §3, by
     :func:`retrysafe.core.decide`): a short name and a sentence."""
@@ -671,7 +644,7 @@ def _size(n: int | None) -> str:
 def _keys_table(entries: list[KeyEntry], title: str, now: float) -> Any:
     from rich.table import Table
 
-    table = Table(title=_cell(title))
+    table = Table(title=plain_cell(title))
     table.add_column("key hash", no_wrap=True, min_width=16)
     table.add_column("state", no_wrap=True)
     for col in ("created", "expires", "status", "body", "token", "next attempt"):
@@ -719,7 +692,7 @@ def _show_table(entry: KeyEntry, now: float) -> Any:
         ("replayable", replayable),
     ]
     for name, value in [*rows, *((f"header {k}", v) for k, v in entry.headers)]:
-        table.add_row(_cell(name), _cell(value))
+        table.add_row(plain_cell(name), plain_cell(value))
     return table
 
 
@@ -738,7 +711,7 @@ def _print_body(body: bytes) -> None:
     except UnicodeDecodeError:
         click.echo(f"body: {len(body)} bytes, not UTF-8 (--json gives body_base64)")
         return
-    shown = _visible(text, keep="\n\t")
+    shown = visible_text(text, keep="\n\t")
     if shown != text:
         click.echo(
             f"body: {len(body)} bytes, control characters shown escaped (as \\x1b); "

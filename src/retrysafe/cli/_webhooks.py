@@ -37,6 +37,7 @@ from retrysafe.cli._common import (
     json_option,
     metrics_option,
     opened_store,
+    plain_table,
     print_table,
     read_json_argument,
     serving_metrics,
@@ -149,9 +150,7 @@ def _hooks(
 
 
 def _endpoints_table(endpoints: list[WebhookEndpoint]) -> Any:
-    from rich.table import Table
-
-    table = Table(title="webhook endpoints")
+    table = plain_table(title="webhook endpoints")
     table.add_column("id", no_wrap=True)
     for col in ("url", "event types", "enabled", "schedule", "failures", "created"):
         table.add_column(col, overflow="fold")
@@ -170,9 +169,7 @@ def _endpoints_table(endpoints: list[WebhookEndpoint]) -> Any:
 
 
 def _deliveries_table(deliveries: list[WebhookDelivery], title: str) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title)
+    table = plain_table(title=title)
     table.add_column("id", no_wrap=True, min_width=12)
     for col in ("state", "event", "type", "endpoint", "sends", "last", "updated"):
         table.add_column(col, overflow="fold")
