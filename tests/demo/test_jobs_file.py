@@ -47,11 +47,14 @@ def _refused(path: Path, count: int = 1) -> str:
         (['{"job_id": "  "}'], 1, "job_id is empty"),
         (['{"job_id": "a\\nb"}'], 1, "control characters"),
         ([f'{{"job_id": "{"x" * (MAX_JOB_ID + 1)}"}}'], 1, f"over {MAX_JOB_ID}"),
+        # Lone surrogates passed, and failed the run when the outbox recorded the job.
+        (['{"job_id": "a", "x": {"y": ["\\ud800"]}}'], 1, "\\ud800, a lone surrogate"),
+        (['{"job_id": "\\udfff"}'], 1, "\\udfff, a lone surrogate"),
     ],
     ids=[
         "duplicate", "default-collides", "int-and-str", "copy-name", "copy-name-alone", "nan",
         "infinity", "minus-infinity", "overflow", "huge-int", "deep", "null-id", "bool-id",
-        "list-id", "blank-id", "control-id", "long-id",
+        "list-id", "blank-id", "control-id", "long-id", "surrogate", "surrogate-id",
     ],
 )  # fmt: skip
 def test_bad_job_is_refused_naming_file_line_and_problem(

@@ -99,6 +99,19 @@ def _job_id(job: dict[str, Any], lineno: int) -> str:
     return text
 
 
+def _check_text(job: dict[str, Any]) -> None:
+    """Every string of ``job`` is Unicode text: JSON's ``\\ud800`` escape reads as a lone
+    surrogate, which passed here and failed the run when the outbox recorded the job (after
+    the naive pass, exit 1 instead of 2)."""
+    try:
+        json.dumps(job, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        lone = exc.object[exc.start : exc.end].encode("unicode_escape").decode()
+        raise _LineError(
+            f"a string holds {lone}, a lone surrogate (half of a UTF-16 pair): no text"
+        ) from None
+
+
 def job_body(job: dict[str, Any], tag: str) -> dict[str, Any]:
     """The body sent for ``job`` in the pass ``tag``: the job plus ``operation = tag:job_id``."""
     return {**job, "operation": f"{tag}:{job['job_id']}"}
@@ -153,6 +166,7 @@ def read_jobs(
             job = _parse_line(line)
             if not isinstance(job, dict):
                 raise _LineError(f"expected a JSON object, got {type(job).__name__}")
+            _check_text(job)
             default = "job_id" not in job
             job_id = _job_id(job, lineno)
             if job_id in first_line:
