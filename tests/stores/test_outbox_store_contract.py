@@ -665,6 +665,15 @@ def test_a_claimed_job_whose_row_cannot_be_read_is_parked_unknown_and_the_others
     with pytest.raises(DamagedJobError, match="headers") as info:
         outbox_store.get_job(bad)
     assert info.value.job_id == bad
+    # An operator's retry of it fails, and changes nothing (it moved the job to PENDING
+    # and then reported the failure, so the next worker parked it again).
+    with pytest.raises(DamagedJobError):
+        outbox_store.transition_job(
+            bad, from_states=[JobState.UNKNOWN], state=JobState.PENDING, now=T0 + 2, reset=True
+        )
+    with outbox_store.transaction() as conn:  # type: ignore[attr-defined]
+        row = conn.execute(f"SELECT state FROM outbox_jobs WHERE id = '{bad}'").fetchone()
+    assert row[0] == "unknown"
     # Reconcile's claim of UNKNOWN jobs parks it the same way, and never returns it.
     again = outbox_store.claim_unknown_jobs(
         queue="default", token="r", now=T0 + 2, lease=5, limit=10, ids=None

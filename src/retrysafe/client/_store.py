@@ -842,7 +842,7 @@ class SQLOutboxStore(OnConnector):
     finish_attempts = sync_op(finish_attempts)
     release_job = sync_op(release_job)
     extend_job_lease = sync_op(extend_job_lease)
-    transition_job = sync_op(transition_job)
+    transition_job = sync_op(transition_job, atomic=True)  # a damaged row: nothing changes
     get_job = sync_op(get_job)
     job_ids_with_prefix = sync_op(job_ids_with_prefix)
     resolve_job_id = sync_op(resolve_job_id)
