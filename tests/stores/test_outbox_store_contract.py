@@ -812,3 +812,30 @@ def test_a_state_retrysafe_never_writes_is_left_alone_with_a_warning(
         assert [j.id for j in claimed] == [good]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "clause",
+    [
+        "due_at = 'abc'",  # text sorts after every number: never <= now
+        "due_at = X'00'",  # so does a BLOB
+        "state = 'in_flight', lease_token = 'gone', lease_expires_at = NULL",
+    ],
+)
+def test_a_job_sqlite_would_never_find_due_is_claimed(
+    tmp_path: Path, request: pytest.FixtureRequest, clause: str
+) -> None:
+    """A due time that is no number, or a lease without an end, made a job wait for ever,
+    and `worker --until-idle` with it, silently (a fresh-user pass): it is claimed now (the
+    claim sets its due time and lease afresh)."""
+    store = open_test_store("sqlite", request, tmp_path)
+    try:
+        box = outbox_store(store)
+        (job_id,) = _insert(box, 1)
+        with box.transaction() as conn:  # type: ignore[attr-defined]
+            conn.execute(f"UPDATE outbox_jobs SET {clause} WHERE id = '{job_id}'")
+        claimed = box.claim_jobs(queue="default", token="t", now=T0 + 1, lease=30, limit=9)
+        assert [j.id for j in claimed] == [job_id]
+        assert claimed[0].due_at == T0 + 31 and claimed[0].lease_token == "t"
+    finally:
+        store.close()
