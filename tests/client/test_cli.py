@@ -640,10 +640,12 @@ def test_stored_text_is_shown_as_it_is_never_as_markup_or_terminal_codes(
             "UPDATE outbox_jobs SET last_error = ? WHERE id = ?",
             ("\x1b]0;pwned\x07 boom", closing.id),
         )
-    code, out, err = _run("jobs", "list", "--store", db)
-    assert code == 0, err
-    assert "[/]" in out and "[bold]x" in out
-    code, out, err = _run("jobs", "show", closing.id, "--store", db)
+    wide = {"COLUMNS": "300"}  # whole cells, whatever the suite's terminal
+    listed = CliRunner().invoke(cli, ["jobs", "list", "--store", db], env=wide)
+    assert listed.exit_code == 0, listed.stderr
+    assert "[/]" in listed.stdout and "[bold]x" in listed.stdout
+    shown = CliRunner().invoke(cli, ["jobs", "show", closing.id, "--store", db], env=wide)
+    code, out, err = shown.exit_code, shown.stdout, shown.stderr
     assert code == 0, err
     assert "\x1b" not in out and "\x07" not in out
     assert "last error: \\x1b]0;pwned\\x07 boom" in out

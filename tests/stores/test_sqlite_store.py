@@ -565,8 +565,9 @@ def test_a_refused_file_is_left_exactly_as_it_was(tmp_path: Path, kind: str) -> 
 
 def test_one_index_finds_due_jobs_and_expired_leases(tmp_path: Path) -> None:
     """A new store has no index on lease_expires_at (a leased job's due_at is its lease's
-    end), and both branches of the claim walk outbox_jobs_due: a claim or a finish moves
-    one index entry per job, and no claim scans the table."""
+    end), and every branch of the claim (due, expired lease, a due time that is no number)
+    walks outbox_jobs_due: a claim or a finish moves one index entry per job, and no claim
+    scans the table."""
     from retrysafe.client._store import _SQL
 
     with SQLiteStore(tmp_path / "s.db") as store:
@@ -584,7 +585,7 @@ def test_one_index_finds_due_jobs_and_expired_leases(tmp_path: Path) -> None:
     finally:
         conn.close()
     for plan in plans:
-        assert sum("USING INDEX outbox_jobs_due" in step for step in plan) == 2, plan
+        assert sum("USING INDEX outbox_jobs_due" in step for step in plan) == 3, plan
         assert not any(step.startswith("SCAN outbox_jobs") for step in plan), plan
 
 
