@@ -31,6 +31,7 @@ __all__ = [
     "free_port",
     "last_line",
     "serve_inherited",
+    "spawn_child",
     "stop_processes",
 ]
 
@@ -141,6 +142,39 @@ class _Child(Protocol):
 _LIVE: set[_Child] = set()
 
 
+def spawn_child(
+    owner: _Child,
+    argv: list[str],
+    *,
+    log: Path | None,
+    pipes: bool = False,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` for ``owner`` (a :class:`ServerProcess` or the demo's proxy), which is
+    live from now on (:func:`stop_processes`), in a session of its own (a terminal's Ctrl-C
+    reaches this process, which stops it). Its output goes to ``log`` (appended; default
+    discarded); with ``pipes``, stdin and stdout are pipes to this process (stderr alone to
+    ``log``). A failure to start stops ``owner`` and is raised."""
+    out = log.open("ab") if log is not None else None
+    sink: Any = subprocess.DEVNULL if out is None else out
+    try:
+        _LIVE.add(owner)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if pipes else sink,
+            stderr=sink,
+            pass_fds=pass_fds,
+            start_new_session=True,
+        )
+    except BaseException:
+        owner.stop()
+        raise
+    finally:
+        if out is not None:
+            out.close()
+
+
 def last_line(log: Path | None) -> str:
     """``": <the last line of output in log>"``, or ``""`` (no log, or nothing in it)."""
     if log is None:
@@ -201,24 +235,7 @@ class ServerProcess:
         fd = listener.fileno()
         argv = [sys.executable, "-m", self.module, *self.args]
         argv += ["--fd", str(fd), "--parent", str(os.getpid())]
-        log = self.log.open("ab") if self.log is not None else None
-        out: Any = subprocess.DEVNULL if log is None else log
-        try:
-            _LIVE.add(self)
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                pass_fds=(fd,),
-                start_new_session=True,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            if log is not None:
-                log.close()
+        self.proc = spawn_child(self, argv, log=self.log, pass_fds=(fd,))
         try:
             self._wait_serving()
         except BaseException:

@@ -15,34 +15,12 @@ import httpx
 import pytest
 
 from retrysafe import ConfigurationError, RetrysafeError
-from retrysafe._serving import ServerProcess, stop_processes
+from retrysafe._serving import stop_processes
 from retrysafe.chaos import FaultRates
 from retrysafe.demo import DemoOptions, Progress, run_demo
 from retrysafe.demo._proxy import ProxyProcess
 
-_SERVICE_ARGS = ("--lease", "30", "--max-body-size", "1024")
-
-
-def _service(tmp_path: Path) -> ServerProcess:
-    return ServerProcess(
-        "retrysafe.demo._child",
-        [
-            *("--keys", str(tmp_path / "keys.db"), "--ledger", str(tmp_path / "effects.jsonl")),
-            *_SERVICE_ARGS,
-        ],
-        log=tmp_path / "service.log",
-    )
-
-
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.02)
-    return False
+from .test_service_process import _gone, _service
 
 
 def _proxy_children(parent: int) -> list[int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeError
-from retrysafe._serving import _LIVE, last_line
+from retrysafe._serving import _LIVE, last_line, spawn_child
 from retrysafe.chaos import FaultRates
 
 __all__ = ["ProxyProcess"]
@@ -71,23 +71,7 @@ class ProxyProcess:
         argv += ["--upstream", self.upstream, "--rates", _rates_json(self.rates)]
         if self.seed is not None:
             argv += ["--seed", str(self.seed)]
-        log = self.log.open("ab") if self.log is not None else None
-        try:
-            _LIVE.add(self)
-            # A session of its own: a terminal's Ctrl-C reaches the demo, which stops it.
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL if log is None else log,
-                start_new_session=True,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        finally:
-            if log is not None:
-                log.close()
+        self.proc = spawn_child(self, argv, log=self.log, pipes=True)
         try:
             first = self._answer(self.startup_timeout, ConfigurationError)
             self.port = int(first["port"])
