@@ -819,7 +819,9 @@ def test_a_state_retrysafe_never_writes_is_left_alone_with_a_warning(
     [
         "due_at = 'abc'",  # text sorts after every number: never <= now
         "due_at = X'00'",  # so does a BLOB
+        "due_at = 9e999",  # infinite
         "state = 'in_flight', lease_token = 'gone', lease_expires_at = NULL",
+        "state = 'in_flight', lease_token = 'gone', lease_expires_at = 'abc'",
     ],
 )
 def test_a_job_sqlite_would_never_find_due_is_claimed(

@@ -62,18 +62,20 @@ WHERE id IN (
         SELECT * FROM (
             SELECT id, due_at AS t FROM outbox_jobs
             WHERE queue = :queue AND state = 'in_flight' AND due_at <= :now
-              AND (lease_expires_at <= :now OR lease_expires_at IS NULL)
+              AND (lease_expires_at <= :now OR lease_expires_at IS NULL
+                   OR lease_expires_at >= '')
               AND (:skip IS NULL OR destination NOT IN (SELECT value FROM json_each(:skip)))
               AND (:only IS NULL OR destination = :only)
             ORDER BY due_at LIMIT :limit
         )
         UNION ALL
         -- A due time that is no number (text or a BLOB, which SQLite sorts after every
-        -- number: written by hand) is never <= :now, so the job waited for ever and
-        -- `--until-idle` with it: such a job is due. One index seek, empty in practice.
+        -- number) or none (infinite, or past the year 10^292), all written by hand, is never
+        -- <= :now, so the job waited for ever and `--until-idle` with it: such a job is due.
+        -- One index seek, empty in practice.
         SELECT * FROM (
             SELECT id, due_at AS t FROM outbox_jobs
-            WHERE queue = :queue AND state = 'pending' AND due_at >= ''
+            WHERE queue = :queue AND state = 'pending' AND due_at > 1e300
               AND (:skip IS NULL OR destination NOT IN (SELECT value FROM json_each(:skip)))
               AND (:only IS NULL OR destination = :only)
             LIMIT :limit
