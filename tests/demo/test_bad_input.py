@@ -67,3 +67,14 @@ def test_values_beyond_the_limits_are_refused(
     result = CliRunner().invoke(cli, ["demo", *args])
     assert result.exit_code == 2, (result.exception, result.stderr)
     assert result.stderr.startswith(f"retrysafe: error: {problem}")
+
+
+@pytest.mark.parametrize("value", ["0", "0.001"])
+def test_a_timeout_under_the_minimum_states_the_range_that_holds(
+    nothing_starts: Path, value: str
+) -> None:
+    """`--timeout 0` stated the range as 0 < x ≤ 3600, and 0.001 was then refused as below
+    0.05 (a fresh-user pass): both state the range that holds."""
+    result = CliRunner().invoke(cli, ["demo", "--timeout", value])
+    assert result.exit_code == 2, result.stderr
+    assert "is not in the range 0.05 ≤ x ≤ 3600 (seconds)" in result.stderr

@@ -526,13 +526,17 @@ def opened_store(url: str, *, write: bool) -> Iterator[Any]:
 
 # ---------------------------------------------------------------------- number options
 class Number(FloatParamType):
-    """A finite float in ``[low, high]`` (``low`` excluded unless ``zero``): NaN, infinities,
-    negative numbers and absurdly large ones are usage errors, not values."""
+    """A finite float in ``(0, high]`` (``[0, high]`` with ``zero``; ``[low, high]`` with a
+    ``low`` above 0): NaN, infinities, negative numbers and absurdly large ones are usage
+    errors, not values, and the message states the range that holds."""
 
     name = "float"
 
-    def __init__(self, *, zero: bool = False, high: float = 1e9, unit: str = "seconds") -> None:
+    def __init__(
+        self, *, zero: bool = False, low: float = 0.0, high: float = 1e9, unit: str = "seconds"
+    ) -> None:
         self.zero = zero
+        self.low = low
         self.high = high
         self.unit = unit
 
@@ -544,12 +548,15 @@ class Number(FloatParamType):
                 number = float(str(value).strip())
             except ValueError:
                 self.fail(f"{clip(repr(value), 60)} is not a number", param, ctx)
-        bounds = f"0 {'≤' if self.zero else '<'} x ≤ {self.high:g}"
+        if self.low > 0:
+            bounds = f"{self.low:g} ≤ x ≤ {self.high:g}"
+        else:
+            bounds = f"0 {'≤' if self.zero else '<'} x ≤ {self.high:g}"
         if not math.isfinite(number):
             self.fail(
                 f"{value!r} is not a finite number (the range is {bounds} {self.unit})", param, ctx
             )
-        if number < 0 or (number == 0 and not self.zero) or number > self.high:
+        if number < max(0.0, self.low) or (number == 0 and not self.zero) or number > self.high:
             self.fail(f"{number:g} is not in the range {bounds} ({self.unit})", param, ctx)
         return number
 

@@ -50,13 +50,6 @@ _FLAGS = {
 }
 
 
-def _at_least(low: float, value: float, flag: str) -> float:
-    """``value``, or a usage error naming ``flag`` when it is below ``low``."""
-    if value < low:
-        raise click.BadParameter(f"{value:g} is below the minimum of {low:g}", param_hint=flag)
-    return value
-
-
 @click.command()
 @click.option(
     "--jobs",
@@ -101,8 +94,7 @@ def _at_least(low: float, value: float, flag: str) -> float:
 )
 @click.option(
     "--timeout",
-    type=Number(high=_MAX_TIMEOUT),
-    callback=lambda ctx, param, value: _at_least(0.05, value, "--timeout"),
+    type=Number(low=0.05, high=_MAX_TIMEOUT),
     default=2.0,
     show_default=True,
     help="Seconds each attempt waits for an answer.",
