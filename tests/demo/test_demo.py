@@ -265,3 +265,17 @@ def test_a_closed_pipe_drops_output_and_the_demo_exits_by_its_verdict(
         os.close(write)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in (done.stderr or "")
+
+
+def test_a_workdir_that_does_not_exist_is_refused_and_not_made(tmp_path: Path) -> None:
+    """`run_demo(workdir=…)` takes an existing directory; a missing one was created, parents
+    and all (a fresh-user pass). A file is no directory either."""
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(ConfigurationError, match="not an existing directory") as info:
+        run_demo(DemoOptions(jobs=5), workdir=missing)
+    assert info.value.option == "workdir"
+    assert not (tmp_path / "no").exists()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigurationError, match="not an existing directory"):
+        run_demo(DemoOptions(jobs=5), workdir=a_file)

@@ -345,6 +345,10 @@ def run_demo(
 def _workdir(workdir: str | os.PathLike[str] | None) -> Iterator[tuple[Path, bool]]:
     """The run's directory, and whether it is the demo's own (a temporary one)."""
     if workdir is not None:
+        if not Path(workdir).is_dir():  # its files went into a directory made for them
+            raise ConfigurationError(
+                f"workdir {str(workdir)[:300]!r} is not an existing directory", option="workdir"
+            )
         yield Path(workdir), False
         return
     with tempfile.TemporaryDirectory(prefix="retrysafe-demo-") as tmp:
