@@ -30,6 +30,7 @@ __all__ = [
     "answers",
     "free_port",
     "last_line",
+    "reap",
     "serve_inherited",
     "spawn_child",
     "stop_processes",
@@ -175,6 +176,17 @@ def spawn_child(
             out.close()
 
 
+def reap(proc: subprocess.Popen[bytes], wait: float) -> None:
+    """Wait ``wait`` seconds for a child asked to stop, then SIGKILL it; returns once it is
+    gone."""
+    try:
+        proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
 def last_line(log: Path | None) -> str:
     """``": <the last line of output in log>"``, or ``""`` (no log, or nothing in it)."""
     if log is None:
@@ -282,12 +294,7 @@ class ServerProcess:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait()
+            reap(proc, wait)
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()

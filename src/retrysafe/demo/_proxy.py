@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeError
-from retrysafe._serving import _LIVE, last_line, spawn_child
+from retrysafe._serving import _LIVE, last_line, reap, spawn_child
 from retrysafe.chaos import FaultRates
 
 __all__ = ["ProxyProcess"]
@@ -154,12 +154,7 @@ class ProxyProcess:
                 if pipe is not None:
                     with contextlib.suppress(OSError):
                         pipe.close()
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait()
+            reap(proc, wait)
         _LIVE.discard(self)
 
     def __enter__(self) -> ProxyProcess:
