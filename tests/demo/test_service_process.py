@@ -61,6 +61,23 @@ def test_the_service_process_publishes_into_the_shared_ledger(tmp_path: Path) ->
     assert _gone(pid, 0.1)
 
 
+def _proxy_children(parent: int) -> list[int]:
+    """The pids of ``parent``'s children that run the demo's proxy."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == parent and b"retrysafe.demo._proxy_child" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
 def _orphan(tmp_path: Path, workdir: Path, *extra: str) -> None:
     """Start the service from a parent process, SIGKILL the parent, wait for the child."""
     code = (
@@ -110,7 +127,8 @@ def test_a_stopped_service_leaves_the_directory_to_the_demo(tmp_path: Path) -> N
 
 def test_a_demo_killed_outright_leaves_no_temporary_directory(tmp_path: Path) -> None:
     """`retrysafe demo` SIGKILLed mid-run (the OOM killer, `kill -9`): within seconds its
-    temporary directory is gone, and so is its service."""
+    temporary directory is gone, and so are its service and its proxy (which sees the end of
+    its control pipe)."""
     env = dict(os.environ, TMPDIR=str(tmp_path))
     demo = subprocess.Popen(
         [sys.executable, "-m", "retrysafe", "demo", "--jobs", "100000", "--no-naive"],
@@ -126,6 +144,8 @@ def test_a_demo_killed_outright_leaves_no_temporary_directory(tmp_path: Path) ->
                 break
         dirs = list(tmp_path.glob("retrysafe-demo-*"))
         assert len(dirs) == 1 and (dirs[0] / "service.log").exists()
+        proxies = _proxy_children(demo.pid)
+        assert len(proxies) == 1
     finally:
         demo.send_signal(signal.SIGKILL)
         demo.wait()
@@ -133,6 +153,7 @@ def test_a_demo_killed_outright_leaves_no_temporary_directory(tmp_path: Path) ->
     while dirs[0].exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not dirs[0].exists(), "the killed demo's temporary directory was left behind"
+    assert _gone(proxies[0], 5), "the killed demo's proxy was left running"
 
 
 def test_a_service_that_cannot_start_names_its_last_output(tmp_path: Path) -> None:
