@@ -104,6 +104,59 @@ def test_cli_bad_options_are_clear_errors(args: list[str], needle: str) -> None:
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"jobs": "5"}, "jobs"),
+        ({"jobs": True}, "jobs"),
+        ({"jobs": 5.0}, "jobs"),
+        ({"jobs": 100_001}, "jobs"),
+        ({"loss_rate": "0.1"}, "loss-rate"),
+        ({"loss_rate": float("nan")}, "loss-rate"),
+        ({"loss_rate": True}, "loss-rate"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**32}, "seed"),
+        ({"seed": "7"}, "seed"),
+        ({"concurrency": 1.5}, "concurrency"),
+        ({"concurrency": 1025}, "concurrency"),
+        ({"timeout": 0.01}, "timeout"),
+        ({"timeout": "2"}, "timeout"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"attempts": 51}, "attempts"),
+        ({"attempts": None}, "attempts"),
+        ({"naive": "no"}, None),
+        ({"jobs_file": 5}, "jobs-file"),
+    ],
+)
+def test_options_out_of_the_clis_ranges_are_refused_by_the_api(
+    options: dict[str, Any], option: str | None
+) -> None:
+    """``DemoOptions`` refuses what ``retrysafe demo`` refuses, with a ConfigurationError
+    naming the option (a string for ``jobs`` was a TypeError; ``seed=-1`` and
+    ``concurrency=1.5`` ran)."""
+    with pytest.raises(ConfigurationError) as caught:
+        DemoOptions(**options)
+    assert caught.value.option == option
+
+
+def test_the_clis_ranges_are_the_apis() -> None:
+    """The CLI mirrors the demo's limits (it does not import them, so --help stays fast):
+    both ends of every range are accepted by both, one step beyond by neither."""
+    from retrysafe.cli import _demo as cli
+    from retrysafe.demo import _run as api
+
+    assert (cli._MAX_JOBS, cli._MAX_SEED, cli._MAX_CONCURRENCY, cli._MAX_ATTEMPTS) == (
+        api.MAX_JOBS,
+        api.MAX_SEED,
+        api.MAX_CONCURRENCY,
+        api.MAX_ATTEMPTS,
+    )
+    assert (cli._MIN_TIMEOUT, cli._MAX_TIMEOUT) == (api.MIN_TIMEOUT, api.MAX_TIMEOUT)
+    DemoOptions(jobs=api.MAX_JOBS, seed=api.MAX_SEED, concurrency=api.MAX_CONCURRENCY)
+    DemoOptions(jobs=1, seed=0, concurrency=1, attempts=1, timeout=api.MIN_TIMEOUT)
+    DemoOptions(attempts=api.MAX_ATTEMPTS, timeout=api.MAX_TIMEOUT, loss_rate=1)
+
+
 def test_cli_malformed_jobs_file_names_the_line(tmp_path: Path) -> None:
     """A bad line in --jobs-file is reported with its line number; nothing runs."""
     jobs = tmp_path / "jobs.jsonl"

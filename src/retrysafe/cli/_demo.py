@@ -40,13 +40,17 @@ _PHASES = {
 }
 
 # Mirrors retrysafe.demo's limits (not imported here: `retrysafe --help` stays fast).
+# tests/demo/test_demo.py holds both to the same ranges.
 _MAX_JOBS = 100_000
+_MIN_TIMEOUT = 0.05
 _MAX_TIMEOUT = 3600.0
 _MAX_SEED = 2**32 - 1
+_MAX_CONCURRENCY = 1024
+_MAX_ATTEMPTS = 50
 # ConfigurationError.option -> the flag to name in the error line.
 _FLAGS = {
     name: f"--{name}"
-    for name in ("jobs", "loss-rate", "concurrency", "jobs-file", "timeout", "attempts")
+    for name in ("jobs", "loss-rate", "seed", "concurrency", "jobs-file", "timeout", "attempts")
 }
 
 
@@ -75,7 +79,7 @@ _FLAGS = {
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1, max=1024),
+    type=click.IntRange(min=1, max=_MAX_CONCURRENCY),
     default=16,
     show_default=True,
     help="Requests in flight at once.",
@@ -94,14 +98,14 @@ _FLAGS = {
 )
 @click.option(
     "--timeout",
-    type=Number(low=0.05, high=_MAX_TIMEOUT),
+    type=Number(low=_MIN_TIMEOUT, high=_MAX_TIMEOUT),
     default=2.0,
     show_default=True,
     help="Seconds each attempt waits for an answer.",
 )
 @click.option(
     "--attempts",
-    type=click.IntRange(min=1, max=50),
+    type=click.IntRange(min=1, max=_MAX_ATTEMPTS),
     default=5,
     show_default=True,
     help="Attempts per job, for both clients.",

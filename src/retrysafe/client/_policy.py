@@ -29,6 +29,7 @@ __all__ = [
     "reconcile_step",
     "retry_step",
     "seconds",
+    "whole_number",
 ]
 
 _P = TypeVar("_P")
@@ -63,8 +64,26 @@ def count(value: object, option: str) -> int:
     Raises:
         ConfigurationError: not an integer (bools are refused), or < 1.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{option} must be an integer >= 1, got {value!r}", option=option)
+    return whole_number(value, option)
+
+
+def whole_number(value: object, option: str, *, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an integer from ``low`` to ``high`` (both included; no upper bound when
+    ``high`` is None): the one check of the whole-number options of the API, so an option
+    told as a string, a float or a bool is refused with the range that holds, as the CLI
+    refuses it, instead of failing later with a ``TypeError``.
+
+    Raises:
+        ConfigurationError: not an ``int`` (bools are refused), or out of range; ``option``
+            names the option.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+        high is not None and value > high
+    ):
+        want = f">= {low}" if high is None else f"from {low} to {high:,}"
+        raise ConfigurationError(
+            f"{option} must be an integer {want}, got {value!r}", option=option
+        )
     return value
 
 

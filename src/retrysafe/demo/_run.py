@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from retrysafe.chaos import BeliefState, ClientBelief, EffectLedger, FaultRates,
 from retrysafe.chaos import build_report as _build_report
 from retrysafe.client import Outbox, RetryPolicy, Worker, areconcile
 from retrysafe.client._models import JobState
+from retrysafe.client._policy import whole_number
 from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
 from retrysafe.demo._proxy import ProxyProcess
@@ -50,8 +50,16 @@ _T = TypeVar("_T")
 #: The most jobs one pass may send (every job is held in memory).
 MAX_JOBS = 100_000
 
-#: The longest attempt timeout, in seconds.
+#: The shortest and the longest attempt timeout, in seconds.
+MIN_TIMEOUT = 0.05
 MAX_TIMEOUT = 3600.0
+
+#: The largest seed (the proxy's and the worker's random generators take 32 bits).
+MAX_SEED = 2**32 - 1
+
+#: The most requests in flight at once, and the most attempts per job.
+MAX_CONCURRENCY = 1024
+MAX_ATTEMPTS = 50
 
 # How often a stop request is looked for while the demo waits on something.
 _STOP_POLL = 0.05
@@ -97,24 +105,33 @@ class DemoOptions:
     naive: bool = True
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.loss_rate <= 1.0:  # False for NaN too
-            raise ConfigurationError(
-                f"--loss-rate must be in [0, 1], got {self.loss_rate}", option="loss-rate"
+        # The CLI's ranges (``retrysafe demo --help``), so the API refuses what it refuses.
+        whole_number(self.jobs, "jobs", high=MAX_JOBS)
+        rate = self.loss_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise ConfigurationError(  # not 0 <= NaN <= 1 either
+                f"loss_rate must be a number from 0 to 1, got {rate!r}", option="loss-rate"
             )
-        if not 1 <= self.jobs <= MAX_JOBS:
+        whole_number(self.seed, "seed", low=0, high=MAX_SEED)
+        whole_number(self.concurrency, "concurrency", high=MAX_CONCURRENCY)
+        timeout = self.timeout
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not MIN_TIMEOUT <= timeout <= MAX_TIMEOUT
+        ):
             raise ConfigurationError(
-                f"--jobs must be between 1 and {MAX_JOBS}, got {self.jobs}", option="jobs"
-            )
-        if self.concurrency < 1:
-            raise ConfigurationError("--concurrency must be at least 1", option="concurrency")
-        if not (math.isfinite(self.timeout) and 0 < self.timeout <= MAX_TIMEOUT):
-            raise ConfigurationError(
-                f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
-                f"got {self.timeout}",
+                f"timeout must be a number of seconds from {MIN_TIMEOUT:g} to "
+                f"{MAX_TIMEOUT:g}, got {timeout!r}",
                 option="timeout",
             )
-        if self.attempts < 1:
-            raise ConfigurationError("--attempts must be at least 1", option="attempts")
+        whole_number(self.attempts, "attempts", high=MAX_ATTEMPTS)
+        if not isinstance(self.naive, bool):
+            raise ConfigurationError(f"naive must be True or False, got {self.naive!r}")
+        if self.jobs_file is not None and not isinstance(self.jobs_file, (str, os.PathLike)):
+            raise ConfigurationError(
+                f"jobs_file must be a path, got {self.jobs_file!r}", option="jobs-file"
+            )
 
     def fault_rates(self) -> FaultRates:
         """The loss rate plus the background faults, scaled down so the sum stays ≤ 1."""

@@ -46,7 +46,9 @@ from retrysafe._serving import answers
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, FaultRates, build_report
 from retrysafe.client import Outbox, RetryPolicy, areconcile
 from retrysafe.client._models import JobState
+from retrysafe.client._policy import whole_number
 from retrysafe.demo import DemoOptions, job_body, load_jobs
+from retrysafe.demo._run import MAX_ATTEMPTS, MAX_CONCURRENCY, MAX_SEED
 from retrysafe.proof._backend import (
     _LIVE,
     Backend,
@@ -69,9 +71,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-
-_MAX_SEED = 2**32 - 1
-_MAX_CONCURRENCY = 1024
 
 #: The most operations per scenario and client.
 MAX_JOBS = 1_000_000
@@ -147,15 +146,7 @@ class ProofOptions:
     restart_command: str | None = None
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.jobs, bool)
-            or not isinstance(self.jobs, int)
-            or not 1 <= self.jobs <= MAX_JOBS
-        ):
-            raise ConfigurationError(
-                f"jobs must be a whole number from 1 to {MAX_JOBS:,}, got {self.jobs!r}",
-                option="jobs",
-            )
+        whole_number(self.jobs, "jobs", high=MAX_JOBS)
         if not self.scenarios:
             raise ConfigurationError("no scenario to run", option="scenarios")
         if not isinstance(self.store, str) or not (
@@ -164,31 +155,10 @@ class ProofOptions:
             check_store(str(self.store))  # raises, naming what is expected
         if self.restart_command is not None:
             _check_restart_command(self.restart_command, self.store)
-        if (
-            isinstance(self.seed, bool)
-            or not isinstance(self.seed, int)
-            or not (0 <= self.seed <= _MAX_SEED)
-        ):
-            raise ConfigurationError(
-                f"seed must be 0 … {_MAX_SEED}, got {self.seed!r}", option="seed"
-            )
-        if (
-            isinstance(self.concurrency, bool)
-            or not isinstance(self.concurrency, int)
-            or not (1 <= self.concurrency <= _MAX_CONCURRENCY)
-        ):
-            raise ConfigurationError(
-                f"concurrency must be 1 … {_MAX_CONCURRENCY}, got {self.concurrency!r}",
-                option="concurrency",
-            )
-        if (
-            isinstance(self.attempts, bool)
-            or not isinstance(self.attempts, int)
-            or not (1 <= self.attempts <= 50)
-        ):
-            raise ConfigurationError(
-                f"attempts must be 1 … 50, got {self.attempts!r}", option="attempts"
-            )
+        # The demo's ranges for what both take.
+        whole_number(self.seed, "seed", low=0, high=MAX_SEED)
+        whole_number(self.concurrency, "concurrency", high=MAX_CONCURRENCY)
+        whole_number(self.attempts, "attempts", high=MAX_ATTEMPTS)
         DemoOptions(timeout=self.timeout)  # the demo's rule for timeouts
 
 
