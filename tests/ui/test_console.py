@@ -1250,3 +1250,21 @@ def test_an_agent_calls_secret_looking_arguments_are_hidden(
 def test_a_repeated_key_hash_is_a_400(client: Client) -> None:
     r = client.get("/keys?hash=ffe1&hash=db6f", headers=HTML)
     assert r.status_code == 400 and 'id="error-message">hash: give it once' in r.text
+
+
+def test_a_job_whose_row_is_damaged_is_said_so_not_store_unavailable(
+    client: Client, outbox: Outbox, store: SQLiteStore
+) -> None:
+    """A job row whose headers are no JSON (written by hand, not by retrysafe): its page is a
+    500 naming the damaged row, not "the store is unavailable" (a 503 that tells an
+    operator to wait for a store that is up); the other pages still open."""
+    damaged, healthy = make(outbox, JobState.UNKNOWN, 2)
+    path = store.url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE outbox_jobs SET headers = 'not json' WHERE id = ?", (damaged,))
+    r = client.get(f"/jobs/{damaged}")
+    assert r.status_code == 500, r.text
+    assert "damaged job row" in r.text.lower() and damaged in r.text
+    assert "unavailable" not in r.text and "Traceback" not in r.text
+    assert client.get(f"/jobs/{healthy}").status_code == 200
+    assert client.get("/dead-letters").status_code == 200

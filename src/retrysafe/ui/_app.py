@@ -31,7 +31,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from retrysafe._exceptions import ConfigurationError, InvalidKeyError, StoreError
+from retrysafe._exceptions import (
+    ConfigurationError,
+    DamagedJobError,
+    InvalidKeyError,
+    StoreError,
+)
 from retrysafe.client._jobs import shown_url
 from retrysafe.client._models import JobState
 from retrysafe.ui._data import (
@@ -370,6 +375,10 @@ class _App:
                 return self.error(request, 400, str(exc))
             except _Refused as exc:
                 return self.error(request, exc.status, str(exc))
+            except DamagedJobError as exc:
+                # The store is up; one row in it is not: waiting (a 503) would not help.
+                what = "" if request.method == "GET" else " Nothing was changed by this request."
+                return self.error(request, 500, f"Damaged job row: {exc}{what}")
             except StoreError as exc:
                 what = "" if request.method == "GET" else " Nothing was changed by this request."
                 return self.error(request, 503, f"The store is unavailable: {exc}.{what}")
