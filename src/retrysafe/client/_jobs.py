@@ -426,6 +426,12 @@ def _find_unserialisable(
     return None
 
 
+#: ``json.dumps(value, separators=(",", ":"), allow_nan=False)``, without making an encoder
+#: per call as ``dumps`` does for any non-default argument (an encoder keeps no state
+#: between calls).
+_COMPACT = jsonlib.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _encode_json(value: Any) -> bytes:
     """``value`` as compact JSON bytes, or :class:`PayloadError` naming the first bad value.
 
@@ -440,7 +446,7 @@ def _encode_json(value: Any) -> bytes:
     text: str | None = None
     failure: Exception | None = None
     try:
-        text = jsonlib.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _COMPACT.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         failure = exc
     if text is not None and "\\ud" not in text and _containers_fit(value):

@@ -62,6 +62,7 @@ from retrysafe.stores._connector import (
     one,
     sync_op,
 )
+from retrysafe.stores._keys import headers_json
 
 __all__ = [
     "AsyncSQLOutboxStore",
@@ -404,7 +405,7 @@ def insert_job(clock: Clock, job: NewJob, *, now: float) -> Op[tuple[bool, Job]]
         "method": job.method,
         "url": job.url,
         "destination": job.destination,
-        "headers": json.dumps([list(p) for p in job.headers]),
+        "headers": headers_json(job.headers),
         "body": job.body,
         "now": caller_now(clock, now),
         "deadline_at": job.deadline_at,

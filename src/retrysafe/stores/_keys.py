@@ -89,7 +89,7 @@ _STATES = {state.value: state for state in KeyState}
 
 
 def headers_json(headers: Sequence[tuple[str, str]]) -> str:
-    """A stored response's headers as every key store keeps them: the JSON text
+    """Headers as every store keeps them (a stored response's, an outbox job's): the JSON text
     ``json.dumps([[name, value], ...])`` writes, byte for byte, built without the encoder's
     per-call setup (each name and value is quoted by the same C function ``json.dumps`` uses)."""
     try:
