@@ -7,6 +7,7 @@ import math
 import random
 import statistics
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -137,6 +138,69 @@ def test_the_transitions_a_worker_logs() -> None:
     changes = [limits.answered(A, congested=False) for _ in range(10)]
     assert changes.count("up") == 1 and changes[-1] is None
     assert limits.limit(A) == 4
+
+
+def test_answers_lost_at_the_end_of_a_drain_leave_a_healthy_destination_its_slots() -> None:
+    """The end of a drain: 1,600 answers a second for 10 s, one in 500 lost (held until the
+    2 s timeout); when the backlog runs out, the eight answers lost in its last seconds end
+    one after the other, with nothing between them. Each had another congested one in its
+    last eight: without the share, the limit fell 64 -> 1 and the destination was logged
+    as timing out just as the drain ended (seen at the end of 100,000-job demos)."""
+    limits = DestinationLimits(64)
+    now, changes = 0.0, []
+    for i in range(16_000):
+        now = i / 1600
+        changes.append(limits.answered(A, congested=i % 500 == 499, now=now, window=2.0))
+    for j in range(8):  # the last lost answers, 0.25 s apart, nothing else in flight
+        now += 0.25
+        changes.append(limits.answered(A, congested=True, now=now, window=2.0))
+    assert limits.limit(A) >= 32  # one halving at most
+    assert "down" not in changes
+
+
+def test_a_destination_that_stops_answering_still_goes_down_to_one() -> None:
+    """The share does not slow the reaction to an endpoint that stops answering after a busy
+    while: its first timeouts end a timeout after the last answers, which weigh a third by
+    then, and every ending after is congested."""
+    limits = DestinationLimits(64)
+    for i in range(3200):  # 1,600 answers a second for 2 s
+        limits.answered(A, congested=False, now=i / 1600, window=2.0)
+    changes = [
+        limits.answered(A, congested=True, now=4.0 + k / 1000, window=2.0) for k in range(64)
+    ]
+    assert limits.limit(A) == 1
+    assert changes.count("down") == 1
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.03])
+def test_a_destination_hanging_often_keeps_a_fraction_of_its_slots_with_the_share_too(
+    rate: float,
+) -> None:
+    """One attempt in ten (or in 33) hangs until the 2 s timeout among 1,000 endings a
+    second: well above the share, so the limit settles well below the cap, as without it."""
+    rng = random.Random(5)
+    limits = DestinationLimits(32)
+    seen = []
+    for i in range(20_000):
+        limits.answered(A, congested=rng.random() < rate, now=i / 1000, window=2.0)
+        seen.append(limits.limit(A))
+    assert statistics.mean(seen[5000:]) <= (10 if rate == 0.1 else 20)
+
+
+def test_an_ending_at_a_time_that_is_no_number_or_goes_back_weighs_nothing_down() -> None:
+    limits = DestinationLimits(8)
+    for now in (5.0, 1.0, math.nan, math.inf, -math.inf, 6.0):
+        limits.answered(A, congested=False, now=now, window=2.0)
+        limits.answered(A, congested=True, now=now, window=math.nan)
+    assert 1 <= limits.limit(A) <= 8
+    assert all(math.isfinite(x) or math.isnan(x) for x in limits._recent[A][:2])
+
+
+def test_memory_stays_bounded_over_many_destinations_with_times() -> None:
+    limits = DestinationLimits(4)
+    for i in range(20_000):
+        limits.answered(f"http://h{i}:80", congested=False, now=float(i), window=2.0)
+    assert len(limits._recent) <= 4096
 
 
 def test_with_a_cap_of_one_a_destination_that_times_out_is_still_reported() -> None:

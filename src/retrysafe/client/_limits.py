@@ -22,7 +22,14 @@ attempts in flight instead of bytes:
   one is a lost answer, not a sick destination (the demo's chaos proxy holds one answer in
   500: halving on each took a third of a healthy destination's slots away, and the protected
   pass took 47 % longer); an endpoint that stops answering ends every attempt congested, and
-  one that hangs one attempt in ten has another in its last eight more often than not;
+  one that hangs one attempt in ten has another in its last eight more often than not.
+  Nor does it halve while fewer than :data:`CONGESTED_SHARE` of the destination's recent
+  attempts ended congested (its endings over about one attempt timeout, exponentially
+  weighted), when the worker says when attempts end: at the end of a drain, the few answers
+  the network lost while thousands of others came back end one after the other, a timeout
+  after they were sent, with nothing between them, so each had another in its last eight
+  and a healthy destination fell to one attempt in flight (and was logged as timing out)
+  just as its backlog ran out;
 * each attempt that ends well adds ``1 / limit`` (one per round trip: additive increase), so
   a destination that hangs one attempt in ten settles at a few slots, not all, and one that
   recovers from 1 climbs back in about ``cap² / 2`` good attempts.
@@ -48,7 +55,9 @@ A limit is per worker (each process keeps its own); nothing is stored.
 
 from __future__ import annotations
 
-__all__ = ["TIMED_OUT", "DestinationLimits", "congested"]
+import math
+
+__all__ = ["CONGESTED_SHARE", "TIMED_OUT", "DestinationLimits", "congested"]
 
 #: The transport errors that mean "no complete answer within the timeout" (see
 #: :mod:`retrysafe.client._sender`): connecting, writing, waiting for a read, or the
@@ -67,6 +76,15 @@ def congested(
     failed = status is None or status == 429 or status >= 500
     return failed and duration >= timeout / 2
 
+
+#: The share of a destination's recent endings that must be congested for a congested one to
+#: halve its limit (module docstring): one in a hundred. A destination that hangs one attempt
+#: in a hundred, each until a timeout, while the rest answer in milliseconds, already spends
+#: most of its slots' time on hangs; lost answers (the demo's one in five hundred) stay below
+#: it even at the end of a drain, where the recent endings are mostly lost ones (at most about
+#: e times their share over the run: the answers that came back before are weighted down by
+#: at most one timeout's decay).
+CONGESTED_SHARE = 0.01
 
 #: Destinations remembered with nothing in flight before the oldest are forgotten (they start
 #: afresh): memory stays bounded whatever the number of hosts.
@@ -104,6 +122,7 @@ class DestinationLimits:
         "_in_flight",
         "_limit",
         "_means",
+        "_recent",
         "_slow",
         "_throttled",
         "cap",
@@ -134,6 +153,9 @@ class DestinationLimits:
         #: answered lately (see :data:`SLOW_WEIGHT`), and the slow ones among them.
         self._means: dict[str, float] = {}
         self._slow: set[str] = set()
+        #: Each destination's recent endings, exponentially weighted (see
+        #: :meth:`_congested_share`): [answered, congested, when last updated].
+        self._recent: dict[str, list[float]] = {}
 
     def limit(self, destination: str) -> int:
         """The most attempts ``destination`` may have in flight now."""
@@ -169,16 +191,33 @@ class DestinationLimits:
         self._in_flight[destination] = self._in_flight.get(destination, 0) + 1
         return True
 
-    def answered(self, destination: str, *, congested: bool) -> str | None:
+    def answered(
+        self,
+        destination: str,
+        *,
+        congested: bool,
+        now: float | None = None,
+        window: float | None = None,
+    ) -> str | None:
         """An attempt to ``destination`` ended (its slot is still taken): halve the limit if
-        it was ``congested`` and so was another of the last eight, raise it if it was not
-        (module docstring).
+        it was ``congested``, so was another of the last eight and, when ``now`` and
+        ``window`` are given, at least :data:`CONGESTED_SHARE` of its recent endings; raise
+        it if it was not (module docstring).
+
+        Args:
+            now: when the attempt ended, in seconds on any clock that does not go back (the
+                worker's ``time.monotonic()``); None: the share is not looked at.
+            window: the attempt timeout in seconds: endings older than about that weigh
+                less (exponentially: by ``1/e`` per window).
 
         Returns:
             ``"down"`` when a congested attempt left the limit at 1 (once, until it climbs
             back), ``"up"`` when the limit climbed back to ``cap`` after that, else None
             (what a worker logs).
         """
+        share = 1.0
+        if now is not None and window is not None:
+            share = self._congested_share(destination, congested, now, window)
         limits, history = self._limit, self._history
         old = limits.get(destination)
         seen = history.get(destination, 0)
@@ -193,11 +232,12 @@ class DestinationLimits:
             old = float(self.cap)
             if len(limits) >= _REMEMBERED:
                 self._forget()
-        if congested and seen:
+        halved = congested and seen and share >= CONGESTED_SHARE
+        if halved:
             new = max(1.0, float(int(old) // 2))
             self._halved.add(destination)
         elif congested:
-            new = old  # a lone one: remembered, not acted on
+            new = old  # a lone one, or a rare one: remembered, not acted on
         else:
             new = min(float(self.cap), old + 1.0 / max(1.0, old))
         limits[destination] = new
@@ -205,13 +245,36 @@ class DestinationLimits:
             self._throttled.add(destination)
         else:
             self._throttled.discard(destination)
-        if congested and seen and int(new) == 1 and destination not in self._down:
+        if halved and int(new) == 1 and destination not in self._down:
             self._down.add(destination)
             return "down"
         if not congested and new >= self.cap and destination in self._down:
             self._down.discard(destination)
             return "up"
         return None
+
+    def _congested_share(
+        self, destination: str, congested: bool, now: float, window: float
+    ) -> float:
+        """Count one ending of ``destination`` at ``now`` among its recent endings (weighted
+        by ``exp(-age / window)``) and return the share of them that ended congested (0–1).
+        A ``now`` that is not later than the last one (NaN, a clock that went back) weighs
+        nothing down."""
+        recent = self._recent.get(destination)
+        if recent is None:
+            if len(self._recent) >= _REMEMBERED:
+                for idle in [d for d in self._recent if d not in self._in_flight]:
+                    del self._recent[idle]
+            recent = self._recent[destination] = [0.0, 0.0, now]
+        else:
+            elapsed = now - recent[2]
+            if elapsed > 0 and window > 0:
+                decay = math.exp(-elapsed / window)
+                recent[0] *= decay
+                recent[1] *= decay
+                recent[2] = now
+        recent[1 if congested else 0] += 1.0
+        return recent[1] / (recent[0] + recent[1])
 
     def took(self, destination: str, seconds: float) -> None:
         """An attempt to ``destination`` held its slot ``seconds``: update its moving average
@@ -263,6 +326,7 @@ class DestinationLimits:
             if destination not in self._in_flight:
                 del self._limit[destination]
                 self._history.pop(destination, None)
+                self._recent.pop(destination, None)
                 self._halved.discard(destination)
                 self._throttled.discard(destination)
                 self._down.discard(destination)

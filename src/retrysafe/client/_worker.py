@@ -367,6 +367,8 @@ def adapt_limit(limits: DestinationLimits, job: Job, result: SendResult, timeout
     change = limits.answered(
         job.destination,
         congested=congested(result.error_type, result.status, result.duration, timeout),
+        now=time.monotonic(),
+        window=timeout,
     )
     if change == "down":
         logger.warning(
