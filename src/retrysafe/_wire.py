@@ -70,6 +70,13 @@ Headers = Sequence[tuple[str, str]]
 _MAX_HEADER_LINE = 128 * 1024
 _MAX_HEADER_FIELDS = 1024
 
+#: The most bytes of one answer's head (its status line and header fields together) the
+#: default engine reads; a longer head is a protocol error (sent, so retried with the same
+#: key). The two limits above alone let one answer's head hold 128 MiB, which the parser
+#: keeps in memory, and any endpoint may send it (a webhook receiver): a fresh user's
+#: endpoint of 1,000 fields of 100 KiB each took a worker at concurrency 8 to 1.6 GB.
+MAX_ANSWER_HEAD = 256 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -522,8 +529,50 @@ class _Refused(OSError):
 
 
 @functools.cache
+def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
+    """aiohttp's connection protocol, reading at most :data:`MAX_ANSWER_HEAD` bytes of an
+    answer before its head ends (the bytes received since the request's answer was asked
+    for, while the parser has no answer yet; one more socket read at most is held)."""
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    class HeadCapped(ResponseHandler):
+        #: Bytes of the awaited answer's head still allowed, or None: not awaiting a head.
+        _head_left: int | None = None
+
+        def set_response_params(self, *args: Any, **kwargs: Any) -> None:
+            super().set_response_params(*args, **kwargs)
+            self._head_left = MAX_ANSWER_HEAD  # a request's answer is awaited from now on
+
+        def data_received(self, data: bytes) -> None:
+            left = self._head_left
+            if left is None:
+                super().data_received(data)
+                return
+            before = self._payload
+            super().data_received(data)
+            if self._payload is not before:
+                self._head_left = None  # the head ended: the rest is its body
+                return
+            left -= len(data)
+            self._head_left = left
+            if left < 0:
+                self._head_left = None
+                if self.transport is not None:
+                    self.transport.close()
+                self.set_exception(
+                    HttpProcessingError(
+                        message=f"the answer's head is over {MAX_ANSWER_HEAD:,} bytes"
+                    )
+                )
+
+    return HeadCapped
+
+
+@functools.cache
 def _connector_class() -> type[aiohttp.TCPConnector]:
-    """aiohttp's connector, except that a pooled connection which received data while it
+    """aiohttp's connector, on :func:`_protocol_class`'s protocol, except that a pooled
+    connection which received data while it
     waited (an answer nobody asked for: a server that answered one request twice) is closed
     instead of reused. aiohttp checks for leftover data only when a connection goes back to
     the pool, so data that arrived later was read by the next request as its own answer: a
@@ -531,14 +580,21 @@ def _connector_class() -> type[aiohttp.TCPConnector]:
     arrives after the next request left cannot be told apart by any HTTP/1.1 client."""
     import aiohttp
 
+    protocol = _protocol_class()
+
+    class Capped(aiohttp.TCPConnector):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._factory = functools.partial(protocol, loop=self._loop)
+
     if not inspect.iscoroutinefunction(getattr(aiohttp.TCPConnector, "_get", None)):
-        return aiohttp.TCPConnector  # an aiohttp whose pool works otherwise: as it is
+        return Capped  # an aiohttp whose pool works otherwise: as it is
 
     from aiohttp.client_reqrep import ConnectionKey
     from aiohttp.connector import Connection
     from aiohttp.tracing import Trace
 
-    class Connector(aiohttp.TCPConnector):
+    class Connector(Capped):
         async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
             while True:
                 conn = await super()._get(key, traces)

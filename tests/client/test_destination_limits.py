@@ -151,7 +151,7 @@ def test_answers_lost_at_the_end_of_a_drain_leave_a_healthy_destination_its_slot
     for i in range(16_000):
         now = i / 1600
         changes.append(limits.answered(A, congested=i % 500 == 499, now=now, window=2.0))
-    for j in range(8):  # the last lost answers, 0.25 s apart, nothing else in flight
+    for _ in range(8):  # the last lost answers, 0.25 s apart, nothing else in flight
         now += 0.25
         changes.append(limits.answered(A, congested=True, now=now, window=2.0))
     assert limits.limit(A) >= 32  # one halving at most

@@ -31,7 +31,14 @@ import pytest
 
 from retrysafe import ConfigurationError, JobState, Outbox, RetryPolicy
 from retrysafe._serving import free_port
-from retrysafe._wire import AiohttpEngine, Answer, HttpxEngine, WireError, _from_aiohttp
+from retrysafe._wire import (
+    MAX_ANSWER_HEAD,
+    AiohttpEngine,
+    Answer,
+    HttpxEngine,
+    WireError,
+    _from_aiohttp,
+)
 from retrysafe.client import Job, _limits
 from retrysafe.webhooks import Webhooks
 
@@ -1201,6 +1208,66 @@ def test_engine_takes_answers_with_long_header_fields_and_many_of_them() -> None
 
         answer = asyncio.run(main())
         assert (answer.status, answer.body) == (200, b"ok")
+
+
+def huge_head(conn: Conn, request: Request) -> None:
+    """A 200 whose head is 1,000 fields of 100 KiB (~100 MB), then its two-byte body."""
+    field = b"X-Big-%d: " + b"a" * (100 * 1024) + b"\r\n"
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n")
+    try:
+        for i in range(1000):
+            conn.send(field % i)
+        conn.send(b"\r\nok")
+    except OSError:  # the client closed the connection: what it should do
+        conn.close()
+
+
+def test_engine_refuses_an_answer_head_over_its_cap_in_bounded_memory(
+    serve: Callable[..., RawServer],
+) -> None:
+    """Each field under the per-field limit, but ~100 MB of them: a protocol error after
+    sending (retried with the same key) once the head passes MAX_ANSWER_HEAD, holding at most
+    a few MB; it held ~200 MB per attempt (a fresh user's pass: 1.6 GB at concurrency 8)."""
+    server = serve(by_path(huge=huge_head, warm=ok))
+    peak: list[int] = []
+    error = send(server.url + "/huge", read_timeout=5, warm=server.url + "/warm", measure=peak)
+    # Not wire_error(): an Answer's repr here would be the ~100 MB head.
+    assert isinstance(error, WireError), f"an answer, status {error.status}"
+    assert (error.kind, error.sent) == ("RemoteProtocolError", True), error
+    assert "over 262,144 bytes" in str(error)
+    assert peak[0] < 4 * MB, f"peak {peak[0] / MB:.1f} MB for a ~100 MB head"
+
+
+def test_a_head_just_under_the_cap_in_many_reads_is_an_answer(
+    serve: Callable[..., RawServer],
+) -> None:
+    """The cap counts the head only: a head of ~250 KiB sent in small pieces, then a body
+    larger than the cap on the same connection, twice (the second answer's head is counted
+    from its own request)."""
+    fields = [b"X-F%d: " % i + b"b" * 1000 + b"\r\n" for i in range(250)]
+
+    def near_cap(conn: Conn, request: Request) -> None:
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % (2 * MAX_ANSWER_HEAD))
+        for f in fields:
+            conn.send(f)
+        conn.send(b"\r\n" + b"z" * (2 * MAX_ANSWER_HEAD))
+
+    server = serve(near_cap)
+
+    async def main() -> list[Answer]:
+        engine = AiohttpEngine(connect_timeout=2, read_timeout=2)
+        try:
+            return [
+                await engine.send("POST", server.url + "/", headers=[], body=b"{}", keep=10)
+                for _ in range(2)
+            ]
+        finally:
+            await engine.aclose()
+
+    answers = asyncio.run(main())
+    assert sum(len(f) for f in fields) < MAX_ANSWER_HEAD
+    assert [(a.status, a.size) for a in answers] == [(200, 2 * MAX_ANSWER_HEAD)] * 2
+    assert server.connections == 1
 
 
 def test_engine_asks_for_identity_coding() -> None:
