@@ -113,7 +113,9 @@ class WireError(Exception):
     """
 
     def __init__(self, kind: str, message: str, *, sent: bool, expected: bool = True) -> None:
-        super().__init__(message or kind)
+        # One line: a job's last_error and the tables show it (aiohttp's parser errors span
+        # lines: "Bad status line:\n  Expected HTTP/…").
+        super().__init__(" ".join(message.split()) or kind)
         self.kind = kind
         self.sent = sent
         self.expected = expected

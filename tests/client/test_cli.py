@@ -649,3 +649,26 @@ def test_stored_text_is_shown_as_it_is_never_as_markup_or_terminal_codes(
     assert code == 0, err
     assert "\x1b" not in out and "\x07" not in out
     assert "last error: \\x1b]0;pwned\\x07 boom" in out
+
+
+def test_reconcile_tells_a_destination_that_stops_answering_as_a_cli_warning_line(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Reconcile of UNKNOWN jobs whose destination now hangs: the worker's warning (the
+    destination down to one attempt in flight) is one ``retrysafe: warning:`` line on stderr,
+    not Python's bare last-resort line (a fresh-user pass saw it without the prefix)."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/gone", Step(503))
+    with Outbox(store, policy=RetryPolicy(attempts=1, wait_initial=0.01)) as outbox:
+        for _ in range(6):
+            outbox.submit(base_url + "/gone", json={})
+        outbox.worker(poll_interval=0.01).run_until_idle()
+    script.plan("/gone", Step(200, sleep=5.0))
+    code, _, err = _run("reconcile", "--store", store, "--timeout", "0.3", "-c", "4")
+    assert code == 1, err
+    lines = err.splitlines()
+    down = [line for line in lines if "one attempt in flight" in line]
+    assert down and all(
+        line.startswith("retrysafe: warning: destination http://127.0.0.1:") for line in down
+    ), err
+    assert all(line.startswith("retrysafe: ") for line in lines), err

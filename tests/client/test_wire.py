@@ -1588,6 +1588,11 @@ def bad_header(conn: Conn, request: Request) -> None:
     conn.close()
 
 
+def ssh_banner(conn: Conn, request: Request) -> None:
+    conn.send(b"SSH-2.0-OpenSSH_9.2\r\n")
+    conn.close()
+
+
 def short_body_then_close(conn: Conn, request: Request) -> None:
     conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
     conn.close()
@@ -1600,6 +1605,7 @@ def short_body_then_close(conn: Conn, request: Request) -> None:
         (binary_500, "oops\ufffd\ufffd[31m\ufffd red\r\n\tdone"),
         (bad_header, "malformed answer: "),
         (short_body_then_close, "not completed: Not enough data to satisfy content length"),
+        (ssh_banner, "malformed answer: "),
     ],
 )
 def test_last_error_is_text_a_person_can_read(
@@ -1616,6 +1622,8 @@ def test_last_error_is_text_a_person_can_read(
     assert expected in error
     assert not any(c in error for c in "\0\x1b\x07"), error
     assert "400, message" not in error
+    if handler is not binary_500:  # the body's own lines stay; the transport's words are one
+        assert "\n" not in error, error
 
 
 def test_a_server_that_closes_after_the_status_line_is_named_so(

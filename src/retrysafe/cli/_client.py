@@ -45,6 +45,7 @@ from retrysafe.cli._common import (
     serving_metrics,
     store_option,
     visible_text,
+    warning_lines,
 )
 from retrysafe.client import (
     DEAD_LETTER_STATES,
@@ -673,7 +674,7 @@ def reconcile_command(
     """Re-send UNKNOWN jobs with their same key; the server's replay settles them. Exits 1
     while any of them is still UNKNOWN."""
     policy = _policy(1, timeout, 1.0, 30.0)
-    with _outbox(store, policy) as outbox:
+    with _outbox(store, policy) as outbox, warning_lines():
         ids = [outbox.resolve(j) for j in job_ids] or None
         report = _reconcile_until_signal(outbox, ids=ids, limit=limit, concurrency=concurrency)
     if as_json:

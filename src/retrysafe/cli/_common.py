@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 import shlex
@@ -583,6 +584,32 @@ def _escape(char: str) -> str:
     if code < 0x100:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+class _WarningLines(logging.Handler):
+    """retrysafe's log warnings as the CLI's own lines: ``retrysafe: warning: …`` on stderr,
+    one line each, control characters escaped (a destination's name, an error's words)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = visible_text(" ".join(record.getMessage().split()))
+            click.echo(f"retrysafe: warning: {text}", err=True)
+        except Exception:  # a closed stderr: the warning is dropped, the command goes on
+            self.handleError(record)
+
+
+@contextmanager
+def warning_lines() -> Iterator[None]:
+    """While the block runs, the ``retrysafe`` logger's warnings (a destination that stopped
+    answering, a store that went away) are the CLI's ``retrysafe: warning:`` lines instead of
+    Python's bare last-resort lines (commands that print no log lines of their own)."""
+    log = logging.getLogger("retrysafe")
+    handler = _WarningLines(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
 
 
 def visible_text(text: str, *, keep: str = "") -> str:
