@@ -534,7 +534,8 @@ class _Refused(OSError):
 def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
     """aiohttp's connection protocol, reading at most :data:`MAX_ANSWER_HEAD` bytes of an
     answer before its head ends (the bytes received since the request's answer was asked
-    for, while the parser has no answer yet; one more socket read at most is held)."""
+    for, while the parser has no answer yet; one more socket read at most is held), and
+    giving the parser an answer's head apart from what follows it in the same read."""
     from aiohttp.client_proto import ResponseHandler
     from aiohttp.http_exceptions import HttpProcessingError
 
@@ -552,6 +553,21 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                 super().data_received(data)
                 return
             before = self._payload
+            end = data.find(b"\r\n\r\n") + 4
+            if 4 <= end < len(data):
+                # The head ends inside this read and more follows: the head goes to the
+                # parser first. The parser drops every answer of a read it fails on, so
+                # bytes a server sent after its complete answer (a Content-Length counted
+                # in characters, a 204 with a body) voided the answer itself: a 201 became
+                # a malformed answer, retried. Now they fail only what follows the answer
+                # (the connection is closed, never reused).
+                head, data = data[:end], data[end:]
+                super().data_received(head)
+                if self._payload is not before:
+                    self._head_left = None
+                    super().data_received(data)
+                    return
+                left -= len(head)
             super().data_received(data)
             if self._payload is not before:
                 self._head_left = None  # the head ended: the rest is its body
