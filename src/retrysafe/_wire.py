@@ -512,14 +512,19 @@ def _stall(content: aiohttp.StreamReader, protocol: Any, read_timeout: float) ->
     """End the waiting read of ``content``: the connection's own error, or a read timeout."""
     failed = None if protocol is None else protocol.exception()
     if failed is not None:
-        error = WireError(
-            "RemoteProtocolError",
-            f"the connection failed before the answer's end ({failed!r})",
-            sent=True,
-        )
+        error = _failed_mid_body(failed)
     else:
         error = WireError("ReadTimeout", f"no answer data for {read_timeout:g} s", sent=True)
     content.set_exception(_Stalled(error))
+
+
+def _failed_mid_body(failed: BaseException) -> WireError:
+    """The error of an answer whose connection failed (``failed``) before the body's end."""
+    return WireError(
+        "RemoteProtocolError",
+        f"the connection failed before the answer's end ({failed!r})",
+        sent=True,
+    )
 
 
 class _Refused(OSError):
@@ -583,6 +588,20 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                         message=f"the answer's head is over {MAX_ANSWER_HEAD:,} bytes"
                     )
                 )
+
+        def set_exception(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
+            super().set_exception(exc, *args, **kwargs)
+            # A body that breaks HTTP's grammar in a later read (a bad chunk size): aiohttp
+            # fails the connection but leaves the body's read waiting, to its timeout (the
+            # whole attempt, counted as congested). End that read now, with the error.
+            payload = self._payload
+            if (
+                isinstance(exc, HttpProcessingError)
+                and payload is not None
+                and not payload.is_eof()
+                and payload.exception() is None
+            ):
+                payload.set_exception(_Stalled(_failed_mid_body(exc)))
 
     return HeadCapped
 

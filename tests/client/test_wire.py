@@ -492,6 +492,20 @@ def test_engine_invalid_chunked_encoding_is_a_protocol_error_after_sending(
 
 
 @pytest.mark.parametrize("handler", [bad_chunk_at_once, bad_chunk_later])
+def test_a_broken_chunk_ends_the_attempt_at_once_not_at_the_read_timeout(
+    serve: Callable[..., RawServer], handler: Handler
+) -> None:
+    """A broken chunk in a later read failed the connection, but the body's read waited for
+    its whole timeout (through the worker: the attempt's, counted as congested; a fresh
+    user's pass). It ends when the broken chunk arrives."""
+    server = serve(handler)
+    started = time.perf_counter()
+    error = wire_error(send(server.url + "/", read_timeout=5))
+    assert (error.kind, error.sent) == ("RemoteProtocolError", True), error
+    assert time.perf_counter() - started < 2
+
+
+@pytest.mark.parametrize("handler", [bad_chunk_at_once, bad_chunk_later])
 def test_invalid_chunked_encoding_is_retried_with_the_same_key(
     outbox: Outbox, serve: Callable[..., RawServer], handler: Handler
 ) -> None:
