@@ -1292,6 +1292,8 @@ _AFTER_THE_ANSWER = {
     ),
     "junk": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK", (200, b"ok")),
     "204-body": (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello", (204, b"")),
+    # A 304 has no body either (RFC 9110 §15.4.5): as httpx reads it.
+    "304-body": (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\nhello", (304, b"")),
 }
 
 
