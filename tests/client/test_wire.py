@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import re
 import socket
 import ssl
 import struct
 import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -1107,6 +1109,37 @@ def test_engine_refuses_an_untrusted_certificate_as_not_sent(
     assert (error.kind, error.sent) == ("ConnectError", False)
     assert "certificate" in str(error).lower()
     assert server.paths() == ["/probe"]
+
+
+def test_engine_reads_an_https_answer_from_a_certificate_it_trusts(
+    serve: Callable[..., RawServer], self_signed: tuple[ssl.SSLContext, Path]
+) -> None:
+    """The same server, its certificate trusted (``SSL_CERT_FILE``, in a process of its own:
+    aiohttp makes its verifying context at import): the answer is read through the
+    engine's own connection protocol (the head cap, the head given to the parser apart)."""
+    context, cert = self_signed
+    server = serve(ok, tls=context)
+    code = (
+        "import asyncio, sys\n"
+        "from retrysafe._wire import AiohttpEngine\n"
+        "async def main():\n"
+        "    e = AiohttpEngine(connect_timeout=5, read_timeout=5)\n"
+        "    try:\n"
+        "        a = await e.send('POST', sys.argv[1], headers=[], body=b'{}', keep=10)\n"
+        "        print(a.status)\n"
+        "    finally:\n"
+        "        await e.aclose()\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, server.url + "/hook"],
+        env={**os.environ, "SSL_CERT_FILE": str(cert)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "201", out.stderr
+    assert server.paths() == ["/hook"]
 
 
 def test_an_untrusted_certificate_is_a_connect_error_through_the_worker(
