@@ -519,12 +519,26 @@ def _stall(content: aiohttp.StreamReader, protocol: Any, read_timeout: float) ->
 
 
 def _failed_mid_body(failed: BaseException) -> WireError:
-    """The error of an answer whose connection failed (``failed``) before the body's end."""
+    """The error of an answer whose connection failed (``failed``) before the body's end:
+    the parser's own words when it failed on the answer."""
+    message = getattr(failed, "message", None)
+    if isinstance(message, str) and message:
+        return WireError("RemoteProtocolError", f"malformed answer: {message}", sent=True)
     return WireError(
         "RemoteProtocolError",
         f"the connection failed before the answer's end ({failed!r})",
         sent=True,
     )
+
+
+def _head_end(tail: bytes, data: bytes) -> int:
+    """Where in ``data`` an answer's head ends (just after its empty line: ``\\n\\r\\n`` or
+    ``\\n\\n``), or -1; ``tail``: the head's last bytes before ``data`` (an end split
+    between two reads)."""
+    joined = tail + data
+    found = [i + n for i, n in ((joined.find(b"\n\r\n"), 3), (joined.find(b"\n\n"), 2)) if i >= 0]
+    end = min(found) - len(tail) if found else -1
+    return end if end > 0 else -1  # never at 0: that end was in the read before
 
 
 class _Refused(OSError):
@@ -545,49 +559,68 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
     from aiohttp.http_exceptions import HttpProcessingError
 
     class HeadCapped(ResponseHandler):
-        #: Bytes of the awaited answer's head still allowed, or None: not awaiting a head.
+        #: Bytes of the awaited answer's head still allowed, or None: an answer's body is
+        #: being read (its final head arrived).
         _head_left: int | None = None
+        #: A final (not 1xx) answer's head arrived since the head was awaited.
+        _answered = False
+        #: The last two bytes of the head read so far (an end split between two reads).
+        _head_tail = b""
+
+        def _await_head(self) -> None:
+            self._head_left = MAX_ANSWER_HEAD
+            self._answered = False
+            self._head_tail = b""
 
         def set_response_params(self, *args: Any, **kwargs: Any) -> None:
             super().set_response_params(*args, **kwargs)
-            self._head_left = MAX_ANSWER_HEAD  # a request's answer is awaited from now on
+            self._await_head()  # a request's answer is awaited from now on
+
+        def feed_data(self, data: Any, size: int = 0) -> None:
+            super().feed_data(data, size)
+            code = getattr(data[0], "code", None) if isinstance(data, tuple) and data else None
+            if isinstance(code, int) and not (100 <= code < 200 and code != 101):
+                self._answered = True  # a final answer (1xx ones are interim)
 
         def data_received(self, data: bytes) -> None:
-            left = self._head_left
-            if left is None:
-                super().data_received(data)
-                return
-            before = self._payload
-            end = data.find(b"\r\n\r\n") + 4
-            if 4 <= end < len(data):
-                # The head ends inside this read and more follows: the head goes to the
-                # parser first. The parser drops every answer of a read it fails on, so
-                # bytes a server sent after its complete answer (a Content-Length counted
-                # in characters, a 204 with a body) voided the answer itself: a 201 became
-                # a malformed answer, retried. Now they fail only what follows the answer
-                # (the connection is closed, never reused).
-                head, data = data[:end], data[end:]
-                super().data_received(head)
-                if self._payload is not before:
-                    self._head_left = None
-                    super().data_received(data)
+            if self._head_left is None:
+                payload = self._payload
+                if payload is None or not payload.is_eof():
+                    super().data_received(data)  # the answer's body
                     return
-                left -= len(head)
-            super().data_received(data)
-            if self._payload is not before:
-                self._head_left = None  # the head ended: the rest is its body
-                return
-            left -= len(data)
-            self._head_left = left
-            if left < 0:
-                self._head_left = None
-                if self.transport is not None:
-                    self.transport.close()
-                self.set_exception(
-                    HttpProcessingError(
-                        message=f"the answer's head is over {MAX_ANSWER_HEAD:,} bytes"
+                # Bytes after a complete answer, before the next request: an answer nobody
+                # asked for (the pool drops the connection); its head is capped too.
+                self._await_head()
+            while data:
+                # The head ends at its first empty line (CRLF, or a bare LF that the parser
+                # takes too); each head, 1xx ones included, goes to the parser apart from
+                # what follows it: the parser drops every answer of a read it fails on, so
+                # bytes sent after a complete answer (a Content-Length counted in
+                # characters, a 204 with a body) voided it. They fail only what follows the
+                # answer now (the connection is closed, never reused).
+                end = _head_end(self._head_tail, data)
+                head, data = (data, b"") if end < 0 else (data[:end], data[end:])
+                left = (self._head_left or 0) - len(head)
+                if left < 0:
+                    self._head_left = None
+                    if self.transport is not None:
+                        self.transport.close()
+                    self.set_exception(
+                        HttpProcessingError(
+                            message=f"the answer's head is over {MAX_ANSWER_HEAD:,} bytes"
+                        )
                     )
-                )
+                    return
+                self._head_left = left
+                self._head_tail = (self._head_tail + head)[-2:]
+                super().data_received(head)
+                if self._answered:
+                    self._head_left = None
+                    if data:
+                        super().data_received(data)
+                    return
+                if self.exception() is not None:
+                    return  # the parser failed: nothing more is read
 
         def set_exception(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
             super().set_exception(exc, *args, **kwargs)

@@ -1376,6 +1376,140 @@ def test_a_201_with_bytes_after_it_succeeds_through_the_worker_with_one_request(
     assert len(server.requests) == 1
 
 
+def continue_then_huge_head(conn: Conn, request: Request) -> None:
+    """A 100 Continue, then the huge head: the cap counts every head, 1xx ones included."""
+    conn.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+    huge_head(conn, request)
+
+
+def test_a_1xx_before_a_huge_head_does_not_lift_the_cap(
+    serve: Callable[..., RawServer],
+) -> None:
+    """A recheck by a fresh helper: one 100 Continue first, and the head after it was no
+    longer counted (1.6 GB again at concurrency 8)."""
+    server = serve(by_path(huge=continue_then_huge_head, warm=ok))
+    peak: list[int] = []
+    error = send(server.url + "/huge", read_timeout=5, warm=server.url + "/warm", measure=peak)
+    assert isinstance(error, WireError), f"an answer, status {error.status}"
+    assert "over 262,144 bytes" in str(error)
+    assert peak[0] < 4 * MB, f"peak {peak[0] / MB:.1f} MB"
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CREATED_JUNK = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nokJUNK"
+
+
+def _pieces(*parts: bytes) -> Handler:
+    """Sends ``parts`` as separate packets (a short pause between them)."""
+
+    def handler(conn: Conn, request: Request) -> None:
+        for part in parts:
+            conn.send(part)
+            time.sleep(0.05)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        # The head's empty line split between two reads, 1, 2 or 3 bytes of it in the second.
+        (b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n"[:-k],
+         b"\r\n\r\n"[-k:] + b"okJUNK") for k in (1, 2, 3)
+    ]
+    + [
+        (_CONTINUE + _CREATED_JUNK,),
+        (_CONTINUE, _CREATED_JUNK),
+        (b"HTTP/1.1 201 Created\nContent-Length: 2\n\nokJUNK",),  # bare LF line ends
+    ],
+    ids=["split-1", "split-2", "split-3", "1xx-same-read", "1xx-apart", "bare-lf"],
+)
+def test_stray_bytes_after_an_answer_whatever_the_reads(
+    serve: Callable[..., RawServer], parts: tuple[bytes, ...]
+) -> None:
+    """The recheck's layouts where the answer was still voided: the head's end split between
+    two reads, a 100 Continue first, bare-LF line ends. The 201 stands each time."""
+    server = serve(_pieces(*parts))
+    answer = send(server.url + "/", read_timeout=2)
+    assert isinstance(answer, Answer), answer
+    assert (answer.status, answer.body) == (201, b"ok")
+
+
+@pytest.mark.parametrize("piece", [1 << 20, 16 * 1024, 1000])
+def test_the_head_cap_is_exact_whatever_the_reads(
+    serve: Callable[..., RawServer], piece: int
+) -> None:
+    """A head of exactly MAX_ANSWER_HEAD bytes is an answer and one byte more is refused,
+    sent at once or in pieces (the read that ended a head was not counted: heads up to
+    about 512 KiB passed, or not, by where the reads split)."""
+
+    def head_of(size: int) -> bytes:
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+        n = 0
+        while size - len(head) - 2 > 60_000:  # fields under the per-field limit
+            head += b"X-Pad%d: " % n + b"p" * 50_000 + b"\r\n"
+            n += 1
+        name = b"X-Last: "
+        head += name + b"q" * (size - len(head) - len(name) - 4) + b"\r\n\r\n"
+        assert len(head) == size
+        return head
+
+    def handler(conn: Conn, request: Request) -> None:
+        wire = head_of(MAX_ANSWER_HEAD + (1 if request.path == "/over" else 0)) + b"ok"
+        try:
+            for i in range(0, len(wire), piece):
+                conn.send(wire[i : i + piece])
+        except OSError:
+            conn.close()
+
+    server = serve(handler)
+    at = send(server.url + "/at", read_timeout=2)
+    over = send(server.url + "/over", read_timeout=2)
+    assert isinstance(at, Answer) and at.status == 200, at
+    assert isinstance(over, WireError) and "over 262,144 bytes" in str(over), over
+
+
+def test_an_answer_nobody_asked_for_is_capped_on_a_pooled_connection() -> None:
+    """A 200, then, while the connection waits in the pool, ~100 MB of header fields (the
+    recheck: 1.6 GB at concurrency 8, before and after the first cap). Its head is capped like
+    any answer's; the next request goes on a new connection and gets its own answer."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n")
+        field = b"X-Big: " + b"a" * (100 * 1024) + b"\r\n"
+        try:
+            for _ in range(1000):
+                writer.write(field)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        writer.close()
+
+    async def main() -> tuple[int, int, int]:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        engine = AiohttpEngine(connect_timeout=2, read_timeout=2)
+        try:
+            first = await engine.send("POST", url, headers=[], body=b"{}", keep=10)
+            tracemalloc.start()
+            await asyncio.sleep(1.0)  # the unasked answer arrives meanwhile
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            second = await engine.send("POST", url, headers=[], body=b"{}", keep=10)
+            return first.status, second.status, peak
+        finally:
+            await engine.aclose()
+            server.close()
+
+    first, second, peak = asyncio.run(main())
+    assert (first, second) == (200, 200)
+    assert peak < 4 * MB, f"peak {peak / MB:.1f} MB while the connection waited in the pool"
+
+
 def test_engine_asks_for_identity_coding() -> None:
     """The default engine says Accept-Encoding: identity, so problem documents arrive
     uncompressed (a request without the header allows any coding, RFC 9110 §12.5.3)."""
