@@ -201,13 +201,15 @@ def test_worker_on_pg_survives_its_connections_being_killed_mid_run(
     store = PostgresStore(url, schema=pg_schema, connect_timeout=2.0)  # the worker's, killed
     try:
         outbox = Outbox(checker, policy=FAST)
-        jobs = [outbox.submit(endpoint, json={"ref": f"job-{i}"}) for i in range(150)]
+        # Enough jobs that the kills land mid-run on a fast host too (150 were all delivered
+        # before the first kill, 0.15 s in, once: no outage to survive).
+        jobs = [outbox.submit(endpoint, json={"ref": f"job-{i}"}) for i in range(400)]
         worker = Worker(store, policy=FAST, concurrency=4, poll_interval=0.01)
         thread = threading.Thread(target=worker.run_until_idle, daemon=True)
         thread.start()
         killed = 0
-        for _ in range(5):
-            time.sleep(0.15)
+        for pause in (0.05, 0.1, 0.1, 0.1, 0.1):
+            time.sleep(pause)
             killed += _terminate(pg_url, name)
         thread.join(timeout=25)
         assert not thread.is_alive(), "the worker did not finish"
