@@ -551,10 +551,10 @@ class _Refused(OSError):
 
 @functools.cache
 def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
-    """aiohttp's connection protocol, reading at most :data:`MAX_ANSWER_HEAD` bytes of an
-    answer before its head ends (the bytes received since the request's answer was asked
-    for, while the parser has no answer yet; one more socket read at most is held), and
-    giving the parser an answer's head apart from what follows it in the same read."""
+    """aiohttp's connection protocol, giving its parser at most :data:`MAX_ANSWER_HEAD`
+    bytes of heads per answer (every byte from the request, or from the end of an answer
+    nobody asked for, to the end of the final head, 1xx heads included, counted before the
+    parser gets it), and each head apart from what follows it in the same read."""
     from aiohttp.client_proto import ResponseHandler
     from aiohttp.http_exceptions import HttpProcessingError
 
