@@ -531,14 +531,22 @@ def _failed_mid_body(failed: BaseException) -> WireError:
     )
 
 
-def _head_end(tail: bytes, data: bytes) -> int:
-    """Where in ``data`` an answer's head ends (just after its empty line: ``\\n\\r\\n`` or
-    ``\\n\\n``), or -1; ``tail``: the head's last bytes before ``data`` (an end split
-    between two reads)."""
-    joined = tail + data
-    found = [i + n for i, n in ((joined.find(b"\n\r\n"), 3), (joined.find(b"\n\n"), 2)) if i >= 0]
-    end = min(found) - len(tail) if found else -1
-    return end if end > 0 else -1  # never at 0: that end was in the read before
+#: An answer head's end: its empty line, after CRLF or a bare LF.
+_HEAD_END = re.compile(rb"\n\r?\n")
+
+
+def _head_end(tail: bytes, data: bytes, start: int) -> int:
+    """Where in ``data``, from ``start``, an answer's head ends (just after its empty line),
+    or -1; ``tail``: the head's last bytes before ``data`` (its end split between two reads;
+    looked at from ``start`` 0 only). One scan from ``start``: a read of many heads is split
+    in linear time."""
+    if start == 0 and tail:
+        joined = tail + data[:2]
+        found = _HEAD_END.search(joined)
+        if found is not None and found.end() > len(tail):
+            return found.end() - len(tail)
+    found = _HEAD_END.search(data, start)
+    return -1 if found is None else found.end()
 
 
 class _Refused(OSError):
@@ -583,24 +591,34 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                 self._answered = True  # a final answer (1xx ones are interim)
 
         def data_received(self, data: bytes) -> None:
+            if not data:  # aiohttp's own call, resuming its parser after a pause
+                super().data_received(data)
+                return
             if self._head_left is None:
                 payload = self._payload
-                if payload is None or not payload.is_eof():
+                if payload is None:
+                    self._await_head()  # bytes before the request's answer was asked for
+                elif payload.is_eof():
+                    # Bytes after a complete answer, before the next request: an answer
+                    # nobody asked for. Nothing reads it, so its messages would pile up
+                    # while the connection waits in the pool: the connection is closed.
+                    if self.transport is not None:
+                        self.transport.close()
+                    return
+                else:
                     super().data_received(data)  # the answer's body
                     return
-                # Bytes after a complete answer, before the next request: an answer nobody
-                # asked for (the pool drops the connection); its head is capped too.
-                self._await_head()
-            while data:
+            pos, size = 0, len(data)
+            while pos < size:
                 # The head ends at its first empty line (CRLF, or a bare LF that the parser
                 # takes too); each head, 1xx ones included, goes to the parser apart from
                 # what follows it: the parser drops every answer of a read it fails on, so
                 # bytes sent after a complete answer (a Content-Length counted in
                 # characters, a 204 with a body) voided it. They fail only what follows the
                 # answer now (the connection is closed, never reused).
-                end = _head_end(self._head_tail, data)
-                head, data = (data, b"") if end < 0 else (data[:end], data[end:])
-                left = (self._head_left or 0) - len(head)
+                end = _head_end(self._head_tail, data, pos)
+                stop = size if end < 0 else end
+                left = (self._head_left or 0) - (stop - pos)
                 if left < 0:
                     self._head_left = None
                     if self.transport is not None:
@@ -612,12 +630,15 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                     )
                     return
                 self._head_left = left
-                self._head_tail = (self._head_tail + head)[-2:]
-                super().data_received(head)
+                # A head that goes on in the next read keeps its last bytes (its end may
+                # be split between the two); the next head starts afresh.
+                self._head_tail = (self._head_tail + data[pos:stop])[-2:] if end < 0 else b""
+                super().data_received(data if (pos, stop) == (0, size) else data[pos:stop])
+                pos = stop
                 if self._answered:
                     self._head_left = None
-                    if data:
-                        super().data_received(data)
+                    if pos < size:
+                        super().data_received(data[pos:])
                     return
                 if self.exception() is not None:
                     return  # the parser failed: nothing more is read

@@ -1421,8 +1421,9 @@ def _pieces(*parts: bytes) -> Handler:
         (_CONTINUE + _CREATED_JUNK,),
         (_CONTINUE, _CREATED_JUNK),
         (b"HTTP/1.1 201 Created\nContent-Length: 2\n\nokJUNK",),  # bare LF line ends
+        (b"HTTP/1.1 100 Continue\n\n" + _CREATED_JUNK,),  # a bare-LF 1xx, then CRLF
     ],
-    ids=["split-1", "split-2", "split-3", "1xx-same-read", "1xx-apart", "bare-lf"],
+    ids=["split-1", "split-2", "split-3", "1xx-same-read", "1xx-apart", "bare-lf", "lf-1xx"],
 )
 def test_stray_bytes_after_an_answer_whatever_the_reads(
     serve: Callable[..., RawServer], parts: tuple[bytes, ...]
@@ -1508,6 +1509,76 @@ def test_an_answer_nobody_asked_for_is_capped_on_a_pooled_connection() -> None:
     first, second, peak = asyncio.run(main())
     assert (first, second) == (200, 200)
     assert peak < 4 * MB, f"peak {peak / MB:.1f} MB while the connection waited in the pool"
+
+
+def test_a_flood_of_1xx_heads_in_one_read_is_split_head_by_head() -> None:
+    """10,000 100 Continue heads in one read (262,144 bytes, just under the cap): each head is
+    found by one scan from where the last one ended (they were split in quadratic time, 1.1 s
+    of a blocked event loop per read, a third check by a fresh helper; the time is measured
+    by hand, not here: `python /tmp/fresh13/third/quad.py`)."""
+    from retrysafe._wire import _head_end
+
+    flood = b"HTTP/1.1 100 Continue\r\n\r\n" * 10_000
+
+    def split(data: bytes) -> int:
+        pos, heads = 0, 0
+        while (end := _head_end(b"", data, pos)) >= 0:
+            pos, heads = end, heads + 1
+        return heads
+
+    assert split(flood) == 10_000
+    assert split(flood[:-1]) == 9_999
+    assert _head_end(b"\r\n\r", b"\nok", 0) == 1  # an end split between two reads
+    assert _head_end(b"\n\n", b"HTTP/1.1 200 OK\r\n\r\n", 0) == 19  # a new head's own end
+
+
+def test_unasked_answers_on_a_pooled_connection_close_it() -> None:
+    """A 200, then, while the connection waits in the pool, a stream of small 204 heads
+    (each under the cap; a third check took a worker to 4 GB at concurrency 8: every
+    unasked answer started a fresh budget and its message was queued for no one). The
+    connection is closed at the first unasked byte; the next request gets its answer on
+    another."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        head = b"HTTP/1.1 204 X\r\nX-Pad: " + b"p" * 1000 + b"\r\n\r\n"
+        try:
+            for _ in range(50_000):  # ~50 MB, if nothing stops it
+                writer.write(head * 20)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        writer.close()
+
+    async def main() -> tuple[int, int, int, int]:
+        connections = 0
+
+        async def counted(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            await handler(r, w)
+
+        server = await asyncio.start_server(counted, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        engine = AiohttpEngine(connect_timeout=2, read_timeout=2)
+        try:
+            first = await engine.send("POST", url, headers=[], body=b"{}", keep=10)
+            tracemalloc.start()
+            await asyncio.sleep(1.0)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            second = await engine.send("POST", url, headers=[], body=b"{}", keep=10)
+            return first.status, second.status, peak, connections
+        finally:
+            await engine.aclose()
+            server.close()
+
+    first, second, peak, connections = asyncio.run(main())
+    assert (first, second, connections) == (200, 200, 2)
+    assert peak < 2 * MB, f"peak {peak / MB:.1f} MB while the connection waited in the pool"
 
 
 def test_engine_asks_for_identity_coding() -> None:
