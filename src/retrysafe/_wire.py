@@ -575,10 +575,20 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
         #: The last two bytes of the head read so far (an end split between two reads).
         _head_tail = b""
 
+        #: Bytes of the answer's body phase that were no body (chunk sizes, trailers).
+        _framing = 0
+
         def _await_head(self) -> None:
             self._head_left = MAX_ANSWER_HEAD
             self._answered = False
             self._head_tail = b""
+            self._framing = 0
+
+        def _refuse(self, why: str) -> None:
+            """End the answer as malformed (``why``) and close the connection."""
+            if self.transport is not None:
+                self.transport.close()
+            self.set_exception(HttpProcessingError(message=why))
 
         def set_response_params(self, *args: Any, **kwargs: Any) -> None:
             super().set_response_params(*args, **kwargs)
@@ -606,7 +616,20 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                         self.transport.close()
                     return
                 else:
-                    super().data_received(data)  # the answer's body
+                    # The answer's body. What of it is no body (chunk sizes, trailers) is
+                    # counted: past the head cap, and more than the body, it is refused (a
+                    # ~100 MB of trailer fields, which the parser keeps; chunks of a byte
+                    # or two, which cost the worker a call each).
+                    before = getattr(payload, "total_bytes", 0)
+                    super().data_received(data)
+                    body = getattr(payload, "total_bytes", 0)
+                    framing = self._framing + len(data) - (body - before)
+                    self._framing = framing
+                    if framing > MAX_ANSWER_HEAD and framing > body and not payload.is_eof():
+                        self._refuse(
+                            f"the answer's framing (chunk sizes, trailers) is over "
+                            f"{MAX_ANSWER_HEAD:,} bytes and more than its body"
+                        )
                     return
             pos, size = 0, len(data)
             while pos < size:
@@ -621,13 +644,7 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                 left = (self._head_left or 0) - (stop - pos)
                 if left < 0:
                     self._head_left = None
-                    if self.transport is not None:
-                        self.transport.close()
-                    self.set_exception(
-                        HttpProcessingError(
-                            message=f"the answer's head is over {MAX_ANSWER_HEAD:,} bytes"
-                        )
-                    )
+                    self._refuse(f"the answer's head is over {MAX_ANSWER_HEAD:,} bytes")
                     return
                 self._head_left = left
                 # A head that goes on in the next read keeps its last bytes (its end may

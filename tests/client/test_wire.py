@@ -1581,6 +1581,60 @@ def test_unasked_answers_on_a_pooled_connection_close_it() -> None:
     assert peak < 2 * MB, f"peak {peak / MB:.1f} MB while the connection waited in the pool"
 
 
+def trailer_flood(conn: Conn, request: Request) -> None:
+    """A chunked 200 whose last chunk is followed by ~100 MB of trailer fields."""
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+    field = b"X-Trailer: " + b"t" * (100 * 1024) + b"\r\n"
+    try:
+        for _ in range(1000):
+            conn.send(field)
+        conn.send(b"\r\n")
+    except OSError:
+        conn.close()
+
+
+def tiny_chunks(conn: Conn, request: Request) -> None:
+    """A chunked 200 that streams one-byte chunks for ever."""
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    blob = b"1\r\nx\r\n" * 20_000
+    try:
+        while True:
+            conn.send(blob)
+    except OSError:
+        conn.close()
+
+
+def small_chunks(conn: Conn, request: Request) -> None:
+    """A chunked 200 of 1 MB in 20-byte chunks (an event stream's size)."""
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    conn.send((b"14\r\n" + b"e" * 20 + b"\r\n") * 50_000)
+    conn.send(b"0\r\n\r\n")
+
+
+@pytest.mark.parametrize("handler", [trailer_flood, tiny_chunks])
+def test_framing_past_the_cap_and_more_than_the_body_is_refused(
+    serve: Callable[..., RawServer], handler: Handler
+) -> None:
+    """~100 MB of trailer fields after the last chunk (a third check: 1.6 GB at concurrency
+    8, the parser keeps them), or endless one-byte chunks (a core per attempt until its
+    timeout, a fresh user's pass): a protocol error once the framing is past the head cap
+    and more than the body, well before the read timeout, in bounded memory."""
+    server = serve(by_path(bad=handler, warm=ok))
+    peak: list[int] = []
+    error = send(server.url + "/bad", read_timeout=5, warm=server.url + "/warm", measure=peak)
+    assert isinstance(error, WireError), f"an answer, status {error.status}"
+    assert (error.kind, error.sent) == ("RemoteProtocolError", True), error
+    assert "framing" in str(error), error  # not the read timeout
+    assert peak[0] < 4 * MB, f"peak {peak[0] / MB:.1f} MB"
+
+
+def test_a_body_in_small_chunks_is_an_answer(serve: Callable[..., RawServer]) -> None:
+    server = serve(small_chunks)
+    answer = send(server.url + "/", read_timeout=5)
+    assert isinstance(answer, Answer), answer
+    assert (answer.status, answer.size) == (200, 1_000_000)
+
+
 def test_engine_asks_for_identity_coding() -> None:
     """The default engine says Accept-Encoding: identity, so problem documents arrive
     uncompressed (a request without the header allows any coding, RFC 9110 §12.5.3)."""
