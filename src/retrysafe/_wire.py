@@ -575,14 +575,44 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
         #: The last two bytes of the head read so far (an end split between two reads).
         _head_tail = b""
 
-        #: Bytes of the answer's body phase that were no body (chunk sizes, trailers).
-        _framing = 0
+        #: Bytes read in the answer's body phase, and of them since the body last grew.
+        _fed = 0
+        _idle = 0
 
         def _await_head(self) -> None:
             self._head_left = MAX_ANSWER_HEAD
             self._answered = False
             self._head_tail = b""
-            self._framing = 0
+            self._fed = self._idle = 0
+
+        def _body_read(self, payload: Any, data: bytes) -> None:
+            """``data`` of the answer's body phase to the parser; what of it is no body
+            (chunk sizes, trailer fields) is counted. Refused: a run of more than
+            :data:`MAX_ANSWER_HEAD` bytes in which the body did not grow (trailer fields,
+            which the parser keeps: ~100 MB took 1.6 GB), and framing past four times the
+            cap and four times the body (chunks of a byte, a call each: a core per attempt
+            until its timeout). The parser may hold part of a read back (it pauses every
+            16,384 chunks or so) and deliver it later: the estimate then errs high by at
+            most that part, which four times the body absorbs for chunks of two bytes and
+            more."""
+            before = getattr(payload, "total_bytes", 0)
+            super().data_received(data)
+            body = getattr(payload, "total_bytes", 0)
+            self._fed += len(data)
+            self._idle = 0 if body > before else self._idle + len(data)
+            framing = self._fed - body
+            if payload.is_eof():
+                return
+            if self._idle > MAX_ANSWER_HEAD:
+                self._refuse(
+                    f"over {MAX_ANSWER_HEAD:,} bytes of the answer without any body "
+                    "(trailer fields)"
+                )
+            elif framing > 4 * MAX_ANSWER_HEAD and framing > 4 * body:
+                self._refuse(
+                    f"the answer's framing (chunk sizes) is over {4 * MAX_ANSWER_HEAD:,} "
+                    "bytes and four times its body"
+                )
 
         def _refuse(self, why: str) -> None:
             """End the answer as malformed (``why``) and close the connection."""
@@ -602,7 +632,11 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
 
         def data_received(self, data: bytes) -> None:
             if not data:  # aiohttp's own call, resuming its parser after a pause
+                payload = self._payload
+                before = getattr(payload, "total_bytes", 0)
                 super().data_received(data)
+                if getattr(payload, "total_bytes", 0) > before:
+                    self._idle = 0  # the body grew: what came before it was no trailer
                 return
             if self._head_left is None:
                 payload = self._payload
@@ -616,20 +650,7 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                         self.transport.close()
                     return
                 else:
-                    # The answer's body. What of it is no body (chunk sizes, trailers) is
-                    # counted: past the head cap, and more than the body, it is refused (a
-                    # ~100 MB of trailer fields, which the parser keeps; chunks of a byte
-                    # or two, which cost the worker a call each).
-                    before = getattr(payload, "total_bytes", 0)
-                    super().data_received(data)
-                    body = getattr(payload, "total_bytes", 0)
-                    framing = self._framing + len(data) - (body - before)
-                    self._framing = framing
-                    if framing > MAX_ANSWER_HEAD and framing > body and not payload.is_eof():
-                        self._refuse(
-                            f"the answer's framing (chunk sizes, trailers) is over "
-                            f"{MAX_ANSWER_HEAD:,} bytes and more than its body"
-                        )
+                    self._body_read(payload, data)
                     return
             pos, size = 0, len(data)
             while pos < size:
@@ -654,7 +675,10 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                 pos = stop
                 if self._answered:
                     self._head_left = None
-                    if pos < size:
+                    payload = self._payload
+                    if pos < size and payload is not None:
+                        self._body_read(payload, data[pos:])
+                    elif pos < size:
                         super().data_received(data[pos:])
                     return
                 if self.exception() is not None:
