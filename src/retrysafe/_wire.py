@@ -562,7 +562,9 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
     """aiohttp's connection protocol, giving its parser at most :data:`MAX_ANSWER_HEAD`
     bytes of heads per answer (every byte from the request, or from the end of an answer
     nobody asked for, to the end of the final head, 1xx heads included, counted before the
-    parser gets it), and each head apart from what follows it in the same read."""
+    parser gets it), each head apart from what follows it in the same read, the body
+    phase's framing bounded (:meth:`HeadCapped._body_read`), and a connection closed at the
+    first byte nobody asked for."""
     from aiohttp.client_proto import ResponseHandler
     from aiohttp.http_exceptions import HttpProcessingError
 
