@@ -227,32 +227,46 @@ def test_a_success_ends_a_run_that_began_during_its_attempt(
         assert (endpoint.failure_count, endpoint.first_failure_at) == (0, None)
 
 
-def test_a_store_outage_while_ending_the_run_leaves_the_success_recorded(
+def test_a_failed_write_ending_the_run_leaves_the_success_recorded(
     store_url: str,
     receiver: Receiver,
     base_url: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Every 2xx ends the failure run after its record; a store that fails that one write
-    leaves the delivery SUCCEEDED and says so in one warning (no worker error)."""
-    from retrysafe import StoreUnavailableError
-    from retrysafe.webhooks._store import AsyncSQLWebhookStore
+    """Every recorded 2xx ends the endpoint's failure run with the record; should that one
+    statement fail, the delivery stays SUCCEEDED (recorded once, no lease lost, no worker
+    error), the run waits for the next success, and one warning says so."""
+    from retrysafe.stores._connector import Statement
+    from retrysafe.webhooks import _store
 
-    async def unavailable(self: object, endpoint_id: str) -> None:
-        raise StoreUnavailableError("store down", store="test")
+    broken = "UPDATE retrysafe_no_such_table SET n = 1"
+    statements = _store._SQL
 
-    monkeypatch.setattr(AsyncSQLWebhookStore, "reset_endpoint_failures", unavailable)
+    class Failing:
+        def __getitem__(self, name: str) -> Any:
+            if name == "end_delivery_runs":
+                return Statement(name, {"sqlite": (broken,), "postgres": (broken.encode(),)})
+            return statements[name]
+
     with Webhooks(store_url, allow_private=True) as hooks:
         path = receiver.plan("/ok-outage", 200)
         ep = add(hooks, receiver, base_url, path)
+        webhook_store(hooks.store).record_endpoint_failure(ep, now=time.time())
+        monkeypatch.setattr(_store, "_SQL", Failing())
         hooks.send("a.b", {"n": 1})
         with caplog.at_level(logging.WARNING):
-            run(hooks)
+            stats = hooks.worker(poll_interval=0.01, budget=None).run_until_idle()
         (d,) = hooks.deliveries(endpoint_id=ep)
-        assert d.state is JobState.SUCCEEDED
+        assert d.state is JobState.SUCCEEDED and stats.succeeded == 1
+        assert stats.lease_lost == 0 and len(receiver.requests(path)) == 1
+        assert hooks.get_endpoint(ep).failure_count == 1
+        monkeypatch.setattr(_store, "_SQL", statements)
+        hooks.send("a.b", {"n": 2})
+        run(hooks)
+        assert hooks.get_endpoint(ep).failure_count == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "failure run not ended" in warnings[0], warnings
+    assert len(warnings) == 1 and "failure runs not ended" in warnings[0], warnings
 
 
 def test_410_gone_disables_at_once_with_the_default_window(

@@ -17,6 +17,8 @@ import pytest
 from retrysafe import ConfigurationError, JobState, StoreError
 from retrysafe.client import NewJob, OutboxStore, outbox_store
 from retrysafe.client._jobs import build_job
+from retrysafe.client._models import Attempt, Finish
+from retrysafe.client._store import SQLOutboxStore
 from retrysafe.stores import MemoryStore, PostgresStore, SQLiteStore
 from retrysafe.webhooks import (
     Endpoint,
@@ -25,7 +27,7 @@ from retrysafe.webhooks import (
     WebhookStore,
     webhook_store,
 )
-from retrysafe.webhooks._store import SQLWebhookStore
+from retrysafe.webhooks._store import DeliveryOutboxStore, SQLWebhookStore, delivery_outbox
 
 from .conftest import FAST, WEBHOOK_STORES, Receiver, add
 
@@ -509,35 +511,90 @@ async def test_the_async_faces_reads_asked_for_together_are_one_statement_each(
         await face.aclose()
 
 
+def _record(job_id: str, token: str, outcome: str, status: int | None) -> Finish:
+    ok = outcome == "success"
+    attempt = Attempt(
+        job_id=job_id,
+        key="k",
+        number=1,
+        started_at=T0 + 1,
+        duration=0.01,
+        outcome=outcome,
+        status=status,
+        error_type=None,
+        replayed=False,
+        counted=True,
+    )
+    return Finish(
+        job_id=job_id,
+        token=token,
+        attempt=attempt,
+        state=JobState.SUCCEEDED if ok else JobState.PENDING,
+        due_at=T0 + 2,
+        last_delay=0.0,
+        error=None if ok else "HTTP 500",
+        now=T0 + 1,
+    )
+
+
 @pytest.mark.anyio
-async def test_the_async_faces_resets_asked_for_together_are_one_statement(
-    stores: Stores,
+@pytest.mark.parametrize("face", ["sync", "async"])
+async def test_the_delivery_records_end_the_runs_of_their_successes(
+    stores: Stores, face: str
 ) -> None:
-    """reset_endpoint_failures of concurrent successes is one statement: every endpoint
-    with a run ends it (a repeated id, an endpoint without a run and a missing id change
-    nothing else), and an endpoint not asked for keeps its run."""
+    """finish_deliveries (the webhook worker's record, :class:`DeliveryOutboxStore`) records
+    every attempt as finish_attempts does, and ends the failure run of the endpoint of each
+    recorded 2xx: not the run of an endpoint whose attempt failed, nor of one whose success
+    was not recorded (its lease was taken over), nor of an endpoint not in the batch."""
     endpoints = [stores.hooks.insert_endpoint(_endpoint(n)) for n in range(4)]
-    for e in endpoints[:3]:
+    for e in endpoints:
         stores.hooks.record_endpoint_failure(e.id, now=T0)
-        stores.hooks.record_endpoint_failure(e.id, now=T0 + 1)
-    face: Any = stores.hooks.asyncio_webhook_store()
-    runs = _count_statements(face)
-    try:
-        ids = [endpoints[0].id, endpoints[1].id, endpoints[0].id, endpoints[3].id, "ep_x"]
-        assert await asyncio.gather(*(face.reset_endpoint_failures(i) for i in ids)) == [
-            None
-        ] * len(ids)
-        assert runs[0] == 1
-    finally:
-        await face.aclose()
-    after = {e.id: stores.hooks.get_endpoint(e.id) for e in endpoints}
-    runs_left = {i: (e.failure_count, e.first_failure_at) for i, e in after.items() if e}
-    assert runs_left == {
+    jobs = _send(stores, _event(), *endpoints)
+    claimed = stores.outbox.claim_jobs(queue="webhooks", token="t", now=T0, lease=30, limit=9)
+    assert sorted(j.id for j in claimed) == sorted(jobs)
+    finishes = [
+        _record(jobs[0], "t", "success", 200),
+        _record(jobs[1], "t", "success", 204),
+        _record(jobs[2], "t", "failure", 500),
+        _record(jobs[3], "other", "success", 200),  # not this token's lease: not recorded
+    ]
+    assert isinstance(stores.outbox, SQLOutboxStore)
+    store, ends = delivery_outbox(stores.outbox)
+    assert ends and isinstance(store, DeliveryOutboxStore)
+    if face == "sync":
+        recorded = store.finish_attempts(finishes)
+    else:
+        astore = store.asyncio_outbox_store()
+        try:
+            recorded = await astore.finish_attempts(finishes)
+        finally:
+            await astore.aclose()
+    assert [a is not None for a in recorded] == [True, True, True, False]
+    runs = {
+        e.id: (got.failure_count, got.first_failure_at)
+        for e in endpoints
+        if (got := stores.hooks.get_endpoint(e.id)) is not None
+    }
+    assert runs == {
         endpoints[0].id: (0, None),
         endpoints[1].id: (0, None),
-        endpoints[2].id: (2, T0),
-        endpoints[3].id: (0, None),
+        endpoints[2].id: (1, T0),
+        endpoints[3].id: (1, T0),
     }
+    states = [stores.outbox.get_job(j) for j in jobs]
+    assert [j.state if j else None for j in states] == [
+        JobState.SUCCEEDED,
+        JobState.SUCCEEDED,
+        JobState.PENDING,
+        JobState.IN_FLIGHT,
+    ]
+
+
+def test_a_store_of_ones_own_keeps_ending_runs_itself() -> None:
+    """delivery_outbox leaves an outbox store that is no SQLOutboxStore as it is (its
+    webhook worker ends each run with reset_endpoint_failures after the record)."""
+    own = MemoryStore()
+    assert delivery_outbox(own) == (own, False)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- opening

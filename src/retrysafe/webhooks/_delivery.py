@@ -34,6 +34,7 @@ from retrysafe.webhooks._policy import (
     WebhookPolicy,
     decide,
     disables_endpoint,
+    ends_failure_run,
     rate_gate,
     should_auto_disable,
 )
@@ -98,6 +99,9 @@ class WebhookAttempts:
         face: the async face to use instead of the store's own.
         telemetry: where each delivery's outcome (by endpoint id) and each automatic
             disabling (by reason) is reported, or None.
+        runs_end_on_record: the worker's records end the failure run of each 2xx themselves
+            (:class:`~retrysafe.webhooks._store.DeliveryOutboxStore`); otherwise each 2xx
+            ends it with ``reset_endpoint_failures`` after its record.
     """
 
     def __init__(
@@ -109,8 +113,10 @@ class WebhookAttempts:
         rng: random.Random,
         face: AsyncWebhookStore | None = None,
         telemetry: Telemetry | None = None,
+        runs_end_on_record: bool = False,
     ) -> None:
         self.telemetry = telemetry
+        self.runs_end_on_record = runs_end_on_record
         self.policy = policy
         self.clock = clock
         self.rng = rng
@@ -229,8 +235,9 @@ class DeliveryAttempt:
 
         A success ends the run whenever the endpoint has one after the answer, whichever
         worker recorded it: the write changes the endpoint only where its failure count is
-        above zero (no process's cache decides it), and the writes of concurrent successes
-        go to the store as one statement.
+        above zero (no process's cache decides it). On a SQL store the record itself made
+        that write (:func:`~retrysafe.webhooks._store.finish_deliveries`, one statement per
+        batch of records); on a store of one's own it is made here.
         """
         if self._context is None:
             return
@@ -239,7 +246,9 @@ class DeliveryAttempt:
         a = self._attempts
         if a.telemetry is not None:
             a.telemetry.webhook_delivery(endpoint_id, delivery_outcome(attempt, step))
-        if attempt.outcome == AttemptOutcome.SUCCESS.value:
+        if ends_failure_run(attempt.outcome):
+            if a.runs_end_on_record:
+                return
             try:
                 await a.astore.reset_endpoint_failures(endpoint_id)
             except StoreUnavailableError as exc:  # the attempt is recorded: only the run waits

@@ -25,7 +25,7 @@ from datetime import timedelta
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.client._models import JobState
 from retrysafe.client._policy import Step, retry_step, seconds
-from retrysafe.core import Action, Classification
+from retrysafe.core import Action, AttemptOutcome, Classification
 
 __all__ = [
     "DEFAULT",
@@ -260,6 +260,12 @@ def decide(
     if step.state is JobState.PENDING and not endpoint_enabled:
         return Step(JobState.CANCELLED, now, 0.0, step.counted, "endpoint disabled")
     return step
+
+
+def ends_failure_run(outcome: str) -> bool:
+    """A delivered attempt (a 2xx: outcome ``"success"``) ends its endpoint's run of
+    consecutive failures (SPEC §6)."""
+    return outcome == AttemptOutcome.SUCCESS.value
 
 
 def disables_endpoint(status: int | None) -> bool:

@@ -38,7 +38,7 @@ from retrysafe.webhooks._endpoints import ROTATION_OVERLAP
 from retrysafe.webhooks._models import WebhookEndpoint, WebhookStore
 from retrysafe.webhooks._policy import WebhookPolicy
 from retrysafe.webhooks._ssrf import PinnedTransport, SSRFGuard
-from retrysafe.webhooks._store import webhook_store
+from retrysafe.webhooks._store import delivery_outbox, webhook_store
 
 __all__ = ["DEAD_LETTER_STATES", "MISSED_STATES", "QUEUE", "Webhooks"]
 
@@ -201,14 +201,16 @@ class Webhooks:
         else:
             check_transport(inner)
             options["transport"] = PinnedTransport(inner, allow_private=self.allow_private)
+        store, runs_end_on_record = delivery_outbox(self.outbox.store)
         attempts = WebhookAttempts(
             self.store,
             policy=self.policy,
             clock=options["clock"],
             rng=options.get("rng") or random.Random(),
             telemetry=telemetry_of(options.get("telemetry")),
+            runs_end_on_record=runs_end_on_record,
         )
-        return Worker(self.outbox.store, queue=QUEUE, attempt_hooks=attempts, **options)
+        return Worker(store, queue=QUEUE, attempt_hooks=attempts, **options)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -78,13 +78,21 @@ RETURNING failure_count, first_failure_at, enabled;
 UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
 WHERE id = %(id)s AND failure_count > 0;
 
--- name: reset_endpoints_failures
+-- name: end_delivery_runs
 
--- reset_endpoint_failures for every endpoint of the JSON array %(ids)s (the successes of
--- one event-loop iteration, in one statement; the caller sorts the ids, so concurrent
--- workers lock the rows in one order).
+-- reset_endpoint_failures for the endpoint of every delivery (job id) of the JSON array
+-- %(ids)s: the 2xx answers of one batch of attempt records, in the records' transaction.
+-- Only endpoints with a run are locked, in id order, so
+-- concurrent workers never wait on each other in a cycle.
 UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
-WHERE id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb))) AND failure_count > 0;
+WHERE id IN (
+    SELECT e.id FROM webhook_endpoints e
+    WHERE e.failure_count > 0
+      AND e.id IN (SELECT d.endpoint_id FROM webhook_deliveries d
+                   WHERE d.job_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb))))
+    ORDER BY e.id
+    FOR UPDATE
+);
 
 -- name: delete_endpoint_jobs
 

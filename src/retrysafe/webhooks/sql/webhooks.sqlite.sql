@@ -63,12 +63,14 @@ RETURNING failure_count, first_failure_at, enabled;
 UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
 WHERE id = :id AND failure_count > 0;
 
--- name: reset_endpoints_failures
+-- name: end_delivery_runs
 
--- reset_endpoint_failures for every endpoint of the JSON array :ids (the successes of one
--- event-loop iteration, in one statement).
+-- reset_endpoint_failures for the endpoint of every delivery (job id) of the JSON array :ids:
+-- the 2xx answers of one batch of attempt records, in the records' transaction.
 UPDATE webhook_endpoints SET failure_count = 0, first_failure_at = NULL
-WHERE id IN (SELECT value FROM json_each(:ids)) AND failure_count > 0;
+WHERE failure_count > 0
+  AND id IN (SELECT endpoint_id FROM webhook_deliveries
+             WHERE job_id IN (SELECT value FROM json_each(:ids)));
 
 -- name: delete_endpoint_jobs
 
