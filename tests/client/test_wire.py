@@ -521,6 +521,31 @@ def test_invalid_chunked_encoding_is_retried_with_the_same_key(
     assert [r.key for r in server.requests] == [job.key, job.key]
 
 
+def switching_protocols(conn: Conn, request: Request) -> None:
+    """A 101 as the final answer to a request that asked for no upgrade, then silence."""
+    conn.send(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n")
+    conn.hold()
+
+
+@pytest.mark.parametrize("engine", ["default", "httpx"])
+def test_a_final_101_is_a_malformed_answer_retried_with_the_same_key(
+    outbox: Outbox, serve: Callable[..., RawServer], engine: str
+) -> None:
+    """A 101 to an attempt that asked for no upgrade breaks HTTP after the request was sent:
+    whether the effect committed is unknown, so it is retried with the same key (never
+    REJECTED, which says it did not), on the default engine and on an httpx transport
+    alike."""
+    server = serve(nth(switching_protocols, ok))
+    job = outbox.submit(server.url + "/", json={})
+    options: dict[str, Any] = {}
+    if engine == "httpx":
+        options["transport"] = httpx.AsyncHTTPTransport()
+    run(outbox, policy(timeout=1.0), **options)
+    assert outbox.get(job.id).state is JobState.SUCCEEDED
+    assert [o for o, _ in outcomes(outbox, job)] == ["transport_error", "success"]
+    assert [r.key for r in server.requests] == [job.key, job.key]
+
+
 def test_engine_a_reset_mid_answer_is_a_read_error_after_sending(
     serve: Callable[..., RawServer],
 ) -> None:

@@ -176,7 +176,7 @@ def test_classify_response_gives_the_one_answer_its_row_names(
     got = classify_response(status, problem_type=problem)
     if 200 <= status < 300:
         want = SUCCESS
-    elif not 100 <= status <= 599:  # no such status: a malformed answer, after sending
+    elif not 200 <= status <= 599:  # no such status, or a final 1xx: a malformed answer
         want = Classification(AttemptOutcome.TRANSPORT_ERROR, Committed.UNKNOWN, Action.RETRY)
     elif status == 408:
         want = Classification(

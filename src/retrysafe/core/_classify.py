@@ -85,9 +85,12 @@ def classify_response(status: int, *, problem_type: str | None = None) -> Classi
     """
     if 200 <= status < 300:
         return Classification(AttemptOutcome.SUCCESS, Committed.YES, Action.SUCCEED)
-    if not 100 <= status <= 599:
-        # No such status (RFC 9110 §15: three digits, 1xx–5xx): an answer that breaks HTTP,
-        # after the request was sent, as a malformed answer is.
+    if not 200 <= status <= 599:
+        # No such status (RFC 9110 §15: three digits, 1xx–5xx), or a 1xx as the final answer
+        # (RFC 9110 §15.2: 1xx answers are interim; a 101 switches protocols only for a
+        # request that asked to upgrade, which no attempt does): an answer that breaks HTTP,
+        # after the request was sent, as a malformed answer is. Whether the effect committed
+        # is unknown, so it is retried with the same key (REJECTED would say it did not).
         return classify_transport_error(sent=True)
     if status == 408:
         return Classification(
@@ -102,7 +105,8 @@ def classify_response(status: int, *, problem_type: str | None = None) -> Classi
         return Classification(AttemptOutcome.SERVER_ERROR, Committed.UNKNOWN, Action.RETRY, True)
     if status == 422 and problem_type == KEY_REUSED_PROBLEM:
         return Classification(AttemptOutcome.KEY_REUSED, Committed.UNKNOWN, Action.REJECT)
-    # Other 4xx, and 1xx/3xx a sender should never see for a side-effecting call: fix the request.
+    # Other 4xx, and a 3xx (a redirect is never followed for a side-effecting call): fix the
+    # request.
     return Classification(AttemptOutcome.CLIENT_ERROR, Committed.NO, Action.REJECT)
 
 
