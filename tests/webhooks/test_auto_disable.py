@@ -205,12 +205,22 @@ def test_a_success_seen_by_another_worker_resets_the_run(
         assert (endpoint.failure_count, endpoint.first_failure_at) == (0, None)
 
 
+@pytest.mark.parametrize("where", ["record", "after"])
 def test_a_success_ends_a_run_that_began_during_its_attempt(
-    store_url: str, receiver: Receiver, base_url: str
+    store_url: str,
+    receiver: Receiver,
+    base_url: str,
+    where: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Failures recorded by another worker while this attempt was in flight (after the
     endpoint was read for its signature) are ended by its 2xx: the reset is decided by the
-    store after the answer, not by what the attempt read before it."""
+    store after the answer, not by what the attempt read before it; by the record itself
+    (SQL stores) or, on an outbox store of one's own, by a write after it."""
+    if where == "after":
+        from retrysafe.webhooks import _sender
+
+        monkeypatch.setattr(_sender, "delivery_outbox", lambda store: (store, False))
     policy = WebhookPolicy(schedules=(FAST_SCHEDULE,), timeout=5.0)
     with Webhooks(store_url, allow_private=True, policy=policy) as hooks:
         path = receiver.plan("/overlap", 200)

@@ -590,11 +590,17 @@ async def test_the_delivery_records_end_the_runs_of_their_successes(
     ]
 
 
-def test_a_store_of_ones_own_keeps_ending_runs_itself() -> None:
-    """delivery_outbox leaves an outbox store that is no SQLOutboxStore as it is (its
-    webhook worker ends each run with reset_endpoint_failures after the record)."""
-    own = MemoryStore()
-    assert delivery_outbox(own) == (own, False)  # type: ignore[arg-type]
+def test_a_store_of_ones_own_keeps_ending_runs_itself(stores: Stores) -> None:
+    """delivery_outbox leaves an outbox store that is no plain SQLOutboxStore (one of one's
+    own, here a subclass whose records may do anything) as it is: its webhook worker ends
+    each run with reset_endpoint_failures after the record."""
+    assert isinstance(stores.outbox, SQLOutboxStore)
+
+    class Own(SQLOutboxStore):
+        pass
+
+    own = Own(stores.outbox.connector)
+    assert delivery_outbox(own) == (own, False)
 
 
 # ---------------------------------------------------------------------- opening
