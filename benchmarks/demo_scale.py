@@ -1,7 +1,9 @@
 """The 100,000-job proof run (issue: the main job): protected pass at 2.5 % loss.
 
-Runs ``retrysafe demo`` logic in-process with a large job set and prints wall time, jobs/s
-and the ratio of protected to naive throughput. Not a test: it takes minutes.
+Calls :func:`retrysafe.demo.run_demo` with a large job set (the clients run in this process;
+the publishing service and the chaos proxy in processes of their own, as in ``retrysafe
+demo``) and prints wall time, jobs/s and the ratio of protected to naive throughput. Not a
+test: it takes minutes.
 
     python benchmarks/demo_scale.py --jobs 100000 --concurrency 64
 

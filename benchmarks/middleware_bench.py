@@ -262,12 +262,12 @@ def main() -> None:
         if code in med and base in med:
             ratio = med[code] / med[base]
             verdict = "met" if ratio >= target else "MISSED"
-            print(f"target ({code}) >= {target} x ({base}): {ratio:.2f} {verdict}", file=out)
+            print(f"target ({code}) >= {target} x ({base}): {ratio:.3f} {verdict}", file=out)
     for ours, theirs, target in HEAD_TO_HEAD:
         if ours in med and theirs in med:
             ratio = med[ours] / med[theirs]
             verdict = "met" if ratio >= target else "MISSED"
-            print(f"target ({ours}) >= {target:g} x ({theirs}): {ratio:.2f} {verdict}", file=out)
+            print(f"target ({ours}) >= {target:g} x ({theirs}): {ratio:.3f} {verdict}", file=out)
     if args.json:
         print(json.dumps({"medians": med, "runs": results}))
 

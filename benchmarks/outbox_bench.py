@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(b) outbox worker on SQLite           : {b:8.0f} jobs/s  ({each('b')})")
     print(f"    including submit                  : {bt:8.0f} jobs/s  ({each('b+submit')})")
     verdict = "met" if b / a >= 0.5 else "MISSED"
-    print(f"ratio (b)/(a) = {b / a:.2f}   including submit = {bt / a:.2f}   (b)/(h) = {b / h:.2f}")
+    print(f"ratio (b)/(a) = {b / a:.3f}   including submit = {bt / a:.2f}   (b)/(h) = {b / h:.2f}")
     print(f"target (b) >= 0.50 x (a): {verdict}")
     return 0
 

@@ -120,7 +120,7 @@ def _scrape(jobs: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=positive_int, default=5000)
     parser.add_argument("--jobs", type=positive_int, default=2000)
     parser.add_argument("--concurrency", type=positive_int, default=32)

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    including submit/send: (a) {at:7.0f}/s ({each('a+')})")
     print(f"                           (b) {bt:7.0f}/s ({each('b+')})")
     verdict = "met" if b / w >= 0.45 else "MISSED"
-    print(f"ratio (b)/(w) = {b / w:.2f}   (b)/(a) = {b / a:.2f}")
+    print(f"ratio (b)/(w) = {b / w:.3f}   (b)/(a) = {b / a:.2f}")
     print(f"including send: (b)/(a) = {bt / at:.2f}")
     print(f"target (b) >= 0.45 x (w): {verdict}")
     return 0
