@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -75,8 +74,6 @@ ENDPOINT_COLUMNS = (
     "created_at",
     "updated_at",
 )
-
-logger = logging.getLogger("retrysafe.webhooks")
 
 _SQL = Statements("retrysafe.webhooks", "webhooks", columns={"endpoint_columns": ENDPOINT_COLUMNS})
 
@@ -237,26 +234,18 @@ def reset_endpoint_failures(clock: Clock, endpoint_id: str) -> Op[None]:
 
 def finish_deliveries(clock: Clock, finishes: Sequence[Finish]) -> Op[list[Attempt | None]]:
     """The webhook worker's record of a batch of attempts: the outbox's
-    :func:`~retrysafe.client._store.finish_attempts`, then, on the same connection (in the
-    same transaction when the batch is one), the end of the failure run of the endpoint of
-    every recorded 2xx (:func:`ends_failure_run`) that has one: one statement for the batch,
-    decided by the store after the answers, whichever worker recorded the run (SPEC §6).
-
-    A failure of that last statement leaves the records as they are (each success stays
-    SUCCEEDED) and is logged as a warning: the run ends at the endpoint's next success.
+    :func:`~retrysafe.client._store.finish_attempts`, then, in the same transaction (run it
+    atomic), the end of the failure run of the endpoint of every recorded 2xx
+    (:func:`ends_failure_run`) that has one: one statement for the batch, decided by the
+    store after the answers, whichever worker recorded the run (SPEC §6). A success is
+    never recorded without its run's end: should that statement fail, nothing of the batch
+    is written and the error is the record's (a locked SQLite file waits, as any record
+    does; the worker sends the deliveries again, with their same ``webhook-id``).
     """
     recorded = yield from finish_attempts(clock, finishes)
     ends = [a.job_id for a in recorded if a is not None and ends_failure_run(a.outcome)]
     if ends:
-        try:
-            yield count(_SQL["end_delivery_runs"], {"ids": _ids(sorted(ends))})
-        except Exception as exc:  # the records stand: only the runs wait for a success
-            logger.warning(
-                "failure runs not ended after %d successful deliveries (%s); the next "
-                "success of each endpoint ends its run",
-                len(ends),
-                exc,
-            )
+        yield count(_SQL["end_delivery_runs"], {"ids": _ids(sorted(ends))})
     return recorded
 
 
@@ -456,9 +445,10 @@ class DeliveryOutboxStore(SQLOutboxStore):
     """The webhook worker's outbox store: :class:`~retrysafe.client._store.SQLOutboxStore`
     whose batch record, :meth:`finish_attempts`, also ends the failure run of the endpoint of
     each 2xx (:func:`finish_deliveries`): the run ends with the record, not in a write of its
-    own after it (a second transaction per batch of successes, ~5 % of the worker's time)."""
+    own after it (a second transaction per batch of successes). Atomic: a record that had
+    committed before a failed end would be run again whole, and come back as leases lost."""
 
-    finish_attempts = sync_op(finish_deliveries)
+    finish_attempts = sync_op(finish_deliveries, atomic=True)
 
     def asyncio_outbox_store(self) -> AsyncDeliveryOutboxStore:
         return AsyncDeliveryOutboxStore(self.connector.async_connector())
@@ -467,7 +457,7 @@ class DeliveryOutboxStore(SQLOutboxStore):
 class AsyncDeliveryOutboxStore(AsyncSQLOutboxStore):
     """The async face of :class:`DeliveryOutboxStore` (the webhook worker's hot path)."""
 
-    finish_attempts = async_op(finish_deliveries)
+    finish_attempts = async_op(finish_deliveries, atomic=True)
 
 
 def delivery_outbox(store: OutboxStore) -> tuple[OutboxStore, bool]:
