@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from retrysafe.core import classify_response, classify_transport_error
 from retrysafe.webhooks import (
     DEFAULT,
     SVIX,
+    Schedule,
     WebhookPolicy,
     Webhooks,
     decide,
@@ -279,3 +281,25 @@ def test_a_retry_due_after_the_deadline_goes_to_the_dlq() -> None:
     s = step(503, deadline_at=1000.5)  # the schedule's first wait is >= 1 s
     assert (s.state, s.reason) == (JobState.UNKNOWN, "deadline exhausted")
     assert step(503, deadline_at=1005.0).state is JobState.PENDING
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Schedule(name=""),
+        lambda: Schedule(name="  "),
+        lambda: Schedule(name="far", delays=(5.0, 1e300)),
+        lambda: Schedule(name="far", cap=1e10),
+        lambda: Schedule(name="far", base=-1.0),
+        lambda: Schedule(name="far", jitter=float("nan")),
+        lambda: WebhookPolicy(schedules=(FAST_SCHEDULE, FAST_SCHEDULE)),
+    ],
+    ids=["empty-name", "blank-name", "delay-1e300", "cap-1e10", "negative", "nan", "twice"],
+)
+def test_a_schedule_that_cannot_work_is_refused(make: Any) -> None:
+    """A schedule without a name, with a wait past MAX_SCHEDULE_SECONDS (a delivery waited
+    for ever behind a delay of 1e300 s), or two schedules of one name: refused at once."""
+    from retrysafe import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        make()

@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 
+#: The longest duration a schedule may hold, in seconds (about 31 years; the CLI's durations
+#: stop there too): a wait of 1e300 s was accepted, and its delivery waited for ever.
+MAX_SCHEDULE_SECONDS = 1e9
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
     """When a delivery's attempts happen.
@@ -58,7 +63,8 @@ class Schedule:
         delays: explicit waits in seconds, or None for exponential.
 
     Raises:
-        ConfigurationError: attempts < 1, a negative or non-finite duration.
+        ConfigurationError: an empty name, attempts < 1, a negative or non-finite duration,
+            or one past :data:`MAX_SCHEDULE_SECONDS`.
     """
 
     name: str
@@ -69,6 +75,11 @@ class Schedule:
     delays: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigurationError(
+                f"a schedule needs a name (what endpoints call it by), got {self.name!r}",
+                option="schedule",
+            )
         if self.delays is not None:
             object.__setattr__(self, "delays", tuple(float(d) for d in self.delays))
             object.__setattr__(self, "attempts", len(self.delays) + 1)
@@ -77,9 +88,10 @@ class Schedule:
         if self.attempts < 1:
             raise ConfigurationError("attempts must be an integer >= 1", option="attempts")
         for value in (self.base, self.cap, self.jitter, *(self.delays or ())):
-            if not math.isfinite(value) or value < 0:
+            if not math.isfinite(value) or not 0 <= value <= MAX_SCHEDULE_SECONDS:
                 raise ConfigurationError(
-                    f"schedule {self.name!r}: durations must be finite and >= 0",
+                    f"schedule {self.name!r}: durations must be seconds from 0 to "
+                    f"{MAX_SCHEDULE_SECONDS:g}, got {value!r}",
                     option="schedule",
                 )
 
@@ -160,6 +172,11 @@ class WebhookPolicy:
 
     def __post_init__(self) -> None:
         names = {s.name for s in self.schedules}
+        if len(names) != len(self.schedules):
+            raise ConfigurationError(
+                "two schedules share a name: an endpoint could not say which it means",
+                option="schedules",
+            )
         if self.default_schedule not in names:
             raise ConfigurationError(
                 f"default_schedule {self.default_schedule!r} is not one of {sorted(names)}",
