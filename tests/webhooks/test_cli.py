@@ -320,3 +320,29 @@ def test_a_worker_left_with_unknown_names_the_command_that_sends_them_again(
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert f"{what} left UNKNOWN: 2" in err and command in err
+
+
+def test_send_refuses_a_payload_over_max_payload_and_says_how_to_raise_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    """`webhooks send` records at most --max-payload bytes of JSON (default 1 MiB): past it,
+    one error line naming the option, exit 2, nothing recorded; the option raises it, and
+    one delivery reads "1 delivery"."""
+    _create(store_url)
+    s = ("--store", store_url)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"a": "x" * (1024 * 1024)}))
+    code, out, err = _run("send", "a.b", f"@{big}", "--id", "evt_big", *s)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--max-payload" in err and "nothing recorded" in err
+    raised = ("--max-payload", "2000000")
+    code, out, err = _run("send", "a.b", f"@{big}", "--id", "evt_big", *raised, *s)
+    assert code == 0 and out.startswith("event evt_big (a.b): 0 deliveries"), (out, err)
+    code, out, err = _run("send", "a.b", "{}", "--max-payload", "0", *s)
+    assert code == 2 and "--max-payload" in err
+    code, out, err = _run(
+        "endpoints", "add", "http://127.0.0.1:9/x", "-e", "c.d", "--allow-private", *s
+    )
+    assert code == 0, err
+    code, out, err = _run("send", "c.d", "{}", *s)
+    assert code == 0 and out.rstrip().endswith("1 delivery"), out

@@ -10,7 +10,7 @@ import pytest
 
 from retrysafe import JobState, PayloadError, WebhookError, stores
 from retrysafe.client import outbox_store
-from retrysafe.webhooks import Webhooks, webhook_store
+from retrysafe.webhooks import WebhookPolicy, Webhooks, webhook_store
 
 from .conftest import Receiver, add, run
 
@@ -90,10 +90,48 @@ def test_the_same_event_id_is_recorded_once(
     first = hooks.send("a.b", {"x": 1}, event_id="evt_1")
     again = hooks.send("a.b", {"x": 1}, event_id="evt_1")
     assert again.created_at == first.created_at
-    with pytest.raises(WebhookError):
+    with pytest.raises(WebhookError, match="another payload"):
         hooks.send("a.b", {"x": 2}, event_id="evt_1")
+    with pytest.raises(WebhookError, match=r"of type 'a\.b', not 'a\.c'"):
+        hooks.send("a.c", {"x": 1}, event_id="evt_1")
     run(hooks)
     assert len(receiver.requests("/once")) == 1
+
+
+def test_the_same_payload_in_another_member_order_is_the_same_event(
+    hooks: Webhooks, receiver: Receiver, base_url: str
+) -> None:
+    """A producer that rebuilds its payload after a crash, members in another order, gets
+    the recorded event back (payloads compared as the fingerprint's canonical JSON), and
+    the body sent is the first one's, byte for byte."""
+    add(hooks, receiver, base_url, "/order")
+    first = hooks.send("a.b", {"b": 2, "a": {"y": [1, 2], "x": None}}, event_id="evt_o")
+    again = hooks.send("a.b", {"a": {"x": None, "y": [1, 2]}, "b": 2}, event_id="evt_o")
+    assert again == first
+    with pytest.raises(WebhookError, match="another payload"):
+        hooks.send("a.b", {"a": {"x": None, "y": [2, 1]}, "b": 2}, event_id="evt_o")
+    run(hooks)
+    (seen,) = receiver.requests("/order")
+    assert seen.body == first.payload == b'{"b":2,"a":{"y":[1,2],"x":null}}'
+
+
+def test_a_payload_over_max_payload_records_nothing(
+    store_url: str, receiver: Receiver, base_url: str
+) -> None:
+    """A payload whose JSON is longer than the policy's max_payload (1 MiB by default, what
+    retrysafe's receiver reads) raises PayloadError and records nothing; a policy may raise
+    the limit."""
+    big = {"a": "x" * (1024 * 1024)}
+    with Webhooks(store_url, allow_private=True) as hooks:
+        add(hooks, receiver, base_url, "/big")
+        with pytest.raises(PayloadError, match="over the limit of 1,048,576"):
+            hooks.send("a.b", big, event_id="evt_big")
+        assert hooks.deliveries() == []
+        exact = {"a": "x" * (1024 * 1024 - 8)}  # {"a":"…"} is 8 bytes more
+        assert hooks.send("a.b", exact).payload.__len__() == 1024 * 1024
+    policy = WebhookPolicy(max_payload=2 * 1024 * 1024)
+    with Webhooks(store_url, allow_private=True, policy=policy) as hooks:
+        assert hooks.send("a.b", big, event_id="evt_big").id == "evt_big"
 
 
 def test_rotated_secret_signs_with_both(hooks: Webhooks, receiver: Receiver, base_url: str) -> None:

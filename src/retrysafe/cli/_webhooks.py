@@ -44,11 +44,14 @@ from retrysafe.cli._common import (
     store_option,
 )
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
+from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD
 
 __all__ = ["webhooks"]
 
 _ALLOW_ENV = "RETRYSAFE_WEBHOOKS_ALLOW_PRIVATE"
 _LIMIT = click.IntRange(min=1, max=1_000_000)
+#: ``send --max-payload``: 1 byte to 1 GiB.
+_PAYLOAD_BYTES = click.IntRange(min=1, max=2**30)
 _ENDPOINT_FLAGS = {
     "url": "URL",
     "secret": "--secret",
@@ -136,6 +139,7 @@ def _hooks(
     *,
     write: bool = True,
     flags: Mapping[str, str] | None = None,
+    policy: Any = None,
 ) -> Iterator[Any]:
     """Webhooks on an existing store (a reader opens SQLite read-only, PostgreSQL without
     creating tables); retrysafe errors inside become one error line and the exit code."""
@@ -144,7 +148,7 @@ def _hooks(
     with (
         errors(store, flags),
         opened_store(store, write=write) as opened,
-        Webhooks(opened, allow_private=allow_private) as hooks,
+        Webhooks(opened, allow_private=allow_private, policy=policy) as hooks,
     ):
         yield hooks
 
@@ -381,18 +385,37 @@ def endpoints_delete(store: str, endpoint_id: str, yes: bool, as_json: bool) -> 
 @click.argument("event_type")
 @click.argument("payload")
 @click.option("--id", "event_id", default=None, help="Event id (the webhook-id).")
+@click.option(
+    "--max-payload",
+    type=_PAYLOAD_BYTES,
+    default=DEFAULT_MAX_PAYLOAD,
+    show_default=True,
+    help="Largest payload recorded, in bytes of JSON (what retrysafe's receiver reads by "
+    "default).",
+)
 @json_option
-def send(store: str, event_type: str, payload: str, event_id: str | None, as_json: bool) -> None:
+def send(
+    store: str,
+    event_type: str,
+    payload: str,
+    event_id: str | None,
+    max_payload: int,
+    as_json: bool,
+) -> None:
     """Record an event (PAYLOAD: JSON text, @file, or - for stdin) and its deliveries."""
+    from retrysafe.webhooks import WebhookPolicy
+
     value = read_json_argument(payload, "PAYLOAD")
     flags = {"event_type": "EVENT_TYPE", "event_id": "--id", "payload": "PAYLOAD"}
-    with _hooks(store, flags=flags) as hooks:
+    policy = WebhookPolicy(max_payload=max_payload)
+    with _hooks(store, flags=flags, policy=policy) as hooks:
         event = hooks.send(event_type, value, event_id=event_id)
         deliveries = hooks.deliveries(event_id=event.id, limit=10_000)
     if as_json:
         _emit({**event.to_dict(), "deliveries": [d.to_dict() for d in deliveries]})
     else:
-        click.echo(f"event {event.id} ({event.event_type}): {len(deliveries)} deliveries")
+        n = len(deliveries)
+        click.echo(f"event {event.id} ({event.event_type}): {n} deliver{'y' if n == 1 else 'ies'}")
 
 
 # ---------------------------------------------------------------------- dlq

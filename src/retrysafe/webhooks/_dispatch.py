@@ -7,19 +7,23 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from retrysafe._exceptions import JobNotFoundError, WebhookError
+from retrysafe._exceptions import JobNotFoundError, PayloadError, WebhookError
 from retrysafe.client._jobs import _encode_json, build_job, job_id_prefix, notify_submitted
 from retrysafe.client._models import Attempt, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count, seconds
+from retrysafe.core import canonical_body
 from retrysafe.webhooks._admin import EndpointAdmin
 from retrysafe.webhooks._endpoints import check_event_id, check_event_type, matches, new_event_id
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEvent, WebhookStore
+from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD
 
 __all__ = ["DEAD_LETTER_STATES", "MISSED_STATES", "QUEUE", "Dispatcher"]
 
 #: The outbox queue of webhook deliveries: the webhook worker claims only it, plain outbox
 #: workers never do.
 QUEUE = "webhooks"
+#: The content type of every event payload (JSON).
+_JSON = "application/json"
 #: Deliveries in the dead-letter queue: the schedule ran out (UNKNOWN) or the endpoint
 #: answered a 4xx that is not retried (REJECTED).
 DEAD_LETTER_STATES = (JobState.UNKNOWN, JobState.REJECTED)
@@ -45,11 +49,13 @@ class Dispatcher:
         *,
         endpoints: EndpointAdmin,
         clock: Callable[[], float],
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
     ) -> None:
         self.store = store
         self.outbox = outbox
         self.endpoints = endpoints
         self._clock = clock
+        self.max_payload = max_payload
 
     # ------------------------------------------------------------------ sending
     def send(self, event_type: str, payload: Any, event_id: str | None = None) -> WebhookEvent:
@@ -58,7 +64,8 @@ class Dispatcher:
         Enabled endpoints get a PENDING delivery the worker sends; disabled ones a parked
         (CANCELLED) delivery that :meth:`Webhooks.enable_endpoint` can replay. Sending an
         event id again with the same type and payload returns the recorded event and adds
-        nothing.
+        nothing; payloads are the same when their JSON is, members in any order (the
+        canonical form of an idempotency key's fingerprint, SPEC §1).
 
         Args:
             event_type: e.g. ``"invoice.paid"``.
@@ -70,13 +77,20 @@ class Dispatcher:
 
         Raises:
             ConfigurationError: a malformed event type or id.
-            PayloadError: the payload cannot be serialised to JSON (nothing recorded).
+            PayloadError: the payload cannot be serialised to JSON, or its JSON is longer than
+                the policy's ``max_payload`` (1 MiB by default); nothing recorded.
             WebhookError: ``event_id`` was already used for another type or payload.
             StoreError: the store failed (nothing recorded).
         """
         event_type = check_event_type(event_type)
         event_id = new_event_id() if event_id is None else check_event_id(event_id)
         body = _encode_json(payload)
+        if len(body) > self.max_payload:
+            raise PayloadError(
+                f"payload is {len(body):,} bytes of JSON, over the limit of "
+                f"{self.max_payload:,} (WebhookPolicy(max_payload=…), or `retrysafe webhooks "
+                "send --max-payload`, raises it): nothing recorded"
+            )
         now = self._clock()
         deliveries: list[tuple[NewJob, str, bool]] = []
         for endpoint in self.store.list_endpoints():
@@ -94,9 +108,15 @@ class Dispatcher:
         event = WebhookEvent(id=event_id, event_type=event_type, payload=body, created_at=now)
         created, stored = self.store.insert_event(event, deliveries, now=now)
         if not created:
-            if (stored.event_type, stored.payload) != (event_type, body):
+            if stored.event_type != event_type:
                 raise WebhookError(
-                    f"event id {event_id!r} is already used for another event ({stored.event_type})"
+                    f"event id {event_id!r} is already used for an event of type "
+                    f"{stored.event_type!r}, not {event_type!r}"
+                )
+            if canonical_body(stored.payload, _JSON) != canonical_body(body, _JSON):
+                raise WebhookError(
+                    f"event id {event_id!r} is already used for an event of the same type with "
+                    "another payload"
                 )
             return stored
         if any(not parked for _, _, parked in deliveries):

@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.client._models import JobState
-from retrysafe.client._policy import Step, retry_step, seconds
+from retrysafe.client._policy import Step, count, retry_step, seconds
 from retrysafe.core import Action, AttemptOutcome, Classification
 
 __all__ = [
@@ -118,6 +118,13 @@ SVIX = Schedule(
 SCHEDULES: dict[str, Schedule] = {DEFAULT.name: DEFAULT, SVIX.name: SVIX}
 
 
+#: The largest event payload ``send`` records by default, in bytes (1 MiB): the default
+#: ``max_body_size`` of retrysafe's own receiver (:class:`~retrysafe.webhooks.WebhookMiddleware`),
+#: so what a sender sends by default a receiver takes. A payload is stored once for the event
+#: and once per delivery, and each attempt holds it a few times over while it is signed and
+#: sent: 60 MB payloads took a worker to 476 MB for one delivery.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
 #: Consecutive failed attempts an auto-disable needs at least (with :data:`DISABLE_WINDOW`).
 DISABLE_AFTER = 50
 #: Seconds a failure run must span before it can disable its endpoint: 5 days, Svix's rule
@@ -153,6 +160,9 @@ class WebhookPolicy:
         disable_window: seconds (or a timedelta) the failure run must span, from its first
             failure to the one that disables (default :data:`DISABLE_WINDOW`, 5 days, the
             span Svix uses); > 0. Read it as float seconds from :attr:`disable_window_s`.
+        max_payload: the largest event payload ``send`` records, in bytes of its JSON
+            (default :data:`DEFAULT_MAX_PAYLOAD`, 1 MiB, what retrysafe's receiver reads by
+            default); a positive integer.
 
     Raises:
         ConfigurationError: an unknown default schedule or an impossible value (a count that
@@ -169,6 +179,7 @@ class WebhookPolicy:
     retry_after_max: float = 3600.0
     disable_after: int | None = DISABLE_AFTER
     disable_window: float | timedelta = DISABLE_WINDOW
+    max_payload: int = DEFAULT_MAX_PAYLOAD
 
     def __post_init__(self) -> None:
         names = {s.name for s in self.schedules}
@@ -200,6 +211,7 @@ class WebhookPolicy:
                 RetrysafeWarning,
                 stacklevel=3,
             )
+        count(self.max_payload, "max_payload")
         for name in ("timeout", "retry_after_max"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "timeout" and value == 0):

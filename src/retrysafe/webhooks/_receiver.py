@@ -56,6 +56,7 @@ from retrysafe.server._engine import (
     settle,
 )
 from retrysafe.stores._base import AsyncKeyStore, KeyStore
+from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD
 from retrysafe.webhooks._signing import (
     DEFAULT_TOLERANCE,
     Body,
@@ -68,8 +69,9 @@ from retrysafe.webhooks._signing import (
 
 __all__ = ["Receipt", "WebhookMiddleware", "WebhookVerifier"]
 
-#: The largest webhook body :class:`WebhookMiddleware` reads by default, in bytes (1 MiB).
-DEFAULT_MAX_BODY_SIZE = 1024 * 1024
+#: The largest webhook body :class:`WebhookMiddleware` reads by default, in bytes (1 MiB): the
+#: largest payload a sender records by default (``_policy.DEFAULT_MAX_PAYLOAD``).
+DEFAULT_MAX_BODY_SIZE = DEFAULT_MAX_PAYLOAD
 #: The reason :func:`~retrysafe.webhooks._signing.verify` gives when only the signature itself
 #: failed: every header is present and well formed, the timestamp within the tolerance.
 _NO_MATCH = "no matching signature"

@@ -118,7 +118,11 @@ class Webhooks:
             clock=clock,
         )
         self.dispatcher = Dispatcher(
-            self.store, self.outbox.store, endpoints=self.endpoints, clock=clock
+            self.store,
+            self.outbox.store,
+            endpoints=self.endpoints,
+            clock=clock,
+            max_payload=self.policy.max_payload,
         )
 
     def __repr__(self) -> str:
