@@ -80,16 +80,20 @@ _SUBMIT_FLAGS = {
 
 
 class JobId(StrParamType):
-    """A job id or the start of one: 1–32 hex digits (ids are 32, from ``build_job``)."""
+    """A job id or the start of one: 1–32 hex digits (ids are 32, from ``build_job``); a
+    webhook delivery's id is its job's."""
 
     name = "job_id"
     _HEX = re.compile(r"[0-9a-fA-F]{1,32}")
 
+    def __init__(self, what: str = "job", listing: str = "jobs list") -> None:
+        self.what, self.listing = what, listing
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or self._HEX.fullmatch(value) is None:
             self.fail(
-                f"{clip(repr(value), 60)} is not a job id (1–32 hex digits, e.g. the first "
-                "12 that `jobs list` shows)",
+                f"{clip(repr(value), 60)} is not a {self.what} id (1–32 hex digits, e.g. the "
+                f"first 12 that `{self.listing}` shows)",
                 param,
                 ctx,
             )
@@ -97,6 +101,8 @@ class JobId(StrParamType):
 
 
 JOB_ID = JobId()
+#: A webhook delivery's id (its job's), as ``webhooks dlq`` lists them.
+DELIVERY_ID = JobId("delivery", "webhooks dlq list")
 
 
 class Method(StrParamType):

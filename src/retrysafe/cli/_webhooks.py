@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from retrysafe.cli._client import (
-    JOB_ID,
+    DELIVERY_ID,
     _attempts_table,
     _emit,
     _JsonLines,
@@ -448,7 +448,7 @@ def dlq_list(
 
 @dlq.command("show", epilog=epilog("(no such delivery);"))
 @_STORE
-@click.argument("delivery_id", type=JOB_ID)
+@click.argument("delivery_id", type=DELIVERY_ID)
 @json_option
 def dlq_show(store: str, delivery_id: str, as_json: bool) -> None:
     """One delivery with all its attempts."""
@@ -465,7 +465,7 @@ def dlq_show(store: str, delivery_id: str, as_json: bool) -> None:
 
 @dlq.command("replay", epilog=epilog("(no such delivery or endpoint);"))
 @_STORE
-@click.argument("delivery_ids", nargs=-1, type=JOB_ID)
+@click.argument("delivery_ids", nargs=-1, type=DELIVERY_ID)
 @_ENDPOINT_FILTER
 @_TYPE_FILTER
 @click.option("--all", "replay_all", is_flag=True, help="Every dead letter (of the filters).")
