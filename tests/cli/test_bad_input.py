@@ -123,6 +123,7 @@ CASES = [
     case("webhooks", "send", "--", V, "{}", name="EVENT_TYPE", valid=TOKEN),
     case("webhooks", "send", "--", "a.b", V, name="PAYLOAD", valid=("negative",)),  # -1: JSON
     case("webhooks", "send", "a.b", "{}", "--id", V, name="--id", valid=TOKEN),
+    case("webhooks", "send", "a.b", "{}", "--max-payload", V, name="--max-payload"),
     # webhooks dlq
     case("webhooks", "dlq", "list", "--endpoint", V, name="--endpoint"),
     case("webhooks", "dlq", "list", "--event-type", V, name="--event-type", valid=TOKEN),
