@@ -107,7 +107,7 @@ def test_unknown_ids_are_one_clear_error(
     ("args", "message"),
     [
         (("endpoints", "show", "ep_missing"), "ENDPOINT_ID: 'ep_missing' is not an endpoint id"),
-        (("dlq", "show", "nothex"), "DELIVERY_ID: 'nothex' is not a job id"),
+        (("dlq", "show", "nothex"), "DELIVERY_ID: 'nothex' is not a delivery id"),
         (("endpoints", "add", "ftp://x/y", "--allow-private"), "URL: url 'ftp://x/y' is not"),
         (("endpoints", "add", "http://127.0.0.1:9/x"), "URL: http://127.0.0.1:9/x resolves to"),
         (
