@@ -96,6 +96,10 @@ def test_dlq_list_replay_and_purge(sqlite_path: Path, script: Script, base_url: 
         "retrysafe: error: jobs still UNKNOWN: 1 (run `retrysafe reconcile` again once "
         "their destination answers)\n"
     )
+    code, out, err = _run("dlq", "replay", dead["id"], "--all", "--store", store)
+    assert code == 2 and "not both" in err  # which was meant? nothing replayed
+    code, out, _ = _run("dlq", "list", "--store", store, "--json")
+    assert [d["state"] for d in json.loads(out)] == ["unknown"]
     code, out, _ = _run("dlq", "replay", dead["id"], "--store", store, "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "pending"
     code, out, _ = _run("jobs", "cancel", dead["id"], "--store", store)

@@ -59,8 +59,12 @@ def test_endpoint_send_worker_dlq_round_trip(
     assert dead["state"] == "rejected"
     code, out, _ = _run("dlq", "show", dead["id"][:10], "--json", *s)
     assert [a["status"] for a in json.loads(out)["attempts"]] == [400]
-    code, out, _ = _run("dlq", "replay", dead["id"], "--json", *s)
-    assert code == 0 and json.loads(out)[0]["state"] == "pending"
+    code, out, err = _run("dlq", "replay", dead["id"], "--all", *s)
+    assert code == 2 and "not both" in err  # which was meant? nothing replayed
+    code, out, _ = _run("dlq", "list", "--json", *s)
+    assert [d["state"] for d in json.loads(out)] == ["rejected"]
+    code, out, _ = _run("dlq", "replay", dead["id"], *s)
+    assert (code, out) == (0, "replayed 1 delivery\n")
     _run("worker", "--until-idle", "--allow-private", *s)
     code, out, _ = _run("dlq", "purge", "--yes", *s)
     assert code == 0 and "purged 1" in out

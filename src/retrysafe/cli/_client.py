@@ -736,6 +736,8 @@ def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: 
     """Put dead letters back to PENDING (same key, fresh attempts)."""
     if not job_ids and not replay_all:
         raise click.UsageError("name job ids or pass --all")
+    if job_ids and replay_all:  # which one was meant? Nothing is replayed.
+        raise click.UsageError("name job ids or pass --all, not both")
     with _outbox(store) as outbox:
         ids = [j.id for j in outbox.dead_letters(limit=1_000_000)] if replay_all else job_ids
         replayed = [outbox.retry(j) for j in ids]

@@ -481,6 +481,8 @@ def dlq_replay(
     """Re-queue dead letters with their same webhook-id."""
     if not delivery_ids and not (replay_all or endpoint_id or event_type):
         raise click.UsageError("give delivery ids, or --all / --endpoint / --event-type")
+    if delivery_ids and replay_all:  # which one was meant? Nothing is replayed.
+        raise click.UsageError("give delivery ids or --all, not both")
     with _hooks(store) as hooks:
         done = hooks.replay(
             list(delivery_ids) or None, endpoint_id=endpoint_id, event_type=event_type
@@ -488,7 +490,7 @@ def dlq_replay(
     if as_json:
         _emit([d.to_dict() for d in done])
     else:
-        click.echo(f"replayed {len(done)} deliveries")
+        click.echo(f"replayed {len(done)} deliver{'y' if len(done) == 1 else 'ies'}")
 
 
 @dlq.command("purge", epilog=epilog("(no such endpoint, or not confirmed);"))
