@@ -293,13 +293,48 @@ def test_a_retry_due_after_the_deadline_goes_to_the_dlq() -> None:
         lambda: Schedule(name="far", base=-1.0),
         lambda: Schedule(name="far", jitter=float("nan")),
         lambda: WebhookPolicy(schedules=(FAST_SCHEDULE, FAST_SCHEDULE)),
+        lambda: Schedule(name="fast\n"),
+        lambda: Schedule(name="a b"),
+        lambda: Schedule(name="x" * 65),
+        lambda: Schedule(name="x", attempts=2, delays=(1.0, 2.0, 3.0, 4.0)),
+        lambda: Schedule(name="x", base="5"),  # type: ignore[arg-type]
+        lambda: Schedule(name="x", delays=("5",)),  # type: ignore[arg-type]
+        lambda: Schedule(name="x", cap=True),
+        lambda: Schedule(name="x", attempts=True),
     ],
-    ids=["empty-name", "blank-name", "delay-1e300", "cap-1e10", "negative", "nan", "twice"],
+    ids=[
+        "empty-name",
+        "blank-name",
+        "delay-1e300",
+        "cap-1e10",
+        "negative",
+        "nan",
+        "twice",
+        "newline-name",
+        "spaced-name",
+        "long-name",
+        "attempts-against-delays",
+        "string-base",
+        "string-delay",
+        "bool-cap",
+        "bool-attempts",
+    ],
 )
 def test_a_schedule_that_cannot_work_is_refused(make: Any) -> None:
-    """A schedule without a name, with a wait past MAX_SCHEDULE_SECONDS (a delivery waited
-    for ever behind a delay of 1e300 s), or two schedules of one name: refused at once."""
+    """A schedule without a name (or one no command line could type), with a wait past
+    MAX_SCHEDULE_SECONDS (a delivery waited for ever behind a delay of 1e300 s) or that is no
+    number, with attempts its delays contradict (2 asked, 5 made), or two schedules of one
+    name: refused at once."""
     from retrysafe import ConfigurationError
 
     with pytest.raises(ConfigurationError):
         make()
+
+
+def test_explicit_delays_make_the_attempts() -> None:
+    """With delays, attempts follows them: left out, or given as that same number; the
+    delays are kept as float seconds."""
+    assert Schedule(name="x", delays=(1, 2, 3, 4)).attempts == 5
+    given = Schedule(name="x", attempts=5, delays=(1, 2, 3, 4))
+    assert (given.attempts, given.delays) == (5, (1.0, 2.0, 3.0, 4.0))
+    assert Schedule(name="x", attempts=3, delays=(1.0, 2.0)).attempts == 3

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.client._models import JobState
-from retrysafe.client._policy import Step, count, retry_step, seconds
+from retrysafe.client._policy import Step, count, retry_step, seconds, whole_number
 from retrysafe.core import Action, AttemptOutcome, Classification
 
 __all__ = [
@@ -43,6 +44,10 @@ __all__ = [
 #: The longest duration a schedule may hold, in seconds (about 31 years; the CLI's durations
 #: stop there too): a wait of 1e300 s was accepted, and its delivery waited for ever.
 MAX_SCHEDULE_SECONDS = 1e9
+#: A schedule's name: it is stored with endpoints and typed on command lines.
+_SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: A schedule's attempts when it says none (explicit delays make their own number).
+_DEFAULT_ATTEMPTS = 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,46 +59,60 @@ class Schedule:
     explicit ``delays`` (the wait before each retry, in order).
 
     Attributes:
-        name: the name stored with an endpoint (``"default"``, ``"svix"``, …).
+        name: the name stored with an endpoint (``"default"``, ``"svix"``, …): 1–64
+            characters of ``A-Z a-z 0-9 _ . -``.
         attempts: attempts in all, the first included (``len(delays) + 1`` for explicit
-            delays).
+            delays: leave it out, or give that number).
         base: seconds, the first retry's wait (exponential).
         cap: seconds, the longest wait (exponential).
         jitter: seconds of jitter added to each wait (default 1.0: up to 1000 ms).
         delays: explicit waits in seconds, or None for exponential.
 
     Raises:
-        ConfigurationError: an empty name, attempts < 1, a negative or non-finite duration,
-            or one past :data:`MAX_SCHEDULE_SECONDS`.
+        ConfigurationError: a name that is no such token, attempts < 1 (or, with ``delays``,
+            another number than theirs), a duration that is no number (a bool, a string), is
+            negative or non-finite, or past :data:`MAX_SCHEDULE_SECONDS`.
     """
 
     name: str
-    attempts: int = 6
+    attempts: int = _DEFAULT_ATTEMPTS
     base: float = 1.0
     cap: float = 24 * 3600.0
     jitter: float = 1.0
     delays: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
+        if not isinstance(self.name, str) or not _SCHEDULE_NAME.fullmatch(self.name):
             raise ConfigurationError(
-                f"a schedule needs a name (what endpoints call it by), got {self.name!r}",
+                "a schedule's name (what endpoints call it by) is 1–64 characters of "
+                f"A-Z a-z 0-9 _ . -, got {self.name!r}",
                 option="schedule",
             )
+        whole_number(self.attempts, "attempts")
         if self.delays is not None:
-            object.__setattr__(self, "delays", tuple(float(d) for d in self.delays))
-            object.__setattr__(self, "attempts", len(self.delays) + 1)
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise ConfigurationError("attempts must be an integer >= 1", option="attempts")
-        if self.attempts < 1:
-            raise ConfigurationError("attempts must be an integer >= 1", option="attempts")
+            delays = tuple(self.delays)
+            if self.attempts not in (_DEFAULT_ATTEMPTS, len(delays) + 1):
+                raise ConfigurationError(
+                    f"schedule {self.name!r}: {len(delays)} delays make {len(delays) + 1} "
+                    f"attempts, not {self.attempts} (leave attempts out)",
+                    option="attempts",
+                )
+            object.__setattr__(self, "delays", delays)
+            object.__setattr__(self, "attempts", len(delays) + 1)
         for value in (self.base, self.cap, self.jitter, *(self.delays or ())):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigurationError(
+                    f"schedule {self.name!r}: durations are numbers of seconds, got {value!r}",
+                    option="schedule",
+                )
             if not math.isfinite(value) or not 0 <= value <= MAX_SCHEDULE_SECONDS:
                 raise ConfigurationError(
                     f"schedule {self.name!r}: durations must be seconds from 0 to "
                     f"{MAX_SCHEDULE_SECONDS:g}, got {value!r}",
                     option="schedule",
                 )
+        if self.delays is not None:
+            object.__setattr__(self, "delays", tuple(float(d) for d in self.delays))
 
     def delay(self, retry: int, /, rng: random.Random, *, previous: float = 0.0) -> float:
         """Seconds to wait before retry number ``retry`` (0-based); ``previous`` is unused
