@@ -338,3 +338,23 @@ def test_explicit_delays_make_the_attempts() -> None:
     given = Schedule(name="x", attempts=5, delays=(1, 2, 3, 4))
     assert (given.attempts, given.delays) == (5, (1.0, 2.0, 3.0, 4.0))
     assert Schedule(name="x", attempts=3, delays=(1.0, 2.0)).attempts == 3
+
+
+def test_a_worker_warns_of_an_endpoint_whose_schedule_its_policy_lacks(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An endpoint registered with a schedule of another program's policy ("fast") is
+    delivered on the default schedule by a worker whose policy lacks it: the worker says so
+    once, at its start, naming the endpoint, the schedule and the one used instead."""
+    import logging
+
+    fast = Schedule(name="fast", attempts=3, base=0.01, cap=0.02, jitter=0.0)
+    mine = WebhookPolicy(schedules=(DEFAULT, fast))
+    with Webhooks(store_url, allow_private=True, policy=mine) as hooks:
+        ep = hooks.add_endpoint("http://127.0.0.1:9/x", schedule="fast")
+        known = hooks.add_endpoint("http://127.0.0.1:9/y")
+    with Webhooks(store_url, allow_private=True) as other, caplog.at_level(logging.WARNING):
+        other.worker()
+    lines = [r.getMessage() for r in caplog.records if "schedule" in r.getMessage()]
+    assert len(lines) == 1 and ep.id in lines[0] and "'fast'" in lines[0], lines
+    assert "follow 'default'" in lines[0] and known.id not in lines[0]

@@ -178,7 +178,9 @@ class Webhooks:
 
         Without ``allow_private``, logs one warning per enabled endpoint on a private,
         loopback or link-local address (see :meth:`refused_endpoints`): its deliveries
-        would be refused at every attempt.
+        would be refused at every attempt. Logs one warning per endpoint that names a
+        schedule this object's policy does not have (registered by a program with another
+        policy): its deliveries follow the default schedule.
         """
         if options.pop("queue", QUEUE) != QUEUE:
             raise ConfigurationError(
@@ -197,6 +199,16 @@ class Webhooks:
                 endpoint.id,
                 exc,
             )
+        for endpoint in self.store.list_endpoints():
+            if endpoint.schedule and not self.policy.has_schedule(endpoint.schedule):
+                logger.warning(
+                    "endpoint %s names the schedule %r, which this worker's policy does not "
+                    "have (its schedules: %s): its deliveries follow %r",
+                    endpoint.id,
+                    endpoint.schedule,
+                    ", ".join(sorted(s.name for s in self.policy.schedules)),
+                    self.policy.default_schedule,
+                )
         options.setdefault("policy", self.outbox.policy)
         options.setdefault("clock", self._clock)
         inner = options.pop("transport", None)
