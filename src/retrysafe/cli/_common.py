@@ -162,7 +162,10 @@ def read_json_argument(value: str, name: str) -> Any:
     """A JSON argument (``name`` in the error lines: ``PAYLOAD``, ``--data``) as a value: the
     text itself, the file after ``@``, or stdin for ``-`` and ``@-`` (curl's ``-d @-``; a
     file named ``-`` is ``@./-``). UTF-8 JSON text only; anything else (a file that cannot
-    be read, bytes that are not UTF-8, text that is not JSON) exits 2 with one line."""
+    be read, bytes that are not UTF-8, text that is not JSON, an object that names a member
+    twice, whose first value JSON parsers drop) exits 2 with one line."""
+    from retrysafe.core._fingerprint import _DuplicateMemberError, _no_duplicate_members
+
     if value in ("-", "@-"):
         if sys.stdin is None:  # started with stdin closed (`<&-`)
             fail(f"{name}: - reads stdin, and stdin is closed", 2)
@@ -187,7 +190,9 @@ def read_json_argument(value: str, name: str) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{name}: {where} is not UTF-8 text (byte {exc.start})", 2)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicate_members)
+    except _DuplicateMemberError:
+        fail(f"{name}: {where} names a member twice in one object (which value is meant?)", 2)
     except ValueError as exc:
         fail(f"{name}: {where} is not JSON: {exc}", 2)
     except RecursionError:
