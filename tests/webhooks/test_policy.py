@@ -301,6 +301,11 @@ def test_a_retry_due_after_the_deadline_goes_to_the_dlq() -> None:
         lambda: Schedule(name="x", delays=("5",)),  # type: ignore[arg-type]
         lambda: Schedule(name="x", cap=True),
         lambda: Schedule(name="x", attempts=True),
+        lambda: WebhookPolicy(timeout=1e300),
+        lambda: WebhookPolicy(timeout=0),
+        lambda: WebhookPolicy(timeout="5"),  # type: ignore[arg-type]
+        lambda: WebhookPolicy(retry_after_max=float("nan")),
+        lambda: WebhookPolicy(retry_after_max=1e9 + 1),
     ],
     ids=[
         "empty-name",
@@ -318,6 +323,11 @@ def test_a_retry_due_after_the_deadline_goes_to_the_dlq() -> None:
         "string-delay",
         "bool-cap",
         "bool-attempts",
+        "timeout-1e300",
+        "timeout-0",
+        "timeout-string",
+        "retry-after-nan",
+        "retry-after-past-1e9",
     ],
 )
 def test_a_schedule_that_cannot_work_is_refused(make: Any) -> None:

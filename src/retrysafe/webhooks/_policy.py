@@ -233,8 +233,18 @@ class WebhookPolicy:
         count(self.max_payload, "max_payload")
         for name in ("timeout", "retry_after_max"):
             value = getattr(self, name)
-            if not math.isfinite(value) or value < 0 or (name == "timeout" and value == 0):
-                raise ConfigurationError(f"{name} has an impossible value", option=name)
+            low = "above 0" if name == "timeout" else "from 0"
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not 0 <= value <= MAX_SCHEDULE_SECONDS
+                or (name == "timeout" and value == 0)
+            ):
+                raise ConfigurationError(
+                    f"{name} must be seconds {low} to {MAX_SCHEDULE_SECONDS:g}, got {value!r}",
+                    option=name,
+                )
 
     @property
     def disable_window_s(self) -> float:
