@@ -108,12 +108,14 @@ class Dispatcher:
         event = WebhookEvent(id=event_id, event_type=event_type, payload=body, created_at=now)
         created, stored = self.store.insert_event(event, deliveries, now=now)
         if not created:
+            same_payload = canonical_body(stored.payload, _JSON) == canonical_body(body, _JSON)
             if stored.event_type != event_type:
                 raise WebhookError(
                     f"event id {event_id!r} is already used for an event of type "
                     f"{stored.event_type!r}, not {event_type!r}"
+                    + ("" if same_payload else ", with another payload")
                 )
-            if canonical_body(stored.payload, _JSON) != canonical_body(body, _JSON):
+            if not same_payload:
                 raise WebhookError(
                     f"event id {event_id!r} is already used for an event of the same type with "
                     "another payload"
