@@ -444,18 +444,28 @@ def test_data_that_is_not_utf8_says_so(
         (["webhooks", "send", "{store}", "a.b", "{json}"], "PAYLOAD"),
     ],
 )
-@pytest.mark.parametrize("text", ['{"a": 1, "a": 2}', '[{"x": {"b": 1, "b": 1}}]'])
-def test_json_that_names_a_member_twice_is_refused(
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"a": 1, "a": 2}', "names a member twice"),
+        ('[{"x": {"b": 1, "b": 1}}]', "names a member twice"),
+        ("1E400", "the number 1E400 is too large for a float"),
+        ('{"a": [-1e999]}', "the number -1e999 is too large for a float"),
+    ],
+)
+def test_json_that_names_a_member_twice_or_a_number_no_float_holds_is_refused(
     template: tuple[Path, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     command: list[str],
     flag: str,
     text: str,
+    why: str,
 ) -> None:
     """JSON whose object names a member twice (at any depth): a parser keeps the last value
-    and the first vanished without a word (a fresh user's check); now exit 2, one line
-    naming the argument, nothing recorded."""
+    and the first vanished without a word (a fresh user's check); a number no float holds
+    (1E400), which was read as infinity and reported as "inf is not valid JSON". Now exit
+    2, one line naming the argument and the cause, nothing recorded."""
     source, _ = template
     store = tmp_path / "store.db"
     shutil.copy(source, store)
@@ -469,5 +479,5 @@ def test_json_that_names_a_member_twice_is_refused(
     code, err = _invoke(line, monkeypatch)
     assert code == 2, err[:500]
     _one_line_naming(err, flag)
-    assert "names a member twice" in err
+    assert why in err
     assert _dump(store) == before

@@ -158,6 +158,15 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     raise SystemExit(code)
 
 
+def _finite_number(text: str) -> float:
+    """A JSON number with a fraction or exponent as a float; one no float holds (``1E400``,
+    which Python reads as infinity and no JSON encoder writes back) is refused."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {clip(text, 40)} is too large for a float")
+    return value
+
+
 def read_json_argument(value: str, name: str) -> Any:
     """A JSON argument (``name`` in the error lines: ``PAYLOAD``, ``--data``) as a value: the
     text itself, the file after ``@``, or stdin for ``-`` and ``@-`` (curl's ``-d @-``; a
@@ -190,7 +199,9 @@ def read_json_argument(value: str, name: str) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{name}: {where} is not UTF-8 text (byte {exc.start})", 2)
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_members)
+        return json.loads(
+            text, object_pairs_hook=_no_duplicate_members, parse_float=_finite_number
+        )
     except _DuplicateMemberError:
         fail(f"{name}: {where} names a member twice in one object (which value is meant?)", 2)
     except ValueError as exc:
