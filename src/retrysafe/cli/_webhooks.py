@@ -44,7 +44,7 @@ from retrysafe.cli._common import (
     store_option,
 )
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
-from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD
+from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD, WebhookPolicy
 
 __all__ = ["webhooks"]
 
@@ -139,7 +139,7 @@ def _hooks(
     *,
     write: bool = True,
     flags: Mapping[str, str] | None = None,
-    policy: Any = None,
+    policy: WebhookPolicy | None = None,
 ) -> Iterator[Any]:
     """Webhooks on an existing store (a reader opens SQLite read-only, PostgreSQL without
     creating tables); retrysafe errors inside become one error line and the exit code."""
@@ -403,8 +403,6 @@ def send(
     as_json: bool,
 ) -> None:
     """Record an event (PAYLOAD: JSON text, @file, or - for stdin) and its deliveries."""
-    from retrysafe.webhooks import WebhookPolicy
-
     value = read_json_argument(payload, "PAYLOAD")
     flags = {"event_type": "EVENT_TYPE", "event_id": "--id", "payload": "PAYLOAD"}
     policy = WebhookPolicy(max_payload=max_payload)

@@ -87,22 +87,37 @@ def whole_number(value: object, option: str, *, low: int = 1, high: int | None =
     return value
 
 
-def seconds(value: float | timedelta, option: str, *, allow_zero: bool = False) -> float:
-    """``value`` as positive finite float seconds.
+def seconds(
+    value: float | timedelta,
+    option: str,
+    *,
+    allow_zero: bool = False,
+    high: float | None = None,
+) -> float:
+    """``value`` as positive finite float seconds, at most ``high`` when given.
 
     Raises:
-        ConfigurationError: not a number/timedelta, not finite, or <= 0 (< 0 with
-            ``allow_zero``).
+        ConfigurationError: not a number/timedelta, not finite, <= 0 (< 0 with
+            ``allow_zero``), or above ``high``.
     """
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(f"{option} must be seconds (float) or a timedelta", option=option)
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    number = float(value) if abs(value) <= 1e308 else math.inf  # 10**400 overflows float()
+    if (
+        not math.isfinite(number)
+        or number < 0
+        or (number == 0 and not allow_zero)
+        or (high is not None and number > high)
+    ):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigurationError(f"{option} must be {bound} seconds, got {value!r}", option=option)
-    return value
+        if high is not None:
+            bound += f" and <= {high:g}"
+        raise ConfigurationError(
+            f"{option} must be {bound} seconds, got {value!r:.40}", option=option
+        )
+    return number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

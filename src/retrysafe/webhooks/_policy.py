@@ -99,20 +99,15 @@ class Schedule:
                 )
             object.__setattr__(self, "delays", delays)
             object.__setattr__(self, "attempts", len(delays) + 1)
-        for value in (self.base, self.cap, self.jitter, *(self.delays or ())):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigurationError(
-                    f"schedule {self.name!r}: durations are numbers of seconds, got {value!r}",
-                    option="schedule",
-                )
-            if not math.isfinite(value) or not 0 <= value <= MAX_SCHEDULE_SECONDS:
-                raise ConfigurationError(
-                    f"schedule {self.name!r}: durations must be seconds from 0 to "
-                    f"{MAX_SCHEDULE_SECONDS:g}, got {value!r}",
-                    option="schedule",
-                )
+        what = f"schedule {self.name!r}: a duration"
+        for name in ("base", "cap", "jitter"):
+            value = seconds(getattr(self, name), what, allow_zero=True, high=MAX_SCHEDULE_SECONDS)
+            object.__setattr__(self, name, value)
         if self.delays is not None:
-            object.__setattr__(self, "delays", tuple(float(d) for d in self.delays))
+            delays = tuple(
+                seconds(d, what, allow_zero=True, high=MAX_SCHEDULE_SECONDS) for d in self.delays
+            )
+            object.__setattr__(self, "delays", delays)
 
     def delay(self, retry: int, /, rng: random.Random, *, previous: float = 0.0) -> float:
         """Seconds to wait before retry number ``retry`` (0-based); ``previous`` is unused
@@ -231,20 +226,8 @@ class WebhookPolicy:
                 stacklevel=3,
             )
         count(self.max_payload, "max_payload")
-        for name in ("timeout", "retry_after_max"):
-            value = getattr(self, name)
-            low = "above 0" if name == "timeout" else "from 0"
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0 <= value <= MAX_SCHEDULE_SECONDS
-                or (name == "timeout" and value == 0)
-            ):
-                raise ConfigurationError(
-                    f"{name} must be seconds {low} to {MAX_SCHEDULE_SECONDS:g}, got {value!r}",
-                    option=name,
-                )
+        seconds(self.timeout, "timeout", high=MAX_SCHEDULE_SECONDS)
+        seconds(self.retry_after_max, "retry_after_max", allow_zero=True, high=MAX_SCHEDULE_SECONDS)
 
     @property
     def disable_window_s(self) -> float:
