@@ -1580,16 +1580,22 @@ def test_unasked_answers_on_a_pooled_connection_close_it(
     assert peak < 2 * MB, f"peak {peak / MB:.1f} MB while the connection waited in the pool"
 
 
-def trailer_flood(conn: Conn, request: Request) -> None:
-    """A chunked 200 whose last chunk is followed by ~100 MB of trailer fields."""
-    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+def _trailer_fields(conn: Conn, count: int) -> None:
+    """``count`` trailer fields of 100 KiB each, then the end of the trailers (or a close,
+    once the client has hung up)."""
     field = b"X-Trailer: " + b"t" * (100 * 1024) + b"\r\n"
     try:
-        for _ in range(1000):
+        for _ in range(count):
             conn.send(field)
         conn.send(b"\r\n")
     except OSError:
         conn.close()
+
+
+def trailer_flood(conn: Conn, request: Request) -> None:
+    """A chunked 200 whose last chunk is followed by ~100 MB of trailer fields."""
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+    _trailer_fields(conn, 1000)
 
 
 def tiny_chunks(conn: Conn, request: Request) -> None:
@@ -1616,13 +1622,7 @@ def body_then_trailer_flood(conn: Conn, request: Request) -> None:
     connection with a 130 MB body)."""
     conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
     conn.send((b"10000\r\n" + b"b" * 65536 + b"\r\n") * 16 + b"0\r\n")
-    field = b"X-Trailer: " + b"t" * (100 * 1024) + b"\r\n"
-    try:
-        for _ in range(300):
-            conn.send(field)
-        conn.send(b"\r\n")
-    except OSError:
-        conn.close()
+    _trailer_fields(conn, 300)
 
 
 @pytest.mark.parametrize(
