@@ -226,12 +226,18 @@ async def _send(
             if isinstance(doc, dict) and isinstance(doc.get("type"), str):
                 problem_type = doc["type"]
     retry_after = headers_in.get("retry-after")
+    error_type = None
+    if not 200 <= status <= 599:
+        # A final 1xx, or no such status: a malformed answer (classify_response), recorded
+        # as the engine records one, the status kept for the operator.
+        error_type = "RemoteProtocolError"
+        detail = f"malformed answer: final status {status}" + (f": {detail}" if detail else "")
     return SendResult(
         classification=classify_response(status, problem_type=problem_type),
         started_at=started,
         duration=duration,
         status=status,
-        error_type=None,
+        error_type=error_type,
         replayed=headers_in.get(REPLAYED_HEADER, "").strip().lower() == "true",
         retry_after=None if retry_after is None else parse_retry_after(retry_after, now=clock()),
         detail=detail,
