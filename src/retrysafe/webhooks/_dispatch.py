@@ -15,7 +15,7 @@ from retrysafe.core import canonical_body
 from retrysafe.webhooks._admin import EndpointAdmin
 from retrysafe.webhooks._endpoints import check_event_id, check_event_type, matches, new_event_id
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEvent, WebhookStore
-from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD
+from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_HINT
 
 __all__ = ["DEAD_LETTER_STATES", "MISSED_STATES", "QUEUE", "Dispatcher"]
 
@@ -88,8 +88,7 @@ class Dispatcher:
         if len(body) > self.max_payload:
             raise PayloadError(
                 f"payload is {len(body):,} bytes of JSON, over the limit of "
-                f"{self.max_payload:,} (WebhookPolicy(max_payload=…), or `retrysafe webhooks "
-                "send --max-payload`, raises it): nothing recorded"
+                f"{self.max_payload:,} ({MAX_PAYLOAD_HINT}): nothing recorded"
             )
         now = self._clock()
         deliveries: list[tuple[NewJob, str, bool]] = []

@@ -138,6 +138,8 @@ SCHEDULES: dict[str, Schedule] = {DEFAULT.name: DEFAULT, SVIX.name: SVIX}
 #: and once per delivery, and each attempt holds it a few times over while it is signed and
 #: sent: 60 MB payloads took a worker to 476 MB for one delivery.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+#: How ``send``'s over-limit error says the limit is raised (the CLI names its option instead).
+MAX_PAYLOAD_HINT = "WebhookPolicy(max_payload=…) raises it"
 
 #: Consecutive failed attempts an auto-disable needs at least (with :data:`DISABLE_WINDOW`).
 DISABLE_AFTER = 50
