@@ -22,16 +22,63 @@ def down(limits: DestinationLimits, destination: str) -> None:
         limits.answered(destination, congested=True)
 
 
-def test_a_new_destination_starts_at_the_cap() -> None:
-    """No slow start: a healthy destination whose attempts take long keeps every slot."""
+def known(limits: DestinationLimits, *destinations: str) -> None:
+    """An attempt to each of ``destinations`` ended quickly (the worker's took): known, so
+    no probe."""
+    for destination in destinations:
+        limits.took(destination, 0.01)
+
+
+def test_a_new_destination_gets_one_probe_then_the_cap() -> None:
+    """Nothing known of a destination: one attempt in flight (its probe) until that attempt
+    ends; then the cap at once (no slow start: a healthy destination whose attempts take
+    long keeps every slot)."""
     limits = DestinationLimits(4)
-    assert limits.limit(A) == 4
-    assert [limits.start(A) for _ in range(5)] == [True] * 4 + [False]
+    assert limits.limit(A) == 4 and limits.allowance(A) == 1
+    assert [limits.start(A, now=0.0) for _ in range(2)] == [True, False]
     assert limits.full() == [A]
+    limits.took(A, 0.02)  # the probe's answer
     assert limits.answered(A, congested=False) is None
-    limits.end(A)
+    assert limits.full() == [] and limits.allowance(A) == 3
+    assert [limits.start(A) for _ in range(4)] == [True] * 3 + [False]
+    for _ in range(4):
+        limits.end(A)
     assert limits.full() == []
-    assert limits._limit == {}  # nothing remembered of a healthy destination
+    assert limits._limit == {} and limits._probes == {}  # nothing kept of a healthy one
+
+
+def test_a_probe_in_flight_a_second_makes_its_destination_slow() -> None:
+    """A probe that has not ended after SLOW seconds: the destination is slow (its attempts
+    take a second or more) and known, so it may take its fair share, not one; a probe
+    given back before it ended (the job released unstarted) leaves it on probation."""
+    limits = DestinationLimits(8, 8)
+    assert limits.start(A, now=10.0)
+    limits.age_probes(10.0 + SLOW / 2)
+    assert limits.slow() == [] and limits.allowance(A) == 0
+    limits.age_probes(10.0 + SLOW)
+    assert limits.slow() == [A] and limits.allowance(A) == 7
+    limits.took(A, 30.0)  # the probe timed out after all: still slow
+    assert limits.slow() == [A]
+    assert limits.start(B, now=0.0)
+    limits.end(B)  # given back unstarted
+    limits.age_probes(100.0)
+    assert limits.slow() == [A] and limits.allowance(B) == 1
+    assert limits.start(B)  # no time given: its probe ends only with its attempt
+    limits.age_probes(1e9)
+    assert limits.allowance(B) == 0
+
+
+def test_a_grouped_backlog_of_new_endpoints_that_never_answer_takes_one_slot_each() -> None:
+    """The fresh user's case: 16 new endpoints that never answer, their jobs due first and
+    grouped by endpoint, concurrency 8. Without the probe the first endpoint took every
+    slot for a timeout, then the next one; with it each takes one, so the first claim
+    starts eight of them at once and a slot is left for others as soon as those are
+    known."""
+    limits = DestinationLimits(8, 8)
+    dead = [f"http://d{i}:80" for i in range(16)]
+    backlog = [d for d in dead for _ in range(10)]  # grouped: d0 ×10, d1 ×10, …
+    started = [d for d in backlog if limits.start(d, now=0.0)]
+    assert started == dead  # one each (the worker stops at its 8 free slots)
 
 
 def test_each_congested_attempt_halves_the_limit_down_to_one() -> None:
@@ -89,6 +136,7 @@ def test_a_lone_lost_answer_now_and_then_changes_nothing() -> None:
 
 def test_a_lowered_limit_holds_back_new_attempts_until_enough_end() -> None:
     limits = DestinationLimits(8)
+    known(limits, A)
     assert [limits.start(A) for _ in range(8)] == [True] * 8
     for _ in range(4):
         limits.answered(A, congested=True)
@@ -106,6 +154,7 @@ def test_a_lowered_limit_holds_back_new_attempts_until_enough_end() -> None:
 def test_throttled_destinations_share_half_the_slots() -> None:
     """Eight destinations that never answer, concurrency 8: together they may hold 4."""
     limits = DestinationLimits(8, 8)
+    known(limits, A)
     hanging = [f"http://h{i}:80" for i in range(8)]
     for d in hanging:
         down(limits, d)

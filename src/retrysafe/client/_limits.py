@@ -10,11 +10,18 @@ The rule, per destination (``scheme://host:port``, as the retry budget's), is TC
 congestion avoidance (RFC 5681: additive increase, multiplicative decrease) applied to
 attempts in flight instead of bytes:
 
-* a destination starts at ``cap`` (the worker's concurrency, or its
-  ``max_per_destination``). Not lower, as TCP's slow start would: a healthy destination
-  whose attempts take long (a slow AI call) would run a fraction of its slots until the
-  first ones ended. The price: at start, an endpoint that never answers holds the slots it
-  got for one timeout;
+* a destination nothing is known of yet (no attempt of it ended lately) gets **one
+  attempt in flight**, a probe, until that attempt ends or has been in flight :data:`SLOW`
+  seconds; then it starts at ``cap`` (the worker's concurrency, or its
+  ``max_per_destination``), or, after a probe that long, it is slow (below) and gets its
+  fair share at once. Without the probe, each new endpoint that never answers took every
+  slot it could get for one timeout, and a backlog grouped by destination (bulk submits,
+  dead letters replayed endpoint by endpoint) met them one after another: 16 such
+  endpoints with 10 jobs each held 100 jobs to a healthy destination for 16 timeouts at
+  concurrency 8 (a fresh user's check). Not more than that, as TCP's slow start would: a
+  healthy destination whose attempts take long (a slow AI call) would run a fraction of
+  its slots for round trip after round trip; the probe costs it one slot for a second,
+  and a quick destination one round trip;
 * an attempt that ends **congested** halves the limit (down to 1) when another of the
   destination's last eight attempts ended congested too. Congested: it timed out (no
   complete answer within its timeout), or it failed after holding its slot for at least half
@@ -122,6 +129,7 @@ class DestinationLimits:
         "_in_flight",
         "_limit",
         "_means",
+        "_probes",
         "_recent",
         "_slow",
         "_throttled",
@@ -153,12 +161,23 @@ class DestinationLimits:
         #: answered lately (see :data:`SLOW_WEIGHT`), and the slow ones among them.
         self._means: dict[str, float] = {}
         self._slow: set[str] = set()
+        #: The destinations on probation with their probe in flight: when it started
+        #: (seconds on the caller's clock), or None when the caller gave no time.
+        self._probes: dict[str, float | None] = {}
         #: Each destination's recent endings, exponentially weighted (see
         #: :meth:`_congested_share`): [answered, congested, when last updated].
         self._recent: dict[str, list[float]] = {}
 
     def limit(self, destination: str) -> int:
-        """The most attempts ``destination`` may have in flight now."""
+        """``destination``'s adaptive limit of attempts in flight (``cap`` until its attempts
+        end congested). While nothing is known of it, its probe allows one (:meth:`allows`)."""
+        return int(self._limit.get(destination, self.cap))
+
+    def allows(self, destination: str) -> int:
+        """The most attempts ``destination`` may have in flight now: one while it is on
+        probation (no attempt of it ended lately: module docstring), else :meth:`limit`."""
+        if destination not in self._means:
+            return 1
         return int(self._limit.get(destination, self.cap))
 
     def in_flight(self, destination: str) -> int:
@@ -170,26 +189,53 @@ class DestinationLimits:
 
     def allowance(self, destination: str) -> int:
         """How many more attempts to ``destination`` may start now (>= 0)."""
-        room = self.limit(destination) - self._in_flight.get(destination, 0)
+        room = self.allows(destination) - self._in_flight.get(destination, 0)
         if destination in self._throttled:
             room = min(room, self.share - self._throttled_in_flight())
         return max(0, room)
 
     def full(self) -> list[str]:
         """The destinations that may start no attempt now, sorted: a claim skips their jobs."""
-        out = {d for d, n in self._in_flight.items() if n >= self.limit(d)}
+        out = {d for d, n in self._in_flight.items() if n >= self.allows(d)}
         if self._throttled and self._throttled_in_flight() >= self.share:
             out |= self._throttled
         return sorted(out)
 
-    def start(self, destination: str, *, force: bool = False) -> bool:
+    def start(
+        self, destination: str, *, force: bool = False, now: float | None = None
+    ) -> bool:
         """Take a slot for an attempt to ``destination``; False (nothing taken) when it may
         start none now (give the job back unstarted). ``force``: take it whatever the limit
-        (a caller that would otherwise leave a slot idle: reconcile)."""
+        (a caller that would otherwise leave a slot idle: reconcile). ``now``: seconds on a
+        clock that does not go back, for :meth:`age_probes` (None: a probe of this start
+        ends only with its attempt)."""
         if not force and self.allowance(destination) <= 0:
             return False
         self._in_flight[destination] = self._in_flight.get(destination, 0) + 1
+        if destination not in self._means and destination not in self._probes:
+            self._probes[destination] = now
         return True
+
+    def probe_wait(self, now: float) -> float | None:
+        """Seconds from ``now`` until the oldest probe in flight has taken :data:`SLOW`
+        seconds (0 when one has), or None: no probe with a start time is in flight. A
+        caller that waits longer than that should look again then (:meth:`age_probes`)."""
+        if not self._probes:
+            return None
+        times = [t for t in self._probes.values() if t is not None]
+        return max(0.0, min(times) + SLOW - now) if times else None
+
+    def age_probes(self, now: float) -> None:
+        """Probes in flight :data:`SLOW` seconds or more at ``now`` (the clock given to
+        :meth:`start`): their destinations are known now, as slow ones (module docstring),
+        and get their fair share of the slots instead of one."""
+        if not self._probes:
+            return
+        for destination, since in list(self._probes.items()):
+            if since is not None and now - since >= SLOW:
+                del self._probes[destination]
+                self._means[destination] = SLOW
+                self._slow.add(destination)
 
     def answered(
         self,
@@ -280,6 +326,7 @@ class DestinationLimits:
         """An attempt to ``destination`` held its slot ``seconds``: update its moving average
         and whether it is slow (module docstring). A duration that is not a number is not
         counted."""
+        self._probes.pop(destination, None)
         if not seconds >= 0:  # NaN, or a clock that went back
             return
         seconds = min(seconds, _LONGEST)
@@ -317,6 +364,7 @@ class DestinationLimits:
             self._in_flight[destination] = n
         else:
             self._in_flight.pop(destination, None)
+            self._probes.pop(destination, None)  # given back before it ended: probe anew
 
     def _forget(self) -> None:
         """Drop the oldest half of the destinations with nothing in flight."""

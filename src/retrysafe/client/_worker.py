@@ -906,6 +906,11 @@ class Worker:
                     self._outage.succeeded()
                 if timeout is None:
                     break
+                probe = self._limits.probe_wait(loop.time())
+                if probe is not None and len(tasks) < self.concurrency:
+                    # A probe that takes a second makes its destination slow: look again
+                    # then, so the slots it holds back go to work (client/_limits.py).
+                    timeout = min(timeout, probe + 0.001)
                 if timeout > 0 and not wake.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(wake.wait(), timeout)
@@ -1034,6 +1039,7 @@ class Worker:
             # then the slow ones get what is left (retrysafe.client._limits: fair queuing).
             # None in the common case: then this costs one empty list.
             queued = self._slow_queued
+            limits.age_probes(loop.time())  # a probe in flight a second is slow
             # One slot cannot be shared: it goes to due jobs first come first served.
             slow = limits.slow() if self.concurrency > 1 else []
             filled = False
@@ -1206,7 +1212,7 @@ class Worker:
             self.stats.claimed += 1
             if slow and job.destination in slow:
                 queued.add(job.destination)  # it has due jobs: claimed on its own again
-            if not limits.start(job.destination):
+            if not limits.start(job.destination, now=now):
                 over.append(job)
                 self._backlogged.add(job.destination)
                 continue
