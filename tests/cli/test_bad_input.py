@@ -481,3 +481,19 @@ def test_json_that_names_a_member_twice_or_a_number_no_float_holds_is_refused(
     _one_line_naming(err, flag)
     assert why in err
     assert _dump(store) == before
+
+
+def test_a_long_bad_value_is_counted_in_its_own_characters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: a 100-character --schema was reported as "(102 characters)", the
+    quotes of its repr counted too. Every quoted bad value now counts its own characters;
+    a short one is shown whole."""
+    from retrysafe.cli._common import shown_value
+
+    assert shown_value("a" * 100).count("(100 characters)") == 1
+    assert shown_value("abc") == "'abc'" and shown_value(5) == "5"
+    Outbox(f"sqlite:///{tmp_path / 's.db'}").close()
+    store = ["--store", f"sqlite:///{tmp_path / 's.db'}"]
+    code, err = _invoke(["jobs", "show", "z" * 100, *store], monkeypatch)
+    assert code == 2 and "(100 characters)" in err, err

@@ -178,6 +178,19 @@ def test_zero_negative_or_infinite_timeout_is_refused(timeout: float) -> None:
         RetryPolicy(timeout=timeout)
 
 
+@pytest.mark.parametrize(
+    "option", ["timeout", "wait_max", "deadline", "retry_after_max", "connect_timeout"]
+)
+def test_durations_past_a_billion_seconds_are_refused_as_everywhere_else(option: str) -> None:
+    """Fresh-user pass: RetryPolicy(timeout=1e10) was taken where WebhookPolicy and the
+    command line refuse durations past 1e9 s (about 31 years). One bound for every duration
+    of the API, named in the error; 1e9 itself is taken."""
+    with pytest.raises(ConfigurationError, match=rf"{option} must be .*<= 1e\+09 seconds"):
+        RetryPolicy(**{option: 1e10})  # type: ignore[arg-type]
+    if option not in ("wait_max", "connect_timeout"):  # below wait_initial / the timeout
+        RetryPolicy(**{option: 1e9})  # type: ignore[arg-type]
+
+
 def test_lease_shorter_than_the_timeout_is_accepted_without_a_warning(sqlite_path: Path) -> None:
     """A lease shorter than the request timeout is fine (the worker renews it): no warning."""
     with warnings.catch_warnings():

@@ -23,7 +23,6 @@ from retrysafe.agents._store import agent_store
 from retrysafe.cli._common import (
     SQL_STORES,
     StrParamType,
-    clip,
     epilog,
     errors,
     fail,
@@ -31,6 +30,7 @@ from retrysafe.cli._common import (
     opened_store,
     plain_table,
     print_table,
+    shown_value,
     store_option,
 )
 
@@ -49,7 +49,7 @@ class RunId(StrParamType):
             return check_id(value, "run id")
         except ConfigurationError:
             self.fail(
-                f"{clip(repr(value), 60)} is not a run id (1–255 visible ASCII characters)",
+                f"{shown_value(value, 60)} is not a run id (1–255 visible ASCII characters)",
                 param,
                 ctx,
             )

@@ -32,7 +32,6 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
-    clip,
     epilog,
     errors,
     fail,
@@ -43,6 +42,7 @@ from retrysafe.cli._common import (
     print_table,
     read_json_argument,
     serving_metrics,
+    shown_value,
     store_option,
     visible_text,
     warning_lines,
@@ -92,7 +92,7 @@ class JobId(StrParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or self._HEX.fullmatch(value) is None:
             self.fail(
-                f"{clip(repr(value), 60)} is not a {self.what} id (1–32 hex digits, e.g. the "
+                f"{shown_value(value, 60)} is not a {self.what} id (1–32 hex digits, e.g. the "
                 f"first 12 that `{self.listing}` shows)",
                 param,
                 ctx,
@@ -114,7 +114,7 @@ class Method(StrParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or self._METHOD.fullmatch(value) is None:
-            self.fail(f"{clip(repr(value), 60)} is not an HTTP method (e.g. POST)", param, ctx)
+            self.fail(f"{shown_value(value, 60)} is not an HTTP method (e.g. POST)", param, ctx)
         return value.upper()
 
 
@@ -496,14 +496,14 @@ def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
     for h in header:
         name, sep, value = h.partition(":")
         if not sep or not name.strip():
-            fail(f"-H/--header: {clip(repr(h), 100)} is not 'Name: value'", 2)
+            fail(f"-H/--header: {shown_value(h, 100)} is not 'Name: value'", 2)
         if name.strip().lower() == "idempotency-key":
             fail("-H/--header: pass the idempotency key with --key, not as a header", 2)
         again = [n for n in headers if n.lower() == name.strip().lower()]
         if again:
             # A later -H would silently replace the earlier one (curl sends both).
             fail(
-                f"-H/--header: {clip(repr(name.strip()), 100)} is given twice (header names "
+                f"-H/--header: {shown_value(name.strip(), 100)} is given twice (header names "
                 "ignore letter case); give it once, a list field's values joined with ', '",
                 2,
             )

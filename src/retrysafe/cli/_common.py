@@ -149,6 +149,12 @@ def clip(text: str, limit: int = _MAX_MESSAGE) -> str:
     return f"{text[:head]}… ({len(text)} characters) …{text[-tail:]}"
 
 
+def shown_value(value: object, limit: int = 60) -> str:
+    """A bad value for an error line, quoted (``repr``): its two ends when long, counted in
+    characters of the value itself (``clip(repr(value))`` counted the quotes too)."""
+    return repr(clip(value, limit)) if isinstance(value, str) else clip(repr(value), limit)
+
+
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     """Print ``retrysafe: error: <message>`` (one line) on stderr and exit ``code``; a
     stderr that cannot be written (a closed pipe) loses the line, never the exit status."""
@@ -415,7 +421,7 @@ class SchemaName(StrParamType):
         if not isinstance(value, str) or SCHEMA_NAME.fullmatch(value) is None:
             upper = isinstance(value, str) and SCHEMA_NAME.fullmatch(value.lower()) is not None
             self.fail(
-                f"{clip(repr(value), 60)} is not a plain identifier (1–63 lower-case letters, "
+                f"{shown_value(value, 60)} is not a plain identifier (1–63 lower-case letters, "
                 "digits or _, not starting with a digit)"
                 + (f"; PostgreSQL folds unquoted names: use {value.lower()!r}" if upper else ""),
                 param,
@@ -564,7 +570,7 @@ class Number(FloatParamType):
             try:
                 number = float(str(value).strip())
             except ValueError:
-                self.fail(f"{clip(repr(value), 60)} is not a number", param, ctx)
+                self.fail(f"{shown_value(value, 60)} is not a number", param, ctx)
         if self.low > 0:
             bounds = f"{self.low:g} ≤ x ≤ {self.high:g}"
         else:

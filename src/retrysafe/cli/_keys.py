@@ -53,6 +53,7 @@ from retrysafe.cli._common import (
     opened_store,
     plain_cell,
     print_table,
+    shown_value,
     visible_text,
 )
 from retrysafe.core import (
@@ -116,7 +117,7 @@ class KeyStoreURL(StoreURL):
 def _shown_value(value: Any) -> str:
     """A bad value for an error line: its two ends when long, counted in characters of the
     value itself (not of its repr)."""
-    return repr(clip(value, 80)) if isinstance(value, str) else clip(repr(value), 80)
+    return repr(clip(value, 80)) if isinstance(value, str) else shown_value(value, 80)
 
 
 class KeyHash(StrParamType):

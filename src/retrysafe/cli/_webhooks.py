@@ -32,7 +32,6 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
-    clip,
     epilog,
     errors,
     json_option,
@@ -42,6 +41,7 @@ from retrysafe.cli._common import (
     print_table,
     read_json_argument,
     serving_metrics,
+    shown_value,
     store_option,
 )
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
@@ -74,7 +74,7 @@ class EndpointId(StrParamType):
         low = value.lower() if isinstance(value, str) else ""
         if not (low and ("ep_".startswith(low) or self._ID.fullmatch(low))):
             self.fail(
-                f"{clip(repr(value), 60)} is not an endpoint id (ep_ and hex digits, or the "
+                f"{shown_value(value, 60)} is not an endpoint id (ep_ and hex digits, or the "
                 "start of one)",
                 param,
                 ctx,
@@ -95,7 +95,7 @@ class EventType(StrParamType):
             return check_event_type(value)
         except ConfigurationError:
             self.fail(
-                f"{clip(repr(value), 60)} is not an event type (1–128 of A-Z a-z 0-9 _ . -)",
+                f"{shown_value(value, 60)} is not an event type (1–128 of A-Z a-z 0-9 _ . -)",
                 param,
                 ctx,
             )
@@ -115,7 +115,7 @@ class Text(StrParamType):
         if len(value) > self.limit:
             self.fail(f"{len(value)} characters; at most {self.limit}", param, ctx)
         if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            self.fail(f"{clip(repr(value), 60)} contains a control character", param, ctx)
+            self.fail(f"{shown_value(value, 60)} contains a control character", param, ctx)
         return value
 
 

@@ -87,14 +87,21 @@ def whole_number(value: object, option: str, *, low: int = 1, high: int | None =
     return value
 
 
+#: The longest duration any option of the API takes, in seconds (about 31 years; the CLI's
+#: durations stop there too): RetryPolicy(timeout=1e10) was taken where WebhookPolicy and
+#: the command line refused it.
+MAX_SECONDS = 1e9
+
+
 def seconds(
     value: float | timedelta,
     option: str,
     *,
     allow_zero: bool = False,
-    high: float | None = None,
+    high: float | None = MAX_SECONDS,
 ) -> float:
-    """``value`` as positive finite float seconds, at most ``high`` when given.
+    """``value`` as positive finite float seconds, at most ``high`` (default
+    :data:`MAX_SECONDS`; None: no bound).
 
     Raises:
         ConfigurationError: not a number/timedelta, not finite, <= 0 (< 0 with

@@ -25,7 +25,7 @@ from datetime import timedelta
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
 from retrysafe.client._models import JobState
-from retrysafe.client._policy import Step, count, retry_step, seconds, whole_number
+from retrysafe.client._policy import MAX_SECONDS, Step, count, retry_step, seconds, whole_number
 from retrysafe.core import Action, AttemptOutcome, Classification
 
 __all__ = [
@@ -41,9 +41,10 @@ __all__ = [
 ]
 
 
-#: The longest duration a schedule may hold, in seconds (about 31 years; the CLI's durations
-#: stop there too): a wait of 1e300 s was accepted, and its delivery waited for ever.
-MAX_SCHEDULE_SECONDS = 1e9
+#: The longest duration a schedule may hold, in seconds: every duration option's bound
+#: (:data:`~retrysafe.client._policy.MAX_SECONDS`); a wait of 1e300 s was accepted, and its
+#: delivery waited for ever.
+MAX_SCHEDULE_SECONDS = MAX_SECONDS
 #: A schedule's name: it is stored with endpoints and typed on command lines.
 _SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: A schedule's attempts when it says none (explicit delays make their own number).
@@ -101,11 +102,11 @@ class Schedule:
             object.__setattr__(self, "attempts", len(delays) + 1)
         what = f"schedule {self.name!r}: a duration"
         for name in ("base", "cap", "jitter"):
-            value = seconds(getattr(self, name), what, allow_zero=True, high=MAX_SCHEDULE_SECONDS)
+            value = seconds(getattr(self, name), what, allow_zero=True)
             object.__setattr__(self, name, value)
         if self.delays is not None:
             delays = tuple(
-                seconds(d, what, allow_zero=True, high=MAX_SCHEDULE_SECONDS) for d in self.delays
+                seconds(d, what, allow_zero=True) for d in self.delays
             )
             object.__setattr__(self, "delays", delays)
 
@@ -228,8 +229,8 @@ class WebhookPolicy:
                 stacklevel=3,
             )
         count(self.max_payload, "max_payload")
-        seconds(self.timeout, "timeout", high=MAX_SCHEDULE_SECONDS)
-        seconds(self.retry_after_max, "retry_after_max", allow_zero=True, high=MAX_SCHEDULE_SECONDS)
+        seconds(self.timeout, "timeout")
+        seconds(self.retry_after_max, "retry_after_max", allow_zero=True)
 
     @property
     def disable_window_s(self) -> float:
