@@ -58,6 +58,7 @@ CASES = [
     case("jobs", "submit", _URL, "--header", V, name="--header"),
     case("jobs", "submit", _URL, "--key", V, name="--key", valid=TOKEN),
     case("jobs", "submit", _URL, "--deadline", V, name="--deadline"),
+    case("jobs", "submit", _URL, "--max-body", V, name="--max-body"),
     # jobs list | show | retry | cancel
     case("jobs", "list", "--state", V, name="--state"),
     case("jobs", "list", "--limit", V, name="--limit"),

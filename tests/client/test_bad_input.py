@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import warnings
@@ -589,3 +590,47 @@ def test_credentials_in_a_job_url_are_refused_without_showing_them(
     assert info.value.option == "url"
     assert "s3cret" not in str(info.value)
     assert outbox.jobs() == []
+
+
+def test_a_body_over_max_body_records_nothing(sqlite_path: Path) -> None:
+    """Fresh-user pass: submit took bodies of any size, and a worker held several copies of
+    each in flight (a 50 MB body: 390 MB for one job). The outbox records at most
+    ``max_body`` bytes (10 MiB by default): past it PayloadError, nothing recorded; exactly
+    the limit is taken; None lifts it; a bad limit is a ConfigurationError."""
+    from retrysafe._exceptions import PayloadError
+    from retrysafe.client._outbox import DEFAULT_MAX_BODY
+
+    assert DEFAULT_MAX_BODY == 10 * 1024 * 1024
+    with Outbox(f"sqlite:///{sqlite_path}") as outbox:
+        with pytest.raises(PayloadError, match=r"over the limit of 10,485,760 \(Outbox\(max_b"):
+            outbox.submit("http://example.test/x", content=b"x" * (DEFAULT_MAX_BODY + 1))
+        assert outbox.jobs() == []
+    with Outbox(f"sqlite:///{sqlite_path}", max_body=100) as outbox:
+        with pytest.raises(PayloadError, match="body is 101 bytes"):
+            outbox.submit("http://example.test/x", content="é" * 50 + "x")  # UTF-8 bytes
+        with pytest.raises(PayloadError):
+            outbox.submit("http://example.test/x", json={"a": "x" * 100})
+        assert outbox.jobs() == []
+        assert outbox.submit("http://example.test/x", content=b"x" * 100).state is JobState.PENDING
+    with Outbox(f"sqlite:///{sqlite_path}", max_body=None) as outbox:
+        outbox.submit("http://example.test/y", content=b"x" * (DEFAULT_MAX_BODY + 1))
+    for bad in (0, -1, 1.5, "10", True):
+        with pytest.raises(ConfigurationError, match="max_body"):
+            Outbox(f"sqlite:///{sqlite_path}", max_body=bad)  # type: ignore[arg-type]
+
+
+def test_the_async_outbox_keeps_the_same_body_limit(sqlite_path: Path) -> None:
+    """AsyncOutbox(max_body=…) refuses what Outbox does."""
+    from retrysafe import AsyncOutbox
+    from retrysafe._exceptions import PayloadError
+
+    async def main() -> None:
+        outbox = AsyncOutbox(f"sqlite:///{sqlite_path}", max_body=10)
+        try:
+            with pytest.raises(PayloadError, match="over the limit of 10"):
+                await outbox.submit("http://example.test/x", content=b"x" * 11)
+            assert (await outbox.submit("http://example.test/x", content=b"x" * 10)).body
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(main())

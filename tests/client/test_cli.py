@@ -676,3 +676,26 @@ def test_reconcile_tells_a_destination_that_stops_answering_as_a_cli_warning_lin
         line.startswith("retrysafe: warning: destination http://127.0.0.1:") for line in down
     ), err
     assert all(line.startswith("retrysafe: ") for line in lines), err
+
+
+def test_submit_refuses_a_body_over_max_body_and_names_the_option(tmp_path: Path) -> None:
+    """`jobs submit` records at most --max-body bytes (default 10 MiB, the outbox's): past
+    it one error line naming the command line's option (not the Python one), exit 2,
+    nothing recorded; the option raises it."""
+    store = f"sqlite:///{tmp_path / 'o.db'}"
+    _migrate(store)
+    body = tmp_path / "big.json"
+    body.write_text(json.dumps({"a": "x" * 2000}))
+    code, out, err = _run("jobs", "submit", "http://api.test/x", "-d", f"@{body}",
+                          "--max-body", "1000", "--store", store)  # fmt: skip
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "body is 2,008 bytes, over the limit of 1,000" in err
+    assert "(--max-body BYTES raises it)" in err and "Outbox(" not in err
+    outbox = Outbox(store)
+    try:
+        assert outbox.jobs() == []
+    finally:
+        outbox.close()
+    code, out, err = _run("jobs", "submit", "http://api.test/x", "-d", f"@{body}",
+                          "--max-body", "2008", "--store", store)  # fmt: skip
+    assert code == 0, err

@@ -36,6 +36,7 @@ from retrysafe.cli._common import (
     errors,
     fail,
     json_option,
+    limit_hint,
     metrics_option,
     opened_store,
     plain_table,
@@ -57,6 +58,7 @@ from retrysafe.client import (
     RetryPolicy,
 )
 from retrysafe.client._jobs import shown_url
+from retrysafe.client._outbox import DEFAULT_MAX_BODY, MAX_BODY_HINT
 from retrysafe.client._policy import Step
 from retrysafe.client._worker import DEFAULT_LEASE, Worker, WorkerStats
 from retrysafe.core import lease_timing
@@ -125,13 +127,14 @@ def _outbox(
     *,
     write: bool = True,
     flags: Mapping[str, str] | None = None,
+    max_body: int | None = DEFAULT_MAX_BODY,
 ) -> Iterator[Outbox]:
     """The outbox of an existing store (a reader opens SQLite read-only); retrysafe errors
     inside become one error line and the convention's exit code."""
     with (
         errors(store, flags),
         opened_store(store, write=write) as opened,
-        Outbox(opened, policy=policy) as outbox,
+        Outbox(opened, policy=policy, max_body=max_body) as outbox,
     ):
         yield outbox
 
@@ -527,6 +530,13 @@ def _parse_headers(header: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--key", default=None, help="Your own idempotency key (default UUIDv4).")
 @click.option("--deadline", type=_SECONDS, default=None, help="Seconds from now.")
+@click.option(
+    "--max-body",
+    type=click.IntRange(min=1, max=2**31),
+    default=DEFAULT_MAX_BODY,
+    show_default=True,
+    help="Largest body recorded, in bytes of JSON.",
+)
 @json_option
 def jobs_submit(
     store: str,
@@ -536,13 +546,17 @@ def jobs_submit(
     header: tuple[str, ...],
     key: str | None,
     deadline: float | None,
+    max_body: int,
     as_json: bool,
 ) -> None:
     """Record a job for URL; a worker delivers it. The store must exist (`retrysafe
     migrate` creates it)."""
     payload = {} if data is None else read_json_argument(data, "--data")
     headers = _parse_headers(header)
-    with _outbox(store, flags=_SUBMIT_FLAGS) as outbox:
+    with (
+        _outbox(store, flags=_SUBMIT_FLAGS, max_body=max_body) as outbox,
+        limit_hint(MAX_BODY_HINT, "--max-body"),
+    ):
         job = outbox.submit(
             url, json=payload, method=method, headers=headers, key=key, deadline=deadline
         )

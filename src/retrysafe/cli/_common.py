@@ -274,6 +274,19 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
         fail(f"{flag}: {message}" if flag else message, code)
 
 
+@contextmanager
+def limit_hint(python_hint: str, option: str) -> Iterator[None]:
+    """Inside, a :class:`PayloadError` over a limit names the command line's ``option`` to
+    raise it (``--max-body BYTES raises it``) instead of ``python_hint``, the API's way."""
+    try:
+        yield
+    except PayloadError as exc:
+        if python_hint not in str(exc):
+            raise
+        message = str(exc).replace(python_hint, f"{option} BYTES raises it")
+        raise PayloadError(message, path=exc.path) from None
+
+
 def json_option(fn: _F) -> _F:
     """``--json``: the result as JSON on stdout, for scripts."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)

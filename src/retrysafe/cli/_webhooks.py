@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from retrysafe._exceptions import PayloadError
 from retrysafe.cli._client import (
     DELIVERY_ID,
     _attempts_table,
@@ -35,6 +34,7 @@ from retrysafe.cli._common import (
     epilog,
     errors,
     json_option,
+    limit_hint,
     metrics_option,
     opened_store,
     plain_table,
@@ -408,14 +408,8 @@ def send(
     flags = {"event_type": "EVENT_TYPE", "event_id": "--id", "payload": "PAYLOAD"}
     policy = WebhookPolicy(max_payload=max_payload)
     with _hooks(store, flags=flags, policy=policy) as hooks:
-        try:
+        with limit_hint(MAX_PAYLOAD_HINT, "--max-payload"):
             event = hooks.send(event_type, value, event_id=event_id)
-        except PayloadError as exc:
-            if MAX_PAYLOAD_HINT not in str(exc):
-                raise
-            # On the command line, the option to use (not the Python way).
-            message = str(exc).replace(MAX_PAYLOAD_HINT, "--max-payload BYTES raises it")
-            raise PayloadError(message, path=exc.path) from None
         deliveries = hooks.deliveries(event_id=event.id, limit=10_000)
     if as_json:
         _emit({**event.to_dict(), "deliveries": [d.to_dict() for d in deliveries]})

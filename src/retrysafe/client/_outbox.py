@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from retrysafe._exceptions import JobError, JobNotFoundError
+from retrysafe._exceptions import JobError, JobNotFoundError, PayloadError
 from retrysafe.client._jobs import (
     _MISSING,
     DEFAULT_QUEUE,
@@ -34,6 +34,14 @@ __all__ = ["DEAD_LETTER_STATES", "AsyncOutbox", "Outbox"]
 #: The states the dead-letter view shows: stopped without a definitive answer, or rejected.
 DEAD_LETTER_STATES = (JobState.UNKNOWN, JobState.REJECTED)
 _RETRYABLE = (JobState.UNKNOWN, JobState.REJECTED, JobState.CANCELLED)
+
+#: The largest request body :meth:`Outbox.submit` records by default, in bytes (10 MiB). A
+#: body is stored with its job, and on SQLite each claim and each recorded attempt rewrites
+#: the job's row, body included; a worker holds several copies of each body in flight. A
+#: 50 MB body took a worker to 390 MB for one job, eight of them to 1.1 GB.
+DEFAULT_MAX_BODY = 10 * 1024 * 1024
+#: How the over-limit error says the limit is raised (the CLI names its option instead).
+MAX_BODY_HINT = "Outbox(max_body=…) raises it"
 
 
 class Outbox:
@@ -55,10 +63,12 @@ class Outbox:
             submission's trace context (OpenTelemetry: a span, child of the current one) is
             stored with the job as ``traceparent``, so every attempt of the job joins one
             trace; workers and reconciles made here report to it too.
+        max_body: the largest request body :meth:`submit` records, in bytes (default
+            :data:`DEFAULT_MAX_BODY`, 10 MiB); None: no limit.
 
     Raises:
         ConfigurationError: a malformed store URL, a missing directory, a store without an
-            outbox, a bad queue name.
+            outbox, a bad queue name, a ``max_body`` that is no whole number >= 1 or None.
     """
 
     def __init__(
@@ -69,8 +79,10 @@ class Outbox:
         clock: Callable[[], float] = time.time,
         queue: str = DEFAULT_QUEUE,
         telemetry: Telemetry | Sequence[Telemetry] | None = None,
+        max_body: int | None = DEFAULT_MAX_BODY,
     ) -> None:
         self.queue = check_queue(queue)
+        self.max_body = None if max_body is None else count(max_body, "max_body")
         self.telemetry = telemetry_of(telemetry)
         self.policy = policy_or_default(policy, RetryPolicy)  # before a store is opened
         self.store, self._owns_store = open_outbox_store(store)
@@ -114,7 +126,8 @@ class Outbox:
 
         Raises:
             ConfigurationError: the URL is not http(s), bad method/headers/deadline.
-            PayloadError: the payload cannot be serialised to JSON.
+            PayloadError: the payload cannot be serialised to JSON, or the body is longer
+                than ``max_body`` bytes (nothing recorded).
             InvalidKeyError: a malformed ``key``.
             JobError: ``key`` is already used by a different request.
             StoreError: the store failed (nothing was recorded).
@@ -146,6 +159,11 @@ class Outbox:
             now=now,
             queue=self.queue,
         )
+        if self.max_body is not None and len(new.body) > self.max_body:
+            raise PayloadError(
+                f"body is {len(new.body):,} bytes, over the limit of {self.max_body:,} "
+                f"({MAX_BODY_HINT}): nothing recorded"
+            )
         if self.telemetry is not None:
             traced = self.telemetry.job_submitted(self.queue, new.method, new.url)
             if traced:
@@ -361,8 +379,11 @@ class AsyncOutbox:
         clock: Callable[[], float] = time.time,
         queue: str = DEFAULT_QUEUE,
         telemetry: Telemetry | Sequence[Telemetry] | None = None,
+        max_body: int | None = DEFAULT_MAX_BODY,
     ) -> None:
-        self._sync = Outbox(store, policy=policy, clock=clock, queue=queue, telemetry=telemetry)
+        self._sync = Outbox(
+            store, policy=policy, clock=clock, queue=queue, telemetry=telemetry, max_body=max_body
+        )
         self.store = self._sync.store
         self.policy = self._sync.policy
         self.queue = self._sync.queue
