@@ -764,6 +764,38 @@ def test_new_endpoints_that_never_answer_in_a_grouped_backlog_take_one_slot_each
     assert sum(len(h.requests) for h in hanging) == 40
 
 
+def test_jobs_held_back_by_a_probe_keep_their_place_in_the_queue(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Fresh-user pass: the first claim to a new destination brings a claim's worth of
+    jobs; its probe starts one and the others are given back. They were given back "due
+    now", behind every job already due, so a backlog's oldest jobs went last (jobs 1-31 of
+    2,000 sent after the 1,950th; with deadlines they expired unsent). Given back due since
+    their creation, they go next: here jobs 1-7 of 60, at concurrency 8, all start before
+    the 20th job submitted."""
+    server = serve(ok)
+    jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(60)]
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=8)
+    assert {outbox.get(j.id).state for j in jobs} == {JobState.SUCCEEDED}
+    order = [int(r.path.rsplit("/", 1)[-1]) for r in server.requests]
+    assert sorted(order) == list(range(60))  # each once
+    assert max(order.index(i) for i in range(8)) < order.index(19), order
+
+
+def test_a_job_whose_deadline_cannot_wait_for_the_probe_starts_beside_it(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """Fresh-user pass: 16 jobs with a 0.8 s deadline to an endpoint answering after 2 s
+    (concurrency 16): the probe took one, the others waited for it (a second) and ended
+    UNKNOWN, never sent; all 16 were delivered before the probe. A job held back whose
+    deadline is less than the probe's second away starts beside it."""
+    server = serve(ok_after(1.2))
+    jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}, deadline=0.8) for i in range(6)]
+    run(outbox, policy(attempts=1, timeout=5.0), concurrency=6)
+    assert [outbox.get(j.id).state for j in jobs] == [JobState.SUCCEEDED] * 6
+    assert len(server.requests) == 6
+
+
 def test_max_per_destination_caps_the_attempts_in_flight_to_one_destination(
     outbox: Outbox, serve: Callable[..., RawServer]
 ) -> None:

@@ -216,6 +216,15 @@ class DestinationLimits:
             self._probes[destination] = now
         return True
 
+    def start_beside_probe(self, destination: str, seconds_left: float) -> bool:
+        """Take a slot for an attempt to ``destination`` beside its probe in flight when the
+        attempt cannot wait for the probe: its deadline is ``seconds_left`` away, less than
+        the :data:`SLOW` seconds a probe may take (without the probe it would have started
+        at once). False, nothing taken: no probe in flight, or time enough to wait."""
+        if destination not in self._probes or seconds_left >= SLOW:
+            return False
+        return self.start(destination, force=True)
+
     def probe_wait(self, now: float) -> float | None:
         """Seconds from ``now`` until the oldest probe in flight has taken :data:`SLOW`
         seconds (0 when one has), or None: no probe with a start time is in flight. A

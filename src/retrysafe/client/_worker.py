@@ -1212,7 +1212,7 @@ class Worker:
             self.stats.claimed += 1
             if slow and job.destination in slow:
                 queued.add(job.destination)  # it has due jobs: claimed on its own again
-            if not limits.start(job.destination, now=now):
+            if not limits.start(job.destination, now=now) and not self._cannot_wait(job):
                 over.append(job)
                 self._backlogged.add(job.destination)
                 continue
@@ -1226,10 +1226,21 @@ class Worker:
             self._holding.add(task)
             task.add_done_callback(self._holding.discard)
 
+    def _cannot_wait(self, job: Job) -> bool:
+        """Whether ``job``, held back by its destination's probe, would see its deadline pass
+        before the probe may end (:data:`~retrysafe.client._limits.SLOW` seconds): then it
+        starts anyway (its slot taken beside the probe), as it would have without one."""
+        if job.deadline_at is None:
+            return False
+        return self._limits.start_beside_probe(job.destination, job.deadline_at - self._clock())
+
     async def _hold_back(self, jobs: list[Job]) -> None:
         """Give back, unstarted, claimed jobs whose destination is at its limit of attempts in
-        flight (one claim may bring several jobs to one destination): PENDING, due now, same
-        key; not an attempt. One that cannot be given back waits for its lease to end."""
+        flight (one claim may bring several jobs to one destination): PENDING, due since
+        their creation, so they keep their place near the front of the queue (the claim
+        overwrote their due time with the lease's end; given back "due now" they went behind
+        every job already due, and a probe's give-back sent a backlog's oldest jobs last),
+        same key; not an attempt. One that cannot be given back waits for its lease to end."""
         now = self._clock()
 
         async def one(job: Job) -> None:
@@ -1238,7 +1249,12 @@ class Worker:
                 return
             try:
                 await self._astore.release_job(
-                    job.id, token, state=JobState.PENDING, due_at=now, error=None, now=now
+                    job.id,
+                    token,
+                    state=JobState.PENDING,
+                    due_at=min(job.created_at, now),
+                    error=None,
+                    now=now,
                 )
             except Exception as exc:
                 logger.debug("job=%s not given back (%r); its lease will end", job.id, exc)
