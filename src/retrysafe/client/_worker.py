@@ -1091,8 +1091,14 @@ class Worker:
             room = self.concurrency - len(tasks)
             asks: list[tuple[str, int]] = []
             extra = backlogged.union(queued) if others_done else backlogged
+            # A backlogged destination that is slow (one whose probe made it backlogged, then
+            # slow) keeps to the slow ones' share while other jobs are due.
+            slow_left = limits.slow_room() if slow and not others_done else None
             for destination in sorted(extra, key=lambda d: served.get(d, 0.0)):
                 n = min(limits.allowance(destination), room)
+                if slow_left is not None and destination in slow:
+                    n = min(n, slow_left)
+                    slow_left -= max(n, 0)
                 if n > 0:
                     asks.append((destination, n))
                     room -= n
