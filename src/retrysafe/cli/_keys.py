@@ -115,9 +115,8 @@ class KeyStoreURL(StoreURL):
 
 
 def _shown_value(value: Any) -> str:
-    """A bad value for an error line: its two ends when long, counted in characters of the
-    value itself (not of its repr)."""
-    return repr(clip(value, 80)) if isinstance(value, str) else shown_value(value, 80)
+    """A bad value for an error line (:func:`shown_value`, up to 80 characters)."""
+    return shown_value(value, 80)
 
 
 class KeyHash(StrParamType):

@@ -178,7 +178,7 @@ class DestinationLimits:
         probation (no attempt of it ended lately: module docstring), else :meth:`limit`."""
         if destination not in self._means:
             return 1
-        return int(self._limit.get(destination, self.cap))
+        return self.limit(destination)
 
     def in_flight(self, destination: str) -> int:
         """Attempts to ``destination`` started and not yet ended."""
