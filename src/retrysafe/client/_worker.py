@@ -1179,9 +1179,13 @@ class Worker:
 
     async def _claim(self, limit: int, filters: dict[str, Any]) -> list[Job]:
         """Lease up to ``limit`` due jobs (``filters``: the destinations to skip, or the only
-        one to take), giving them back if cancelled while the claim was on its way."""
+        one to take), giving them back if cancelled while the claim was on its way. Jobs
+        being given back (:meth:`_hold_back`) land first: still leased, a claim would pass
+        them by and take the jobs behind them (a backlog's oldest jobs sent last)."""
         loop = self._loop
         assert loop is not None
+        if self._holding:
+            await asyncio.gather(*self._holding, return_exceptions=True)
         claim = loop.create_task(
             self._astore.claim_jobs(
                 queue=self.queue,
