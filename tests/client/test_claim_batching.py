@@ -115,10 +115,12 @@ def test_slow_attempts_do_not_leave_the_free_slots_idle(tmp_path: Path) -> None:
 
 def test_a_stream_of_submits_does_not_starve_the_free_slots(tmp_path: Path) -> None:
     """8 of 9 slots hang while another thread submits a job every millisecond (each submit
-    wakes the worker): the one free slot keeps delivering, one claim per _CLAIM_INTERVAL at
+    wakes the worker): the one free slot keeps delivering, one claim per _CLAIM_DELAY at
     worst. (Found by a fresh-user pass: a first design waited "5 ms without a wake" before
     claiming fewer slots than a batch, and the wakes of the submits kept it waiting: about 4
-    jobs a second went out instead of hundreds.)"""
+    jobs a second went out instead of hundreds.) The line is 20 a second, five times that
+    bug's rate: an idle host delivers hundreds, a suite run with six processes on two cores
+    41."""
     release = asyncio.Event()
     url = f"sqlite:///{tmp_path / 'o.db'}"
 
@@ -157,4 +159,4 @@ def test_a_stream_of_submits_does_not_starve_the_free_slots(tmp_path: Path) -> N
             concurrency=9, poll_interval=30.0, transport=httpx.MockTransport(answer)
         )
         delivered = asyncio.run(scenario(worker))
-    assert delivered >= 50, delivered
+    assert delivered >= 20, delivered
