@@ -2130,11 +2130,12 @@ def test_the_worker_and_the_webhook_worker_run_on_uvloop(
 ) -> None:
     """On uvloop (an app served by ``uvicorn[standard]`` that runs a worker in its own loop):
     jobs are delivered, a silent endpoint ends at the attempt's timeout, and webhook
-    deliveries go out signed."""
+    deliveries go out signed. (The timeout is a second: at 0.3 s a loaded suite run once
+    timed out a quick job, whose single attempt then ended UNKNOWN.)"""
     import uvloop
 
     server = serve(by_path(ok=ok, silent=silent))
-    with Outbox(f"sqlite:///{tmp_path / 'uv.db'}", policy=policy(attempts=1, timeout=0.3)) as ob:
+    with Outbox(f"sqlite:///{tmp_path / 'uv.db'}", policy=policy(attempts=1, timeout=1.0)) as ob:
         delivered = [ob.submit(server.url + "/ok", json={"n": i}) for i in range(20)]
         timed_out = ob.submit(server.url + "/silent", json={})
         worker = ob.worker(poll_interval=0.01, budget=None)
