@@ -78,12 +78,21 @@ async def _loop(n: int, concurrency: int, post: object) -> float:
     return time.perf_counter() - start
 
 
-async def bare_aiohttp(urls: Sequence[str], n: int, concurrency: int) -> float:
+def json_body(size: int | None) -> bytes:
+    """A JSON object of ``size`` bytes (at least 8), or ``{"n": 0}`` when None."""
+    if size is None:
+        return json.dumps({"n": 0}).encode()
+    return b'{"p":"' + b"x" * max(0, size - 8) + b'"}'
+
+
+async def bare_aiohttp(
+    urls: Sequence[str], n: int, concurrency: int, body_bytes: int | None = None
+) -> float:
     """N POSTs through one ``aiohttp.ClientSession``; returns seconds. The practical wire
     limit of a Python client on this machine."""
     import aiohttp
 
-    body = json.dumps({"n": 0}).encode()
+    body = json_body(body_bytes)
     headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -97,9 +106,11 @@ async def bare_aiohttp(urls: Sequence[str], n: int, concurrency: int) -> float:
         return await _loop(n, concurrency, post)
 
 
-async def bare_httpx(urls: Sequence[str], n: int, concurrency: int) -> float:
+async def bare_httpx(
+    urls: Sequence[str], n: int, concurrency: int, body_bytes: int | None = None
+) -> float:
     """N POSTs through one ``httpx.AsyncClient`` (httpx's own pool); returns seconds."""
-    body = json.dumps({"n": 0}).encode()
+    body = json_body(body_bytes)
     headers = {"content-type": "application/json"}
     transport = httpx.AsyncHTTPTransport(
         retries=0, limits=httpx.Limits(max_connections=concurrency)

@@ -45,17 +45,24 @@ from retrysafe import JobState, Outbox, RetryPolicy, SQLiteStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 from benchmarks._args import positive_int
-from benchmarks._wire import bare_aiohttp, bare_httpx, endpoint
+from benchmarks._wire import bare_aiohttp, bare_httpx, endpoint, json_body
 
 
-def _outbox(url: str, jobs: int, concurrency: int, db: Path) -> tuple[float, float]:
+def _outbox(
+    url: str, jobs: int, concurrency: int, db: Path, body_bytes: int | None = None
+) -> tuple[float, float]:
     """(b): submit N jobs, then deliver them; returns (submit seconds, deliver seconds)."""
     policy = RetryPolicy(timeout=10.0, wait_initial=0.05, wait_max=1.0)
+    padded = None if body_bytes is None else json_body(body_bytes)
+    json_type = {"content-type": "application/json"}
     with SQLiteStore(db) as store, Outbox(store, policy=policy) as outbox:
         start = time.perf_counter()
         with store.transaction() as conn:
             for i in range(jobs):
-                outbox.submit(url, json={"n": i}, connection=conn)
+                if padded is None:
+                    outbox.submit(url, json={"n": i}, connection=conn)
+                else:
+                    outbox.submit(url, content=padded, headers=json_type, connection=conn)
         submitted = time.perf_counter()
         stats = outbox.worker(concurrency=concurrency, poll_interval=0.05).run_until_idle()
         delivered = time.perf_counter()
@@ -168,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=positive_int, default=1, help="worker processes for --store (default 1)"
     )
+    parser.add_argument(
+        "--body-bytes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="every request (every loop's, every job's) a JSON body of N bytes (default: "
+        '{"n": i}, a dozen bytes); SQLite keeps a body over 3.5 KiB in a table of its own',
+    )
     args = parser.parse_args(argv)
     if args.store is not None:
         if not args.store.startswith(("postgresql://", "postgres://")):
@@ -175,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         _check_store(parser, args.store)
     elif args.workers != 1:
         parser.error("--workers needs --store (the SQLite run has one worker)")
+    if args.body_bytes is not None and args.store is not None:
+        parser.error("--body-bytes is for the SQLite run (no --store)")
+    if args.body_bytes is not None and args.body_bytes < 8:
+        parser.error("--body-bytes must be at least 8 (the smallest padded JSON object)")
+    size = args.body_bytes
     n, c = args.jobs, args.concurrency
     rates: dict[str, list[float]] = {"a": [], "h": [], "b": [], "b+submit": []}
     shares: list[int] = []
@@ -182,13 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         url = f"{base}/bench"
         asyncio.run(bare_aiohttp([url], min(200, n), c))  # warm-up
         for _ in range(args.rounds):
-            rates["a"].append(n / asyncio.run(bare_aiohttp([url], n, c)))
-            rates["h"].append(n / asyncio.run(bare_httpx([url], n, c)))
+            rates["a"].append(n / asyncio.run(bare_aiohttp([url], n, c, size)))
+            rates["h"].append(n / asyncio.run(bare_httpx([url], n, c, size)))
             if args.store is not None:
                 submit_s, deliver_s, shares = _outbox_pg(url, n, c, args.store, args.workers)
             else:
                 with tempfile.TemporaryDirectory() as tmp:
-                    submit_s, deliver_s = _outbox(url, n, c, Path(tmp) / "b.db")
+                    submit_s, deliver_s = _outbox(url, n, c, Path(tmp) / "b.db", size)
             rates["b"].append(n / deliver_s)
             rates["b+submit"].append(n / (submit_s + deliver_s))
     a, h, b, bt = (_median(rates[k]) for k in ("a", "h", "b", "b+submit"))
@@ -196,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     def each(k: str) -> str:
         return ", ".join(f"{v:.0f}" for v in rates[k])
 
-    print(f"jobs={n} concurrency={c} rounds={args.rounds} cpus={os.cpu_count()} (median; rounds)")
+    bodies = "" if size is None else f" body={size} bytes"
+    print(
+        f"jobs={n} concurrency={c}{bodies} rounds={args.rounds} cpus={os.cpu_count()}"
+        " (median; rounds)"
+    )
     print(f"(a) bare aiohttp loop, no persistence : {a:8.0f} jobs/s  ({each('a')})")
     print(f"(h) bare httpx loop, no persistence   : {h:8.0f} jobs/s  ({each('h')})")
     if args.store is not None:

@@ -195,3 +195,73 @@ def test_cancel_retry_and_purge_follow_the_states(sqlite_store: SQLiteStore) -> 
     outbox.cancel(job.id)
     assert outbox.purge(states=[JobState.CANCELLED]) == 1
     assert outbox.jobs() == []
+
+
+# ---------------------------------------------------------------------- large bodies
+def _wal_bytes(path: object) -> int:
+    import os
+
+    wal = f"{path}-wal"
+    return os.path.getsize(wal) if os.path.exists(wal) else 0
+
+
+def test_a_large_body_is_written_once_and_read_back_alike(sqlite_path: object) -> None:
+    """SQLite keeps a body over 3.5 KiB in outbox_bodies and its length in the job's row
+    (schema version 4): a claim and a recorded attempt no longer rewrite it (they did, twice
+    per attempt: SQLite rewrites a whole row when an update changes its size). Every read
+    gives the same bytes: get, the listing, the claim the worker sends from."""
+    import os
+
+    import httpx
+
+    large, small = os.urandom(256 * 1024), b"x" * 3584
+    sent: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(201)
+
+    with Outbox(f"sqlite:///{sqlite_path}") as outbox:
+        big = outbox.submit("http://api.test/a", content=large)
+        inline = outbox.submit("http://api.test/b", content=small)
+        assert outbox.get(big.id).body == large and outbox.get(inline.id).body == small
+        assert {j.id: j.body for j in outbox.jobs()} == {big.id: large, inline.id: small}
+        with sqlite3.connect(str(sqlite_path)) as conn:
+            kinds = dict(conn.execute("SELECT id, typeof(body) FROM outbox_jobs").fetchall())
+            kept = conn.execute("SELECT job_id, length(body) FROM outbox_bodies").fetchall()
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert kinds == {big.id: "integer", inline.id: "blob"}
+        assert kept == [(big.id, len(large))]
+        before = _wal_bytes(sqlite_path)
+        stats = outbox.worker(transport=httpx.MockTransport(answer)).run_until_idle()
+        assert stats.succeeded == 2 and sorted(sent, key=len) == [small, large]
+        # The claim, the attempt and the finish wrote a few pages, not the body again.
+        assert _wal_bytes(sqlite_path) - before < 64 * 1024
+        assert outbox.get(big.id).body == large
+
+
+def test_a_deleted_job_takes_its_large_body_with_it(sqlite_path: object) -> None:
+    """Purging a job deletes its row of outbox_bodies (a trigger, as for its attempts)."""
+    import os
+
+    with Outbox(f"sqlite:///{sqlite_path}") as outbox:
+        jobs = [outbox.submit("http://api.test/a", content=os.urandom(8192)) for _ in range(3)]
+        outbox.cancel(jobs[0].id)
+        assert outbox.purge(states=[JobState.CANCELLED], older_than=0) == 1
+        with sqlite3.connect(str(sqlite_path)) as conn:
+            kept = {r[0] for r in conn.execute("SELECT job_id FROM outbox_bodies")}
+        assert kept == {jobs[1].id, jobs[2].id}
+
+
+def test_a_large_body_written_in_the_row_before_version_4_is_still_read(
+    sqlite_path: object,
+) -> None:
+    """A job an earlier release wrote keeps its large body in its own row: read as before."""
+    import os
+
+    body = os.urandom(10_000)
+    with Outbox(f"sqlite:///{sqlite_path}") as outbox:
+        job = outbox.submit("http://api.test/a", content=b"{}")
+        with sqlite3.connect(str(sqlite_path)) as conn:
+            conn.execute("UPDATE outbox_jobs SET body = ? WHERE id = ?", (body, job.id))
+        assert outbox.get(job.id).body == body

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from retrysafe import SchemaError
 from retrysafe.cli import cli
-from retrysafe.stores import SCHEMA_VERSION
+from retrysafe.stores import SCHEMA_VERSION, SQLiteStore
 
 
 def _migrate(*args: str) -> tuple[int, str, str]:
@@ -507,7 +507,6 @@ def test_migrate_repairs_a_current_version_whose_layout_was_damaged(tmp_path: Pa
     attempts, and a second run has nothing to do; opening the store with create=False names
     what is missing."""
     from retrysafe import Outbox
-    from retrysafe.stores import SQLiteStore
 
     db = tmp_path / "d.db"
     url = f"sqlite:///{db}"
@@ -527,11 +526,13 @@ def test_migrate_repairs_a_current_version_whose_layout_was_damaged(tmp_path: Pa
     with conn:
         conn.execute("DROP INDEX outbox_jobs_due")
     conn.close()
-    with pytest.raises(SchemaError, match=r"version 3 without .*job_created_at.*outbox_jobs_due"):
+    with pytest.raises(
+        SchemaError, match=rf"version {SCHEMA_VERSION} without .*job_created_at.*outbox_jobs_due"
+    ):
         SQLiteStore(db, create=False)
     code, out, err = _migrate("--store", url)
     assert code == 0, err
-    assert "re-created what schema version 3 lacked" in out
+    assert f"re-created what schema version {SCHEMA_VERSION} lacked" in out
     assert "outbox_jobs_due" in out and "outbox_attempts_of_deleted_job" in out
     code, out, err = _migrate("--store", url)
     assert code == 0 and "nothing to do" in out, out + err
@@ -578,10 +579,46 @@ def test_migrate_re_creates_a_postgresql_index_dropped_by_hand(
         pg.execute(f"DROP INDEX {pg_schema}.outbox_jobs_due")
     code, out, err = _migrate(*args)
     assert code == 0, err
-    assert "re-created what schema version 3 lacked: outbox_jobs_due" in out
+    assert f"re-created what schema version {SCHEMA_VERSION} lacked: outbox_jobs_due" in out
     with psycopg.connect(pg_url, autocommit=True) as pg:
         row = pg.execute(
             "SELECT count(*) FROM pg_indexes WHERE schemaname = %s AND indexname = %s",
             (pg_schema, "outbox_jobs_due"),
         ).fetchone()
     assert row is not None and row[0] == 1
+
+
+def test_a_version_3_sqlite_store_gets_its_body_table_and_keeps_its_jobs(tmp_path: Path) -> None:
+    """Version 3 -> 4 on SQLite: a store opened without create names outbox_bodies and
+    migrate; migrate adds the table and its triggers. A job written before keeps its large body
+    in its row and is read and delivered as before; a new large body goes to the table."""
+    import os
+
+    from retrysafe import Outbox
+
+    db = tmp_path / "v3.db"
+    url = f"sqlite:///{db}"
+    old_body, new_body = os.urandom(9000), os.urandom(9000)
+    with Outbox(url) as outbox:
+        old = outbox.submit("http://127.0.0.1:9/old", content=b"{}")
+    conn = sqlite3.connect(db)
+    with conn:  # the version-3 layout: no body table, bodies in their rows
+        conn.execute("DROP TRIGGER outbox_jobs_large_body")
+        conn.execute("DROP TRIGGER outbox_bodies_of_deleted_job")
+        conn.execute("DROP TABLE outbox_bodies")
+        conn.execute("UPDATE outbox_jobs SET body = ? WHERE id = ?", (old_body, old.id))
+    conn.close()
+    _set_version(["--store", url], 3)
+    with pytest.raises(SchemaError, match=r"older schema \(version 3.*retrysafe migrate"):
+        SQLiteStore(db, create=False)
+    code, out, err = _migrate("--store", url, "--json")
+    assert code == 0, err
+    assert json.loads(out)["from_version"] == 3
+    with Outbox(url) as outbox:
+        assert outbox.get(old.id).body == old_body
+        new = outbox.submit("http://127.0.0.1:9/new", content=new_body)
+        assert outbox.get(new.id).body == new_body
+    conn = sqlite3.connect(db)
+    kinds = dict(conn.execute("SELECT id, typeof(body) FROM outbox_jobs").fetchall())
+    conn.close()
+    assert kinds == {old.id: "blob", new.id: "integer"}

@@ -65,6 +65,8 @@ from retrysafe.stores._connector import (
 from retrysafe.stores._keys import headers_json
 
 __all__ = [
+    "JOB_COLUMNS",
+    "JOB_READS",
     "AsyncSQLOutboxStore",
     "SQLOutboxStore",
     "StoreArg",
@@ -130,8 +132,24 @@ JOB_COLUMNS = (
     "last_error",
 )
 
+#: How a statement reads a job column that is not simply the column, by dialect. SQLite keeps
+#: a body over 3.5 KiB in ``outbox_bodies`` and the body's length (an INTEGER) in the job's row
+#: (``sql/schema.sqlite.sql``, schema version 4: SQLite rewrites a whole row, its overflow
+#: pages included, whenever an update changes the row's size, so every claim and every
+#: recorded attempt rewrote such a body).
+JOB_READS = {
+    "sqlite": {
+        "body": "CASE WHEN typeof(body) = 'integer' THEN (SELECT b.body FROM outbox_bodies b"
+        " WHERE b.job_id = outbox_jobs.id) ELSE body END"
+    }
+}
+
 _SQL = Statements(
-    "retrysafe.client", "outbox", columns={"job_columns": JOB_COLUMNS}, lenient=["job_columns"]
+    "retrysafe.client",
+    "outbox",
+    columns={"job_columns": JOB_COLUMNS},
+    reads=JOB_READS,
+    lenient=["job_columns"],
 )
 
 

@@ -132,6 +132,9 @@ class Statements:
         columns: column lists by name, substituted for ``{name}`` in every statement of both
             dialects (``RETURNING {job_columns}``): the order a row converter reads lives in
             one place, beside the converter.
+        reads: per dialect, the SQL that reads a column of those lists where it is not the
+            column itself (SQLite reads a large job body from a table of its own:
+            :data:`~retrysafe.client._store.JOB_READS`).
         lenient: the names of ``columns`` whose rows a converter checks value by value: the
             statements that name one are :attr:`Statement.lenient`.
 
@@ -147,10 +150,17 @@ class Statements:
         feature: str,
         *,
         columns: Mapping[str, Sequence[str]] | None = None,
+        reads: Mapping[str, Mapping[str, str]] | None = None,
         lenient: Sequence[str] = (),
     ) -> None:
         self.feature = feature
-        lists = {f"{{{name}}}": ", ".join(cols) for name, cols in (columns or {}).items()}
+        lists = {
+            d: {
+                f"{{{name}}}": ", ".join((reads or {}).get(d, {}).get(c, c) for c in cols)
+                for name, cols in (columns or {}).items()
+            }
+            for d in DIALECTS
+        }
         texts = {d: _load(package, f"sql/{feature}.{d}.sql") for d in DIALECTS}
         names = set(texts["sqlite"])
         if names != set(texts["postgres"]):
@@ -159,7 +169,7 @@ class Statements:
 
         def parts(dialect: str, name: str) -> list[str]:
             text = texts[dialect][name]
-            for placeholder, cols in lists.items():
+            for placeholder, cols in lists[dialect].items():
                 text = text.replace(placeholder, cols)
             unknown = _PLACEHOLDER.search(text)
             if unknown:

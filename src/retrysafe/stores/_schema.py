@@ -48,7 +48,10 @@ MIGRATE_HINT = "run `retrysafe migrate --store URL`; from Python, open the store
 #: 3. SQLite: ``outbox_attempts`` keyed by the job's creation time first, so that a batch's
 #:    attempt records share pages (the table is rebuilt on upgrade: ``REBUILT_TABLES`` in
 #:    ``stores/_sqlite.py``); PostgreSQL's layout is unchanged.
-SCHEMA_VERSION = 3
+#: 4. SQLite: ``outbox_bodies``, a job body over 3.5 KiB written once instead of with every
+#:    update of its row (jobs written earlier keep theirs in the row); PostgreSQL's layout is
+#:    unchanged (it keeps a large unchanged value out of the rewritten row already: TOAST).
+SCHEMA_VERSION = 4
 
 #: Columns added to a table after the table was first released: ``(table, column, block)``.
 #: A table created by the current layout has them already; upgrading adds each one the table

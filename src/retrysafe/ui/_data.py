@@ -29,7 +29,7 @@ from retrysafe._exceptions import (
     WebhookError,
 )
 from retrysafe.client._models import Attempt, Job, JobState
-from retrysafe.client._store import JOB_COLUMNS, readable_jobs, states_param
+from retrysafe.client._store import JOB_COLUMNS, JOB_READS, readable_jobs, states_param
 from retrysafe.stores._connector import Op, Statements, all_rows
 
 __all__ = [
@@ -54,7 +54,11 @@ CHART_SECONDS = 3600.0
 CHART_BUCKET = 300.0
 
 _SQL = Statements(
-    "retrysafe.ui", "console", columns={"job_columns": JOB_COLUMNS}, lenient=["job_columns"]
+    "retrysafe.ui",
+    "console",
+    columns={"job_columns": JOB_COLUMNS},
+    reads=JOB_READS,
+    lenient=["job_columns"],
 )
 
 

@@ -7,11 +7,7 @@ from typing import Any
 
 from django.db import migrations
 
-
-def _create(apps: Any, schema_editor: Any) -> None:
-    from retrysafe.django._store import create_schema
-
-    create_schema(schema_editor.connection)
+from retrysafe.django.migrations import apply_layout
 
 
 def _drop(apps: Any, schema_editor: Any) -> None:
@@ -22,4 +18,4 @@ def _drop(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     initial = True
-    operations = [migrations.RunPython(_create, _drop)]  # noqa: RUF012 (Django reads it)
+    operations = [migrations.RunPython(apply_layout, _drop)]  # noqa: RUF012 (Django reads it)

@@ -4,18 +4,12 @@ version changes. The same upgrade ``retrysafe migrate`` makes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations
 
-
-def _upgrade(apps: Any, schema_editor: Any) -> None:
-    from retrysafe.django._store import create_schema
-
-    create_schema(schema_editor.connection)
+from retrysafe.django.migrations import apply_layout
 
 
 class Migration(migrations.Migration):
     dependencies = [("retrysafe", "0001_initial")]  # noqa: RUF012 (Django reads it)
     # Reversed, the tables keep the newer layout: 0001's reverse drops them all.
-    operations = [migrations.RunPython(_upgrade, migrations.RunPython.noop)]  # noqa: RUF012
+    operations = [migrations.RunPython(apply_layout, migrations.RunPython.noop)]  # noqa: RUF012
