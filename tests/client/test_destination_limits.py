@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrysafe.client._limits import SLOW, TIMED_OUT, DestinationLimits, congested
+from retrysafe.client._limits import (
+    QUICK_AGAIN,
+    SLOW,
+    TIMED_OUT,
+    DestinationLimits,
+    congested,
+)
 
 A, B = "http://a:80", "http://b:80"
 
@@ -315,8 +321,11 @@ def test_a_destination_is_slow_while_the_average_of_its_attempts_is_a_second_or_
     assert limits.slow() == []
     limits.took(A, 2 * SLOW)
     assert limits.slow() == [A]
-    limits.took(A, 0.01)  # quick again: 0.25 of the way down
-    assert limits.slow() == []
+    limits.took(A, 0.01)  # 0.25 of the way down: still slow (QUICK_AGAIN)
+    limits.took(A, 0.01)
+    assert limits.slow() == [A]
+    limits.took(A, 0.01)  # under half a second: quick again
+    assert limits.slow() == [] and limits._means[A] < QUICK_AGAIN
     limits.took(B, 1.6 * SLOW)  # a new destination: its first attempt is its average
     assert limits.slow() == [B]
     limits.took(B, math.nan)  # not counted
@@ -324,6 +333,27 @@ def test_a_destination_is_slow_while_the_average_of_its_attempts_is_a_second_or_
     assert limits.slow() == [B] and limits._means[B] == 1.6 * SLOW
     limits.took("http://c:80", math.inf)  # counted as an hour
     assert limits.slow() == [B, "http://c:80"] and limits._means["http://c:80"] == 3600.0
+
+
+def test_a_probe_aged_into_slow_is_not_made_quick_by_one_quick_answer() -> None:
+    """A new destination's first request hangs: at a second it is slow. Quick answers to
+    requests started beside it (after the probe) do not flip it back at the first one and
+    slow again at the probe's timeout (three log lines in a second): it stays slow until its
+    average is under QUICK_AGAIN, about three quick answers in a row."""
+    limits = DestinationLimits(8, slots=16)
+    limits.start(A, now=0.0)
+    limits.age_probes(1.0)
+    assert limits.slow() == [A]
+    limits.took(A, 0.06)
+    assert limits.slow() == [A]
+    limits.took(A, 30.0)  # the hanging probe times out
+    assert limits.slow() == [A]
+    for _ in range(11):  # the 30 s answer weighs on the average a while
+        limits.took(A, 0.06)
+    assert limits.slow() == [] and limits._means[A] < QUICK_AGAIN
+    limits.took(A, 0.9)  # answers just under a second: not slow
+    limits.took(A, 0.9)
+    assert limits.slow() == []
 
 
 def test_the_slow_destinations_share_half_the_slots_together() -> None:

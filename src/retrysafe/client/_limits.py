@@ -49,7 +49,8 @@ A destination that answers, but slowly (a model that takes ten seconds to answer
 sick and keeps its limit; but slots go to due jobs first come first served, so a backlog of
 such jobs would hold every slot for as long as it lasts and the other destinations' jobs
 would wait behind it. A destination whose attempts take :data:`SLOW` seconds or more (the
-moving average of its last few, :data:`SLOW_WEIGHT`) is therefore **slow**. The slow
+moving average of its last few, :data:`SLOW_WEIGHT`) is therefore **slow**, until that
+average is under :data:`QUICK_AGAIN` seconds. The slow
 destinations get their **fair share** of the slots (half of them together, at least one,
 taking turns, each within its own limit) before anything else is claimed, and more only when
 no other destination has a due job (the worker claims the other destinations' jobs first,
@@ -64,7 +65,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["CONGESTED_SHARE", "TIMED_OUT", "DestinationLimits", "congested"]
+__all__ = ["CONGESTED_SHARE", "QUICK_AGAIN", "TIMED_OUT", "DestinationLimits", "congested"]
 
 #: The transport errors that mean "no complete answer within the timeout" (see
 #: :mod:`retrysafe.client._sender`): connecting, writing, waiting for a read, or the
@@ -100,6 +101,13 @@ _REMEMBERED = 4096
 #: Seconds an attempt to a **slow** destination takes, on average (module docstring): well
 #: above an API's answer (tens of milliseconds) and a webhook receiver's, at a model's.
 SLOW = 1.0
+
+#: Seconds under which a **slow** destination's average must fall before it is quick again
+#: (hysteresis): at :data:`SLOW` itself one quick answer after a probe that aged into "slow"
+#: (an average of exactly a second) made it quick, and the probe's own timeout slow again a
+#: moment later; answers that straddle a second moved it in and out the same way. It now takes
+#: about three quick answers in a row.
+QUICK_AGAIN = SLOW / 2
 
 #: The weight of each new attempt in a destination's moving average of attempt durations
 #: (an exponentially weighted mean over about its last four attempts; a new destination's
@@ -352,7 +360,7 @@ class DestinationLimits:
         means[destination] = mean
         if mean >= SLOW:
             self._slow.add(destination)
-        else:
+        elif mean < QUICK_AGAIN:
             self._slow.discard(destination)
 
     def slow(self) -> list[str]:

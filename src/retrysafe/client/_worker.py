@@ -1163,7 +1163,7 @@ class Worker:
             if gone not in self._backlogged:
                 served.pop(gone, None)
             logger.info(
-                "destination %s answers in under a second again: claimed with the others",
+                "destination %s answers in under half a second again: claimed with the others",
                 shown_destination(gone),
             )
         for new in now_slow - seen:
