@@ -208,8 +208,9 @@ def _wal_bytes(path: object) -> int:
 def test_a_large_body_is_written_once_and_read_back_alike(sqlite_path: object) -> None:
     """SQLite keeps a body over 3.5 KiB in outbox_bodies and its length in the job's row
     (schema version 4): a claim and a recorded attempt no longer rewrite it (they did, twice
-    per attempt: SQLite rewrites a whole row when an update changes its size). Every read
-    gives the same bytes: get, the listing, the claim the worker sends from."""
+    per attempt: SQLite rewrites a whole row when an update changes its size), and the
+    submit writes it once. Every read gives the same bytes: get, the listing, the claim the
+    worker sends from."""
     import os
 
     import httpx
@@ -222,7 +223,11 @@ def test_a_large_body_is_written_once_and_read_back_alike(sqlite_path: object) -
         return httpx.Response(201)
 
     with Outbox(f"sqlite:///{sqlite_path}") as outbox:
+        with sqlite3.connect(str(sqlite_path)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         big = outbox.submit("http://api.test/a", content=large)
+        # Written once at submit too (a trigger that moved it wrote it twice).
+        assert _wal_bytes(sqlite_path) < 1.2 * len(large)
         inline = outbox.submit("http://api.test/b", content=small)
         assert outbox.get(big.id).body == large and outbox.get(inline.id).body == small
         assert {j.id: j.body for j in outbox.jobs()} == {big.id: large, inline.id: small}
@@ -265,3 +270,47 @@ def test_a_large_body_written_in_the_row_before_version_4_is_still_read(
         with sqlite3.connect(str(sqlite_path)) as conn:
             conn.execute("UPDATE outbox_jobs SET body = ? WHERE id = ?", (body, job.id))
         assert outbox.get(job.id).body == body
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "DELETE FROM outbox_bodies WHERE job_id = ?",
+        "UPDATE outbox_bodies SET body = X'0102030405' WHERE job_id = ?",
+        "UPDATE outbox_bodies SET body = 'text' WHERE job_id = ?",
+    ],
+    ids=["gone", "other length", "text"],
+)
+def test_a_large_body_damaged_by_hand_is_parked_never_sent(
+    sqlite_path: object, damage: str
+) -> None:
+    """A job whose row of outbox_bodies is gone or changed (a body of another length than its
+    row records, text) is damaged: reads name outbox_bodies, a claim parks it UNKNOWN unsent
+    (a 5-byte body would have gone out as the 5,000-byte job), the other jobs flow."""
+    import os
+
+    import httpx
+
+    from retrysafe import DamagedJobError
+
+    sent: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(201)
+
+    with Outbox(f"sqlite:///{sqlite_path}") as outbox:
+        bad = outbox.submit("http://api.test/a", content=os.urandom(5000))
+        good = outbox.submit("http://api.test/b", content=b"ok")
+        with sqlite3.connect(str(sqlite_path)) as conn:
+            conn.execute(damage, (bad.id,))
+        with pytest.raises(DamagedJobError, match="outbox_bodies"):
+            outbox.get(bad.id)
+        stats = outbox.worker(transport=httpx.MockTransport(answer)).run_until_idle()
+        assert stats.succeeded == 1 and sent == [b"ok"]
+        assert outbox.get(good.id).state is JobState.SUCCEEDED
+        with sqlite3.connect(str(sqlite_path)) as conn:
+            state, error = conn.execute(
+                "SELECT state, last_error FROM outbox_jobs WHERE id = ?", (bad.id,)
+            ).fetchone()
+        assert state == "unknown" and "outbox_bodies" in error

@@ -603,7 +603,6 @@ def test_a_version_3_sqlite_store_gets_its_body_table_and_keeps_its_jobs(tmp_pat
         old = outbox.submit("http://127.0.0.1:9/old", content=b"{}")
     conn = sqlite3.connect(db)
     with conn:  # the version-3 layout: no body table, bodies in their rows
-        conn.execute("DROP TRIGGER outbox_jobs_large_body")
         conn.execute("DROP TRIGGER outbox_bodies_of_deleted_job")
         conn.execute("DROP TABLE outbox_bodies")
         conn.execute("UPDATE outbox_jobs SET body = ? WHERE id = ?", (old_body, old.id))

@@ -33,6 +33,21 @@ VALUES (:id, :key, :queue, 'pending', :method, :url, :destination, :headers, :bo
         :now, :now, :now, :deadline_at)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
+-- name: add_large_job
+
+-- add_job for a body over retrysafe.client._store.INLINE_BODY_MAX bytes: the row keeps the
+-- body's length (an INTEGER) and the body goes to outbox_bodies, each written once (schema
+-- version 4, schema.sqlite.sql: SQLite rewrites a whole row, overflow pages included, when an
+-- update changes its size, as every claim and recorded attempt does). The body is inserted
+-- only when the job was (changes(): the job insert just before, 0 on a key that exists).
+INSERT INTO outbox_jobs
+    (id, idempotency_key, queue, state, method, url, destination, headers, body,
+     created_at, updated_at, due_at, deadline_at)
+VALUES (:id, :key, :queue, 'pending', :method, :url, :destination, :headers, length(:body),
+        :now, :now, :now, :deadline_at)
+ON CONFLICT (idempotency_key) DO NOTHING;
+INSERT INTO outbox_bodies (job_id, body) SELECT :id, :body WHERE changes() = 1;
+
 -- name: claim_jobs
 
 -- One statement, atomic under SQLite's write lock: lease up to :limit jobs of :queue that are

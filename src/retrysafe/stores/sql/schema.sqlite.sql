@@ -92,23 +92,19 @@ CREATE TABLE IF NOT EXISTS outbox_attempts (
 ) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS outbox_attempts_of_deleted_job AFTER DELETE ON outbox_jobs
 BEGIN DELETE FROM outbox_attempts WHERE job_created_at = OLD.created_at AND job_id = OLD.id; END;
--- A body over 3.5 KiB is kept here, written once (schema version 4), and the job's row keeps
--- its length (an INTEGER where the body's BLOB would be; the statements read the body back
--- through retrysafe.client._store.JOB_READS). SQLite rewrites a whole row, overflow pages
--- included, whenever an update changes the row's size, and a claim and a recorded attempt
--- both do: a 16 KB body was written twice more per attempt, and a job of 16 KB bodies was
--- delivered at about half the rate of a small one. Smaller bodies stay in the row: with the
--- other columns they fit its page, which a claim writes anyway. Jobs written before
--- version 4 keep their bodies in their rows; both are read alike.
+-- A body over 3.5 KiB (retrysafe.client._store.INLINE_BODY_MAX) is kept here (schema version
+-- 4), and the job's row keeps its length, an INTEGER where the body's BLOB would be; the
+-- insert (add_large_job in client/sql/outbox.sqlite.sql) writes each once, and the statements
+-- read the body back through retrysafe.client._store.JOB_READS. SQLite rewrites a whole row,
+-- overflow pages included, whenever an update changes the row's size, and a claim and a
+-- recorded attempt both do: a 16 KB body was written twice more per attempt, and jobs of
+-- 16 KB bodies were delivered at about half the rate of small ones. Smaller bodies stay in
+-- the row: with the other columns they fit its page, which a claim writes anyway. Jobs
+-- written before version 4 keep their bodies in their rows; both are read alike.
 CREATE TABLE IF NOT EXISTS outbox_bodies (
     job_id TEXT PRIMARY KEY,
     body   BLOB NOT NULL
 );
-CREATE TRIGGER IF NOT EXISTS outbox_jobs_large_body AFTER INSERT ON outbox_jobs
-WHEN length(NEW.body) > 3584 AND typeof(NEW.body) = 'blob'
-BEGIN
-    INSERT OR REPLACE INTO outbox_bodies (job_id, body) VALUES (NEW.id, NEW.body); UPDATE
-    outbox_jobs SET body = length(NEW.body) WHERE rowid = NEW.rowid; END;
 CREATE TRIGGER IF NOT EXISTS outbox_bodies_of_deleted_job AFTER DELETE ON outbox_jobs
 WHEN typeof(OLD.body) = 'integer'
 BEGIN DELETE FROM outbox_bodies WHERE job_id = OLD.id; END;
