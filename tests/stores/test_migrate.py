@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -621,3 +623,28 @@ def test_a_version_3_sqlite_store_gets_its_body_table_and_keeps_its_jobs(tmp_pat
     kinds = dict(conn.execute("SELECT id, typeof(body) FROM outbox_jobs").fetchall())
     conn.close()
     assert kinds == {old.id: "blob", new.id: "integer"}
+
+
+def test_the_cli_names_a_dropped_trigger_once_as_its_own_warning(tmp_path: Path) -> None:
+    """A trigger dropped by hand: `jobs submit` and `jobs list` still work, and say so in one
+    `retrysafe: warning:` line each (it was Python's bare log line, twice for a submit)."""
+    db = tmp_path / "t.db"
+    url = f"sqlite:///{db}"
+    assert _migrate("--store", url)[0] == 0
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("DROP TRIGGER outbox_bodies_of_deleted_job")
+    conn.close()
+    for args in (["jobs", "submit", "http://127.0.0.1:9/x", "-d", "{}"], ["jobs", "list"]):
+        # A process each, as on the command line (a process warns once per store).
+        result = subprocess.run(
+            [sys.executable, "-m", "retrysafe", *args, "--store", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("retrysafe: warning: "), lines
+        assert "without outbox_bodies_of_deleted_job" in lines[0]
+        assert "retrysafe migrate" in lines[0]

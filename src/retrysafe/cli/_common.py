@@ -553,7 +553,8 @@ def opened_store(url: str, *, write: bool) -> Iterator[Any]:
         options = {"create": False} if write else {"readonly": True}
     elif scheme == "postgresql":
         options["create"] = False
-    store = stores.open_store(url, **options)
+    with warning_lines():  # e.g. an index or trigger dropped by hand: one line, the CLI's own
+        store = stores.open_store(url, **options)
     try:
         yield store
     finally:

@@ -130,6 +130,10 @@ class Migration:
     added: tuple[str, ...] = ()
 
 
+#: The usable-but-incomplete schemas already warned of in this process (see schema_check).
+_WARNED: set[tuple[str, int | None, tuple[str, ...]]] = set()
+
+
 def schema_check(state: State, where: str, *, create: bool) -> bool:
     """Whether the store must migrate (False: the schema is current).
 
@@ -150,13 +154,16 @@ def schema_check(state: State, where: str, *, create: bool) -> bool:
     if create:
         return True
     if state.usable:  # a read-only copy without an index is still read
-        logger.warning(
-            "%s has schema version %s without %s (%s)",
-            where,
-            state.version,
-            ", ".join(state.unindexed),
-            MIGRATE_HINT,
-        )
+        said = (where, state.version, state.unindexed)
+        if said not in _WARNED:  # once per process (a command may open a store twice)
+            _WARNED.add(said)
+            logger.warning(
+                "%s has schema version %s without %s (%s)",
+                where,
+                state.version,
+                ", ".join(state.unindexed),
+                MIGRATE_HINT,
+            )
         return False
     if state.version is None:
         what = "no retrysafe schema"
