@@ -50,12 +50,14 @@ if TYPE_CHECKING:
     from yarl import URL
 
 __all__ = [
+    "TESTED_AIOHTTP",
     "AddressGuard",
     "AiohttpEngine",
     "Answer",
     "Engine",
     "HttpxEngine",
     "WireError",
+    "check_aiohttp",
     "check_transport",
     "make_engine",
     "total_timeout",
@@ -241,6 +243,7 @@ class AiohttpEngine:
         guard: AddressGuard | None = None,
         attempt_timeout: float | None = None,
     ) -> None:
+        check_aiohttp()
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._timed_reads = attempt_timeout is None or read_timeout < attempt_timeout
@@ -557,6 +560,65 @@ class _Refused(OSError):
         self.error = error
 
 
+#: The aiohttp releases the engine was tested with (``pyproject.toml`` asks for 3.11 or later).
+TESTED_AIOHTTP = "3.11 to 3.14"
+
+
+def _aiohttp_gaps() -> list[str]:
+    """What of aiohttp's internals that :func:`_protocol_class` and :func:`_connector_class`
+    drive is not there: methods they override or call, and attributes the classes' own
+    ``__init__`` sets (read from its code, no instance made)."""
+    import aiohttp
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.connector import BaseConnector
+
+    def sets(cls: type, name: str) -> bool:
+        code = getattr(getattr(cls, "__init__", None), "__code__", None)
+        return code is not None and name in code.co_names
+
+    gaps = [
+        f"ResponseHandler.{name}"
+        for name in ("set_response_params", "feed_data", "data_received", "set_exception")
+        if not callable(getattr(ResponseHandler, name, None))
+    ]
+    gaps += [] if sets(ResponseHandler, "_payload") else ["ResponseHandler._payload"]
+    gaps += [f"BaseConnector.{n}" for n in ("_factory", "_loop") if not sets(BaseConnector, n)]
+    gaps += [] if sets(aiohttp.StreamReader, "total_bytes") else ["StreamReader.total_bytes"]
+    gaps += [
+        f"StreamReader.{name}"
+        for name in ("is_eof", "exception", "set_exception")
+        if not callable(getattr(aiohttp.StreamReader, name, None))
+    ]
+    return gaps
+
+
+def check_aiohttp() -> None:
+    """Refuse an aiohttp whose internals are not those the default engine drives (its head
+    and framing caps, the stray-answer check): with them gone it would still send, without
+    the bounds that keep a hostile endpoint from taking the worker's memory.
+
+    Raises:
+        ConfigurationError: (``option="transport"``) the installed aiohttp lacks one of them;
+            the message names them, the tested releases (:data:`TESTED_AIOHTTP`) and the ways
+            out: such an aiohttp, or ``transport=httpx.AsyncHTTPTransport()`` (httpx's own
+            pool, slower, its own bounds).
+    """
+    gaps = _aiohttp_gaps()
+    if not gaps:
+        return
+    import aiohttp
+
+    from retrysafe._exceptions import ConfigurationError
+
+    raise ConfigurationError(
+        f"retrysafe's HTTP engine drives aiohttp's connection internals, and aiohttp "
+        f"{aiohttp.__version__} lacks {', '.join(gaps)} (tested with aiohttp "
+        f"{TESTED_AIOHTTP}): install a tested release (pip install 'aiohttp>=3.11,<3.15'), "
+        "or pass transport=httpx.AsyncHTTPTransport() to send through httpx's own pool",
+        option="transport",
+    )
+
+
 @functools.cache
 def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
     """aiohttp's connection protocol, giving its parser at most :data:`MAX_ANSWER_HEAD`
@@ -860,13 +922,16 @@ def _from_httpx(exc: httpx.HTTPError) -> WireError:
 
 def check_transport(transport: object) -> None:
     """Refuse anything but ``None`` or an async httpx transport, when it is given rather than
-    when the first job fails on it.
+    when the first job fails on it; with ``None`` (the default engine), an aiohttp the engine
+    cannot drive (:func:`check_aiohttp`).
 
     Raises:
         ConfigurationError: ``transport`` has no ``handle_async_request`` (a sync
-            ``httpx.HTTPTransport``, a client instead of a transport, any other object).
+            ``httpx.HTTPTransport``, a client instead of a transport, any other object); or
+            it is None and the installed aiohttp lacks what the default engine drives.
     """
     if transport is None:
+        check_aiohttp()
         return
     from retrysafe._exceptions import ConfigurationError
 

@@ -2046,6 +2046,41 @@ def test_a_transport_that_cannot_send_async_is_refused_when_given(
     assert outbox.worker(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
 
 
+@pytest.mark.parametrize(
+    ("owner", "name"),
+    [
+        ("aiohttp.client_proto.ResponseHandler", "set_response_params"),
+        ("aiohttp.StreamReader", "is_eof"),
+    ],
+)
+def test_an_aiohttp_without_what_the_engine_drives_is_refused_at_the_start(
+    outbox: Outbox, monkeypatch: pytest.MonkeyPatch, owner: str, name: str
+) -> None:
+    """The default engine overrides and calls aiohttp internals (its head and framing caps).
+    An aiohttp that lacks one is refused when the worker, reconcile or the webhook worker is
+    made, naming what is missing, the tested releases and httpx's transport as the way out,
+    instead of sending without the caps (or failing each job); a transport of one's own
+    still works. Nothing was claimed."""
+    import importlib
+
+    from retrysafe._wire import TESTED_AIOHTTP, AiohttpEngine
+
+    module, _, cls = owner.rpartition(".")
+    monkeypatch.delattr(getattr(importlib.import_module(module), cls), name)
+    job = outbox.submit("http://127.0.0.1:9/x", json={})
+    missing = rf"lacks {cls}\.{name} \(tested with aiohttp {re.escape(TESTED_AIOHTTP)}\)"
+    for make in (outbox.worker, outbox.reconcile):
+        with pytest.raises(ConfigurationError, match=missing) as info:
+            make()
+        assert "transport=httpx.AsyncHTTPTransport()" in str(info.value)
+    with Webhooks(outbox.store) as hooks, pytest.raises(ConfigurationError, match=missing):
+        hooks.worker()
+    with pytest.raises(ConfigurationError, match=missing):
+        AiohttpEngine(connect_timeout=1.0, read_timeout=1.0)
+    assert outbox.get(job.id).state is JobState.PENDING and outbox.attempts(job.id) == []
+    assert outbox.worker(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+
+
 # ------------------------------------------------------------ 8. what last_error says
 
 
