@@ -275,6 +275,41 @@ def test_a_statement_naming_an_unknown_column_list_is_refused(tmp_path: Path) ->
         sys.path.remove(str(tmp_path))
 
 
+def test_a_block_as_another_takes_its_sql_and_columns_read_per_dialect(tmp_path: Path) -> None:
+    """``-- as: NAME``: a name one dialect needs, the other's being its plain statement; a
+    ``reads`` expression replaces a column in one dialect's lists only. An ``as`` block with
+    SQL of its own, or naming no block, is refused at import."""
+    pkg = tmp_path / "fakeas"
+    (pkg / "sql").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sql" / "f.sqlite.sql").write_text(
+        "-- name: a\nSELECT {cols} FROM t;\n-- name: b\nSELECT 2;\n"
+    )
+    (pkg / "sql" / "f.postgres.sql").write_text(
+        "-- name: a\nSELECT {cols} FROM t;\n-- name: b\n-- as: a\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        made = Statements(
+            "fakeas", "f", columns={"cols": ("x", "y")}, reads={"sqlite": {"y": "y + 1"}}
+        )
+        assert made["a"].parts["sqlite"] == ("SELECT x, y + 1 FROM t",)
+        assert made["a"].parts["postgres"] == (b"SELECT x, y FROM t",)
+        assert made["b"].parts["postgres"] == made["a"].parts["postgres"]
+        for feature, bad in (
+            ("g", "-- name: b\n-- as: a\nSELECT 3;\n"),
+            ("h", "-- name: b\n-- as: nothing\n"),
+        ):
+            for dialect, b in (("sqlite", "-- name: b\nSELECT 2;\n"), ("postgres", bad)):
+                (pkg / "sql" / f"{feature}.{dialect}.sql").write_text(
+                    "-- name: a\nSELECT {cols} FROM t;\n" + b
+                )
+            with pytest.raises(RuntimeError, match="block b is `as: "):
+                Statements("fakeas", feature, columns={"cols": ("x",)})
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def _migrate(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "retrysafe", "migrate", "--json", "--store", *args],

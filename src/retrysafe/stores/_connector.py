@@ -208,12 +208,29 @@ def _blocks(package: str, path: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
+#: A block of no SQL whose statement is another block's (``-- as: add_job``): a name one
+#: dialect needs for a rule of its own, the other dialect's statement being its plain one.
+_AS = re.compile(r"^--\s*as:\s*(\w+)\s*$", re.MULTILINE)
+
+
 def _load(package: str, path: str) -> dict[str, str]:
-    """Each block's SQL, comment lines dropped."""
+    """Each block's SQL, comment lines dropped (a block ``-- as: NAME``: NAME's SQL).
+
+    Raises:
+        RuntimeError: (at import) a block ``-- as:`` that has SQL of its own or names no
+            block — a packaging bug.
+    """
+    blocks = _blocks(package, path)
     out: dict[str, str] = {}
-    for name, body in _blocks(package, path).items():
+    for name, body in blocks.items():
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         out[name] = "\n".join(lines).strip()
+    for name, body in blocks.items():
+        same = _AS.search(body)
+        if same is not None:
+            if out[name] or not out.get(same.group(1)):
+                raise RuntimeError(f"{path}: block {name} is `as: {same.group(1)}` and is not")
+            out[name] = out[same.group(1)]
     return out
 
 

@@ -41,19 +41,11 @@ FROM (SELECT coalesce(%(now)s::float8,
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: add_large_job
+-- as: add_job
 
 -- add_job for a body over retrysafe.client._store.INLINE_BODY_MAX bytes, which SQLite keeps in
 -- a table of its own. PostgreSQL keeps it in the row: an update that leaves a large value as
 -- it was does not write it again (TOAST).
-INSERT INTO outbox_jobs
-    (id, idempotency_key, queue, state, method, url, destination, headers, body,
-     created_at, updated_at, due_at, deadline_at)
-SELECT %(id)s::text, %(key)s::text, %(queue)s::text, 'pending', %(method)s::text,
-       %(url)s::text, %(destination)s::text, %(headers)s::text, %(body)s::bytea,
-       t.now, t.now, t.now, %(deadline_at)s::float8
-FROM (SELECT coalesce(%(now)s::float8,
-                      extract(epoch FROM statement_timestamp())::float8) AS now) AS t
-ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: claim_jobs
 
