@@ -328,8 +328,9 @@ def _job_from_row(row: Sequence[Any]) -> Job:
         raise TypeError("a text column (id, key, queue, method, url, destination) holds no text")
     if body is None:  # SQLite (JOB_READS): its row of outbox_bodies is gone or changed
         raise ValueError(
-            "the body is missing: a body over 3.5 KiB is kept in outbox_bodies, and the job's "
-            "row there is gone or does not have the length the job's own row records"
+            f"the body is missing: a body over {INLINE_BODY_MAX:,} bytes is kept in "
+            "outbox_bodies, and the job's row there is gone or does not have the length the "
+            "job's own row records"
         )
     if not isinstance(body, (bytes, memoryview)):  # bytes(5) would be five zero bytes
         raise TypeError(f"the body is {type(body).__name__}, not bytes")
