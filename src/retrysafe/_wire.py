@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import ipaddress
 import logging
@@ -564,31 +565,57 @@ class _Refused(OSError):
 TESTED_AIOHTTP = "3.11 to 3.14"
 
 
-def _aiohttp_gaps() -> list[str]:
-    """What of aiohttp's internals that :func:`_protocol_class` and :func:`_connector_class`
-    drive is not there: methods they override or call, and attributes the classes' own
-    ``__init__`` sets (read from its code, no instance made)."""
-    import aiohttp
-    from aiohttp.client_proto import ResponseHandler
-    from aiohttp.connector import BaseConnector
+#: The names of aiohttp's modules the engine imports, besides the classes whose methods and
+#: attributes :func:`_aiohttp_gaps` checks.
+_AIOHTTP_NAMES = (
+    ("client_reqrep", "ConnectionKey"),
+    ("connector", "Connection"),
+    ("tracing", "Trace"),
+    ("http_exceptions", "HttpProcessingError"),
+    ("abc", "AbstractResolver"),
+    ("abc", "ResolveResult"),
+)
 
-    def sets(cls: type, name: str) -> bool:
+
+def _aiohttp_name(module: str, name: str) -> Any:
+    """``aiohttp.<module>.<name>``, or None when that module or name is not there."""
+    try:
+        return getattr(importlib.import_module(f"aiohttp.{module}"), name, None)
+    except ImportError:
+        return None
+
+
+def _aiohttp_gaps() -> list[str]:
+    """What of aiohttp's internals that :func:`_protocol_class`, :func:`_connector_class` and
+    :func:`_guard_resolver` drive is not there: names they import, methods they override or
+    call, and attributes the classes' own ``__init__`` sets (read from its code, no instance
+    made)."""
+
+    def sets(cls: Any, name: str) -> bool:
         code = getattr(getattr(cls, "__init__", None), "__code__", None)
         return code is not None and name in code.co_names
 
-    gaps = [
-        f"ResponseHandler.{name}"
-        for name in ("set_response_params", "feed_data", "data_received", "set_exception")
-        if not callable(getattr(ResponseHandler, name, None))
-    ]
-    gaps += [] if sets(ResponseHandler, "_payload") else ["ResponseHandler._payload"]
-    gaps += [f"BaseConnector.{n}" for n in ("_factory", "_loop") if not sets(BaseConnector, n)]
-    gaps += [] if sets(aiohttp.StreamReader, "total_bytes") else ["StreamReader.total_bytes"]
-    gaps += [
-        f"StreamReader.{name}"
-        for name in ("is_eof", "exception", "set_exception")
-        if not callable(getattr(aiohttp.StreamReader, name, None))
-    ]
+    gaps = [f"aiohttp.{m}.{n}" for m, n in _AIOHTTP_NAMES if _aiohttp_name(m, n) is None]
+    # (module, class, methods called or overridden, attributes its __init__ sets)
+    classes = (
+        (
+            "client_proto",
+            "ResponseHandler",
+            ("set_response_params", "feed_data", "data_received", "set_exception"),
+            ("_payload",),
+        ),
+        ("streams", "StreamReader", ("is_eof", "exception", "set_exception"), ("total_bytes",)),
+        ("connector", "BaseConnector", (), ("_factory", "_loop")),
+    )
+    for module, name, methods, attributes in classes:
+        cls = _aiohttp_name(module, name)
+        if cls is None:
+            gaps.append(f"aiohttp.{module}.{name}")
+            continue
+        gaps += [f"{name}.{m}" for m in methods if not callable(getattr(cls, m, None))]
+        gaps += [f"{name}.{a}" for a in attributes if not sets(cls, a)]
+        if name == "ResponseHandler" and not hasattr(cls, "should_close"):
+            gaps.append("ResponseHandler.should_close")  # a property
     return gaps
 
 
@@ -614,7 +641,8 @@ def check_aiohttp() -> None:
         f"retrysafe's HTTP engine drives aiohttp's connection internals, and aiohttp "
         f"{aiohttp.__version__} lacks {', '.join(gaps)} (tested with aiohttp "
         f"{TESTED_AIOHTTP}): install a tested release (pip install 'aiohttp>=3.11,<3.15'), "
-        "or pass transport=httpx.AsyncHTTPTransport() to send through httpx's own pool",
+        "or, from Python, pass transport=httpx.AsyncHTTPTransport() to send through httpx's "
+        "own pool",
         option="transport",
     )
 

@@ -648,3 +648,40 @@ def test_the_cli_names_a_dropped_trigger_once_as_its_own_warning(tmp_path: Path)
         assert len(lines) == 1 and lines[0].startswith("retrysafe: warning: "), lines
         assert "without outbox_bodies_of_deleted_job" in lines[0]
         assert "retrysafe migrate" in lines[0]
+
+
+def test_migrate_deletes_what_a_dropped_deletion_trigger_left_behind(tmp_path: Path) -> None:
+    """With the triggers that delete a job's attempts and large body dropped by hand, a purge
+    leaves them behind; migrate re-created the triggers and kept the orphans (a fresh user's
+    check). It now deletes them, and nothing of a job that is still there."""
+    import os
+
+    import httpx
+
+    from retrysafe import JobState, Outbox
+
+    db = tmp_path / "o.db"
+    url = f"sqlite:///{db}"
+    with Outbox(url) as outbox:
+        gone = outbox.submit("http://127.0.0.1:9/a", content=os.urandom(8000))
+        kept = outbox.submit("http://127.0.0.1:9/b", content=os.urandom(8000))
+        outbox.worker(transport=httpx.MockTransport(lambda r: httpx.Response(201))).run_until_idle()
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("DROP TRIGGER outbox_attempts_of_deleted_job")
+        conn.execute("DROP TRIGGER outbox_bodies_of_deleted_job")
+        conn.execute("DELETE FROM outbox_jobs WHERE id = ?", (gone.id,))
+
+    def left() -> tuple[set[str], set[str]]:
+        bodies = {r[0] for r in conn.execute("SELECT job_id FROM outbox_bodies")}
+        attempts = {r[0] for r in conn.execute("SELECT job_id FROM outbox_attempts")}
+        return bodies, attempts
+
+    assert left() == ({gone.id, kept.id}, {gone.id, kept.id})
+    code, _, err = _migrate("--store", url)
+    assert code == 0, err
+    assert left() == ({kept.id}, {kept.id})
+    conn.close()
+    with Outbox(url) as outbox:
+        assert outbox.get(kept.id).state is JobState.SUCCEEDED
+        assert len(outbox.get(kept.id).body) == 8000

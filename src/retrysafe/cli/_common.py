@@ -30,7 +30,7 @@ import shlex
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
@@ -553,7 +553,10 @@ def opened_store(url: str, *, write: bool) -> Iterator[Any]:
         options = {"create": False} if write else {"readonly": True}
     elif scheme == "postgresql":
         options["create"] = False
-    with warning_lines():  # e.g. an index or trigger dropped by hand: one line, the CLI's own
+    # A warning while opening (an index or trigger dropped by hand) is one line, the CLI's
+    # own, unless the command logs already (a worker's log lines: it is one of them).
+    logs = logging.getLogger("retrysafe").hasHandlers()
+    with nullcontext() if logs else warning_lines():
         store = stores.open_store(url, **options)
     try:
         yield store

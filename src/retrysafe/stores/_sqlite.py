@@ -625,6 +625,16 @@ REBUILT_TABLES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
+#: The triggers that delete a job's rows of another table with it, and the block of
+#: ``sql/schema.sqlite.sql`` that deletes the rows they missed while they were gone (dropped
+#: by hand): a migration that re-creates one runs its block (a purge meanwhile left a
+#: job's attempts and its large body behind, and re-creating the trigger alone kept them).
+ORPHANED_BY: tuple[tuple[str, str], ...] = (
+    ("outbox_attempts_of_deleted_job", "delete_orphan_attempts"),
+    ("outbox_bodies_of_deleted_job", "delete_orphan_bodies"),
+)
+
+
 def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migration:
     """Check the schema on ``conn`` and, with ``create``, create or upgrade it (inside an
     open transaction: in a savepoint). ``where`` names the store in messages.
@@ -639,6 +649,7 @@ def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migr
         return {str(row[0]) for row in rows}
 
     def apply() -> None:
+        present = {str(r[0]) for r in conn.execute(_SCHEMA["list_objects"]).fetchall()}
         # A table of an earlier layout is renamed aside first (its triggers go: the layout
         # makes the current ones), so that the layout creates the current table in its place.
         rebuilt = []
@@ -655,6 +666,9 @@ def ensure_schema(conn: sqlite3.Connection, *, where: str, create: bool) -> Migr
             conn.execute(f"DROP TABLE retrysafe_rebuilt_{table}")
         for table, column, block in ADDED_COLUMNS:  # no ADD COLUMN IF NOT EXISTS
             if column not in columns(table):
+                conn.execute(_SCHEMA[block])
+        for trigger, block in ORPHANED_BY:
+            if trigger not in present:
                 conn.execute(_SCHEMA[block])
         conn.execute(_SCHEMA["set_schema_version"], {"version": str(SCHEMA_VERSION)})
 

@@ -195,6 +195,19 @@ SELECT j.created_at, a.job_id, a.number, a.idempotency_key, a.started_at, a.dura
        a.outcome, a.status, a.error_type, a.replayed, a.counted
 FROM retrysafe_rebuilt_outbox_attempts a JOIN outbox_jobs j ON j.id = a.job_id;
 
+-- name: delete_orphan_attempts
+-- The attempts of jobs that are gone, left while outbox_attempts_of_deleted_job was missing
+-- (dropped by hand): a migration that re-creates the trigger deletes them
+-- (stores/_sqlite.py ORPHANED_BY).
+DELETE FROM outbox_attempts
+WHERE NOT EXISTS (
+    SELECT 1 FROM outbox_jobs j WHERE j.created_at = job_created_at AND j.id = job_id
+);
+
+-- name: delete_orphan_bodies
+-- The bodies of jobs that are gone, left while outbox_bodies_of_deleted_job was missing.
+DELETE FROM outbox_bodies WHERE job_id NOT IN (SELECT id FROM outbox_jobs);
+
 -- name: table_columns
 SELECT name FROM pragma_table_info(:table);
 
