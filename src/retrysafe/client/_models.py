@@ -6,6 +6,7 @@ Times are Unix seconds (float); durations are seconds.
 
 from __future__ import annotations
 
+import base64
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,7 +122,9 @@ class Job:
     queue: str = "default"
 
     def to_dict(self, *, body: bool = False) -> dict[str, Any]:
-        """A JSON-ready dict (the body, as text, only when ``body`` is True)."""
+        """A JSON-ready dict (the body, as text, only when ``body`` is True). A body that is
+        no UTF-8 is ``body`` with U+FFFD for what cannot be read, and ``body_base64``, its
+        exact bytes (a script could not get them back from the text)."""
         out: dict[str, Any] = {
             "id": self.id,
             "key": self.key,
@@ -144,7 +147,11 @@ class Job:
         }
         if body:
             out["headers"] = [list(p) for p in self.headers]
-            out["body"] = self.body.decode("utf-8", "replace")
+            try:
+                out["body"] = self.body.decode("utf-8")
+            except UnicodeDecodeError:
+                out["body"] = self.body.decode("utf-8", "replace")
+                out["body_base64"] = base64.b64encode(self.body).decode("ascii")
         return out
 
 
