@@ -36,8 +36,7 @@ DEAD_LETTER_STATES = (JobState.UNKNOWN, JobState.REJECTED)
 _RETRYABLE = (JobState.UNKNOWN, JobState.REJECTED, JobState.CANCELLED)
 
 #: The largest request body :meth:`Outbox.submit` records by default, in bytes (10 MiB). A
-#: body is stored with its job, and on SQLite each claim and each recorded attempt rewrites
-#: the job's row, body included; a worker holds several copies of each body in flight. A
+#: body is stored with its job, and a worker holds several copies of each body in flight: a
 #: 50 MB body took a worker to 390 MB for one job, eight of them to 1.1 GB.
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 #: How the over-limit error says the limit is raised (the CLI names its option instead).
