@@ -742,6 +742,14 @@ def _hanging_started_before_healthy_done(outbox: Outbox, stuck: list[Job], jobs:
     return sum(1 for t in started if t < healthy_done)
 
 
+def _slow_at(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Make attempts of ``seconds`` slow, keeping the product's proportions: quick again
+    under half of it, an attempt counted for at most twice it (module ``_limits``)."""
+    monkeypatch.setattr(_limits, "SLOW", seconds)
+    monkeypatch.setattr(_limits, "QUICK_AGAIN", seconds / 2)
+    monkeypatch.setattr(_limits, "_LONGEST", 2 * seconds)
+
+
 def test_new_endpoints_that_never_answer_in_a_grouped_backlog_take_one_slot_each(
     outbox: Outbox, serve: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -754,7 +762,7 @@ def test_new_endpoints_that_never_answer_in_a_grouped_backlog_take_one_slot_each
     then 20 healthy jobs, at concurrency 4: without the probes 30 or more of the 40 hanging
     attempts start before the healthy jobs are done (4 per timeout, one endpoint after
     another), with them about a dozen."""
-    monkeypatch.setattr(_limits, "SLOW", 0.2)
+    _slow_at(monkeypatch, 0.2)
     hanging = [serve(silent) for _ in range(8)]
     healthy = serve(ok)
     stuck = [outbox.submit(h.url + f"/{i}", json={"i": i}) for h in hanging for i in range(5)]
@@ -844,7 +852,7 @@ def test_a_slow_destination_keeps_half_the_slots_while_other_jobs_are_due(
     fair share (2 slots) while the fast jobs are due, and they take the other two: the fast
     jobs are all done before most slow attempts start. Without it every slow attempt starts
     before the first fast one (each freed slot takes the next job due)."""
-    monkeypatch.setattr(_limits, "SLOW", 0.2)
+    _slow_at(monkeypatch, 0.2)
 
     slow = serve(ok_after(0.3))
     fast = serve(ok)
@@ -868,7 +876,7 @@ def test_many_slow_destinations_share_half_the_slots_together(
     (two of them filled every slot) and a quick destination's jobs waited until the slow
     backlogs were done (the first after 10.8 s). The slow destinations share half the slots
     together: here four of them, 6 jobs each, due first, and 12 quick jobs at concurrency 4."""
-    monkeypatch.setattr(_limits, "SLOW", 0.2)
+    _slow_at(monkeypatch, 0.2)
 
     slow = [serve(ok_after(0.3)) for _ in range(4)]
     fast = serve(ok)
@@ -897,11 +905,25 @@ def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
     number, not by arrival, which a loaded host reorders. Since a destination nothing is
     known of gets one probe, the first wave is job 0 alone: the first claim's others are
     given back and claimed again later.)"""
-    monkeypatch.setattr(_limits, "SLOW", 0.2)
+    _slow_at(monkeypatch, 0.2)
     lock = threading.Lock()
     held = [0]
     slow_starts: list[tuple[float, int, int]] = []
     quick_seen: list[float] = []
+    # A loaded host can stall the quick attempts past SLOW too: then both destinations are
+    # slow, no quick job is due and the slots are the slow ones' (work-conserving). Such
+    # moments are recorded (each attempt's end, while more than one destination is slow)
+    # and the slow starts shortly after them are not counted (the CI run that stopped the
+    # sixteenth session's stop: 13 of 16).
+    both_slow_at: list[float] = []
+    took = _limits.DestinationLimits.took
+
+    def took_and_look(self: _limits.DestinationLimits, destination: str, seconds: float) -> None:
+        took(self, destination, seconds)
+        if len(self.slow()) > 1:
+            both_slow_at.append(time.monotonic())
+
+    monkeypatch.setattr(_limits.DestinationLimits, "took", took_and_look)
 
     def slow_ok(conn: Conn, request: Request) -> None:
         with lock:
@@ -937,7 +959,9 @@ def test_slots_that_free_during_a_claim_go_to_the_quick_jobs_not_the_slow_ones(
     later = [
         n
         for t, n, number in slow_starts
-        if number >= 1 and sum(q > t for q in quick_seen) > 32
+        if number >= 1
+        and sum(q > t for q in quick_seen) > 32
+        and not any(t - 1.0 <= b <= t for b in both_slow_at)
     ]
     assert later, "no slow attempt started while quick jobs were due"
     assert max(later) <= 8, f"slow attempts held {max(later)} of 16 slots while quick jobs waited"
@@ -949,7 +973,7 @@ def test_at_concurrency_one_jobs_go_first_come_first_served_slow_or_not(
     """Fresh-user pass: at concurrency 1 the fair share (half, at least one) was the only
     slot, so every slow job went ahead of quick ones submitted before it. One slot is not
     shared: the attempts follow the order the jobs were submitted in."""
-    monkeypatch.setattr(_limits, "SLOW", 0.05)
+    _slow_at(monkeypatch, 0.05)
 
     slow = serve(ok_after(0.08))
     quick = serve(ok)
@@ -972,7 +996,7 @@ def test_a_slow_destination_alone_keeps_every_slot(
     destination keeps every slot (4 at once, not its fair share of 2). One info line says
     it is slow."""
     caplog.set_level(logging.INFO, logger="retrysafe")
-    monkeypatch.setattr(_limits, "SLOW", 0.05)
+    _slow_at(monkeypatch, 0.05)
     handler, most = counted_ok_after(0.1)
     server = serve(handler)
     jobs = [outbox.submit(server.url + f"/{i}", json={"i": i}) for i in range(24)]
@@ -995,7 +1019,7 @@ def test_slow_destinations_without_due_jobs_do_not_starve_one_that_has_them(
     each poll (they came first) and the third was never claimed: 4 jobs stayed PENDING for
     ever. A slow destination whose claim finds fewer jobs than asked is now claimed with the
     others again (and queued on its own once a claim brings its jobs)."""
-    monkeypatch.setattr(_limits, "SLOW", 0.2)
+    _slow_at(monkeypatch, 0.2)
 
     servers = [serve(ok_after(0.3)) for _ in range(3)]
     jobs = []
