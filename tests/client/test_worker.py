@@ -88,6 +88,36 @@ def test_cancelled_worker_leaves_its_job_pending_with_the_same_key(
     assert outbox.attempts(job.id) == []
     assert worker.stats.released == 1
 
+def test_a_cancel_that_meets_a_wake_up_still_stops_the_worker(
+    outbox: Outbox, script: Script, base_url: str
+) -> None:
+    """CI: Ctrl-C to `retrysafe worker` mid-attempt and the worker ran on (30 s, then the test
+    gave up). The worker waited for a wake-up with ``asyncio.wait_for``, which on Python
+    3.11 returns the result, dropping the cancellation, when its inner wait has finished by
+    the time the cancellation lands: a wake-up (a slot freed, a job submitted) in the same
+    turn of the loop as Ctrl-C lost the Ctrl-C. Here both come in one callback."""
+    script.plan("/hang", Step(200, sleep=5.0))
+    job = outbox.submit(base_url + "/hang", json={})
+    worker = outbox.worker()
+
+    async def main() -> bool:
+        task = asyncio.create_task(worker.serve())
+        assert await asyncio.to_thread(script.started.wait, 10)
+        await asyncio.sleep(0.05)  # the worker waits for a wake-up now
+        worker._wake_threadsafe()  # the wake-up, then the cancellation, in one turn
+        task.cancel()
+        await asyncio.wait({task}, timeout=3.0)
+        if not task.done():
+            worker.stop()
+            await asyncio.wait({task}, timeout=10.0)
+            return False
+        return task.cancelled()
+
+    assert asyncio.run(main()), "the cancellation was lost: the worker ran on"
+    final = outbox.get(job.id)
+    assert final.state is JobState.PENDING and final.key == job.key and final.attempts == 0
+
+
 
 def test_graceful_stop_finishes_in_flight_attempts(
     outbox: Outbox, script: Script, base_url: str

@@ -362,7 +362,8 @@ class ChaosProxy:
             await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 2)
+                async with total_timeout(2):
+                    await server.wait_closed()
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.aclose()
@@ -642,8 +643,9 @@ class ChaosProxy:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 return True
-            try:
-                data = await asyncio.wait_for(conn.reader.read(_READ_SIZE), remaining)
+            try:  # not asyncio.wait_for: on 3.11 it can drop a cancellation (client/_worker.py)
+                async with total_timeout(remaining):
+                    data = await conn.reader.read(_READ_SIZE)
             except asyncio.TimeoutError:
                 return True
             if not data:

@@ -34,7 +34,7 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe._heartbeat import AsyncHeartbeat
-from retrysafe._wire import check_transport
+from retrysafe._wire import check_transport, total_timeout
 from retrysafe.client._budget import BudgetState, RetryBudget
 from retrysafe.client._jobs import DEFAULT_QUEUE, check_queue, on_submit, shown_destination
 from retrysafe.client._limits import DestinationLimits, congested
@@ -912,8 +912,11 @@ class Worker:
                     # then, so the slots it holds back go to work (client/_limits.py).
                     timeout = min(timeout, probe + 0.001)
                 if timeout > 0 and not wake.is_set():
+                    # Not asyncio.wait_for: on 3.11 it drops a cancellation (Ctrl-C) that
+                    # lands in the turn its inner wait finishes (a wake-up): the worker ran on.
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(wake.wait(), timeout)
+                        async with total_timeout(timeout, loop):
+                            await wake.wait()
                 else:
                     await asyncio.sleep(0)
             # Graceful stop: let in-flight attempts finish, then release the rest.

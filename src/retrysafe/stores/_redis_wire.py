@@ -39,6 +39,8 @@ import redis
 from hiredis import ProtocolError, Reader, ReplyError, pack_command  # pack_command: hiredis >= 2.1
 from redis.asyncio.connection import parse_url
 
+from retrysafe._wire import total_timeout
+
 try:  # redis-py's mapping of error replies to exception classes (redis >= 5)
     from redis._parsers.base import BaseParser
 except ImportError:  # pragma: no cover - older layouts
@@ -230,7 +232,11 @@ class RedisWire:
     async def _open(self) -> _Connection:
         conn = _Connection(self.where, self.timeout)
         try:
-            await asyncio.wait_for(self._dial(conn), self.connect_timeout)
+            if self.connect_timeout is None:
+                await self._dial(conn)
+            else:  # not asyncio.wait_for: on 3.11 it can drop a cancellation
+                async with total_timeout(self.connect_timeout):
+                    await self._dial(conn)
         except asyncio.TimeoutError:  # before OSError: on 3.11 TimeoutError is an OSError
             error: redis.RedisError = redis.TimeoutError(f"Timeout connecting to {self.where}")
             conn.fail(error)
