@@ -88,8 +88,10 @@ def _signal_at(
     return proc.returncode, rest, stdout
 
 
-@pytest.mark.parametrize("half", [0, 1])  # two tests, so the suite's workers share them
-def test_sigterm_at_20_random_moments_exits_143_leaving_nothing(tmp_path: Path, half: int) -> None:
+@pytest.mark.parametrize("quarter", [0, 1, 2, 3])  # four tests, so the suite's workers share them
+def test_sigterm_at_20_random_moments_exits_143_leaving_nothing(
+    tmp_path: Path, quarter: int
+) -> None:
     """20 runs, each sent SIGTERM at a random moment of its run (a phase line, then a random
     delay): every one exits 143 within 5 s with one clear line and no traceback, its
     temporary directory is gone and no process it started is left."""
@@ -98,7 +100,7 @@ def test_sigterm_at_20_random_moments_exits_143_leaving_nothing(tmp_path: Path, 
         (rng.choice(_PHASE_LINES[:5] if run % 2 else _PHASE_LINES), rng.uniform(0.0, 0.1))
         for run in range(20)
     ]
-    for run in range(half * 10, half * 10 + 10):
+    for run in range(quarter * 5, quarter * 5 + 5):
         after, delay = moments[run]
         code, rest, stdout = _signal_at(tmp_path, f"run{run}", signal.SIGTERM, after, delay)
         where = f"run {run}: SIGTERM {delay:.3f} s after {after!r}"
