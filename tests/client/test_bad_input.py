@@ -23,6 +23,7 @@ from retrysafe import (
     reconcile,
 )
 from retrysafe.client._jobs import MAX_PAYLOAD_DEPTH
+from retrysafe.client._policy import MAX_CONCURRENCY
 from retrysafe.webhooks import WebhookPolicy, Webhooks
 
 from .conftest import Script, Step
@@ -417,11 +418,15 @@ def test_payload_nested_to_the_limit_is_accepted(outbox: Outbox) -> None:
     assert job.body.startswith(b"[[")
 
 
-@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"concurrency": -1}, {"limit": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"concurrency": 0}, {"concurrency": -1}, {"concurrency": 10**9}, {"limit": 0}],
+)
 def test_reconcile_refuses_counts_below_one_and_sends_nothing(
     outbox: Outbox, script: Script, base_url: str, bad: dict[str, int]
 ) -> None:
-    """reconcile(concurrency=0 / limit=0): ConfigurationError; no attempt is recorded."""
+    """reconcile(concurrency=0 or 10**9 / limit=0): ConfigurationError; no attempt is
+    recorded."""
     script.plan("/unknown", Step(503))
     job = outbox.submit(base_url + "/unknown", json={})
     outbox.worker(policy=RetryPolicy(attempts=1, wait_initial=0.01, timeout=2)).run_until_idle()
@@ -634,3 +639,27 @@ def test_the_async_outbox_keeps_the_same_body_limit(sqlite_path: Path) -> None:
             await outbox.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("concurrency", 10**9),
+        ("concurrency", MAX_CONCURRENCY + 1),
+        ("max_per_destination", 10**9),
+        ("concurrency", 1.5),
+    ],
+)
+def test_a_worker_refuses_more_attempts_in_flight_than_a_process_has_files(
+    outbox: Outbox, option: str, value: object
+) -> None:
+    """Fresh-user pass: Worker(concurrency=10**9) was taken (the CLI stops at its range): a
+    typo for 10 ran until the sockets ran out. The API refuses what the CLI refuses, naming
+    the option and the range; the largest is taken."""
+    with pytest.raises(ConfigurationError) as caught:
+        outbox.worker(**{option: value})
+    assert caught.value.option == option
+    assert f"from 1 to {MAX_CONCURRENCY:,}" in str(caught.value)
+    assert outbox.worker(concurrency=MAX_CONCURRENCY).concurrency == MAX_CONCURRENCY
+    with pytest.raises(ConfigurationError):
+        Webhooks(outbox.store).worker(concurrency=10**9)

@@ -143,16 +143,17 @@ def test_the_clis_ranges_are_the_apis() -> None:
     """The CLI mirrors the demo's limits (it does not import them, so --help stays fast):
     both ends of every range are accepted by both, one step beyond by neither."""
     from retrysafe.cli import _demo as cli
+    from retrysafe.client._policy import MAX_CONCURRENCY
     from retrysafe.demo import _run as api
 
     assert (cli._MAX_JOBS, cli._MAX_SEED, cli._MAX_CONCURRENCY, cli._MAX_ATTEMPTS) == (
         api.MAX_JOBS,
         api.MAX_SEED,
-        api.MAX_CONCURRENCY,
+        MAX_CONCURRENCY,
         api.MAX_ATTEMPTS,
     )
     assert (cli._MIN_TIMEOUT, cli._MAX_TIMEOUT) == (api.MIN_TIMEOUT, api.MAX_TIMEOUT)
-    DemoOptions(jobs=api.MAX_JOBS, seed=api.MAX_SEED, concurrency=api.MAX_CONCURRENCY)
+    DemoOptions(jobs=api.MAX_JOBS, seed=api.MAX_SEED, concurrency=MAX_CONCURRENCY)
     DemoOptions(jobs=1, seed=0, concurrency=1, attempts=1, timeout=api.MIN_TIMEOUT)
     DemoOptions(attempts=api.MAX_ATTEMPTS, timeout=api.MAX_TIMEOUT, loss_rate=1)
 

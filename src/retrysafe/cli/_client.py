@@ -59,7 +59,7 @@ from retrysafe.client import (
 )
 from retrysafe.client._jobs import shown_url
 from retrysafe.client._outbox import DEFAULT_MAX_BODY, MAX_BODY_HINT
-from retrysafe.client._policy import Step
+from retrysafe.client._policy import MAX_CONCURRENCY, Step
 from retrysafe.client._worker import DEFAULT_LEASE, Worker, WorkerStats
 from retrysafe.core import lease_timing
 
@@ -67,7 +67,7 @@ __all__ = ["dlq", "jobs", "reconcile_command", "worker"]
 
 _STATES = [s.value for s in JobState]
 _LIMIT = click.IntRange(min=1, max=1_000_000)
-_CONCURRENCY = click.IntRange(min=1, max=1000)
+_CONCURRENCY = click.IntRange(min=1, max=MAX_CONCURRENCY)
 _ATTEMPTS = click.IntRange(min=1, max=1000)
 _SECONDS = Number()
 _AGE = Number(zero=True)

@@ -45,7 +45,7 @@ _MAX_JOBS = 100_000
 _MIN_TIMEOUT = 0.05
 _MAX_TIMEOUT = 3600.0
 _MAX_SEED = 2**32 - 1
-_MAX_CONCURRENCY = 1024
+_MAX_CONCURRENCY = 1024  # the worker's (retrysafe.client._policy.MAX_CONCURRENCY)
 _MAX_ATTEMPTS = 50
 # ConfigurationError.option -> the flag to name in the error line.
 _FLAGS = {

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from retrysafe.cli._client import (
+    _CONCURRENCY,
     DELIVERY_ID,
     _attempts_table,
     _emit,
@@ -528,11 +529,11 @@ def dlq_purge(
 )
 @_STORE
 @click.option(
-    "--concurrency", "-c", type=click.IntRange(min=1, max=1000), default=8, show_default=True
+    "--concurrency", "-c", type=_CONCURRENCY, default=8, show_default=True
 )
 @click.option(
     "--max-per-destination",
-    type=click.IntRange(min=1, max=1000),
+    type=_CONCURRENCY,
     default=None,
     help="Deliveries in flight to one scheme://host:port at most (default: --concurrency; "
     "below it, a receiver whose deliveries time out gets fewer, and slow ones share half "

@@ -20,9 +20,11 @@ from retrysafe.client._models import JobState
 from retrysafe.core import Action, Backoff, Classification, Jitter
 
 __all__ = [
+    "MAX_CONCURRENCY",
     "DelayPolicy",
     "RetryPolicy",
     "Step",
+    "concurrency_of",
     "count",
     "deadline_passed",
     "next_step",
@@ -65,6 +67,22 @@ def count(value: object, option: str) -> int:
         ConfigurationError: not an integer (bools are refused), or < 1.
     """
     return whole_number(value, option)
+
+
+#: The most attempts in flight at once (a worker's or ``reconcile``'s ``concurrency``, its
+#: ``max_per_destination``; the CLI's ``--concurrency``, the demo's and the proof's). Each
+#: attempt may hold a connection, and a process may open 1,024 files by default (``ulimit
+#: -n``); the API took 10**9 (a typo for 10 went unnoticed until the sockets ran out).
+MAX_CONCURRENCY = 1024
+
+
+def concurrency_of(value: object, option: str = "concurrency") -> int:
+    """``value`` as a number of attempts in flight, 1 to :data:`MAX_CONCURRENCY`.
+
+    Raises:
+        ConfigurationError: not an integer (bools are refused), or out of that range.
+    """
+    return whole_number(value, option, high=MAX_CONCURRENCY)
 
 
 def whole_number(value: object, option: str, *, low: int = 1, high: int | None = None) -> int:

@@ -42,6 +42,7 @@ from retrysafe.client._models import AsyncOutboxStore, Attempt, Finish, Job, Job
 from retrysafe.client._policy import (
     RetryPolicy,
     Step,
+    concurrency_of,
     count,
     deadline_passed,
     next_step,
@@ -621,7 +622,7 @@ class Worker:
         store: a SQLite or PostgreSQL store, another outbox store, or a URL
             (``sqlite:///path.db``).
         policy: retries, backoff and timeouts (default :class:`RetryPolicy`).
-        concurrency: attempts in flight at once (default 8).
+        concurrency: attempts in flight at once, 1 to 1,024 (``MAX_CONCURRENCY``; default 8).
         max_per_destination: attempts in flight at once to one destination
             (``scheme://host:port``) at most (default: ``concurrency``). Below it each
             destination's limit adapts (AIMD, :mod:`retrysafe.client._limits`): an attempt
@@ -724,12 +725,12 @@ class Worker:
         self.policy = policy_or_default(policy, RetryPolicy)
         if budget is not None:  # None: no budget; a dict or a number failed at the first retry
             budget = policy_or_default(budget, RetryBudget, "budget")
-        self.concurrency = count(concurrency, "concurrency")
+        self.concurrency = concurrency_of(concurrency)
         self.max_per_destination = min(
             self.concurrency,
             self.concurrency
             if max_per_destination is None
-            else count(max_per_destination, "max_per_destination"),
+            else concurrency_of(max_per_destination, "max_per_destination"),
         )
         self._claim_at = max(1, min(_CLAIM_BATCH_MAX, self.concurrency // 4))
         self._reset_claims()
@@ -1699,14 +1700,15 @@ async def areconcile(
             and counted by the state it ended in.
 
     Raises:
-        ConfigurationError: ``limit`` or ``concurrency`` < 1, ``ids`` a lone string, a bad
+        ConfigurationError: ``limit`` < 1, ``concurrency`` not from 1 to
+            :data:`~retrysafe.client._policy.MAX_CONCURRENCY`, ``ids`` a lone string, a bad
             ``queue`` name, a ``transport`` that is not an async httpx transport, a
             ``policy`` that is no :class:`RetryPolicy`.
         StoreUnavailableError: the store stayed unavailable for the whole claim window.
     """
     policy = policy_or_default(policy, RetryPolicy)
     limit = count(limit, "limit")
-    concurrency = count(concurrency, "concurrency")
+    concurrency = concurrency_of(concurrency)
     check_transport(transport)
     queue = check_queue(queue)
     if isinstance(ids, str):

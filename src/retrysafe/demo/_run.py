@@ -37,7 +37,7 @@ from retrysafe.chaos import BeliefState, ClientBelief, EffectLedger, FaultRates,
 from retrysafe.chaos import build_report as _build_report
 from retrysafe.client import Outbox, RetryPolicy, Worker, areconcile
 from retrysafe.client._models import JobState
-from retrysafe.client._policy import whole_number
+from retrysafe.client._policy import concurrency_of, whole_number
 from retrysafe.demo._jobs import MAX_BODY_SIZE, job_body, load_jobs
 from retrysafe.demo._naive import run_naive
 from retrysafe.demo._proxy import ProxyProcess
@@ -57,8 +57,8 @@ MAX_TIMEOUT = 3600.0
 #: The largest seed (the proxy's and the worker's random generators take 32 bits).
 MAX_SEED = 2**32 - 1
 
-#: The most requests in flight at once, and the most attempts per job.
-MAX_CONCURRENCY = 1024
+#: The most attempts per job (the most requests in flight at once is the worker's,
+#: :data:`~retrysafe.client._policy.MAX_CONCURRENCY`).
 MAX_ATTEMPTS = 50
 
 # How often a stop request is looked for while the demo waits on something.
@@ -113,7 +113,7 @@ class DemoOptions:
                 f"loss_rate must be a number from 0 to 1, got {rate!r}", option="loss-rate"
             )
         whole_number(self.seed, "seed", low=0, high=MAX_SEED)
-        whole_number(self.concurrency, "concurrency", high=MAX_CONCURRENCY)
+        concurrency_of(self.concurrency)
         timeout = self.timeout
         if (
             isinstance(timeout, bool)

@@ -46,9 +46,9 @@ from retrysafe._serving import answers
 from retrysafe.chaos import BeliefState, ChaosProxy, ClientBelief, FaultRates, build_report
 from retrysafe.client import Outbox, RetryPolicy, areconcile
 from retrysafe.client._models import JobState
-from retrysafe.client._policy import whole_number
+from retrysafe.client._policy import concurrency_of, whole_number
 from retrysafe.demo import DemoOptions, job_body, load_jobs
-from retrysafe.demo._run import MAX_ATTEMPTS, MAX_CONCURRENCY, MAX_SEED
+from retrysafe.demo._run import MAX_ATTEMPTS, MAX_SEED
 from retrysafe.proof._backend import (
     _LIVE,
     Backend,
@@ -157,7 +157,7 @@ class ProofOptions:
             _check_restart_command(self.restart_command, self.store)
         # The demo's ranges for what both take.
         whole_number(self.seed, "seed", low=0, high=MAX_SEED)
-        whole_number(self.concurrency, "concurrency", high=MAX_CONCURRENCY)
+        concurrency_of(self.concurrency)
         whole_number(self.attempts, "attempts", high=MAX_ATTEMPTS)
         DemoOptions(timeout=self.timeout)  # the demo's rule for timeouts
 
