@@ -209,13 +209,13 @@ def test_after_sigterm_an_unrecorded_attempt_is_reported(
 ) -> None:
     """A job whose attempt could not be recorded (the store locked past its lease) is neither
     finished nor released: the last line says so instead of "finished or released"."""
-    from retrysafe.cli._client import finish
+    from retrysafe.cli._client import Served, finish
     from retrysafe.client import WorkerStats
 
     for lost, said in ((0, "finished or released (pending, same key)\n"), (1, "1 not recorded")):
         stats = WorkerStats()
         stats.lease_lost = lost
         with pytest.raises(SystemExit) as stop:
-            finish(stats, 143, until_idle=False, what="jobs")
+            finish(Served(stats, 143), until_idle=False, what="jobs")
         assert stop.value.code == 143
         assert said in capsys.readouterr().err

@@ -306,6 +306,46 @@ def test_ctrl_c_on_worker_releases_its_job_and_exits_130(
     assert final.state is JobState.PENDING and final.key == job.key and final.attempts == 0
 
 
+@pytest.mark.parametrize(("presses", "said"), [(2, "released (pending, same key)"), (3, "lease")])
+def test_ctrl_c_pressed_twice_still_releases_every_job_and_three_times_exits_at_once(
+    sqlite_path: Path, script: Script, base_url: str, presses: int, said: str
+) -> None:
+    """A fresh user's check: Ctrl-C pressed twice quickly (a few ms apart) with 16 attempts in
+    flight left jobs IN_FLIGHT until their lease ended in 12 of 30 runs (asyncio's handler
+    raised KeyboardInterrupt into the release), and one landing as the process exited printed
+    a traceback and died by the signal. Twice now releases every job (one line says so);
+    three times exits at once, saying what is left to the lease. Exit 130, no traceback."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/hang", Step(200, sleep=10.0))
+    with Outbox(store) as outbox:
+        jobs = [outbox.submit(base_url + "/hang", json={"i": i}) for i in range(8)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "-c", "8", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(script.requests("/hang")) < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(script.requests("/hang")) == 8
+        for _ in range(presses):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.002)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and said in err.splitlines()[-1], err
+    if presses == 2:
+        with Outbox(store) as outbox:
+            states = [outbox.get(j.id) for j in jobs]
+        assert {(j.state, j.attempts) for j in states} == {(JobState.PENDING, 0)}
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -317,10 +317,10 @@ def test_a_worker_left_with_unknown_names_the_command_that_sends_them_again(
     their schedule): the webhook worker named `retrysafe reconcile`, which sends only
     outbox jobs, and said "reconciled 0"."""
     from retrysafe import WorkerStats
-    from retrysafe.cli._client import finish
+    from retrysafe.cli._client import Served, finish
 
     with pytest.raises(SystemExit) as exit_:
-        finish(WorkerStats(unknown=2), None, until_idle=True, what=what)
+        finish(Served(WorkerStats(unknown=2), None), until_idle=True, what=what)
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert f"{what} left UNKNOWN: 2" in err and command in err

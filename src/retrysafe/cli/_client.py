@@ -16,10 +16,12 @@ import logging
 import re
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -245,34 +247,107 @@ def outage_bound(until_idle: bool) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _on_sigterm(callback: Callable[[], None]) -> Iterator[None]:
-    """Call ``callback`` on the running event loop when SIGTERM arrives while inside (no
-    exception raised from a signal handler); where the loop takes no signal handlers (not
-    the main thread, Windows), SIGTERM keeps its default action."""
+def _on_signal(sig: signal.Signals, callback: Callable[[], None]) -> Iterator[bool]:
+    """Call ``callback`` on the running event loop when ``sig`` arrives while inside (no
+    exception raised from a signal handler); yields whether it could be installed (not in
+    another thread than the main one, nor on Windows: ``sig`` keeps its action there)."""
     loop = asyncio.get_running_loop()
     installed = False
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        loop.add_signal_handler(signal.SIGTERM, callback)
+        loop.add_signal_handler(sig, callback)
         installed = True
     try:
-        yield
+        yield installed
     finally:
         if installed:
-            loop.remove_signal_handler(signal.SIGTERM)
+            loop.remove_signal_handler(sig)
 
 
-def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
+class _Interrupts:
+    """Ctrl-C for a command that runs an event loop (the worker, the webhook worker,
+    ``reconcile``): the first cancels the work, whose in-flight jobs (``what``) are then
+    given back; a second while they are says so and is otherwise ignored (users press it
+    twice: asyncio's own handler cut the giving back short, leaving jobs in flight until
+    their lease ended, and one landing as the process exited printed a traceback); a third
+    exits at once (``forced``). Handled on the event loop, or only counted while no loop
+    runs: no exception is raised from a signal handler. Once the command was stopped by a
+    signal, SIGINT is ignored until the process exits.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+        self.forced = False
+        self._task: asyncio.Task[Any] | None = None
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.count += 1
+
+    def _on_loop(self) -> None:
+        self.count += 1
+        if self.count == 2:
+            click.echo(
+                f"retrysafe: interrupted: giving back the in-flight {self.what}; interrupt "
+                "again to exit at once",
+                err=True,
+            )
+            return
+        self.forced = self.count > 2
+        if self._task is not None:
+            self._task.cancel()
+
+    @contextlib.contextmanager
+    def in_loop(self) -> Iterator[None]:
+        """Inside the running task: Ctrl-C cancels it (see the class). A Ctrl-C counted
+        before the loop took SIGINT cancels it at once."""
+        self._task = asyncio.current_task()
+        with _on_signal(signal.SIGINT, self._on_loop):
+            if self.count and self._task is not None:
+                self._task.cancel()
+            yield
+
+    @contextlib.contextmanager
+    def around_loop(self, stopped: Callable[[], bool]) -> Iterator[None]:
+        """Around ``asyncio.run``: count Ctrl-C while no loop takes it; afterwards ignore it
+        if ``stopped()`` or a Ctrl-C came (the process is exiting), else put the previous
+        handler back. A KeyboardInterrupt or the cancelled task's CancelledError from
+        inside counts as a Ctrl-C and is not raised."""
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._record) if main_thread else None
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.count = max(self.count, 1)
+        except asyncio.CancelledError:
+            if not self.count:
+                raise
+        finally:
+            if main_thread:  # closing the loop put back Python's KeyboardInterrupt
+                ignore = self.count or stopped()
+                signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else previous)
+
+
+@dataclass
+class Served:
+    """How :func:`serve` ended: the worker's stats; the exit code a signal asks for (143
+    SIGTERM, 130 SIGINT) or None; ``forced``: a third Ctrl-C cut the giving back of in-flight
+    jobs short (those not given back wait out their lease, then go again, same key)."""
+
+    stats: WorkerStats
+    code: int | None
+    forced: bool = False
+
+
+def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
     """Run ``w`` in this thread until idle (``until_idle``) or stopped.
 
     SIGTERM stops it gracefully (no new claims; in-flight attempts finish within the grace,
     by default the attempt timeout plus 5 s, and are recorded); Ctrl-C cancels in-flight
-    attempts and releases their jobs. Both are handled on the event loop (no exception raised
-    from a signal handler).
-
-    Returns:
-        The stats and the exit code the signal asks for (143 SIGTERM, 130 SIGINT) or None.
+    attempts and releases their jobs (``what``; twice and three times: :class:`_Interrupts`).
+    Both are handled on the event loop (no exception raised from a signal handler).
     """
     terminated = False
+    interrupts = _Interrupts(what)
 
     async def main() -> WorkerStats:
         def on_sigterm() -> None:
@@ -280,23 +355,33 @@ def serve(w: Worker, *, until_idle: bool) -> tuple[WorkerStats, int | None]:
             terminated = True
             w.stop()
 
-        with _on_sigterm(on_sigterm):
+        with _on_signal(signal.SIGTERM, on_sigterm), interrupts.in_loop():
             return await w.serve(until_idle=until_idle)
 
-    try:
+    stats = w.stats
+    with interrupts.around_loop(lambda: terminated):
         stats = asyncio.run(main())
-    except KeyboardInterrupt:
-        return w.stats, EXIT_SIGINT
-    return stats, EXIT_SIGTERM if terminated else None
+    if interrupts.count:
+        return Served(w.stats, EXIT_SIGINT, interrupts.forced)
+    return Served(stats, EXIT_SIGTERM if terminated else None)
 
 
-def finish(stats: WorkerStats, code: int | None, *, until_idle: bool, what: str) -> None:
+def finish(served: Served, *, until_idle: bool, what: str) -> None:
     """Exit as the convention says once a worker returned: 130 / 143 after a signal, 1 when
     ``--until-idle`` left ``what`` (jobs, deliveries) UNKNOWN, else 0."""
+    stats, code = served.stats, served.code
     if code == EXIT_SIGINT:
-        click.echo(
-            f"retrysafe: interrupted: in-flight {what} released (pending, same key)", err=True
-        )
+        if served.forced:
+            click.echo(
+                f"retrysafe: interrupted: in-flight {what} not yet released wait out their "
+                "lease, then are sent again with the same key",
+                err=True,
+            )
+        else:
+            click.echo(
+                f"retrysafe: interrupted: in-flight {what} released (pending, same key)",
+                err=True,
+            )
         raise SystemExit(code)
     if code == EXIT_SIGTERM:
         click.echo(
@@ -470,7 +555,8 @@ def worker(
             old_level = log.level
             log.setLevel(logging.INFO)
         try:
-            stats, code = serve(w, until_idle=until_idle)
+            served = serve(w, until_idle=until_idle)
+            stats = served.stats
         finally:
             if live is not None:
                 live.stop()
@@ -485,7 +571,7 @@ def worker(
                 f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
                 f"{stats.unknown} unknown, {stats.deferred} deferred"
             )
-    finish(stats, code, until_idle=until_idle, what="jobs")
+    finish(served, until_idle=until_idle, what="jobs")
 
 
 # ---------------------------------------------------------------------- jobs
@@ -638,10 +724,12 @@ def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
     """``outbox``'s reconcile; SIGTERM (``timeout``, systemd, Kubernetes) stops it as Ctrl-C
     does, on the event loop: every claimed job goes back to UNKNOWN, then exit 143 (the
     default action killed the process and left them IN_FLIGHT until their leases ended,
-    unseen by the next reconcile)."""
+    unseen by the next reconcile); Ctrl-C exits 130 (twice, three times:
+    :class:`_Interrupts`)."""
     from retrysafe.client import areconcile
 
     terminated = False
+    interrupts = _Interrupts("jobs")
 
     async def main() -> ReconcileReport:
         task = asyncio.current_task()
@@ -655,14 +743,22 @@ def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
         options.setdefault("policy", outbox.policy)
         options.setdefault("queue", outbox.queue)
         options.setdefault("telemetry", outbox.telemetry)
-        with _on_sigterm(on_sigterm):
+        with _on_signal(signal.SIGTERM, on_sigterm), interrupts.in_loop():
             return await areconcile(outbox.store, **options)
 
-    try:
-        return asyncio.run(main())
-    except asyncio.CancelledError:
-        if not terminated:
-            raise
+    with interrupts.around_loop(lambda: terminated):
+        try:
+            return asyncio.run(main())
+        except asyncio.CancelledError:
+            if not terminated:
+                raise
+    if interrupts.count:
+        if interrupts.forced:
+            said = "jobs it had claimed and not given back wait out their lease, then are UNKNOWN"
+        else:
+            said = "every job it had claimed is UNKNOWN again"
+        click.echo(f"retrysafe: interrupted: {said}", err=True)
+        raise SystemExit(EXIT_SIGINT)
     click.echo("retrysafe: stopped by SIGTERM: every job it had claimed is UNKNOWN again", err=True)
     raise SystemExit(EXIT_SIGTERM)
 

@@ -579,11 +579,11 @@ def worker(
                 **outage_bound(until_idle),
             )
             try:
-                stats, code = serve(w, until_idle=until_idle)
+                served = serve(w, until_idle=until_idle, what="deliveries")
             finally:
                 w.close()
-            _emit({"event": "stopped", **stats.to_dict()})
+            _emit({"event": "stopped", **served.stats.to_dict()})
     finally:
         log.removeHandler(handler)
         log.setLevel(old)
-    finish(stats, code, until_idle=until_idle, what="deliveries")
+    finish(served, until_idle=until_idle, what="deliveries")
