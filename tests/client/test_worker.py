@@ -226,7 +226,9 @@ def test_deferred_retries_wait_for_their_token_and_come_due_once_the_destination
     assert len(seen) == n + 20 + n  # each failed job once more, then succeeded
     assert worker.stats.deferred <= 4 * n
     recovered = seen[n + 20].at  # the first request answered 201
-    assert ended - recovered < 1.0
+    # 3 s (60 retries at 20 refills a second) when nothing is brought forward; a margin for
+    # a loaded host (1.07 s in a run with another test load beside the suite's).
+    assert ended - recovered < 2.0
 
 
 def test_a_deferred_retry_comes_due_by_its_deadline_not_at_a_far_slot(
