@@ -247,17 +247,17 @@ def outage_bound(until_idle: bool) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _on_signal(sig: signal.Signals, callback: Callable[[], None]) -> Iterator[bool]:
+def _on_signal(sig: signal.Signals, callback: Callable[[], None]) -> Iterator[None]:
     """Call ``callback`` on the running event loop when ``sig`` arrives while inside (no
-    exception raised from a signal handler); yields whether it could be installed (not in
-    another thread than the main one, nor on Windows: ``sig`` keeps its action there)."""
+    exception raised from a signal handler); where the loop takes no signal handlers (not
+    the main thread, Windows), ``sig`` keeps its action."""
     loop = asyncio.get_running_loop()
     installed = False
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         loop.add_signal_handler(sig, callback)
         installed = True
     try:
-        yield installed
+        yield
     finally:
         if installed:
             loop.remove_signal_handler(sig)
