@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -763,3 +764,27 @@ def test_submit_refuses_a_body_over_max_body_and_names_the_option(tmp_path: Path
     code, out, err = _run("jobs", "submit", "http://api.test/x", "-d", f"@{body}",
                           "--max-body", "2008", "--store", store)  # fmt: skip
     assert code == 0, err
+
+
+def test_a_ctrl_c_before_the_loop_took_it_starts_no_work() -> None:
+    """A fresh user's check: Ctrl-C to `retrysafe reconcile` while it set up (counted, no loop
+    yet) cancelled the reconcile at its first await, its claim, which landed all the same:
+    60 jobs IN_FLIGHT in 6 of 15 runs, said to be UNKNOWN again. The work does not start."""
+    from retrysafe.cli._client import _Interrupts
+
+    interrupts = _Interrupts("jobs")
+    started: list[bool] = []
+
+    async def main() -> None:
+        with interrupts.in_loop():
+            started.append(True)
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with interrupts.around_loop(lambda: False):
+            interrupts._record(signal.SIGINT, None)  # as the handler does while no loop runs
+            asyncio.run(main())
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # exiting: ignored
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert started == [] and interrupts.count == 1 and not interrupts.forced
