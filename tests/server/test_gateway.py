@@ -647,6 +647,54 @@ def test_cli_gateway_signal_mid_request_exits_within_5_s_and_closes_its_store(
     assert answers and answers[0] != 201  # cut short, never a complete answer
 
 
+def test_cli_gateway_stopped_before_the_upstream_answered_keeps_the_key_claimed(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """A fresh user's check: the gateway stopped (SIGINT) while the upstream had made its
+    effect but not yet answered released the key when uvicorn cancelled the request at the
+    end of its grace, and the retry with the same key ran the effect again (7 of 7 runs).
+    The key stays claimed, as after a crash: the retry through a new gateway gets 409."""
+    port = free_port()
+    proc = _gateway_process(upstream, tmp_path / "gw.db", port)
+    answers: list[object] = []
+
+    def client() -> None:
+        try:
+            answers.append(
+                httpx.post(
+                    f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "a"}, timeout=30
+                ).status_code
+            )
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not effects["ai"]:  # the effect is made; the answer comes 5 s later
+            assert time.monotonic() < deadline, "the request never reached the upstream"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        thread.join(timeout=30)
+    assert proc.returncode == 130, stderr
+    again = _gateway_process(upstream, tmp_path / "gw.db", port)
+    try:
+        retry = httpx.post(
+            f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "a"}, timeout=30
+        )
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=10)
+    assert retry.status_code == 409, retry.text
+    assert effects["ai"] == 1
+
+
 @pytest.mark.parametrize(
     ("upstream", "listen"),
     [

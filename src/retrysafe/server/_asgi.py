@@ -490,9 +490,11 @@ class _Responder(Claimant):
             if "effect" in self.state:
                 await self._end_effect(outcome_unknown(self.state), exc)
                 return
-            conversation = self.engine.abandon(
-                self.req, self.capture, unknown=outcome_unknown(self.state), error=exc
-            )
+            # Cancelled (the server's shutdown grace ran out): the handler may have made its
+            # effect, so the key stays claimed as after a crash, never released for a retry
+            # to run it again (a fresh user's check: 7 of 7 gateway stops ran it twice).
+            unknown = outcome_unknown(self.state) or isinstance(exc, asyncio.CancelledError)
+            conversation = self.engine.abandon(self.req, self.capture, unknown=unknown, error=exc)
             kept = await adrive(conversation, self.store)
         finally:
             if not kept:  # outcome unknown: claimed, renewed up to max_run_time
