@@ -607,21 +607,24 @@ def _gateway_process(upstream: ServerThread, store: Path, port: int) -> subproce
     return proc
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_cli_gateway_signal_mid_request_exits_within_5_s_and_closes_its_store(
-    upstream: ServerThread, effects: Counter[str], tmp_path: Path, sig: signal.Signals, code: int
-) -> None:
-    """SIGTERM (SIGINT) while a request streams from the upstream for 10 s: the gateway exits
-    143 (130) within 5 s, without a traceback, and closes its store (no -wal/-shm left)."""
-    port = free_port()
-    proc = _gateway_process(upstream, tmp_path / "gw.db", port)
+def _stop_mid_request(
+    proc: subprocess.Popen[str],
+    port: int,
+    path: str,
+    effects: Counter[str],
+    sig: signal.Signals,
+    exit_within: float = 5.0,
+) -> str:
+    """POST ``path`` (key ``k``) through the gateway ``proc`` in a thread, send ``sig`` once
+    the upstream has counted its effect; the gateway exits within ``exit_within`` seconds.
+    Returns its stderr."""
     answers: list[object] = []
 
     def client() -> None:
         try:
             answers.append(
                 httpx.post(
-                    f"http://127.0.0.1:{port}/drip", headers={"Idempotency-Key": "d"}, timeout=30
+                    f"http://127.0.0.1:{port}{path}", headers={"Idempotency-Key": "k"}, timeout=30
                 ).status_code
             )
         except httpx.HTTPError as exc:
@@ -631,20 +634,32 @@ def test_cli_gateway_signal_mid_request_exits_within_5_s_and_closes_its_store(
     thread.start()
     try:
         deadline = time.monotonic() + 20
-        while not effects["drip"]:  # the upstream is now streaming its 10 s answer
+        while not effects[path.strip("/")]:
             assert time.monotonic() < deadline, "the request never reached the upstream"
             time.sleep(0.02)
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=5)
+        _, stderr = proc.communicate(timeout=exit_within)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
         thread.join(timeout=30)
+    assert answers and answers[0] != 201  # cut short, never a complete answer
+    return stderr
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_cli_gateway_signal_mid_request_exits_within_5_s_and_closes_its_store(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """SIGTERM (SIGINT) while a request streams from the upstream for 10 s: the gateway exits
+    143 (130) within 5 s, without a traceback, and closes its store (no -wal/-shm left)."""
+    port = free_port()
+    proc = _gateway_process(upstream, tmp_path / "gw.db", port)
+    stderr = _stop_mid_request(proc, port, "/drip", effects, sig)
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gw.db"]
-    assert answers and answers[0] != 201  # cut short, never a complete answer
 
 
 def test_cli_gateway_stopped_before_the_upstream_answered_keeps_the_key_claimed(
@@ -656,37 +671,12 @@ def test_cli_gateway_stopped_before_the_upstream_answered_keeps_the_key_claimed(
     The key stays claimed, as after a crash: the retry through a new gateway gets 409."""
     port = free_port()
     proc = _gateway_process(upstream, tmp_path / "gw.db", port)
-    answers: list[object] = []
-
-    def client() -> None:
-        try:
-            answers.append(
-                httpx.post(
-                    f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "a"}, timeout=30
-                ).status_code
-            )
-        except httpx.HTTPError as exc:
-            answers.append(exc)
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not effects["ai"]:  # the effect is made; the answer comes 5 s later
-            assert time.monotonic() < deadline, "the request never reached the upstream"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        thread.join(timeout=30)
+    stderr = _stop_mid_request(proc, port, "/ai", effects, signal.SIGINT)
     assert proc.returncode == 130, stderr
     again = _gateway_process(upstream, tmp_path / "gw.db", port)
     try:
         retry = httpx.post(
-            f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "a"}, timeout=30
+            f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "k"}, timeout=30
         )
     finally:
         again.send_signal(signal.SIGTERM)
