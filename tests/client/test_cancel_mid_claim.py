@@ -1,4 +1,5 @@
-"""Ctrl-C while a claim is on its way: the jobs it took go back to PENDING at once."""
+"""Ctrl-C while a claim is on its way: the jobs it took go back at once (the worker's to
+PENDING, a reconcile's to UNKNOWN), not IN_FLIGHT until their lease ends."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from retrysafe import JobState, Outbox
+from retrysafe import JobState, Outbox, RetryPolicy
+from retrysafe.client import _worker, areconcile
+from retrysafe.client._store import outbox_store
 
 
 class _LateClaims:
@@ -24,7 +27,12 @@ class _LateClaims:
         return getattr(self._inner, name)
 
     async def claim_jobs(self, **kwargs: Any) -> Any:
-        jobs = await self._inner.claim_jobs(**kwargs)
+        return await self._late(await self._inner.claim_jobs(**kwargs))
+
+    async def claim_unknown_jobs(self, **kwargs: Any) -> Any:
+        return await self._late(await self._inner.claim_unknown_jobs(**kwargs))
+
+    async def _late(self, jobs: Any) -> Any:
         if jobs:
             self.landed.set()
             await self.answer.wait()
@@ -54,3 +62,73 @@ async def test_jobs_claimed_when_the_worker_is_cancelled_are_released_pending(
     assert [j.key for j in after] == [j.key for j in jobs]
     assert all(j.sends == 0 for j in after)
     assert worker.stats.released == 3
+
+
+def _unknown_jobs(outbox: Outbox, n: int) -> list[Any]:
+    box = outbox_store(outbox.store)
+    jobs = [outbox.submit("http://127.0.0.1:9/x", json={"n": i}) for i in range(n)]
+    for job in jobs:
+        box.transition_job(job.id, from_states=[JobState.PENDING], state=JobState.UNKNOWN, now=0)
+    return jobs
+
+
+_ONE_TRY = RetryPolicy(attempts=1, timeout=30)
+
+
+@pytest.mark.anyio
+async def test_a_reconcile_cancelled_while_its_claim_is_on_its_way_gives_the_jobs_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after its claim committed but before the claimed jobs came back: the jobs
+    are UNKNOWN again at once, never sent (they stayed IN_FLIGHT for a lease)."""
+    lates: list[_LateClaims] = []
+    timed = _worker.timed_store
+
+    def late_store(*args: Any) -> Any:
+        lates.append(_LateClaims(timed(*args)))
+        return lates[-1]
+
+    monkeypatch.setattr(_worker, "timed_store", late_store)
+    with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
+        jobs = _unknown_jobs(outbox, 3)
+        task = asyncio.ensure_future(areconcile(outbox.store, policy=_ONE_TRY))
+        for _ in range(1000):
+            if lates:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(lates[0].landed.wait(), 10)
+        assert {outbox.get(j.id).state for j in jobs} == {JobState.IN_FLIGHT}
+        task.cancel()
+        await asyncio.sleep(0)  # the cancellation reaches the claim first
+        lates[0].answer.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = [outbox.get(j.id) for j in jobs]
+    assert {j.state for j in after} == {JobState.UNKNOWN}
+    assert [j.key for j in after] == [j.key for j in jobs]
+    assert all(j.sends == 0 for j in after)
+
+
+@pytest.mark.anyio
+async def test_a_reconcile_cancelled_before_its_attempts_first_ran_gives_the_jobs_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancellation lands after the claim came back, before any job's task first ran (a
+    task cancelled before it starts never runs its own release): still UNKNOWN at once."""
+    make_engine = _worker.make_engine
+    task: asyncio.Future[Any] | None = None
+
+    def engine_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        assert task is not None
+        asyncio.get_running_loop().call_soon(task.cancel)  # before the tasks' first steps
+        return make_engine(*args, **kwargs)
+
+    monkeypatch.setattr(_worker, "make_engine", engine_then_cancel)
+    with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
+        jobs = _unknown_jobs(outbox, 4)
+        task = asyncio.ensure_future(areconcile(outbox.store, policy=_ONE_TRY))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = [outbox.get(j.id) for j in jobs]
+    assert {j.state for j in after} == {JobState.UNKNOWN}
+    assert all(j.sends == 0 for j in after)

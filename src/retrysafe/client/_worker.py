@@ -1499,12 +1499,7 @@ class Worker:
         store all the same. Wait for it (up to :data:`_CLAIM_WAIT` seconds) and release what
         it took, PENDING with the same key, instead of leaving it IN_FLIGHT until its lease
         ends."""
-        try:
-            claimed = await asyncio.wait_for(asyncio.shield(claim), _CLAIM_WAIT)
-        except BaseException:  # not known in time (or failed): the leases will expire
-            claim.cancel()
-            return
-        for job in claimed:
+        for job in await _claimed_anyway(claim):
             if job.lease_token is not None:
                 await self._release_now(
                     job, job.lease_token, "cancelled before its attempt", before=True
@@ -1637,6 +1632,17 @@ def _log_attempt(attempt: Attempt, step: Step) -> None:
     )
 
 
+async def _claimed_anyway(claim: asyncio.Future[list[Job]]) -> list[Job]:
+    """The jobs of a claim that was on its way when its caller was cancelled (it may have
+    landed in the store all the same), once known within :data:`_CLAIM_WAIT` seconds; else
+    none, and the claim is cancelled (what it took waits out its lease)."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(claim), _CLAIM_WAIT)
+    except BaseException:  # not known in time, failed, or cancelled again
+        claim.cancel()
+        return []
+
+
 # ---------------------------------------------------------------------- reconcile
 @dataclass(frozen=True)
 class ReconcileReport:
@@ -1720,17 +1726,27 @@ async def areconcile(
     outage = _StoreOutage(outbox_store.url, base=0.05, rng=random.Random(), clock=clock)
     try:
         start = clock()
-        jobs = await outage.call(
-            lambda: astore.claim_unknown_jobs(
-                queue=queue,
-                token=uuid.uuid4().hex,
-                now=clock(),
-                lease=timing.lease,
-                limit=limit,
-                ids=ids,
-            ),
-            until=start + 3.0 * policy.timeout_s,
+        claim = asyncio.ensure_future(
+            outage.call(
+                lambda: astore.claim_unknown_jobs(
+                    queue=queue,
+                    token=uuid.uuid4().hex,
+                    now=clock(),
+                    lease=timing.lease,
+                    limit=limit,
+                    ids=ids,
+                ),
+                until=start + 3.0 * policy.timeout_s,
+            )
         )
+        try:
+            jobs: list[Job] = await asyncio.shield(claim)
+        except asyncio.CancelledError:  # the claim may have landed: its jobs UNKNOWN again
+            await _unknown_again(astore, await _claimed_anyway(claim), clock)
+            raise
+        # Claimed, and not yet taken up by their task: a cancellation before a task first
+        # runs never enters it, so these are given back here.
+        untouched = {job.id: job for job in jobs}
         slots = _DestinationSlots(concurrency, DestinationLimits(concurrency, concurrency))
         finals: list[Job] = []
         counts = dict.fromkeys(JobState, 0)
@@ -1740,6 +1756,7 @@ async def areconcile(
         try:
 
             async def one(job: Job) -> None:
+                del untouched[job.id]
                 held = _JobLease(job, astore=astore, timing=timing, clock=clock, outage=outage)
                 with held:
                     await resend(held)
@@ -1759,12 +1776,7 @@ async def areconcile(
                     # Cancelled mid-attempt or still waiting for a slot (every job is claimed
                     # up front): either way the job goes back to UNKNOWN now, not IN_FLIGHT
                     # until some worker takes it over.
-                    now = clock()
-                    release = astore.release_job(
-                        job.id, token, state=JobState.UNKNOWN, due_at=now, error=None, now=now
-                    )
-                    with contextlib.suppress(StoreUnavailableError):
-                        await asyncio.shield(release)
+                    await _unknown_again(astore, [job], clock, token)
                     raise
                 held.settle()
                 if held.is_lost():
@@ -1815,7 +1827,11 @@ async def areconcile(
                 if final is not None:
                     finals.append(final)
 
-            await asyncio.gather(*(one(j) for j in jobs))
+            try:
+                await asyncio.gather(*(one(j) for j in jobs))
+            except asyncio.CancelledError:
+                await _unknown_again(astore, list(untouched.values()), clock)
+                raise
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())
@@ -1831,6 +1847,30 @@ async def areconcile(
             await asyncio.shield(astore.aclose())
         if owned:  # closing a pool may wait for its threads: not on the event loop
             await asyncio.to_thread(outbox_store.close)
+
+
+async def _unknown_again(
+    astore: AsyncOutboxStore,
+    jobs: Sequence[Job],
+    clock: Callable[[], float],
+    token: str | None = None,
+) -> None:
+    """A cancelled reconcile's claimed ``jobs`` back to UNKNOWN at once (fenced by their
+    lease token, or ``token``), not IN_FLIGHT until their lease ends; shielded from a second
+    cancellation. A job the store could not release waits out its lease."""
+
+    async def release(job: Job) -> None:
+        held = token if token is not None else job.lease_token
+        if held is None:
+            return
+        now = clock()
+        await astore.release_job(
+            job.id, held, state=JobState.UNKNOWN, due_at=now, error=None, now=now
+        )
+
+    if jobs:
+        releases = asyncio.gather(*(release(job) for job in jobs), return_exceptions=True)
+        await asyncio.shield(releases)
 
 
 def reconcile(store: StoreArg, **options: Any) -> ReconcileReport:
