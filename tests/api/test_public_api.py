@@ -154,3 +154,24 @@ def test_the_docs_scan_finds_what_the_pages_show() -> None:
     assert {"Outbox", "RetryPolicy"} <= documented_in_docs("retrysafe")
     assert {"RACE_LIMIT", "key_retention", "Backoff"} <= documented_in_docs("retrysafe.core")
     assert {"PostgresStore", "open_store"} <= documented_in_docs("retrysafe.stores")
+
+
+def test_importing_the_package_loads_its_exceptions_alone() -> None:
+    """``import retrysafe`` loads no client, server, store or asyncio (a command line starts,
+    and can handle Ctrl-C, that much sooner); each name loads on first use, and is the
+    object of the module that defines it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, retrysafe; "
+        "print(sorted(m for m in sys.modules if m.startswith('retrysafe.') "
+        "and m != 'retrysafe._exceptions')); print('asyncio' in sys.modules); "
+        "from retrysafe import Outbox; import retrysafe.client as c; print(Outbox is c.Outbox)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:3] == ["[]", "False", "True"], out.stdout
+    assert retrysafe.Worker is importlib.import_module("retrysafe.client").Worker
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        retrysafe.Nope  # noqa: B018
+    assert set(retrysafe.__all__) <= set(dir(retrysafe))

@@ -219,3 +219,30 @@ def test_after_sigterm_an_unrecorded_attempt_is_reported(
             finish(Served(stats, 143), until_idle=False, what="jobs")
         assert stop.value.code == 143
         assert said in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_command_loads_exits_130_after_the_load(tmp_path: Path) -> None:
+    """SIGINT arriving while a command's modules are imported is held until the import is
+    done (raised inside an import it can crash a C extension's set-up or be swallowed by an
+    import lock), then ends the run as every Ctrl-C does: ``retrysafe: interrupted``, exit
+    130, no traceback, the command not run."""
+    (tmp_path / "slow_command.py").write_text(
+        "import os, signal, click\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "import json, decimal, fractions  # more loading after the Ctrl-C\n"
+        "print('loaded', flush=True)\n"
+        "@click.command()\n"
+        "def slow() -> None:\n"
+        "    print('ran')\n"
+    )
+    code = (
+        "import sys; from retrysafe import cli; "
+        "cli._COMMANDS['slow'] = 'slow_command:slow'; cli.main(['slow'])"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 130, (out.returncode, out.stderr)
+    assert out.stdout.split() == ["loaded"]
+    assert "retrysafe: interrupted" in out.stderr and "Traceback" not in out.stderr

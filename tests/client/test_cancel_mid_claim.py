@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from retrysafe import JobState, Outbox, RetryPolicy
-from retrysafe.client import _worker, areconcile
+from retrysafe.client import areconcile
+from retrysafe.client._sender import make_engine
 from retrysafe.client._store import outbox_store
+from retrysafe.observability._timed import timed_store
 
 
 class _LateClaims:
@@ -82,13 +84,12 @@ async def test_a_reconcile_cancelled_while_its_claim_is_on_its_way_gives_the_job
     """Cancelled after its claim committed but before the claimed jobs came back: the jobs
     are UNKNOWN again at once, never sent (they stayed IN_FLIGHT for a lease)."""
     lates: list[_LateClaims] = []
-    timed = _worker.timed_store
 
     def late_store(*args: Any) -> Any:
-        lates.append(_LateClaims(timed(*args)))
+        lates.append(_LateClaims(timed_store(*args)))
         return lates[-1]
 
-    monkeypatch.setattr(_worker, "timed_store", late_store)
+    monkeypatch.setattr("retrysafe.client._worker.timed_store", late_store)
     with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
         jobs = _unknown_jobs(outbox, 3)
         task = asyncio.ensure_future(areconcile(outbox.store, policy=_ONE_TRY))
@@ -115,7 +116,6 @@ async def test_a_reconcile_cancelled_before_its_attempts_first_ran_gives_the_job
 ) -> None:
     """The cancellation lands after the claim came back, before any job's task first ran (a
     task cancelled before it starts never runs its own release): still UNKNOWN at once."""
-    make_engine = _worker.make_engine
     task: asyncio.Future[Any] | None = None
 
     def engine_then_cancel(*args: Any, **kwargs: Any) -> Any:
@@ -123,7 +123,7 @@ async def test_a_reconcile_cancelled_before_its_attempts_first_ran_gives_the_job
         asyncio.get_running_loop().call_soon(task.cancel)  # before the tasks' first steps
         return make_engine(*args, **kwargs)
 
-    monkeypatch.setattr(_worker, "make_engine", engine_then_cancel)
+    monkeypatch.setattr("retrysafe.client._worker.make_engine", engine_then_cancel)
     with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
         jobs = _unknown_jobs(outbox, 4)
         task = asyncio.ensure_future(areconcile(outbox.store, policy=_ONE_TRY))

@@ -12,9 +12,11 @@ import contextlib
 import errno
 import importlib
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 import click
@@ -55,7 +57,8 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in _COMMANDS:
             module, _, attr = _COMMANDS[cmd_name].partition(":")
-            command: click.Command = getattr(importlib.import_module(module), attr)
+            with _ctrl_c_after():
+                command: click.Command = getattr(importlib.import_module(module), attr)
             return command
         return super().get_command(ctx, cmd_name)
 
@@ -99,6 +102,32 @@ class _LazyGroup(click.Group):
             click.echo("retrysafe: aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C pressed while a command's modules load takes effect after they loaded.
+
+    Python raises ``KeyboardInterrupt`` wherever the main thread is, and in an import that
+    can be inside a C extension's set-up (a crash) or an import lock's callback (the
+    interrupt swallowed, the command run anyway). Here SIGINT is only recorded while the
+    block runs and raised at its end, where click turns it into ``retrysafe: interrupted``,
+    exit 130. Left alone when SIGINT is not Python's default handler (ignored in a
+    background job, or someone else's) or off the main thread."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 #: The errors of a write that cannot be done (a full disk, a quota, an I/O error).
