@@ -50,16 +50,22 @@ def test_show_json_gives_a_body_that_is_no_utf8_exactly(tmp_path: Path) -> None:
     assert json.loads(shown["body"]) == {"a": "é"} and "body_base64" not in shown
 
 
+def _default_hangup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _signal_mid_attempt(
     script: Script, args: list[str], sig: signal.Signals
 ) -> tuple[int, str, str]:
     """Run ``retrysafe ARGS`` in a child process, send it ``sig`` once the endpoint has
-    received a request, and return its exit code, stdout and stderr."""
+    received a request, and return its exit code, stdout and stderr. The child starts with
+    SIGHUP at its default (a test run under ``nohup`` passes it on ignored)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "retrysafe", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_hangup,
     )
     try:
         assert script.started.wait(30)
@@ -516,18 +522,18 @@ def test_worker_until_idle_exits_1_when_jobs_are_left_unknown(
     ]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_lets_the_worker_finish_its_attempt_and_exit_143(
-    sqlite_path: Path, script: Script, base_url: str
+    sqlite_path: Path, script: Script, base_url: str, sig: signal.Signals
 ) -> None:
     """SIGTERM mid-attempt: the attempt finishes (the job SUCCEEDED, not sent twice), the
-    worker prints its summary and exits 143 (128 + SIGTERM)."""
+    worker prints its summary and exits 143 (128 + SIGTERM). SIGHUP (the terminal closed)
+    does the same: it killed the worker on the spot, its job IN_FLIGHT for a lease."""
     store = f"sqlite:///{sqlite_path}"
     script.plan("/slow", Step(201, sleep=1.0))
     with Outbox(store) as outbox:
         job = outbox.submit(base_url + "/slow", json={})
-    code, out, err = _signal_mid_attempt(
-        script, ["worker", "--store", store, "--json"], signal.SIGTERM
-    )
+    code, out, err = _signal_mid_attempt(script, ["worker", "--store", store, "--json"], sig)
     assert code == 143, err
     assert json.loads(out.splitlines()[-1])["succeeded"] == 1
     assert "retrysafe: stopped by SIGTERM" in err

@@ -256,6 +256,7 @@ def test_ctrl_c_stops_children_and_writes_partial_results(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),  # not nohup's
     )
     deadline = time.monotonic() + 60
     while not list(tmp.glob("retrysafe-proof-*/*/naive-0.done")):

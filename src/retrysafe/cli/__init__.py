@@ -189,9 +189,12 @@ def _show_warning(
 
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point. Run as a program (``argv`` None: the process is the command's
-    own), it tunes the garbage collector for long-running work (see :mod:`retrysafe._gc`)."""
+    own), it tunes the garbage collector for long-running work (see :mod:`retrysafe._gc`)
+    and takes SIGHUP for SIGTERM (:func:`~retrysafe.cli._signals.hang_up_as_sigterm`)."""
     if argv is None:
         from retrysafe._gc import tune_for_serving
+        from retrysafe.cli._signals import hang_up_as_sigterm
 
         tune_for_serving()
+        hang_up_as_sigterm()
     return cli.main(args=argv, prog_name="retrysafe")

@@ -6,10 +6,8 @@ import contextlib
 import fcntl
 import json
 import logging
-import os
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -22,7 +20,7 @@ import click
 
 from retrysafe._exceptions import RetrysafeError
 from retrysafe.cli._common import ProgressStream, errors, fail, progress_console
-from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
+from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals, hang_up_as_sigterm
 from retrysafe.proof._run import _plural
 
 if TYPE_CHECKING:
@@ -170,7 +168,7 @@ def proof(
         logging.getLogger(name).setLevel(logging.ERROR)
     command = _command_line()
     # A closed terminal (SIGHUP) stops the run like SIGTERM: children stopped, results kept.
-    signal.signal(signal.SIGHUP, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    hang_up_as_sigterm()
     with Signals() as signals, contextlib.ExitStack() as stack:
         with errors(flags=_FLAGS):
             options = ProofOptions(

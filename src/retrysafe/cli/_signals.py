@@ -13,6 +13,7 @@ shell reports it).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -20,12 +21,43 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["GRACE", "SHUTDOWN_SECONDS", "Signals", "Stopper", "quiet_server", "server_config"]
+__all__ = [
+    "GRACE",
+    "SHUTDOWN_SECONDS",
+    "Signals",
+    "Stopper",
+    "hang_up_as_sigterm",
+    "quiet_server",
+    "server_config",
+]
 
 #: Every long-running command exits within this many seconds of SIGINT or SIGTERM.
 SHUTDOWN_SECONDS = 5.0
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+def hang_up_as_sigterm() -> None:
+    """A closed terminal or a dropped SSH session (SIGHUP) stops the command as SIGTERM does
+    (a worker finishes and records its in-flight attempts, a server closes its store; exit
+    143) instead of killing it where it stands (a worker's in-flight jobs then waited out
+    their lease). SIGHUP is forwarded as SIGTERM to this process, so each command's own
+    SIGTERM handling applies, or SIGTERM's default where it has none.
+
+    Left alone when SIGHUP is not at its default (``nohup`` ignores it; an embedding program
+    may handle it), off the main thread, and where the platform has no SIGHUP."""
+    hangup = getattr(signal, "SIGHUP", None)
+    if (
+        hangup is None
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(hangup) is not signal.SIG_DFL
+    ):
+        return
+    signal.signal(hangup, _forward_as_sigterm)
+
+
+def _forward_as_sigterm(signum: int, frame: FrameType | None) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Signals:
