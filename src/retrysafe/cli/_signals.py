@@ -12,9 +12,11 @@ shell reports it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -178,4 +180,24 @@ def quiet_server(config: Any) -> Any:
         def capture_signals(self) -> Iterator[None]:
             yield
 
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            cut = asyncio.ensure_future(_cut_when_forced(self))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                cut.cancel()
+
     return Server(config)
+
+
+async def _cut_when_forced(server: Any) -> None:
+    """A second signal (uvicorn's ``force_exit``) during the grace cancels the requests still
+    running at once, as the grace's end would: uvicorn stops waiting for them but still waits
+    for their connections to close, which lasted until the grace ended (2.9 s after the
+    second signal on Python 3.12 and later, whose ``Server.wait_closed`` waits for every
+    connection). A cancelled request's key stays claimed."""
+    # A plain flag a signal handler sets, which uvicorn itself polls every 0.1 s.
+    while not server.force_exit:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    for task in list(server.server_state.tasks):
+        task.cancel(msg="stopped at once by a second signal")
