@@ -4,6 +4,7 @@ machine's real PostgreSQL and Redis: one fixture each, here, for every test fold
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +58,18 @@ def pytest_configure(config: pytest.Config) -> None:
     tests = re.compile(r"(^|/)(test_[^/]*|conftest)\.py$")
     for folder in (Path(retrysafe.__file__).parent, Path(__file__).parent):
         compileall.compile_dir(folder, quiet=2, rx=tests)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> object:
+    """Keep pytest's rewritten test modules in ``__pycache__`` while collecting (the
+    setting above stops it): every worker collects every module, and reading them back
+    halves a worker's collection (14 s of CPU to 7 here) from the second run on."""
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = before
 
 
 PG_URL = os.environ.get("RETRYSAFE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
