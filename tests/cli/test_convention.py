@@ -221,28 +221,35 @@ def test_after_sigterm_an_unrecorded_attempt_is_reported(
         assert said in capsys.readouterr().err
 
 
-def test_ctrl_c_while_a_command_loads_exits_130_after_the_load(tmp_path: Path) -> None:
-    """SIGINT arriving while a command's modules are imported is held until the import is
-    done (raised inside an import it can crash a C extension's set-up or be swallowed by an
-    import lock), then ends the run as every Ctrl-C does: ``retrysafe: interrupted``, exit
-    130, no traceback, the command not run."""
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [("SIGINT", 130, "retrysafe: interrupted"), ("SIGTERM", 143, "retrysafe: stopped by SIGTERM")],
+)
+def test_a_signal_while_a_command_loads_ends_the_run_after_the_load(
+    tmp_path: Path, sig: str, code: int, line: str
+) -> None:
+    """SIGINT or SIGTERM arriving while a command's modules are imported is held until the
+    import is done (raised inside an import, Ctrl-C can crash a C extension's set-up or be
+    swallowed by an import lock; SIGTERM killed the process with no word), then ends the
+    run as such a signal does: one line, exit 130 or 143, no traceback, the command not
+    run."""
     (tmp_path / "slow_command.py").write_text(
         "import os, signal, click\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "import json, decimal, fractions  # more loading after the Ctrl-C\n"
+        f"os.kill(os.getpid(), signal.{sig})\n"
+        "import json, decimal, fractions  # more loading after the signal\n"
         "print('loaded', flush=True)\n"
         "@click.command()\n"
         "def slow() -> None:\n"
         "    print('ran')\n"
     )
-    code = (
+    code_ = (
         "import sys; from retrysafe import cli; "
         "cli._COMMANDS['slow'] = 'slow_command:slow'; cli.main(['slow'])"
     )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-c", code_], capture_output=True, text=True, env=env, timeout=60
     )
-    assert out.returncode == 130, (out.returncode, out.stderr)
+    assert out.returncode == code, (out.returncode, out.stderr)
     assert out.stdout.split() == ["loaded"]
-    assert "retrysafe: interrupted" in out.stderr and "Traceback" not in out.stderr
+    assert line in out.stderr and "Traceback" not in out.stderr

@@ -16,13 +16,13 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import click
 
 from retrysafe._exceptions import RetrysafeWarning
-from retrysafe.cli._common import EXIT_SIGINT, EXIT_USAGE, clip, epilog
+from retrysafe.cli._common import EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, clip, epilog
 
 __all__ = ["main"]
 
@@ -57,8 +57,8 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in _COMMANDS:
             module, _, attr = _COMMANDS[cmd_name].partition(":")
-            with _ctrl_c_after():
-                command: click.Command = getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            _LOADING.release()  # the command handles signals from here on
             return command
         return super().get_command(ctx, cmd_name)
 
@@ -104,30 +104,51 @@ class _LazyGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-@contextlib.contextmanager
-def _ctrl_c_after() -> Iterator[None]:
-    """Ctrl-C pressed while a command's modules load takes effect after they loaded.
+class _Loading:
+    """SIGINT and SIGTERM that arrive while the command line loads (its first tenth of a
+    second or so: the interpreter imports click, the command's modules, their C extensions)
+    take effect once it has loaded.
 
     Python raises ``KeyboardInterrupt`` wherever the main thread is, and in an import that
     can be inside a C extension's set-up (a crash) or an import lock's callback (the
-    interrupt swallowed, the command run anyway). Here SIGINT is only recorded while the
-    block runs and raised at its end, where click turns it into ``retrysafe: interrupted``,
-    exit 130. Left alone when SIGINT is not Python's default handler (ignored in a
-    background job, or someone else's) or off the main thread."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    pressed: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if pressed:
-        raise KeyboardInterrupt
+    interrupt swallowed, the command run anyway); SIGTERM's default action kills the process
+    with no word. Here both are only recorded until :meth:`release` (the command is loaded
+    and handles signals itself, or the run ends), which then ends the run as such a signal
+    does: Ctrl-C as ``retrysafe: interrupted``, exit 130 (click's ``Abort``); SIGTERM as
+    ``retrysafe: stopped by SIGTERM``, exit 143. A signal whose handler is not the default
+    (ignored in a background job, someone else's) is left alone, and so is every signal off
+    the main thread."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def hold(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, default in (
+            (signal.SIGINT, signal.default_int_handler),
+            (signal.SIGTERM, signal.SIG_DFL),
+        ):
+            if signal.getsignal(sig) is default:
+                self._previous[sig] = signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+
+    def release(self) -> None:
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        received, self.received = self.received, []
+        if signal.SIGTERM in received:
+            click.echo("retrysafe: stopped by SIGTERM", err=True)
+            sys.exit(EXIT_SIGTERM)
+        if received:
+            raise KeyboardInterrupt
+
+
+_LOADING = _Loading()
 
 
 #: The errors of a write that cannot be done (a full disk, a quota, an I/O error).
@@ -190,11 +211,26 @@ def _show_warning(
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point. Run as a program (``argv`` None: the process is the command's
     own), it tunes the garbage collector for long-running work (see :mod:`retrysafe._gc`)
-    and takes SIGHUP for SIGTERM (:func:`~retrysafe.cli._signals.hang_up_as_sigterm`)."""
-    if argv is None:
-        from retrysafe._gc import tune_for_serving
-        from retrysafe.cli._signals import hang_up_as_sigterm
+    and takes SIGHUP for SIGTERM (:func:`~retrysafe.cli._signals.hang_up_as_sigterm`).
+    SIGINT and SIGTERM are held until the command has loaded (:class:`_Loading`)."""
+    _LOADING.hold()
+    try:
+        if argv is None:
+            from retrysafe._gc import tune_for_serving
+            from retrysafe.cli._signals import hang_up_as_sigterm
 
-        tune_for_serving()
-        hang_up_as_sigterm()
-    return cli.main(args=argv, prog_name="retrysafe")
+            tune_for_serving()
+            hang_up_as_sigterm()
+        return cli.main(args=argv, prog_name="retrysafe")
+    finally:
+        _release_quietly()
+
+
+def _release_quietly() -> None:
+    """:meth:`_Loading.release` when the run ended without loading a command (``--help``,
+    ``--version``, a usage error): a signal held meanwhile still ends it as 130 or 143."""
+    try:
+        _LOADING.release()
+    except KeyboardInterrupt:
+        click.echo("retrysafe: interrupted", err=True)
+        sys.exit(EXIT_SIGINT)

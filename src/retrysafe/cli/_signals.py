@@ -12,16 +12,17 @@ shell reports it).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import socket
 
 __all__ = [
     "GRACE",
@@ -181,6 +182,8 @@ def quiet_server(config: Any) -> Any:
             yield
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            import asyncio
+
             cut = asyncio.ensure_future(_cut_when_forced(self))
             try:
                 await super().shutdown(sockets)
@@ -196,6 +199,8 @@ async def _cut_when_forced(server: Any) -> None:
     for their connections to close, which lasted until the grace ended (2.9 s after the
     second signal on Python 3.12 and later, whose ``Server.wait_closed`` waits for every
     connection). A cancelled request's key stays claimed."""
+    import asyncio
+
     # A plain flag a signal handler sets, which uvicorn itself polls every 0.1 s.
     while not server.force_exit:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
