@@ -1827,11 +1827,23 @@ async def areconcile(
                 if final is not None:
                     finals.append(final)
 
-            try:
-                await asyncio.gather(*(one(j) for j in jobs))
-            except asyncio.CancelledError:
-                await _unknown_again(astore, list(untouched.values()), clock)
-                raise
+            # Not gather: cancelled, it returns as soon as one task has ended, while the
+            # others still give their job back (a round trip each on PostgreSQL, where a
+            # fresh user's interrupted reconciles left most jobs IN_FLIGHT): the store then
+            # closed under them. Each task is cancelled once, and waited for (a second
+            # cancellation stops the wait).
+            tasks = [asyncio.ensure_future(one(j)) for j in jobs]
+            if tasks:
+                try:
+                    await asyncio.wait(tasks)
+                except asyncio.CancelledError:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.wait(tasks)
+                    await _unknown_again(astore, list(untouched.values()), clock)
+                    raise
+            for task in tasks:
+                task.result()  # the first failure, as gather raised it
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())
