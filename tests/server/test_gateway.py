@@ -144,6 +144,51 @@ def gateway(upstream: ServerThread, tmp_path: Path) -> Iterator[str]:
     store.close()
 
 
+@pytest.mark.parametrize("status", [600, 999])
+def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
+    tmp_path: Path, status: int
+) -> None:
+    """An upstream answering a three-digit status that is no HTTP status (600-999) got the
+    request, so it may have acted: 502 and the key stays claimed (the retry 409s), as for
+    any malformed answer. (A fresh user's check: uvicorn could not send the status on, the
+    key was released and every retry reached the upstream again.)"""
+    reached: list[bytes] = []
+
+    async def raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+             if line.lower().startswith(b"content-length:")),
+            0,
+        )  # fmt: skip
+        await reader.readexactly(length)
+        reached.append(head)
+        writer.write(f"HTTP/1.1 {status} Odd\r\nContent-Length: 2\r\n\r\nok".encode())
+        await writer.drain()
+        writer.close()
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(raw, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    store = SQLiteStore(tmp_path / "gateway.db")
+    app = IdempotencyMiddleware(ReverseProxy(f"http://127.0.0.1:{port}", timeout=5), store=store)
+    try:
+        with ServerThread(app) as gw:
+            headers = {"Idempotency-Key": f"odd-{status}"}
+            first = httpx.post(gw.url + "/x", json={}, headers=headers)
+            retry = httpx.post(gw.url + "/x", json={}, headers=headers)
+    finally:
+        store.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert first.status_code == 502, first.text
+    assert "no complete answer" in first.json()["detail"]
+    assert retry.status_code == 409, retry.text
+    assert len(reached) == 1
+
+
 def test_forwards_status_headers_query_and_binary_body(gateway: str) -> None:
     """Method, path, query, headers and a binary body reach the upstream; its answer returns."""
     blob = bytes(range(256)) * 10

@@ -150,12 +150,20 @@ class ReverseProxy:
             scope["method"], url, headers=headers, content=_body(receive)
         )
         response: httpx.Response | None = None
+        started = False  # the answer's start went to the client
         broke: BaseException | None = None
         unreachable: BaseException | None = None
         # One deadline for the whole exchange (httpx's own timeouts are per read).
         with anyio.move_on_after(self._timeout) as deadline:
             try:
                 response = await client.send(request, stream=True)
+                if not 100 <= response.status_code <= 599:
+                    # Three digits, so the parser took it; no HTTP status all the same (RFC
+                    # 9110 §15), and the server could not send it on: a malformed answer.
+                    raise httpx.RemoteProtocolError(
+                        f"the upstream answered status {response.status_code}, which is "
+                        "no HTTP status (100-599)"
+                    )
                 out_headers = [
                     (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
                 ]
@@ -166,6 +174,7 @@ class ReverseProxy:
                         "headers": out_headers,
                     }
                 )
+                started = True
                 async for chunk in response.aiter_raw():
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -199,7 +208,7 @@ class ReverseProxy:
         # Releasing the key would let a retry run the effect twice, so the key stays claimed
         # until its lease ends; repeats meanwhile get 409 request-in-progress.
         mark_outcome_unknown(scope)
-        if response is None:
+        if not started:
             timeout = isinstance(broke, httpx.TimeoutException)
             await _problem(
                 send,
