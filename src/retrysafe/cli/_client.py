@@ -756,7 +756,10 @@ def _reconcile_until_signal(outbox: Outbox, **options: Any) -> ReconcileReport:
                 raise
     if interrupts.count:
         if interrupts.forced:
-            said = "jobs it had claimed and not given back wait out their lease, then are UNKNOWN"
+            said = (
+                "jobs it had claimed and not given back wait out their lease, then a worker "
+                "sends them again with the same key"
+            )
         else:
             said = "every job it had claimed is UNKNOWN again"
         click.echo(f"retrysafe: interrupted: {said}", err=True)
