@@ -387,6 +387,12 @@ def test_cli_gateway_port_in_use_is_a_clear_error(upstream: ServerThread, tmp_pa
     ("args", "message"),
     [
         (["--upstream", "ftp://x"], "http"),
+        # A fresh user's check: a traceback and exit 1, or taken and a 502 to every request.
+        (["--upstream", "http://[::1"], "malformed"),
+        (["--upstream", "http://127.0.0.1:abc/"], "malformed"),
+        (["--upstream", "http://127.0.0.1:18001:99/"], "malformed"),
+        (["--upstream", "http://127.0.0.1:99999"], "Port out of range"),
+        (["--upstream", "http://127.0.0.1:0"], "port 0"),
         (["--upstream", "http://127.0.0.1:1", "--listen", "nonsense"], "HOST:PORT"),
         (["--upstream", "http://127.0.0.1:1", "--store", "sqlite:////no/such/dir/x.db"], "exist"),
         (["--upstream", "http://127.0.0.1:1", "--lease", "-1"], "lease"),

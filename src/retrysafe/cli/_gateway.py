@@ -22,6 +22,7 @@ from retrysafe.cli._common import (
 )
 from retrysafe.cli._keys import check_scoping, scoping_options
 from retrysafe.cli._signals import Signals, Stopper, quiet_server, server_config
+from retrysafe.client._jobs import shown_url
 
 __all__ = ["gateway"]
 
@@ -317,7 +318,7 @@ def gateway(
                         "gateway listening",
                         extra={
                             "listen": f"{host}:{port}",
-                            "upstream": proxy.upstream,
+                            "upstream": shown_url(proxy.upstream),
                             "store": store,
                         },
                     )

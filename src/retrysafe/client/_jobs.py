@@ -109,32 +109,41 @@ def _clip(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _url_string(url: object) -> str:
+def _url_string(url: object, option: str = "url") -> str:
     if not isinstance(url, str):
-        raise ConfigurationError(f"url must be a string, got {type(url).__name__}", option="url")
+        raise ConfigurationError(
+            f"{option} must be a string, got {type(url).__name__}", option=option
+        )
     return url
 
 
-def _check_url(url: object) -> str:
-    url = _url_string(url)
+def _check_url(url: object, option: str = "url") -> str:
+    """``url`` checked as an http(s) URL with a host and a valid port, printable, no
+    whitespace; errors name ``option`` (\"url\", the gateway's \"upstream\") and never print
+    a credential.
+
+    Raises:
+        ConfigurationError: anything else (``option=option``).
+    """
+    url = _url_string(url, option)
     shown = shown_url(url)
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError for a bad port
     except ValueError as exc:
-        raise ConfigurationError(f"url {shown!r} is malformed: {exc}", option="url") from None
+        raise ConfigurationError(f"{option} {shown!r} is malformed: {exc}", option=option) from None
     if port == 0:  # no server listens on port 0: every attempt would fail to connect
-        raise ConfigurationError(f"url {shown!r} names port 0, which no server listens on",
-                                 option="url")  # fmt: skip
+        raise ConfigurationError(f"{option} {shown!r} names port 0, which no server listens on",
+                                 option=option)  # fmt: skip
     if parts.scheme not in ("http", "https"):
         raise ConfigurationError(
-            f"url {shown!r} is not http(s); the outbox only sends http:// and https:// requests",
-            option="url",
+            f"{option} {shown!r} is not http(s); only http:// and https:// requests are sent",
+            option=option,
         )
     if not parts.hostname:
-        raise ConfigurationError(f"url {shown!r} has no host", option="url")
+        raise ConfigurationError(f"{option} {shown!r} has no host", option=option)
     if any(c.isspace() for c in url):
-        raise ConfigurationError(f"url {shown!r} contains whitespace", option="url")
+        raise ConfigurationError(f"{option} {shown!r} contains whitespace", option=option)
     if not url.isprintable():
         # Control and format characters (NUL, ESC, U+200B, U+FEFF) and lone surrogates:
         # no HTTP client sends them (every attempt would fail, unsent), a surrogate cannot
@@ -147,15 +156,15 @@ def _check_url(url: object) -> str:
             else "a character that is not printable; percent-encode it"
         )
         raise ConfigurationError(
-            f"url {shown!r} contains U+{ord(bad):04X}, {what}", option="url"
+            f"{option} {shown!r} contains U+{ord(bad):04X}, {what}", option=option
         )
     hostport = parts.netloc.rpartition("@")[2]
     bracketed = "[" in hostport
     if bracketed and re.fullmatch(r"\[[^\]]*\](?::[0-9]*)?", hostport) is None:
         raise ConfigurationError(  # "[::1].": the engine refuses it at every attempt
-            f"url {shown!r} has text around its bracketed IPv6 host", option="url"
+            f"{option} {shown!r} has text around its bracketed IPv6 host", option=option
         )
-    _check_host_name(parts.hostname, shown, url, bracketed=bracketed)
+    _check_host_name(parts.hostname, shown, url, bracketed=bracketed, option=option)
     return url
 
 
@@ -186,7 +195,9 @@ def _dotted_quad(host: str) -> bool:
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def _check_host_name(host: str, shown: str, url: str, *, bracketed: bool) -> None:
+def _check_host_name(
+    host: str, shown: str, url: str, *, bracketed: bool, option: str = "url"
+) -> None:
     """Refuse a host no attempt could ever reach, so that the job is not stored to fail on
     every attempt: an empty label (``a..example``, ``.example``), a label over 63
     characters or a name over 253 (RFC 1035 §2.3.4; a trailing dot is the root), an ASCII
@@ -208,9 +219,9 @@ def _check_host_name(host: str, shown: str, url: str, *, bracketed: bool) -> Non
                 bad_ip = True
         if bad_ip:
             raise ConfigurationError(
-                f"url {shown!r} has a bracketed host that is no IPv6 address the HTTP "
+                f"{option} {shown!r} has a bracketed host that is no IPv6 address the HTTP "
                 "engine can send (IPvFuture and zone ids are not)",
-                option="url",
+                option=option,
             )
         return
     if not host.isascii():
@@ -219,7 +230,7 @@ def _check_host_name(host: str, shown: str, url: str, *, bracketed: bool) -> Non
         try:
             encoded = _as_sent(url).raw_host or ""
         except WireError as exc:  # what every attempt would fail with, unsent
-            raise ConfigurationError(f"url {shown!r}: {exc}", option="url") from None
+            raise ConfigurationError(f"{option} {shown!r}: {exc}", option=option) from None
         host = encoded.lower()
     name = host[:-1] if host.endswith(".") else host
     bad = None
@@ -239,7 +250,7 @@ def _check_host_name(host: str, shown: str, url: str, *, bracketed: bool) -> Non
     elif "xn--" in name.lower() and not _a_labels(name):
         bad = "has an xn-- label that is no valid IDNA A-label (punycode)"
     if bad is not None:
-        raise ConfigurationError(f"url {shown!r} {bad}", option="url")
+        raise ConfigurationError(f"{option} {shown!r} {bad}", option=option)
 
 
 def _a_labels(name: str) -> bool:

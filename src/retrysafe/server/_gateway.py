@@ -24,6 +24,7 @@ import httpx
 
 from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP, no_cookie_jar
+from retrysafe.client._jobs import _check_url, shown_url
 from retrysafe.core import Problem
 from retrysafe.server._outcome import mark_outcome_unknown
 
@@ -47,16 +48,15 @@ def validate_upstream(url: str) -> str:
     """Return ``url`` without a trailing slash.
 
     Raises:
-        ConfigurationError: not an absolute ``http://`` or ``https://`` URL with a host.
+        ConfigurationError: not an absolute ``http://`` or ``https://`` URL with a host and a
+            valid port (the outbox's own check of a job's URL, which never prints a
+            ``user:password@`` part), or one with a query or fragment.
     """
+    _check_url(url, option="upstream")
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigurationError(
-            f"upstream {url!r} must be an absolute http:// or https:// URL", option="upstream"
-        )
     if parts.query or parts.fragment:
         raise ConfigurationError(
-            f"upstream {url!r} must not carry a query or fragment", option="upstream"
+            f"upstream {shown_url(url)!r} must not carry a query or fragment", option="upstream"
         )
     return url.rstrip("/")
 
@@ -196,7 +196,7 @@ class ReverseProxy:
             )
             log.warning(
                 "upstream unreachable",
-                extra={"upstream": self.upstream, "error": repr(unreachable)},
+                extra={"upstream": shown_url(self.upstream), "error": repr(unreachable)},
             )
             return
         if deadline.cancelled_caught:
@@ -220,13 +220,15 @@ class ReverseProxy:
                 ),
             )
             log.warning(
-                "upstream outcome unknown", extra={"upstream": self.upstream, "error": repr(broke)}
+                "upstream outcome unknown",
+                extra={"upstream": shown_url(self.upstream), "error": repr(broke)},
             )
             return
         # The answer broke off mid-body: returning without its end makes the server cut the
         # connection, so the client sees a broken answer (never a complete-looking one).
         log.warning(
-            "upstream body broke off", extra={"upstream": self.upstream, "error": repr(broke)}
+            "upstream body broke off",
+            extra={"upstream": shown_url(self.upstream), "error": repr(broke)},
         )
 
 
