@@ -326,6 +326,16 @@ def test_bad_policy_values_are_refused(bad: dict[str, object]) -> None:
         RetryPolicy(**bad)  # type: ignore[arg-type]
 
 
+def test_a_cap_below_the_base_is_told_in_the_policys_names() -> None:
+    """The backoff refuses a cap below its base; the policy's error names ``wait_max`` (the
+    worker's ``--wait-max``), not the backoff's ``cap`` (a fresh user's check: "--cap: …",
+    an option no command has)."""
+    with pytest.raises(ConfigurationError) as caught:
+        RetryPolicy(wait_initial=100, wait_max=1)
+    assert caught.value.option == "wait_max"
+    assert "wait_initial 100 s" in str(caught.value) and "wait_max 1 s" in str(caught.value)
+
+
 @pytest.mark.parametrize("policy", [{"attempts": 3}, "fast", 5, WebhookPolicy()])
 def test_a_policy_that_is_no_retry_policy_is_refused_at_construction(
     sqlite_path: Path, policy: object

@@ -216,8 +216,17 @@ class RetryPolicy:
                 option="jitter",
             ) from None
         object.__setattr__(self, "jitter", jitter)
-        # Validates wait_initial <= wait_max.
-        backoff = Backoff(base=self.wait_initial_s, cap=self.wait_max_s, jitter=jitter)
+        try:
+            backoff = Backoff(base=self.wait_initial_s, cap=self.wait_max_s, jitter=jitter)
+        except ConfigurationError as exc:  # the backoff's rule, told in this policy's names
+            named = {"base": "wait_initial", "cap": "wait_max"}.get(exc.option or "")
+            if named is None:
+                raise
+            raise ConfigurationError(
+                f"{exc} (wait_initial {self.wait_initial_s:g} s is the backoff's base, "
+                f"wait_max {self.wait_max_s:g} s its cap)",
+                option=named,
+            ) from None
         object.__setattr__(self, "_backoff", backoff)
 
     # Normalised views (the constructor converted every duration to float seconds).
