@@ -132,3 +132,35 @@ async def test_a_reconcile_cancelled_before_its_attempts_first_ran_gives_the_job
         after = [outbox.get(j.id) for j in jobs]
     assert {j.state for j in after} == {JobState.UNKNOWN}
     assert all(j.sends == 0 for j in after)
+
+
+class _NoReleases(_LateClaims):
+    """:class:`_LateClaims` whose store cannot take a job back (locked, down)."""
+
+    async def release_job(self, *args: Any, **kwargs: Any) -> Any:
+        from retrysafe import StoreUnavailableError
+
+        raise StoreUnavailableError("the store is locked")
+
+
+@pytest.mark.anyio
+async def test_jobs_the_store_could_not_take_back_are_counted_unreleased(
+    tmp_path: Path,
+) -> None:
+    """A release the store refuses (locked, down) is counted ``unreleased``, not
+    ``released``: the CLI's line said every in-flight job was released (a fresh user's
+    check, a store locked by another process for 12 s)."""
+    with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
+        jobs = [outbox.submit("http://127.0.0.1:9/x", json={"n": i}) for i in range(3)]
+        worker = outbox.worker(concurrency=4, lease=60)
+        late = worker._astore = _NoReleases(worker._astore)
+        serving = asyncio.create_task(worker.serve())
+        await asyncio.wait_for(late.landed.wait(), 10)
+        serving.cancel()
+        await asyncio.sleep(0)
+        late.answer.set()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        after = [outbox.get(j.id) for j in jobs]
+    assert {j.state for j in after} == {JobState.IN_FLIGHT}  # they wait out their lease
+    assert (worker.stats.released, worker.stats.unreleased) == (0, 3)

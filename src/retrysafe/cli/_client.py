@@ -379,6 +379,14 @@ def finish(served: Served, *, until_idle: bool, what: str) -> None:
                 "lease, then are sent again with the same key",
                 err=True,
             )
+        elif stats.unreleased:
+            click.echo(
+                f"retrysafe: interrupted: in-flight {what} released (pending, same key), "
+                f"except {stats.unreleased} the store could not take back (locked or "
+                "unavailable): those wait out their lease, then are sent again with the same "
+                "key",
+                err=True,
+            )
         else:
             click.echo(
                 f"retrysafe: interrupted: in-flight {what} released (pending, same key)",

@@ -159,7 +159,8 @@ class WorkerStats:
     postponed and attempts a ``gate`` hook postponed (neither is an attempt); ``held_back``
     counts jobs claimed while their destination was at its limit of attempts in flight and
     given back unstarted (not attempts); ``released`` counts jobs handed back on
-    cancel/shutdown;
+    cancel/shutdown, ``unreleased`` those the store could not take back then (locked,
+    down: they wait out their lease, then are sent again with the same key);
     ``lease_lost`` counts attempts whose outcome could not be recorded under the job's lease
     (another worker took the job over, or the store stayed unavailable until the lease
     expired: the job is re-sent with the same key); ``store_outages`` counts the times the
@@ -175,6 +176,7 @@ class WorkerStats:
     deferred: int = 0
     held_back: int = 0
     released: int = 0
+    unreleased: int = 0
     lease_lost: int = 0
     store_outages: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -1535,8 +1537,10 @@ class Worker:
                 self.stats.released += 1
                 logger.info("job=%s key=%s released (%s): pending, same key", job.id, job.key, why)
         except StoreUnavailableError as exc:  # the lease will expire; another claim re-sends
+            self.stats.unreleased += 1
             logger.warning("job=%s could not be released (%s); its lease will expire", job.id, exc)
         except Exception:
+            self.stats.unreleased += 1
             logger.exception("job=%s could not be released; its lease will expire", job.id)
 
     async def _record(
