@@ -1886,7 +1886,14 @@ async def _unknown_again(
 
     if jobs:
         releases = asyncio.gather(*(release(job) for job in jobs), return_exceptions=True)
-        await asyncio.shield(releases)
+        for job, outcome in zip(jobs, await asyncio.shield(releases), strict=True):
+            if isinstance(outcome, Exception):
+                logger.warning(
+                    "job=%s could not be given back as UNKNOWN (%s); it waits out its lease, "
+                    "then a worker sends it again with the same key",
+                    job.id,
+                    outcome,
+                )
 
 
 def reconcile(store: StoreArg, **options: Any) -> ReconcileReport:
