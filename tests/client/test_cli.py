@@ -794,3 +794,14 @@ def test_a_ctrl_c_before_the_loop_took_it_starts_no_work() -> None:
     finally:
         signal.signal(signal.SIGINT, previous)
     assert started == [] and interrupts.count == 1 and not interrupts.forced
+
+
+@pytest.mark.parametrize("command", [["worker"], ["reconcile"], ["webhooks", "worker"]])
+def test_an_in_memory_store_is_not_told_to_migrate(command: list[str]) -> None:
+    """``--store sqlite:///:memory:``: each process's in-memory database starts empty, so the
+    usual hint (`retrysafe migrate --store sqlite:///:memory:`) could never help; the line
+    says to give a file."""
+    code, _, err = _run(*command, "--store", "sqlite:///:memory:")
+    assert code == 1, err
+    assert "in-memory SQLite database" in err and "migrate --store" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -270,6 +270,15 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
             schema = None if ctx is None else ctx.meta.get(_SCHEMA_META)
             if schema is not None:
                 command += f" --schema {schema}"
+            if _sqlite_file(store) == ":memory:":
+                # Each process's in-memory database is its own and starts empty: no
+                # migrate could fill the one this command opens.
+                message = message.replace(
+                    MIGRATE_HINT,
+                    "an in-memory SQLite database (:memory:) is empty and private to one "
+                    "process; give a file, e.g. sqlite:///outbox.db, created once with "
+                    "`retrysafe migrate`",
+                )
             message = message.replace(MIGRATE_HINT, f"run `{command}`")
         fail(f"{flag}: {message}" if flag else message, code)
 
