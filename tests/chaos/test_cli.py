@@ -59,9 +59,15 @@ def test_bad_latency_range_is_a_usage_error() -> None:
     assert "--latency-ms" in output
 
 
-def test_bad_upstream_is_a_usage_error() -> None:
-    """An upstream that is not an http(s) URL exits 2 naming --upstream."""
-    code, output = run("--upstream", "ftp://example.com", "--listen", f"127.0.0.1:{free_port()}")
+@pytest.mark.parametrize(
+    "upstream",
+    # Not http(s); and, a fresh user's check, taken and run: a port out of range, port 0,
+    # a space in the host.
+    ["ftp://example.com", "http://127.0.0.1:99999", "http://127.0.0.1:0", "http://a b:80"],
+)
+def test_bad_upstream_is_a_usage_error(upstream: str) -> None:
+    """An upstream that is not an http(s) URL a proxy could reach exits 2 naming --upstream."""
+    code, output = run("--upstream", upstream, "--listen", f"127.0.0.1:{free_port()}")
     assert code == 2
     assert "--upstream" in output
 

@@ -97,6 +97,11 @@ class ProxyStats:
 
 
 def _check_upstream(upstream: str) -> httpx.URL:
+    """The upstream as an ``httpx.URL``, after the outbox's own URL check (a host, a port
+    from 1 to 65535, no whitespace; the gateway's too)."""
+    from retrysafe.client._jobs import _check_url
+
+    _check_url(upstream, option="upstream")
     try:
         url = httpx.URL(upstream)
     except (httpx.InvalidURL, TypeError) as exc:
