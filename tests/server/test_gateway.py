@@ -394,6 +394,9 @@ def test_cli_gateway_port_in_use_is_a_clear_error(upstream: ServerThread, tmp_pa
         (["--upstream", "http://127.0.0.1:99999"], "Port out of range"),
         (["--upstream", "http://127.0.0.1:0"], "port 0"),
         (["--upstream", "http://127.0.0.1:1", "--listen", "nonsense"], "HOST:PORT"),
+        # A fresh user's check: bound as a host no interface has, exit 1 (not a usage error).
+        (["--upstream", "http://127.0.0.1:1", "--listen", "[::1"], "HOST:PORT"),
+        (["--upstream", "http://127.0.0.1:1", "--listen", "::1:8080"], "[::1]:8080 for IPv6"),
         (["--upstream", "http://127.0.0.1:1", "--store", "sqlite:////no/such/dir/x.db"], "exist"),
         (["--upstream", "http://127.0.0.1:1", "--lease", "-1"], "lease"),
         # --prefix and --schema (second fresh-user pass): an empty prefix fell back to the
@@ -411,9 +414,12 @@ def test_cli_gateway_port_in_use_is_a_clear_error(upstream: ServerThread, tmp_pa
     ],
 )
 def test_cli_gateway_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
-    """Bad upstream, listen address, store path or lease: a clear message, non-zero exit."""
+    """Bad upstream, listen address, store path or lease: a clear message, non-zero exit
+    (2, a usage error, for a malformed --upstream or --listen)."""
     out = _gateway_refusing(*args)
     assert out.returncode != 0
+    if message in {"HOST:PORT", "[::1]:8080 for IPv6", "malformed", "Port out of range", "port 0"}:
+        assert out.returncode == 2, out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
 

@@ -702,11 +702,23 @@ def parse_listen(value: str, *, option: str = "--listen") -> tuple[str, int]:
         or not (port_text.isascii() and port_text.isdigit())
         or not 0 < int(port_text) < 65536
         or any(c.isspace() or c in "/?#@" for c in host)
+        or not _host_shaped(host)
     ):
         raise click.BadParameter(
-            f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8080)", param_hint=option
+            f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8080, or [::1]:8080 for IPv6)",
+            param_hint=option,
         )
     return host.strip("[]"), int(port_text)
+
+
+def _host_shaped(host: str) -> bool:
+    """A name or an IPv4 address, or an IPv6 address in brackets, whole: ``[::1`` or
+    ``::1`` (whose last ``:`` reads as the port's) would be bound as a host no interface
+    has (exit 1, "Name or service not known", not a usage error)."""
+    if host.startswith("["):
+        inner = host[1:-1]
+        return host.endswith("]") and bool(inner) and not any(c in "[]" for c in inner)
+    return not any(c in "[]:" for c in host)
 
 
 def check_port_free(
