@@ -724,6 +724,19 @@ def test_cli_gateway_signal_mid_request_exits_within_5_s_and_closes_its_store(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gw.db"]
 
 
+def _retry_through_a_new_gateway(upstream: ServerThread, db: Path, port: int) -> httpx.Response:
+    """POST ``/ai`` with key ``k`` through a new gateway on the stopped one's store and port
+    (then stopped too); its answer."""
+    again = _gateway_process(upstream, db, port)
+    try:
+        return httpx.post(
+            f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "k"}, timeout=30
+        )
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=10)
+
+
 def test_cli_gateway_stopped_before_the_upstream_answered_keeps_the_key_claimed(
     upstream: ServerThread, effects: Counter[str], tmp_path: Path
 ) -> None:
@@ -735,14 +748,7 @@ def test_cli_gateway_stopped_before_the_upstream_answered_keeps_the_key_claimed(
     proc = _gateway_process(upstream, tmp_path / "gw.db", port)
     stderr = _stop_mid_request(proc, port, "/ai", effects, signal.SIGINT)
     assert proc.returncode == 130, stderr
-    again = _gateway_process(upstream, tmp_path / "gw.db", port)
-    try:
-        retry = httpx.post(
-            f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "k"}, timeout=30
-        )
-    finally:
-        again.send_signal(signal.SIGTERM)
-        again.communicate(timeout=10)
+    retry = _retry_through_a_new_gateway(upstream, tmp_path / "gw.db", port)
     assert retry.status_code == 409, retry.text
     assert effects["ai"] == 1
 
@@ -761,14 +767,7 @@ def test_cli_gateway_second_signal_stops_it_at_once_keeping_the_key_claimed(
     )
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
-    again = _gateway_process(upstream, tmp_path / "gw.db", port)
-    try:
-        retry = httpx.post(
-            f"http://127.0.0.1:{port}/ai", headers={"Idempotency-Key": "k"}, timeout=30
-        )
-    finally:
-        again.send_signal(signal.SIGTERM)
-        again.communicate(timeout=10)
+    retry = _retry_through_a_new_gateway(upstream, tmp_path / "gw.db", port)
     assert retry.status_code == 409, retry.text
     assert effects["ai"] == 1
 
