@@ -243,7 +243,9 @@ class IdempotencyMiddleware:
             # The responder is the app's send (a callable: no bound method per request).
             await self.app(scope, _BodyReceive(body, responder), responder)
         except BaseException as exc:
-            await responder.abort(exc)
+            kept = await responder.abort(exc)
+            if kept and isinstance(exc, asyncio.CancelledError):
+                await responder.stopped()
             raise
         await responder.close()
 
@@ -474,14 +476,15 @@ class _Responder(Claimant):
             await adrive(conversation, self.store)
         return verdict
 
-    async def abort(self, exc: BaseException | None) -> None:
+    async def abort(self, exc: BaseException | None) -> bool:
         """The app raised (``exc``) or returned without ending its response: release the key,
         or keep it claimed as outcome-unknown when the response had started (SPEC §4). An
-        answer that had ended before the app raised is recorded and sent (:meth:`close`)."""
+        answer that had ended before the app raised is recorded and sent (:meth:`close`).
+        True when the key was kept claimed as outcome-unknown."""
         if self.finalized:
             if self._soon is not None or self._recording is not None:
                 await self.close()
-            return
+            return False
         self.end()
         self._answered_now()
         self.held = []  # the end of an unfinished answer never leaves
@@ -489,7 +492,7 @@ class _Responder(Claimant):
         try:
             if "effect" in self.state:
                 await self._end_effect(outcome_unknown(self.state), exc)
-                return
+                return False
             # Cancelled (the server's shutdown grace ran out): the handler may have made its
             # effect, so the key stays claimed as after a crash, never released for a retry
             # to run it again (a fresh user's check: 7 of 7 gateway stops ran it twice).
@@ -499,6 +502,18 @@ class _Responder(Claimant):
         finally:
             if not kept:  # outcome unknown: claimed, renewed up to max_run_time
                 self.beat.stop()
+        return kept
+
+    async def stopped(self) -> None:
+        """The server cancelled the request (its shutdown grace ran out) after the key was
+        kept as outcome-unknown: if none of the answer left, say so (503 ``server-stopped``,
+        retry with the same key) instead of the server's bare 500."""
+        if self.sent or self.gone:
+            return
+        try:
+            await _send_answer(self.wrapped, self.engine.stopped())
+        except _SEND_ERRORS:
+            self.gone = True
 
 
 class _BodyReceive:

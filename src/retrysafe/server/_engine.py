@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -289,6 +290,7 @@ class Engine:
         "_missing_key",
         "_replay_bytes",
         "_replay_str",
+        "_stopped",
         "_store_unavailable",
         "_unrecorded",
         "clock",
@@ -363,6 +365,18 @@ class Engine:
             "store-unavailable",
         )
 
+        self._stopped = self._problem(
+            Problem(
+                "server-stopped",
+                503,
+                "The server stopped while handling this request, which may have taken effect. "
+                "Retry with the same key, never a new one: until the key's lease ends a retry "
+                "is told the request is in progress (409); after it, the request runs again.",
+                retry_after=max(1, math.ceil(self.lease)),
+            ),
+            "server-stopped",
+        )
+
     # ------------------------------------------------------------------ key check
     def check(self, method: str, path: str, header: str | None) -> KeyCheck:
         """SPEC §3 first rows: protected? key present and well formed? (``core.check_key``)."""
@@ -420,6 +434,11 @@ class Engine:
     def store_unavailable(self) -> Answer:
         """503 ``store-unavailable`` with ``Retry-After`` (fail closed, SPEC §3)."""
         return self._store_unavailable
+
+    def stopped(self) -> Answer:
+        """503 ``server-stopped``: the server cancelled the request (its shutdown grace ran
+        out) before any of the answer left; the key stays claimed as outcome-unknown."""
+        return self._stopped
 
     def instead_of(self, req: RequestState, verdict: Verdict) -> Answer:
         """What a driver sends instead of a handler's answer the engine did not let out: 409
