@@ -99,21 +99,15 @@ class ProxyStats:
 def _check_upstream(upstream: str) -> httpx.URL:
     """The upstream as an ``httpx.URL``, after the outbox's own URL check (a host, a port
     from 1 to 65535, no whitespace; the gateway's too)."""
-    from retrysafe.client._jobs import _check_url
+    from retrysafe.client._jobs import _check_url, shown_url
 
-    _check_url(upstream, option="upstream")
+    _check_url(upstream, option="upstream")  # a string, http(s), a host: checked there
     try:
-        url = httpx.URL(upstream)
-    except (httpx.InvalidURL, TypeError) as exc:
+        return httpx.URL(upstream)
+    except httpx.InvalidURL as exc:
         raise ConfigurationError(
-            f"invalid upstream URL {upstream!r}: {exc}", option="upstream"
+            f"invalid upstream URL {shown_url(upstream)!r}: {exc}", option="upstream"
         ) from exc
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigurationError(
-            f"upstream must be an http:// or https:// URL with a host, got {upstream!r}",
-            option="upstream",
-        )
-    return url
 
 
 def _check_log_path(log_path: str | os.PathLike[str] | None) -> Path | None:

@@ -1846,8 +1846,10 @@ async def areconcile(
                     await asyncio.wait(tasks)
                     await _unknown_again(astore, list(untouched.values()), clock)
                     raise
-            for task in tasks:
-                task.result()  # the first failure, as gather raised it
+            failures = [task.exception() for task in tasks]  # each read: none left unseen
+            first = next((exc for exc in failures if exc is not None), None)
+            if first is not None:
+                raise first  # the first failure, as gather raised it
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())

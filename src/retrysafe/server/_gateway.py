@@ -86,6 +86,7 @@ class ReverseProxy:
                 option="timeout",
             )
         self.upstream = validate_upstream(upstream)
+        self._shown = shown_url(self.upstream)  # as logs show it: no credentials
         self._timeout = timeout
         self._client = client
 
@@ -196,7 +197,7 @@ class ReverseProxy:
             )
             log.warning(
                 "upstream unreachable",
-                extra={"upstream": shown_url(self.upstream), "error": repr(unreachable)},
+                extra={"upstream": self._shown, "error": repr(unreachable)},
             )
             return
         if deadline.cancelled_caught:
@@ -221,14 +222,14 @@ class ReverseProxy:
             )
             log.warning(
                 "upstream outcome unknown",
-                extra={"upstream": shown_url(self.upstream), "error": repr(broke)},
+                extra={"upstream": self._shown, "error": repr(broke)},
             )
             return
         # The answer broke off mid-body: returning without its end makes the server cut the
         # connection, so the client sees a broken answer (never a complete-looking one).
         log.warning(
             "upstream body broke off",
-            extra={"upstream": shown_url(self.upstream), "error": repr(broke)},
+            extra={"upstream": self._shown, "error": repr(broke)},
         )
 
 
