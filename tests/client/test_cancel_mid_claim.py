@@ -34,6 +34,15 @@ class _LateClaims:
     async def claim_unknown_jobs(self, **kwargs: Any) -> Any:
         return await self._late(await self._inner.claim_unknown_jobs(**kwargs))
 
+    async def cancel_then_answer(self, task: asyncio.Future[Any]) -> None:
+        """Cancel ``task`` while its claim is on its way, then let the claim answer; the
+        task ends cancelled."""
+        task.cancel()
+        await asyncio.sleep(0)  # the cancellation reaches the claim first
+        self.answer.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
     async def _late(self, jobs: Any) -> Any:
         if jobs:
             self.landed.set()
@@ -54,11 +63,7 @@ async def test_jobs_claimed_when_the_worker_is_cancelled_are_released_pending(
         serving = asyncio.create_task(worker.serve())
         await asyncio.wait_for(late.landed.wait(), 10)
         assert {outbox.get(j.id).state for j in jobs} == {JobState.IN_FLIGHT}
-        serving.cancel()
-        await asyncio.sleep(0)  # the cancellation reaches the claim first
-        late.answer.set()
-        with pytest.raises(asyncio.CancelledError):
-            await serving
+        await late.cancel_then_answer(serving)
         after = [outbox.get(j.id) for j in jobs]
     assert {j.state for j in after} == {JobState.PENDING}
     assert [j.key for j in after] == [j.key for j in jobs]
@@ -99,11 +104,7 @@ async def test_a_reconcile_cancelled_while_its_claim_is_on_its_way_gives_the_job
             await asyncio.sleep(0.01)
         await asyncio.wait_for(lates[0].landed.wait(), 10)
         assert {outbox.get(j.id).state for j in jobs} == {JobState.IN_FLIGHT}
-        task.cancel()
-        await asyncio.sleep(0)  # the cancellation reaches the claim first
-        lates[0].answer.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await lates[0].cancel_then_answer(task)
         after = [outbox.get(j.id) for j in jobs]
     assert {j.state for j in after} == {JobState.UNKNOWN}
     assert [j.key for j in after] == [j.key for j in jobs]
@@ -156,11 +157,7 @@ async def test_jobs_the_store_could_not_take_back_are_counted_unreleased(
         late = worker._astore = _NoReleases(worker._astore)
         serving = asyncio.create_task(worker.serve())
         await asyncio.wait_for(late.landed.wait(), 10)
-        serving.cancel()
-        await asyncio.sleep(0)
-        late.answer.set()
-        with pytest.raises(asyncio.CancelledError):
-            await serving
+        await late.cancel_then_answer(serving)
         after = [outbox.get(j.id) for j in jobs]
     assert {j.state for j in after} == {JobState.IN_FLIGHT}  # they wait out their lease
     assert (worker.stats.released, worker.stats.unreleased) == (0, 3)
