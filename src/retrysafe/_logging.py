@@ -12,7 +12,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-__all__ = ["JSONFormatter", "configure_json_logging", "logging_config"]
+__all__ = [
+    "JSONFormatter",
+    "ShutdownCancels",
+    "configure_json_logging",
+    "logging_config",
+    "quiet_shutdown_cancels",
+]
 
 # Attributes every LogRecord has; everything else came from ``extra``.
 _STANDARD = frozenset(
@@ -43,6 +49,51 @@ class JSONFormatter(logging.Formatter):
             )
 
         return json.dumps(doc, default=str, separators=(",", ":"))
+
+
+class ShutdownCancels(logging.Filter):
+    """uvicorn's error lines about what its own shutdown cancelled, said as what they are.
+
+    When a server's shutdown grace runs out (or a second signal cuts it short), uvicorn
+    cancels the requests still running and logs each at ERROR as "Exception in ASGI
+    application", with a traceback of the ``CancelledError`` it caused; stopping its
+    lifespan task the same way logs "Exception in 'lifespan' protocol". Neither is a fault of
+    the application, and an operator's alert on ERROR fired on every deploy that met a slow
+    request. This filter makes the request's line a WARNING ("request cancelled by the
+    server's shutdown", the error kept), makes "Cancel N running task(s), timeout graceful
+    shutdown exceeded" a WARNING, and drops the lifespan's. Any other record, and these
+    messages with any other exception, pass unchanged. (The idempotency middleware logs the
+    cancelled request's own decision, ``outcome-unknown``: its key stays claimed.)
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "uvicorn.error" or record.levelno != logging.ERROR:
+            return True
+        msg = record.msg if isinstance(record.msg, str) else ""
+        if msg.startswith("Cancel %s running task(s)"):
+            _as_warning(record)
+            return True
+        asyncio = sys.modules.get("asyncio")  # not loaded: nothing was cancelled
+        exc = record.exc_info[1] if record.exc_info else None
+        if asyncio is None or not isinstance(exc, asyncio.CancelledError):
+            return True
+        if msg.startswith("Exception in 'lifespan' protocol"):
+            return False
+        if msg.startswith("Exception in ASGI application"):
+            record.msg, record.args = "request cancelled by the server's shutdown", None
+            _as_warning(record)
+        return True
+
+
+def _as_warning(record: logging.LogRecord) -> None:
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
+
+
+def quiet_shutdown_cancels() -> None:
+    """Put :class:`ShutdownCancels` on uvicorn's error logger, once (a served command's)."""
+    log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ShutdownCancels) for f in log.filters):
+        log.addFilter(ShutdownCancels())
 
 
 def configure_json_logging(
@@ -95,10 +146,12 @@ def logging_config(
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"retrysafe_json": {"()": "retrysafe._logging.JSONFormatter"}},
+        "filters": {"retrysafe_shutdown": {"()": "retrysafe._logging.ShutdownCancels"}},
         "handlers": {
             "retrysafe_stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "retrysafe_json",
+                "filters": ["retrysafe_shutdown"],
                 "stream": "ext://sys.stderr",
             }
         },

@@ -4,6 +4,7 @@ uvicorn, and the workers' output is one JSON object per line."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -139,3 +140,43 @@ def test_a_logged_exception_keeps_its_type_and_whole_message() -> None:
     doc = json.loads(JSONFormatter().format(record))
     assert doc["error"] == "RuntimeError: boom\nsecond line"
     assert "traceback" not in doc
+
+
+def _uvicorn_error(msg: str, exc: BaseException | None, *args: object) -> logging.LogRecord:
+    import logging
+
+    info = None if exc is None else (type(exc), exc, None)
+    return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, msg, args, info)
+
+
+def test_requests_a_shutdown_cancelled_are_warnings_and_other_errors_stay_errors() -> None:
+    """``ShutdownCancels`` (the served commands' filter and the ready config's): uvicorn's
+    "Exception in ASGI application" with the CancelledError its shutdown caused becomes a
+    warning that keeps the error, its "Cancel N running task(s)" line a warning, the
+    lifespan's cancelled line is dropped; the same lines with any other exception, and any
+    other logger's records, pass unchanged."""
+    import asyncio
+    import logging
+
+    from retrysafe._logging import JSONFormatter, ShutdownCancels
+
+    keep = ShutdownCancels().filter
+    cancelled = asyncio.CancelledError("Task cancelled, timeout graceful shutdown exceeded")
+    request = _uvicorn_error("Exception in ASGI application\n", cancelled)
+    assert keep(request)
+    assert (request.levelno, request.levelname) == (logging.WARNING, "WARNING")
+    assert request.getMessage() == "request cancelled by the server's shutdown"
+    assert json.loads(JSONFormatter().format(request))["error"].startswith(
+        "CancelledError: Task cancelled"
+    )
+    grace = _uvicorn_error("Cancel %s running task(s), timeout graceful shutdown exceeded", None, 2)
+    assert keep(grace) and grace.levelno == logging.WARNING and "Cancel 2" in grace.getMessage()
+    assert not keep(_uvicorn_error("Exception in 'lifespan' protocol\n", asyncio.CancelledError()))
+
+    crash = _uvicorn_error("Exception in ASGI application\n", RuntimeError("boom"))
+    lifespan_crash = _uvicorn_error("Exception in 'lifespan' protocol\n", RuntimeError("x"))
+    other = _uvicorn_error("Exception in ASGI application\n", cancelled)
+    other.name = "myapp"
+    for record in (crash, lifespan_crash, other):
+        assert keep(record) and record.levelno == logging.ERROR
+        assert record.msg.startswith("Exception in")

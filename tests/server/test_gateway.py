@@ -748,9 +748,24 @@ def test_cli_gateway_stopped_before_the_upstream_answered_keeps_the_key_claimed(
     proc = _gateway_process(upstream, tmp_path / "gw.db", port)
     stderr = _stop_mid_request(proc, port, "/ai", effects, signal.SIGINT)
     assert proc.returncode == 130, stderr
+    _cancel_logged_as_a_warning(stderr)
     retry = _retry_through_a_new_gateway(upstream, tmp_path / "gw.db", port)
     assert retry.status_code == 409, retry.text
     assert effects["ai"] == 1
+
+
+def _cancel_logged_as_a_warning(stderr: str) -> None:
+    """The request the shutdown cancelled is one warning line from uvicorn and the
+    middleware's ``outcome-unknown`` decision; no line at ERROR (uvicorn logged "Exception in
+    ASGI application" and, after a second signal, "Exception in 'lifespan' protocol", both
+    ERROR with the CancelledError it had caused)."""
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert [d for d in lines if d["level"] == "error"] == [], stderr
+    cancelled = [d for d in lines if d["msg"] == "request cancelled by the server's shutdown"]
+    assert len(cancelled) == 1 and cancelled[0]["level"] == "warning", stderr
+    assert cancelled[0]["error"].startswith("CancelledError"), stderr
+    decisions = [d.get("decision") for d in lines if d["logger"] == "retrysafe.server"]
+    assert decisions == ["outcome-unknown"], stderr
 
 
 def test_cli_gateway_second_signal_stops_it_at_once_keeping_the_key_claimed(
@@ -767,6 +782,7 @@ def test_cli_gateway_second_signal_stops_it_at_once_keeping_the_key_claimed(
     )
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
+    _cancel_logged_as_a_warning(stderr)
     retry = _retry_through_a_new_gateway(upstream, tmp_path / "gw.db", port)
     assert retry.status_code == 409, retry.text
     assert effects["ai"] == 1

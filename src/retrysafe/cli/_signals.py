@@ -173,8 +173,14 @@ def server_config(app: Any, host: str, port: int, **options: Any) -> Any:
 def quiet_server(config: Any) -> Any:
     """A uvicorn server for ``config`` that leaves signals to the command: it neither
     installs handlers of its own nor re-raises the signal after shutting down (uvicorn
-    does both), so the command exits 130 or 143 with its store closed."""
+    does both), so the command exits 130 or 143 with its store closed. The requests its
+    shutdown cancels are logged as warnings, not errors (:class:`~retrysafe._logging.
+    ShutdownCancels`)."""
     import uvicorn
+
+    from retrysafe._logging import quiet_shutdown_cancels
+
+    quiet_shutdown_cancels()
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
