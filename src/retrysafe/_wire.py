@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from retrysafe._http import no_cookie_jar
+from retrysafe._http import drop_tracebacks, no_cookie_jar
 
 if TYPE_CHECKING:
     import aiohttp
@@ -102,6 +102,10 @@ class Answer:
     reason: str = ""
 
 
+#: The longest message a :class:`WireError` keeps, in characters (longer ones end in "…").
+_MESSAGE_CHARS = 1000
+
+
 class WireError(Exception):
     """No complete answer: what went wrong, and whether the request may have been sent.
 
@@ -118,7 +122,12 @@ class WireError(Exception):
     def __init__(self, kind: str, message: str, *, sent: bool, expected: bool = True) -> None:
         # One line: a job's last_error and the tables show it (aiohttp's parser errors span
         # lines: "Bad status line:\n  Expected HTTP/…").
-        super().__init__(" ".join(message.split()) or kind)
+        # At most _MESSAGE_CHARS characters: a parser's error quotes the line it refused,
+        # which may be a 256 KiB run of junk (four times that as a bytes repr).
+        text = " ".join(message[: 4 * _MESSAGE_CHARS].split())
+        if len(text) > _MESSAGE_CHARS or (text and len(message) > 4 * _MESSAGE_CHARS):
+            text = text[: _MESSAGE_CHARS - 1] + "…"
+        super().__init__(text or kind)
         self.kind = kind
         self.sent = sent
         self.expected = expected
@@ -352,6 +361,7 @@ class AiohttpEngine:
         except _Stalled as exc:
             raise exc.error from None
         except aiohttp.ClientError as exc:
+            drop_tracebacks(exc)
             raise _from_aiohttp(exc) from exc
         except (ValueError, LookupError) as exc:  # a URL or header aiohttp cannot send
             raise WireError("UnsupportedProtocol", str(exc), sent=False) from exc

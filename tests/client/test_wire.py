@@ -2282,3 +2282,72 @@ def test_reconcile_keeps_jobs_to_a_healthy_destination_flowing_past_a_hung_one(
     # In claim order, every healthy job would start after the last hung one.
     assert max(map(started, healthy_jobs)) < max(map(started, hung_jobs))
     assert len(hung.requests) == 12 + 12  # each hung job sent once more, nothing else
+
+
+# --------------------------------------------------- failed answers leave no reference cycle
+
+
+def junk_then_close(conn: Conn, request: Request) -> None:
+    """64 KiB of bytes that are no HTTP answer (no status line), then close."""
+    conn.send(b"\x00" * 65536)
+    conn.close()
+
+
+def _cycles_left(work: Callable[[], object]) -> list[str]:
+    """Run ``work`` with the garbage collector off; the exceptions, tracebacks and frames it
+    left in reference cycles (what only a collection frees), by type and name."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        work()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [
+            f"{type(o).__name__}: {o.f_code.co_name}" if type(o).__name__ == "frame"
+            else type(o).__name__
+            for o in gc.garbage
+            if isinstance(o, BaseException) or type(o).__name__ in ("frame", "traceback")
+        ]  # fmt: skip
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    return left
+
+
+def test_failed_answers_leave_no_cycle_holding_their_buffers(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """A fresh user's check: a worker whose endpoint answered 64 KiB of non-HTTP bytes grew
+    to 0.35-0.9 GB under the served commands' collector thresholds, because each failed
+    attempt left its error, traceback and frames (the protocol, the bytes it parsed, the
+    ~256 KB message quoting them) in reference cycles until a full collection. Now a failed
+    attempt leaves none: through the worker and through the engine itself, and the
+    recorded error stays short."""
+    server = serve(junk_then_close)
+    jobs = [outbox.submit(server.url + "/", json={"n": n}) for n in range(6)]
+    assert _cycles_left(lambda: run(outbox, policy(attempts=2))) == []
+    for job in jobs:
+        stored = outbox.get(job.id)
+        assert [o for o, _ in outcomes(outbox, job)] == ["transport_error"] * 2
+        assert len(stored.last_error or "") <= 1100, len(stored.last_error or "")
+    errors: list[Answer | WireError] = []
+    assert _cycles_left(lambda: errors.extend(send(server.url + "/") for _ in range(3))) == []
+    for error in errors:
+        assert wire_error(error).kind == "RemoteProtocolError"
+        assert len(str(error)) <= 1000 and str(error).endswith("…"), len(str(error))
+
+
+def test_a_wire_error_keeps_at_most_a_thousand_characters() -> None:
+    """A parser's error quotes the line it refused (up to the 256 KiB head cap, four times
+    that as a bytes repr): the WireError keeps its first 999 characters and "…"; a short one
+    stays whole, with its whitespace made single spaces."""
+    long = WireError("RemoteProtocolError", "Bad status line:\n  " + "\\x00" * 70_000, sent=True)
+    assert len(str(long)) == 1000 and str(long).startswith("Bad status line: \\x00")
+    assert str(long).endswith("…")
+    assert str(WireError("ReadError", "a\n  b", sent=True)) == "a b"
+    assert str(WireError("ReadError", "x" * 1000, sent=True)) == "x" * 1000
+    assert str(WireError("ReadError", "x" * 1001, sent=True)) == "x" * 999 + "…"
+    assert str(WireError("ReadError", " " * 10_000, sent=True)) == "ReadError"

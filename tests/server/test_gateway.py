@@ -189,6 +189,58 @@ def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
     assert len(reached) == 1
 
 
+def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: Path) -> None:
+    """An upstream answering 64 KiB of non-HTTP bytes: 502, and the gateway keeps the error
+    without its traceback (the frames it names held the upstream's bytes in a reference
+    cycle until a full collection: 74-87 MB of resident memory against 54 MB for 256 such
+    requests). Nothing of the request is left for the garbage collector."""
+    import gc
+
+    async def junk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"\x00" * 65536)
+        await writer.drain()
+        writer.close()
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(junk, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    store = SQLiteStore(tmp_path / "gateway.db")
+    app = IdempotencyMiddleware(ReverseProxy(f"http://127.0.0.1:{port}", timeout=5), store=store)
+
+    async def three() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            return [
+                (await client.post("/x", json={}, headers={"Idempotency-Key": f"j{n}"}))
+                .status_code
+                for n in range(3)
+            ]
+
+    gc.collect()
+    gc.disable()
+    try:
+        statuses = asyncio.run(three())
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [
+            type(o).__name__
+            for o in gc.garbage
+            if isinstance(o, BaseException) or type(o).__name__ in ("frame", "traceback")
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+        store.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert statuses == [502, 502, 502]
+    assert left == []
+
+
 def test_forwards_status_headers_query_and_binary_body(gateway: str) -> None:
     """Method, path, query, headers and a binary body reach the upstream; its answer returns."""
     blob = bytes(range(256)) * 10

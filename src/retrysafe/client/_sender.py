@@ -166,6 +166,34 @@ async def send_attempt(
     return result
 
 
+def _no_answer(
+    exc: Exception, job: Job, timeout: float, started: float, duration: float
+) -> SendResult:
+    """The result of an attempt that got no complete answer (``exc`` says why).
+
+    A function of its own: the error it reads is no local of :func:`_send`'s frame, which the
+    error's traceback holds, so no reference cycle keeps the error, its traceback and the
+    frames' buffers alive until the garbage collector's next full pass."""
+    if isinstance(exc, WireError):
+        error = exc
+    elif isinstance(exc, asyncio.TimeoutError):
+        error = WireError("AttemptTimeout", f"no complete answer within {timeout:g} s", sent=True)
+    else:
+        error = WireError(type(exc).__name__, str(exc), sent=True, expected=False)
+    if not error.expected:
+        logger.warning("unexpected error sending job %s", job.id, exc_info=exc)
+    return SendResult(
+        classification=classify_transport_error(sent=error.sent),
+        started_at=started,
+        duration=duration,
+        status=None,
+        error_type=error.kind,
+        replayed=False,
+        retry_after=None,
+        detail=str(error)[:_ERROR_BODY_LIMIT],
+    )
+
+
 async def _send(
     engine: Engine,
     job: Job,
@@ -184,26 +212,7 @@ async def _send(
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        if isinstance(exc, WireError):
-            error: WireError = exc
-        elif isinstance(exc, asyncio.TimeoutError):
-            error = WireError(
-                "AttemptTimeout", f"no complete answer within {timeout:g} s", sent=True
-            )
-        else:
-            error = WireError(type(exc).__name__, str(exc), sent=True, expected=False)
-        if not error.expected:
-            logger.warning("unexpected error sending job %s", job.id, exc_info=exc)
-        return SendResult(
-            classification=classify_transport_error(sent=error.sent),
-            started_at=started,
-            duration=time.perf_counter() - t0,
-            status=None,
-            error_type=error.kind,
-            replayed=False,
-            retry_after=None,
-            detail=str(error)[:_ERROR_BODY_LIMIT],
-        )
+        return _no_answer(exc, job, timeout, started, time.perf_counter() - t0)
     duration = time.perf_counter() - t0
     status = answer.status
     headers_in = answer.headers

@@ -23,7 +23,7 @@ import anyio
 import httpx
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe._http import HOP_BY_HOP, no_cookie_jar
+from retrysafe._http import HOP_BY_HOP, drop_tracebacks, no_cookie_jar
 from retrysafe.client._jobs import _check_url, shown_url
 from retrysafe.core import Problem
 from retrysafe.server._outcome import mark_outcome_unknown
@@ -179,10 +179,12 @@ class ReverseProxy:
                 async for chunk in response.aiter_raw():
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # Kept without their tracebacks (drop_tracebacks): this frame is in them, and
+            # a local naming the error would make a cycle holding the frames' buffers.
             except _NOT_SENT as exc:
-                unreachable = exc
+                unreachable = drop_tracebacks(exc)
             except httpx.HTTPError as exc:
-                broke = exc
+                broke = drop_tracebacks(exc)
             finally:
                 if response is not None:
                     with anyio.CancelScope(shield=True):
