@@ -1186,6 +1186,32 @@ def test_a_redirect_rejects_the_job(outbox: Outbox, serve: Callable[..., RawServ
     assert (final.state, final.last_status) == (JobState.REJECTED, 302)
     assert outcomes(outbox, job) == [("client_error", None)]
     assert server.paths() == ["/start"]
+    # The job's error says where the redirect pointed (it was empty: a fresh user's check).
+    assert final.last_error == "redirect to /elsewhere (not followed)"
+
+
+def test_a_redirect_keeps_its_body_and_a_bounded_location_in_the_error(
+    outbox: Outbox, serve: Callable[..., RawServer]
+) -> None:
+    """A 301 with a body: the Location first, then the body's text; a 100,000-character
+    Location is cut at 500 characters and its control characters shown as U+FFFD."""
+
+    def moved(conn: Conn, request: Request) -> None:
+        conn.answer(301, b"Moved to v2", ("Location: https://api.example/v2",))
+
+    def far(conn: Conn, request: Request) -> None:
+        conn.answer(307, b"", ("Location: /" + "\x01" + "a" * 100_000,))
+
+    server = serve(by_path(moved=moved, far=far))
+    first = outbox.submit(server.url + "/moved", json={})
+    second = outbox.submit(server.url + "/far", json={})
+    run(outbox)
+    assert outbox.get(first.id).last_error == (
+        "redirect to https://api.example/v2 (not followed): Moved to v2"
+    )
+    error = outbox.get(second.id).last_error or ""
+    assert error.startswith("redirect to /\ufffdaaa") and error.endswith("…" + " (not followed)")
+    assert len(error) == len("redirect to  (not followed)") + 501
 
 
 # ---------------------------------------------------------------------- 5. TLS verified

@@ -166,6 +166,21 @@ async def send_attempt(
     return result
 
 
+#: Characters of a redirect's Location shown in the job's error.
+_LOCATION_SHOWN = 500
+
+
+def _redirect_detail(location: str | None, detail: str | None) -> str | None:
+    """A 3xx's error: where it points (never followed: the job, its key and, for a webhook,
+    its signature and the SSRF guard's check are for the URL it was given; the operator
+    re-submits or re-registers the URL the redirect names), then the body's text if any."""
+    if location is None:
+        return detail
+    shown = location[:_LOCATION_SHOWN] + ("…" if len(location) > _LOCATION_SHOWN else "")
+    note = f"redirect to {shown} (not followed)".translate(_UNPRINTABLE)
+    return f"{note}: {detail}"[:_ERROR_BODY_LIMIT] if detail else note
+
+
 def _no_answer(
     exc: Exception, job: Job, timeout: float, started: float, duration: float
 ) -> SendResult:
@@ -234,6 +249,8 @@ async def _send(
                 doc = None
             if isinstance(doc, dict) and isinstance(doc.get("type"), str):
                 problem_type = doc["type"]
+        if 300 <= status < 400:
+            detail = _redirect_detail(headers_in.get("location"), detail)
     retry_after = headers_in.get("retry-after")
     error_type = None
     if not 200 <= status <= 599:
