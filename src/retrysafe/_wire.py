@@ -359,7 +359,7 @@ class AiohttpEngine:
                     response.reason or "",
                 )
         except _Stalled as exc:
-            raise exc.error from None
+            raise exc.take() from None
         except aiohttp.ClientError as exc:
             drop_tracebacks(exc)
             raise _from_aiohttp(exc) from exc
@@ -519,7 +519,16 @@ class _Stalled(Exception):
 
     def __init__(self, error: WireError) -> None:
         super().__init__(str(error))
-        self.error = error
+        self.error: WireError | None = error
+
+    def take(self) -> WireError:
+        """The error, handed over once: this exception forgets it and its own traceback (the
+        body read's frames and buffers), so the error raised in its place, whose context
+        this is, makes no reference cycle with it."""
+        error, self.error = self.error, None
+        self.__traceback__ = None
+        assert error is not None, "a stalled read's error is taken once"
+        return error
 
 
 def _stall(content: aiohttp.StreamReader, protocol: Any, read_timeout: float) -> None:
@@ -787,6 +796,9 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
                     return  # the parser failed: nothing more is read
 
         def set_exception(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
+            # Kept on the protocol, whose frames its traceback names: a cycle holding the
+            # read's buffers until a full collection (see drop_tracebacks).
+            drop_tracebacks(exc)
             super().set_exception(exc, *args, **kwargs)
             # A body that breaks HTTP's grammar in a later read (a bad chunk size): aiohttp
             # fails the connection but leaves the body's read waiting, to its timeout (the

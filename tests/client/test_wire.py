@@ -2320,8 +2320,11 @@ def junk_then_close(conn: Conn, request: Request) -> None:
 
 
 def _cycles_left(work: Callable[[], object]) -> list[str]:
-    """Run ``work`` with the garbage collector off; the exceptions, tracebacks and frames it
-    left in reference cycles (what only a collection frees), by type and name."""
+    """Run ``work`` with the garbage collector off; the frames, tracebacks and exceptions
+    with a traceback it left in reference cycles (what only a collection frees: a frame keeps
+    its locals, the buffers among them), by type and name. (aiohttp's connection objects
+    form small cycles of their own when a connection fails, a failed body's error among
+    them: no frame, no buffer.)"""
     import gc
 
     gc.collect()
@@ -2334,7 +2337,8 @@ def _cycles_left(work: Callable[[], object]) -> list[str]:
             f"{type(o).__name__}: {o.f_code.co_name}" if type(o).__name__ == "frame"
             else type(o).__name__
             for o in gc.garbage
-            if isinstance(o, BaseException) or type(o).__name__ in ("frame", "traceback")
+            if (isinstance(o, BaseException) and o.__traceback__ is not None)
+            or type(o).__name__ in ("frame", "traceback")
         ]  # fmt: skip
     finally:
         gc.set_debug(0)
@@ -2343,16 +2347,27 @@ def _cycles_left(work: Callable[[], object]) -> list[str]:
     return left
 
 
+@pytest.mark.parametrize(
+    "handler",
+    [
+        junk_then_close,
+        bad_chunk_at_once,
+        bad_chunk_later,
+        reset_mid_answer,
+        body_then_trailer_flood,
+    ],
+)
 def test_failed_answers_leave_no_cycle_holding_their_buffers(
-    outbox: Outbox, serve: Callable[..., RawServer]
+    outbox: Outbox, serve: Callable[..., RawServer], handler: Handler
 ) -> None:
     """A fresh user's check: a worker whose endpoint answered 64 KiB of non-HTTP bytes grew
     to 0.35-0.9 GB under the served commands' collector thresholds, because each failed
     attempt left its error, traceback and frames (the protocol, the bytes it parsed, the
     ~256 KB message quoting them) in reference cycles until a full collection. Now a failed
-    attempt leaves none: through the worker and through the engine itself, and the
-    recorded error stays short."""
-    server = serve(junk_then_close)
+    attempt leaves none (junk, a bad chunk at once or in a later read, a reset mid-answer, a
+    trailer flood): through the worker and through the engine itself, and the recorded error
+    stays short."""
+    server = serve(handler)
     jobs = [outbox.submit(server.url + "/", json={"n": n}) for n in range(6)]
     assert _cycles_left(lambda: run(outbox, policy(attempts=2))) == []
     for job in jobs:
@@ -2362,8 +2377,10 @@ def test_failed_answers_leave_no_cycle_holding_their_buffers(
     errors: list[Answer | WireError] = []
     assert _cycles_left(lambda: errors.extend(send(server.url + "/") for _ in range(3))) == []
     for error in errors:
-        assert wire_error(error).kind == "RemoteProtocolError"
-        assert len(str(error)) <= 1000 and str(error).endswith("…"), len(str(error))
+        assert len(str(wire_error(error))) <= 1000
+    if handler is junk_then_close:
+        assert {wire_error(e).kind for e in errors} == {"RemoteProtocolError"}
+        assert all(str(e).endswith("…") for e in errors)
 
 
 def test_a_wire_error_keeps_at_most_a_thousand_characters() -> None:
