@@ -13,10 +13,15 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from retrysafe import JobState, WebhookIdReusedError, WebhookVerificationError
+from retrysafe import (
+    JobState,
+    StoreUnavailableError,
+    WebhookIdReusedError,
+    WebhookVerificationError,
+)
 from retrysafe._serving import ServerThread
 from retrysafe.chaos import ChaosProxy, FaultRates
 from retrysafe.stores import MemoryStore, SQLiteStore
@@ -250,3 +255,80 @@ def test_a_handler_longer_than_its_lease_keeps_its_claim(tmp_path: Any) -> None:
     assert after.duplicate
     assert len(calls) == 1
     store.close()
+
+
+class _CompletesDown:
+    """A sync KeyStore whose ``complete`` says the store is unavailable while ``down`` is set
+    (a locked SQLite file, a Redis failover): claims and renewals still work."""
+
+    def __init__(self, inner: SQLiteStore) -> None:
+        self._inner = inner
+        self.down = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "asyncio_key_store":  # the verifier runs this sync store in threads
+            raise AttributeError(name)
+        method = getattr(self._inner, name)
+        if name != "complete":
+            return method
+
+        def complete(*args: Any, **kwargs: Any) -> Any:
+            if self.down.is_set():
+                raise StoreUnavailableError("the store is down (test)")
+            return method(*args, **kwargs)
+
+        return complete
+
+
+def test_middleware_never_answers_2xx_for_a_delivery_it_could_not_record(
+    tmp_path: Any,
+) -> None:
+    """A fresh user's check: with the receiver's store locked while the handler ran, the
+    sender got 200 at once, the record failed seconds later, and the redelivery after the
+    lease ran the handler a second time. Record before answer: the sender gets 503
+    ``store-unavailable`` (a streamed 2xx is cut before its end), the record is retried in
+    the background with the claim renewed (a redelivery meanwhile: 409), and once it lands
+    the redelivery is a duplicate. The handler runs once per id."""
+    effects: Counter[str] = Counter()
+
+    async def handle(request: Request) -> Response:
+        await request.body()
+        effects[request.headers["webhook-id"]] += 1
+        if request.headers["webhook-id"] == "streamed":
+
+            async def chunks() -> Any:
+                yield b'{"ok": '
+                yield b"true}"
+
+            return StreamingResponse(chunks(), media_type="application/json")
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/hook", handle, methods=["POST"])])
+    store = _CompletesDown(SQLiteStore(tmp_path / "receiver.db"))
+    verifier = WebhookVerifier(SECRET, store=store, lease=0.6)
+    body = b'{"n": 1}'
+    store.down.set()
+    with ServerThread(WebhookMiddleware(app, verifier=verifier, path="/hook")) as server:
+        url = server.url + "/hook"
+        first = httpx.post(url, content=body, headers=signed("plain", body))
+        assert first.status_code == 503, first.text
+        assert first.json()["type"] == "store-unavailable"
+        assert "retry-after" in first.headers
+        with pytest.raises(httpx.RemoteProtocolError):  # the 2xx cut before its end
+            httpx.post(url, content=body, headers=signed("streamed", body))
+        time.sleep(1.0)  # past the 0.6 s lease: the claims are renewed while recording
+        for msg_id in ("plain", "streamed"):
+            busy = httpx.post(url, content=body, headers=signed(msg_id, body))
+            assert busy.status_code == 409, busy.text
+        store.down.clear()
+        deadline = time.monotonic() + 10
+        for msg_id in ("plain", "streamed"):
+            while True:
+                again = httpx.post(url, content=body, headers=signed(msg_id, body))
+                if again.status_code != 409 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert again.status_code == 200, again.text
+            assert again.json() == {"duplicate": True, "webhook_id": msg_id}
+    assert effects == Counter({"plain": 1, "streamed": 1})
+    store._inner.close()

@@ -22,9 +22,11 @@ the limit (413), so a request costs at most ``max_body_size`` bytes of memory wh
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, MutableMapping
 from dataclasses import dataclass
@@ -75,6 +77,8 @@ DEFAULT_MAX_BODY_SIZE = DEFAULT_MAX_PAYLOAD
 #: The reason :func:`~retrysafe.webhooks._signing.verify` gives when only the signature itself
 #: failed: every header is present and well formed, the timestamp within the tolerance.
 _NO_MATCH = "no matching signature"
+
+logger = logging.getLogger("retrysafe.webhooks")
 
 _T = TypeVar("_T")
 _ACK = StoredResponse(200, (), b"", True)
@@ -337,11 +341,18 @@ class WebhookVerifier:
 
         return AsyncHeartbeat(renew, self.timing, clock=self._clock, started=claimed.at).start()
 
-    async def afinish(self, webhook_id: str, claimed: Claimed, done: bool) -> None:
+    async def afinish(
+        self, webhook_id: str, claimed: Claimed, done: bool, *, wait: float | None = RECORD_WAIT
+    ) -> bool:
         """Complete (``done``) or release a claimed delivery on the async face, retrying a
-        briefly unavailable store for a second (raises :class:`~retrysafe.StoreError`)."""
+        briefly unavailable store for ``wait`` seconds (default one; None: until it is
+        available again). Returns False when the claim was taken over (nothing written).
+
+        Raises:
+            StoreError: still unavailable after ``wait``, or any other store error.
+        """
         op = self._finish(webhook_id, claimed.fencing_token, done)
-        await adrive(settle(op, wait=RECORD_WAIT), self._async_store())
+        return await adrive(settle(op, wait=wait), self._async_store())
 
     async def areceive(
         self,
@@ -412,8 +423,11 @@ class WebhookMiddleware:
       ``Retry-After`` while another delivery of it runs, 503 when the store cannot claim it.
 
     Nothing is claimed before the body is read and verified. While the app runs the claim's
-    lease is renewed. A 2xx from the app completes the id; anything else (or an exception)
-    releases it so the sender's retry runs again. Other paths and methods pass through.
+    lease is renewed. A 2xx from the app completes the id before the end of the answer
+    leaves (record before answer: when the store cannot record it within a second, the
+    sender gets 503 ``store-unavailable`` instead and the record is retried in the
+    background, the claim renewed meanwhile); anything else (or an exception) releases it so
+    the sender's retry runs again. Other paths and methods pass through.
 
     Args:
         app: the ASGI application.
@@ -447,6 +461,7 @@ class WebhookMiddleware:
         self.verifier = verifier
         self.path = path
         self.max_body_size = max_body_size
+        self._background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: _Message, receive: _Receive, send: _Send) -> None:
         if (
@@ -500,7 +515,6 @@ class WebhookMiddleware:
                 await _answer(send, 200, {"duplicate": True, "webhook_id": webhook_id})
                 return
             claimed = outcome
-        status: list[int] = []
         sent_body = False
 
         async def replay() -> _Message:
@@ -510,23 +524,144 @@ class WebhookMiddleware:
             sent_body = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def watch(message: _Message) -> None:
-            if message["type"] == "http.response.start":
-                status.append(int(message["status"]))
-            await send(message)
-
         if claimed is None:
-            await self.app(scope, replay, watch)
+            await self.app(scope, replay, send)
             return
         beat = verifier.aheartbeat(webhook_id, claimed)
+        answer = _RecordFirst(verifier, webhook_id, claimed, send)
         try:
-            await self.app(scope, replay, watch)
+            await self.app(scope, replay, answer)
         except BaseException:
-            beat.stop()
-            await verifier.afinish(webhook_id, claimed, False)
+            if answer.state is None:  # nothing recorded: the sender's retry runs it again
+                beat.stop()
+                await verifier.afinish(webhook_id, claimed, False)
+            else:
+                self._settled(answer, beat)
             raise
+        if answer.state is None:
+            # No complete answer went out: a 2xx the app started without ending it is
+            # recorded all the same (its effect is done), anything else is released.
+            await answer.record(answer.status is not None and 200 <= answer.status < 300)
+        self._settled(answer, beat)
+
+    def _settled(self, answer: _RecordFirst, beat: AsyncHeartbeat) -> None:
+        """Stop renewing the claim, or, for a handled delivery whose record could not land,
+        keep renewing it while the record is retried in the background."""
+        if answer.state != "unrecorded":
+            beat.stop()
+            return
+        task = asyncio.ensure_future(answer.record_later(beat))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+class _RecordFirst:
+    """The app's ``send`` for a claimed delivery: a 2xx's end leaves only once the
+    ``webhook-id`` is recorded as handled (record before answer, as the idempotency middleware
+    does, SPEC §3), so a sender never takes an unrecorded 2xx for done.
+
+    The start of the answer waits for its first body message. When the record cannot land
+    within :data:`~retrysafe.server._engine.RECORD_WAIT` (the store is down or locked), the
+    sender gets 503 ``store-unavailable`` instead of the app's answer (or, when part of a
+    streamed answer already left, the answer is cut before its end), and the record is retried
+    in the background while the claim's lease is renewed: a redelivery meanwhile gets 409,
+    and once the record lands, ``duplicate``. ``state``: None until the delivery is settled,
+    then ``"settled"`` (completed or released, or taken over) or ``"unrecorded"``.
+    """
+
+    __slots__ = ("claimed", "held", "send", "state", "status", "verifier", "webhook_id")
+
+    def __init__(
+        self, verifier: WebhookVerifier, webhook_id: str, claimed: Claimed, send: _Send
+    ) -> None:
+        self.verifier = verifier
+        self.webhook_id = webhook_id
+        self.claimed = claimed
+        self.send = send
+        self.status: int | None = None
+        self.held: _Message | None = None
+        self.state: str | None = None
+
+    async def __call__(self, message: _Message) -> None:
+        if self.state == "unrecorded":
+            return  # the sender was told 503: the app's answer goes nowhere
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            self.held = message
+            return
+        if kind == "http.response.body" and not message.get("more_body", False):
+            ok = self.status is not None and 200 <= self.status < 300
+            if self.state is None and not await self.record(ok) and ok:
+                if self.held is not None:
+                    self.held = None
+                    await _answer(
+                        self.send,
+                        503,
+                        {
+                            "type": "store-unavailable",
+                            "detail": "the delivery was handled but could not be recorded; "
+                            "retry it: it is not run again once the record lands",
+                        },
+                        retry_after=True,
+                    )
+                    return
+                # Part of the answer left: cut it before its end, so no 2xx is complete.
+                raise StoreError(
+                    f"webhook-id {self.webhook_id!r} was handled but could not be recorded"
+                )
+        if self.held is not None:
+            held, self.held = self.held, None
+            await self.send(held)
+        await self.send(message)
+
+    async def record(self, done: bool) -> bool:
+        """Complete (``done``) or release the claim, settling :attr:`state`; False when a
+        completion could not land (``"unrecorded"``: :meth:`record_later` retries it). A
+        release that cannot land is left to the lease: the sender's retry runs it again."""
         try:
-            await verifier.afinish(webhook_id, claimed, bool(status and 200 <= status[0] < 300))
+            await self.verifier.afinish(self.webhook_id, self.claimed, done)
+        except StoreError as exc:
+            if not done:
+                self.state = "settled"
+                logger.warning(
+                    "webhook-id %s: the failed delivery's claim could not be released (%s); "
+                    "a redelivery runs it after the lease ends",
+                    self.webhook_id,
+                    exc,
+                )
+                return True
+            self.state = "unrecorded"
+            logger.error(
+                "webhook-id %s was handled but could not be recorded (%s): answered 503 "
+                "store-unavailable; the record is retried in the background while the "
+                "claim's lease is renewed",
+                self.webhook_id,
+                exc,
+            )
+            return False
+        self.state = "settled"
+        return True
+
+    async def record_later(self, beat: AsyncHeartbeat) -> None:
+        """Retry the completion until the store takes it (or the claim was taken over),
+        renewing the claim meanwhile; then stop renewing."""
+        try:
+            ok = await self.verifier.afinish(self.webhook_id, self.claimed, True, wait=None)
+        except StoreError as exc:
+            logger.error("webhook-id %s: the late record failed (%s)", self.webhook_id, exc)
+        else:
+            if ok:
+                logger.warning(
+                    "webhook-id %s was recorded after the store recovered; redeliveries "
+                    "are duplicates",
+                    self.webhook_id,
+                )
+            else:
+                logger.warning(
+                    "webhook-id %s: the claim was taken over before the late record",
+                    self.webhook_id,
+                )
         finally:
             beat.stop()
 
