@@ -99,6 +99,10 @@ def _upstream(effects: Counter[str]) -> Starlette:
         effects["drip"] += 1
         return StreamingResponse(chunks(), media_type="text/plain")
 
+    async def big(request: Request) -> Response:  # 16 MiB at once
+        effects["big"] += 1
+        return Response(b"b" * (16 * 1024 * 1024), media_type="application/octet-stream")
+
     async def broken(request: Request) -> Response:  # the body breaks off half-way
         async def chunks() -> AsyncIterator[bytes]:
             yield b"half an answer"
@@ -119,6 +123,7 @@ def _upstream(effects: Counter[str]) -> Starlette:
             Route("/ai", ai, methods=["POST"]),
             Route("/drip", drip, methods=["POST"]),
             Route("/broken", broken, methods=["POST"]),
+            Route("/big", big, methods=["POST"]),
             Route("/put", posts, methods=["PUT", "DELETE"]),
         ]
     )
@@ -239,6 +244,45 @@ def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: 
         thread.join(10)
     assert statuses == [502, 502, 502]
     assert left == []
+
+
+def test_a_slow_client_is_not_the_upstreams_timeout(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """A fresh user's check: a client reading a 20 MiB answer at 1 MiB/s through a gateway
+    with a 5 s timeout got 7-8 MB, the gateway logged the upstream as timed out, kept the key
+    as outcome-unknown, and the retry after the lease ran the upstream again. The timeout is
+    the upstream's: a client that takes seconds to read a 16 MiB answer under a 1 s timeout
+    gets all of it, the answer is stored, and the retry replays it (one effect)."""
+    store = SQLiteStore(tmp_path / "gateway.db")
+    size = 16 * 1024 * 1024
+    app = IdempotencyMiddleware(
+        ReverseProxy(upstream.url, timeout=1.0), store=store, max_replay_size=size
+    )
+    try:
+        with ServerThread(app) as gw:
+            port = int(gw.url.rsplit(":", 1)[1])
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+                sock.connect(("127.0.0.1", port))
+                sock.sendall(
+                    b"POST /big HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: slow-1\r\n"
+                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                received = 0
+                started = time.monotonic()
+                while chunk := sock.recv(65536):
+                    received += len(chunk)
+                    time.sleep(len(chunk) / (4 * 1024 * 1024))  # ~4 MiB/s
+                took = time.monotonic() - started
+            retry = httpx.post(gw.url + "/big", headers={"Idempotency-Key": "slow-1"}, timeout=30)
+    finally:
+        store.close()
+    assert received > size, f"{received} bytes in {took:.1f} s"  # the whole body, its head
+    assert took > 2.0, f"the client read in {took:.1f} s: not slower than the timeout"
+    assert retry.status_code == 200 and len(retry.content) == size
+    assert retry.headers.get("idempotent-replayed") == "true"
+    assert effects["big"] == 1
 
 
 def test_forwards_status_headers_query_and_binary_body(gateway: str) -> None:

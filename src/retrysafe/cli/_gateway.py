@@ -104,8 +104,9 @@ _FLAGS = {
     type=Number(),
     default=30.0,
     show_default=True,
-    help="Total seconds per upstream request, from sending it to the last body byte; "
-    "past it the client gets 504 and the key is kept as outcome-unknown.",
+    help="Total seconds per upstream request, from sending it to the last body byte (the "
+    "time the client takes to read the answer not counted); past it the client gets 504 "
+    "and the key is kept as outcome-unknown.",
 )
 @click.option(
     "--key-required/--key-optional",

@@ -68,6 +68,8 @@ class ReverseProxy:
         upstream: base URL, e.g. ``http://127.0.0.1:8000`` (a path prefix is kept).
         timeout: total seconds one upstream exchange may take, from sending the request to the
             last body byte (default 30 s): a slow-drip upstream is cut off at the deadline.
+            The time the client takes to read the answer is not counted (a slow client never
+            makes an upstream that answered look timed out).
         client: an ``httpx.AsyncClient`` to use (tests); by default one is created with
             transport-level retries off, so retries happen in one layer only (SPEC §5).
 
@@ -154,8 +156,17 @@ class ReverseProxy:
         started = False  # the answer's start went to the client
         broke: BaseException | None = None
         unreachable: BaseException | None = None
-        # One deadline for the whole exchange (httpx's own timeouts are per read).
+        # One deadline for the whole exchange (httpx's own timeouts are per read), on the
+        # upstream's time only: the time the client takes to read the answer moves it on.
         with anyio.move_on_after(self._timeout) as deadline:
+
+            async def to_client(message: Message) -> None:
+                waited = anyio.current_time()
+                try:
+                    await send(message)
+                finally:
+                    deadline.deadline += anyio.current_time() - waited
+
             try:
                 response = await client.send(request, stream=True)
                 if not 100 <= response.status_code <= 599:
@@ -168,7 +179,7 @@ class ReverseProxy:
                 out_headers = [
                     (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
                 ]
-                await send(
+                await to_client(
                     {
                         "type": "http.response.start",
                         "status": response.status_code,
@@ -178,7 +189,9 @@ class ReverseProxy:
                 started = True
                 async for chunk in response.aiter_raw():
                     if chunk:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        await to_client(
+                            {"type": "http.response.body", "body": chunk, "more_body": True}
+                        )
             # Kept without their tracebacks (drop_tracebacks): this frame is in them, and
             # a local naming the error would make a cycle holding the frames' buffers.
             except _NOT_SENT as exc:
