@@ -281,6 +281,92 @@ async def test_batch_fails_as_unavailable_when_the_lock_stays(tmp_path: Path) ->
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("freed", [True, False])
+async def test_operations_that_meet_the_lock_wait_behind_one_batch(
+    tmp_path: Path, freed: bool
+) -> None:
+    """A fresh user's check: 20 requests to a SQLite store locked by another process got
+    their 503s at 6, 11, 16 and 21 s — each batch waited out the whole busy_timeout on its
+    own, in a default thread pool of six. Now one batch waits in a thread; the 19 that meet
+    the lock meanwhile (each in a loop iteration of its own) wait with it: they all run
+    once the lock is free, or all fail with it when it outlasts the timeout — one thread
+    wait either way."""
+    path = tmp_path / "gc.db"
+    store = SQLiteStore(path, busy_timeout=0.5 if freed else 0.3)
+    keys = store.asyncio_key_store()
+    connector = keys.connector
+    assert isinstance(connector, AsyncSQLiteConnector)
+    waits: list[int] = []
+    real = connector._sync.with_connection
+
+    def counted(fn: Any) -> Any:
+        waits.append(1)
+        return real(fn)
+
+    connector._sync.with_connection = counted  # type: ignore[method-assign]
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    claims = []
+    for i in range(20):
+        claims.append(
+            asyncio.ensure_future(keys.claim(f"{i:064x}", "fp", now=1.0, lease=10, retention=100))
+        )
+        await asyncio.sleep(0.002)  # a batch each
+    if freed:
+        await asyncio.sleep(0.05)
+        holder.execute("COMMIT")
+    results = await asyncio.gather(*claims, return_exceptions=True)
+    if not freed:
+        holder.execute("ROLLBACK")
+    holder.close()
+    if freed:
+        assert all(not isinstance(r, BaseException) and r[0] for r in results), results
+    else:
+        assert all(isinstance(r, StoreUnavailableError) for r in results), results
+    assert len(waits) == 1
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_read_is_not_held_up_by_another_process_writing(tmp_path: Path) -> None:
+    """A look-up (a replay's) batched with a claim while another process holds the write
+    lock answers at once (WAL readers never wait for the writer); it waited out the whole
+    busy_timeout in a thread with the claim, as writes must."""
+    path = tmp_path / "gc.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    keys = store.asyncio_key_store()
+    await keys.claim("a" * 64, "fp", now=1.0, lease=10, retention=100)
+    connector = keys.connector
+    assert isinstance(connector, AsyncSQLiteConnector)
+    waits: list[int] = []
+    real = connector._sync.with_connection
+
+    def counted(fn: Any) -> Any:
+        waits.append(1)
+        return real(fn)
+
+    connector._sync.with_connection = counted  # type: ignore[method-assign]
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        # One batch: the look-up and a claim, which must wait for the lock.
+        look = asyncio.ensure_future(keys.get("a" * 64))
+        claim = asyncio.ensure_future(
+            keys.claim("b" * 64, "fp", now=1.0, lease=10, retention=100)
+        )
+        await asyncio.wait({look}, timeout=5)
+        assert look.done() and not claim.done()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    record = look.result()
+    assert record is not None and record.fingerprint == "fp"
+    assert (await claim)[0]
+    assert len(waits) == 1  # the claim's
+    store.close()
+
+
+@pytest.mark.anyio
 async def test_a_cancelled_claim_is_not_run_but_a_cancelled_completion_is(
     tmp_path: Path,
 ) -> None:
