@@ -572,7 +572,8 @@ class Engine:
             claim=req.claim,
             fencing_token=req.token,
             detail="another attempt took this key over while the handler ran (this process "
-            "stalled past the lease); its result will not be written",
+            "stalled past the lease), or the store no longer has it (a Redis without "
+            "persistence that restarted); its result will not be written",
         )
 
     def run_time_exceeded(self, req: RequestState) -> None:
@@ -915,7 +916,8 @@ class Engine:
                 level=logging.WARNING,
                 claim=req.claim,
                 fencing_token=req.token,
-                detail=f"lease lost: {op[0]} not written (the key was taken over)",
+                detail=f"lease lost: {op[0]} not written (the key was taken over, or the "
+                "store no longer has it: a Redis without persistence that restarted)",
             )
             return
         self.log_decision(
