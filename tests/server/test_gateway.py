@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,24 @@ def gateway(upstream: ServerThread, tmp_path: Path) -> Iterator[str]:
     store.close()
 
 
+@contextlib.contextmanager
+def _raw_upstream(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> Iterator[str]:
+    """An upstream of raw bytes: ``handler`` answers each connection, on an event loop in a
+    thread of its own; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handler, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
 @pytest.mark.parametrize("status", [600, 999])
 def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
     tmp_path: Path, status: int
@@ -172,22 +191,16 @@ def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
         await writer.drain()
         writer.close()
 
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(raw, "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     store = SQLiteStore(tmp_path / "gateway.db")
-    app = IdempotencyMiddleware(ReverseProxy(f"http://127.0.0.1:{port}", timeout=5), store=store)
     try:
-        with ServerThread(app) as gw:
-            headers = {"Idempotency-Key": f"odd-{status}"}
-            first = httpx.post(gw.url + "/x", json={}, headers=headers)
-            retry = httpx.post(gw.url + "/x", json={}, headers=headers)
+        with _raw_upstream(raw) as url:
+            app = IdempotencyMiddleware(ReverseProxy(url, timeout=5), store=store)
+            with ServerThread(app) as gw:
+                headers = {"Idempotency-Key": f"odd-{status}"}
+                first = httpx.post(gw.url + "/x", json={}, headers=headers)
+                retry = httpx.post(gw.url + "/x", json={}, headers=headers)
     finally:
         store.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
     assert first.status_code == 502, first.text
     assert "no complete answer" in first.json()["detail"]
     assert retry.status_code == 409, retry.text
@@ -207,14 +220,6 @@ def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: 
         await writer.drain()
         writer.close()
 
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(junk, "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    store = SQLiteStore(tmp_path / "gateway.db")
-    app = IdempotencyMiddleware(ReverseProxy(f"http://127.0.0.1:{port}", timeout=5), store=store)
-
     async def three() -> list[int]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
@@ -224,24 +229,25 @@ def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: 
                 for n in range(3)
             ]
 
-    gc.collect()
-    gc.disable()
-    try:
-        statuses = asyncio.run(three())
-        gc.set_debug(gc.DEBUG_SAVEALL)
+    store = SQLiteStore(tmp_path / "gateway.db")
+    with _raw_upstream(junk) as url:
+        app = IdempotencyMiddleware(ReverseProxy(url, timeout=5), store=store)
         gc.collect()
-        left = [
-            type(o).__name__
-            for o in gc.garbage
-            if isinstance(o, BaseException) or type(o).__name__ in ("frame", "traceback")
-        ]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-        store.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        gc.disable()
+        try:
+            statuses = asyncio.run(three())
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [
+                type(o).__name__
+                for o in gc.garbage
+                if isinstance(o, BaseException) or type(o).__name__ in ("frame", "traceback")
+            ]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+            store.close()
     assert statuses == [502, 502, 502]
     assert left == []
 

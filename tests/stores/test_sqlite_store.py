@@ -294,16 +294,7 @@ async def test_operations_that_meet_the_lock_wait_behind_one_batch(
     path = tmp_path / "gc.db"
     store = SQLiteStore(path, busy_timeout=0.5 if freed else 0.3)
     keys = store.asyncio_key_store()
-    connector = keys.connector
-    assert isinstance(connector, AsyncSQLiteConnector)
-    waits: list[int] = []
-    real = connector._sync.with_connection
-
-    def counted(fn: Any) -> Any:
-        waits.append(1)
-        return real(fn)
-
-    connector._sync.with_connection = counted  # type: ignore[method-assign]
+    waits = _thread_waits(keys)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")
     claims = []
@@ -336,16 +327,7 @@ async def test_a_read_is_not_held_up_by_another_process_writing(tmp_path: Path) 
     store = SQLiteStore(path, busy_timeout=30)
     keys = store.asyncio_key_store()
     await keys.claim("a" * 64, "fp", now=1.0, lease=10, retention=100)
-    connector = keys.connector
-    assert isinstance(connector, AsyncSQLiteConnector)
-    waits: list[int] = []
-    real = connector._sync.with_connection
-
-    def counted(fn: Any) -> Any:
-        waits.append(1)
-        return real(fn)
-
-    connector._sync.with_connection = counted  # type: ignore[method-assign]
+    waits = _thread_waits(keys)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -388,6 +370,22 @@ async def test_a_cancelled_claim_is_not_run_but_a_cancelled_completion_is(
     completed = store.get("1" * 64)
     assert completed is not None and completed.response == resp
     store.close()
+
+
+def _thread_waits(keys: Any) -> list[int]:
+    """A list that gets an item each time the async face runs operations in a thread (to
+    wait for another process's write lock)."""
+    connector = keys.connector
+    assert isinstance(connector, AsyncSQLiteConnector)
+    waits: list[int] = []
+    real = connector._sync.with_connection
+
+    def counted(fn: Any) -> Any:
+        waits.append(1)
+        return real(fn)
+
+    connector._sync.with_connection = counted  # type: ignore[method-assign]
+    return waits
 
 
 def _inline(keys: Any) -> sqlite3.Connection:

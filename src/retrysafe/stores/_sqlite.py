@@ -899,21 +899,10 @@ class AsyncSQLiteConnector:
                 if not fut.done():
                     fut.set_exception(exc)
             return
-        if len(batch) == 1:
-            fn, fut, _ = batch[0]
-            try:
-                with holder as conn:
-                    result = fn(conn)
-            except sqlite3.Error as exc:
-                if _is_busy(exc):
-                    self._wait_for_lock(batch)
-                else:
-                    self._failed(exc)
-                    _deliver(fut, False, exc, url)
-            except Exception as exc:  # the operation's own error: its caller sees it
-                _deliver(fut, False, exc, url)
-            else:
-                _deliver(fut, True, result, url)
+        if len(batch) == 1:  # no batch transaction: the operation on its own
+            busy = self._inline_each(batch, holder)
+            if busy:
+                self._wait_behind_lock(busy)
             return
         try:
             with holder as conn:
@@ -945,9 +934,12 @@ class AsyncSQLiteConnector:
         the lock outlasted the wait. (Each waiting on its own in the default thread pool, the
         fifth batch's 503 came after four whole busy timeouts: 20 requests to a locked store
         got theirs at 6, 11, 16 and 21 s, a fresh user's check.)"""
-        batch = self._inline_each(batch)  # reads need no lock: they are done now
-        if not batch:
-            return
+        busy = self._inline_each(batch)  # reads need no lock: they are done now
+        if busy:
+            self._wait_behind_lock(busy)
+
+    def _wait_behind_lock(self, batch: list[_Queued]) -> None:
+        """:meth:`_wait_for_lock` for operations that each met the lock on their own."""
         if self._behind_lock is not None:
             self._behind_lock.extend(batch)
             return
@@ -988,7 +980,7 @@ class AsyncSQLiteConnector:
             asyncio.get_running_loop().call_soon(self._flush)
         self._queue[:0] = behind
 
-    def _inline_each(self, batch: list[_Queued]) -> list[_Queued]:
+    def _inline_each(self, batch: list[_Queued], holder: _Conn | None = None) -> list[_Queued]:
         """Run each operation of ``batch`` on its own on the inline connection, outside any
         batch transaction; return those that met another process's write lock.
 
@@ -1003,7 +995,7 @@ class AsyncSQLiteConnector:
             if skippable and fut.cancelled():
                 continue
             try:
-                with self._inline_conn() as conn:
+                with holder or self._inline_conn() as conn:
                     result = fn(conn)
             except sqlite3.Error as exc:
                 if _is_busy(exc):
@@ -1011,7 +1003,7 @@ class AsyncSQLiteConnector:
                 else:
                     self._failed(exc)
                     _deliver(fut, False, exc, url)
-            except Exception as exc:
+            except Exception as exc:  # the operation's own error: its caller sees it
                 _deliver(fut, False, exc, url)
             else:
                 _deliver(fut, True, result, url)
