@@ -294,13 +294,16 @@ def test_middleware_never_answers_2xx_for_a_delivery_it_could_not_record(
     async def handle(request: Request) -> Response:
         await request.body()
         effects[request.headers["webhook-id"]] += 1
-        if request.headers["webhook-id"] == "streamed":
+        if request.headers["webhook-id"] in ("streamed", "sized"):
 
             async def chunks() -> Any:
                 yield b'{"ok": '
                 yield b"true}"
 
-            return StreamingResponse(chunks(), media_type="application/json")
+            # "sized": the chunk that completes the Content-Length ends the answer (the
+            # empty last message comes after it): a helper got a complete 200 that way.
+            sized = {"content-length": "12"} if request.headers["webhook-id"] == "sized" else {}
+            return StreamingResponse(chunks(), media_type="application/json", headers=sized)
         return JSONResponse({"ok": True})
 
     app = Starlette(routes=[Route("/hook", handle, methods=["POST"])])
@@ -314,15 +317,16 @@ def test_middleware_never_answers_2xx_for_a_delivery_it_could_not_record(
         assert first.status_code == 503, first.text
         assert first.json()["type"] == "store-unavailable"
         assert "retry-after" in first.headers
-        with pytest.raises(httpx.RemoteProtocolError):  # the 2xx cut before its end
-            httpx.post(url, content=body, headers=signed("streamed", body))
+        for msg_id in ("streamed", "sized"):
+            with pytest.raises(httpx.RemoteProtocolError):  # the 2xx cut before its end
+                httpx.post(url, content=body, headers=signed(msg_id, body))
         time.sleep(1.0)  # past the 0.6 s lease: the claims are renewed while recording
-        for msg_id in ("plain", "streamed"):
+        for msg_id in ("plain", "streamed", "sized"):
             busy = httpx.post(url, content=body, headers=signed(msg_id, body))
             assert busy.status_code == 409, busy.text
         store.down.clear()
         deadline = time.monotonic() + 10
-        for msg_id in ("plain", "streamed"):
+        for msg_id in ("plain", "streamed", "sized"):
             while True:
                 again = httpx.post(url, content=body, headers=signed(msg_id, body))
                 if again.status_code != 409 or time.monotonic() > deadline:
@@ -330,5 +334,5 @@ def test_middleware_never_answers_2xx_for_a_delivery_it_could_not_record(
                 time.sleep(0.05)
             assert again.status_code == 200, again.text
             assert again.json() == {"duplicate": True, "webhook_id": msg_id}
-    assert effects == Counter({"plain": 1, "streamed": 1})
+    assert effects == Counter({"plain": 1, "streamed": 1, "sized": 1})
     store._inner.close()

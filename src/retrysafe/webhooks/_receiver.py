@@ -46,6 +46,7 @@ from retrysafe.core import (
     StoredResponse,
     lease_timing,
 )
+from retrysafe.server._asgi import _content_length
 from retrysafe.server._config import MAX_RETENTION
 from retrysafe.server._engine import (
     RECORD_WAIT,
@@ -560,7 +561,9 @@ class _RecordFirst:
     ``webhook-id`` is recorded as handled (record before answer, as the idempotency middleware
     does, SPEC §3), so a sender never takes an unrecorded 2xx for done.
 
-    The start of the answer waits for its first body message. When the record cannot land
+    The start of the answer waits for its first body message; the message that ends it (the
+    last, or the one that completes a declared ``Content-Length``) waits for the record. When
+    the record cannot land
     within :data:`~retrysafe.server._engine.RECORD_WAIT` (the store is down or locked), the
     sender gets 503 ``store-unavailable`` instead of the app's answer (or, when part of a
     streamed answer already left, the answer is cut before its end), and the record is retried
@@ -569,7 +572,9 @@ class _RecordFirst:
     then ``"settled"`` (completed or released, or taken over) or ``"unrecorded"``.
     """
 
-    __slots__ = ("claimed", "held", "send", "state", "status", "verifier", "webhook_id")
+    __slots__ = (
+        "claimed", "held", "length", "send", "size", "state", "status", "verifier", "webhook_id",
+    )  # fmt: skip
 
     def __init__(
         self, verifier: WebhookVerifier, webhook_id: str, claimed: Claimed, send: _Send
@@ -581,6 +586,8 @@ class _RecordFirst:
         self.status: int | None = None
         self.held: _Message | None = None
         self.state: str | None = None
+        self.length = -1  # the answer's declared Content-Length (-1: none)
+        self.size = 0  # body bytes the app has sent
 
     async def __call__(self, message: _Message) -> None:
         if self.state == "unrecorded":
@@ -588,9 +595,16 @@ class _RecordFirst:
         kind = message["type"]
         if kind == "http.response.start":
             self.status = int(message["status"])
+            self.length = _content_length(message.get("headers") or ())
             self.held = message
             return
-        if kind == "http.response.body" and not message.get("more_body", False):
+        if kind == "http.response.body":
+            self.size += len(message.get("body", b""))
+        # The end of the answer: the last body message, or the one that completes a declared
+        # Content-Length (a client has the whole answer then, whatever follows).
+        if kind == "http.response.body" and (
+            not message.get("more_body", False) or 0 <= self.length <= self.size
+        ):
             ok = self.status is not None and 200 <= self.status < 300
             if self.state is None and not await self.record(ok) and ok:
                 if self.held is not None:
