@@ -291,6 +291,44 @@ def test_a_slow_client_is_not_the_upstreams_timeout(
     assert effects["big"] == 1
 
 
+def test_a_client_that_stops_reading_is_cut_off_and_its_retry_replays(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """A second fresh user's check: a client that read the head of a 20 MiB answer, then
+    stopped reading for longer than the gateway's timeout, had the upstream counted as timed
+    out (the client's write waited on the deadline): a cut answer, the key kept as
+    outcome-unknown, and the retry after max-run-time ran the upstream again. A client that
+    takes nothing for the timeout is now stalled: nothing more is sent to it, the whole
+    answer is still read and recorded, and its retry gets the replay (one effect)."""
+    store = SQLiteStore(tmp_path / "gateway.db")
+    size = 16 * 1024 * 1024
+    app = IdempotencyMiddleware(
+        ReverseProxy(upstream.url, timeout=1.0), store=store, max_replay_size=size
+    )
+    try:
+        with ServerThread(app) as gw:
+            port = int(gw.url.rsplit(":", 1)[1])
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+                sock.connect(("127.0.0.1", port))
+                sock.sendall(
+                    b"POST /big HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: stall-1\r\n"
+                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                received = len(sock.recv(65536))
+                time.sleep(3.0)  # takes nothing for three times the timeout
+                sock.settimeout(30)
+                while chunk := sock.recv(65536):
+                    received += len(chunk)
+            retry = httpx.post(gw.url + "/big", headers={"Idempotency-Key": "stall-1"}, timeout=30)
+    finally:
+        store.close()
+    assert received < size, "the stalled client was sent the whole answer"
+    assert retry.status_code == 200 and len(retry.content) == size, retry.status_code
+    assert retry.headers.get("idempotent-replayed") == "true"
+    assert effects["big"] == 1
+
+
 def test_forwards_status_headers_query_and_binary_body(gateway: str) -> None:
     """Method, path, query, headers and a binary body reach the upstream; its answer returns."""
     blob = bytes(range(256)) * 10

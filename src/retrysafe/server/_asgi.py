@@ -36,7 +36,7 @@ from retrysafe.server._engine import (
     Verdict,
     adrive,
 )
-from retrysafe.server._outcome import SCOPE_KEY, outcome_unknown
+from retrysafe.server._outcome import SCOPE_KEY, client_stalled, outcome_unknown
 from retrysafe.server._transaction import effect_opener
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store, open_store
 
@@ -354,6 +354,8 @@ class _Responder(Claimant):
 
     async def _forward(self, message: Message | None) -> None:
         """Send the held messages and ``message``, unless the client has gone."""
+        if not self.gone and client_stalled(self.state):
+            self._gone("the client took no part of the answer for too long (the app said so)")
         if self.gone:
             self.held = []
             return
@@ -368,14 +370,18 @@ class _Responder(Claimant):
                 self.sent = True
                 await self.wrapped(message)
         except _SEND_ERRORS as exc:
-            self.gone = True
-            self.held = []
-            req = self.req
-            self.engine.log_decision(
-                "client-gone", req.method, req.path, self.capture.status, req.started,
-                req.key_hash, level=logging.WARNING, error=repr(exc),
-                detail="the client left mid-answer; the answer is still captured and recorded",
-            )
+            self._gone(repr(exc))
+
+    def _gone(self, error: str) -> None:
+        """The client left (or stopped taking the answer): nothing more is sent to it."""
+        self.gone = True
+        self.held = []
+        req = self.req
+        self.engine.log_decision(
+            "client-gone", req.method, req.path, self.capture.status, req.started,
+            req.key_hash, level=logging.WARNING, error=error,
+            detail="the client left mid-answer; the answer is still captured and recorded",
+        )  # fmt: skip
 
     # -------------------------------------------------------------- the end
     def _answered_now(self) -> None:

@@ -26,7 +26,7 @@ from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP, drop_tracebacks, no_cookie_jar
 from retrysafe.client._jobs import _check_url, shown_url
 from retrysafe.core import Problem
-from retrysafe.server._outcome import mark_outcome_unknown
+from retrysafe.server._outcome import SCOPE_KEY, mark_client_stalled, mark_outcome_unknown
 
 __all__ = ["ReverseProxy", "validate_upstream"]
 
@@ -69,7 +69,9 @@ class ReverseProxy:
         timeout: total seconds one upstream exchange may take, from sending the request to the
             last body byte (default 30 s): a slow-drip upstream is cut off at the deadline.
             The time the client takes to read the answer is not counted (a slow client never
-            makes an upstream that answered look timed out).
+            makes an upstream that answered look timed out); a client that takes nothing for
+            ``timeout`` seconds is stalled: nothing more is sent to it, and the idempotency
+            middleware still records the whole answer for its retry.
         client: an ``httpx.AsyncClient`` to use (tests); by default one is created with
             transport-level retries off, so retries happen in one layer only (SPEC §5).
 
@@ -157,15 +159,32 @@ class ReverseProxy:
         broke: BaseException | None = None
         unreachable: BaseException | None = None
         # One deadline for the whole exchange (httpx's own timeouts are per read), on the
-        # upstream's time only: the time the client takes to read the answer moves it on.
+        # upstream's time only: it is stopped while the client takes the answer. A client
+        # that takes nothing for as long is stalled: nothing more is sent to it, and the
+        # middleware still records the whole answer for the retry (as if it had left).
+        stalled = False
         with anyio.move_on_after(self._timeout) as deadline:
 
             async def to_client(message: Message) -> None:
-                waited = anyio.current_time()
+                nonlocal stalled
+                if stalled and SCOPE_KEY not in scope:
+                    return  # no middleware to record it: nobody takes the rest
+                left = deadline.deadline - anyio.current_time()
+                deadline.deadline = math.inf
                 try:
-                    await send(message)
+                    with anyio.move_on_after(None if stalled else self._timeout) as wait:
+                        await send(message)
+                    if wait.cancelled_caught:
+                        stalled = True
+                        mark_client_stalled(scope)
+                        log.warning(
+                            "client stalled: it took no part of the answer for %g s; the "
+                            "answer is still read and recorded for its retry",
+                            self._timeout,
+                            extra={"upstream": self._shown},
+                        )
                 finally:
-                    deadline.deadline += anyio.current_time() - waited
+                    deadline.deadline = anyio.current_time() + left
 
             try:
                 response = await client.send(request, stream=True)

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-__all__ = ["SCOPE_KEY", "mark_outcome_unknown", "outcome_unknown"]
+__all__ = [
+    "SCOPE_KEY",
+    "client_stalled",
+    "mark_client_stalled",
+    "mark_outcome_unknown",
+    "outcome_unknown",
+]
 
 SCOPE_KEY = "retrysafe.idempotency"
 
@@ -28,3 +34,17 @@ def mark_outcome_unknown(scope: MutableMapping[str, Any]) -> None:
 def outcome_unknown(state: MutableMapping[str, Any] | None) -> bool:
     """Whether the app marked the outcome unknown."""
     return bool(state and state.get("outcome_unknown"))
+
+
+def mark_client_stalled(scope: MutableMapping[str, Any]) -> None:
+    """Say that the client stopped taking the answer (the gateway's: nothing accepted for
+    its timeout): the middleware stops sending to it and still records the whole answer, as
+    for a client that left; a no-op without the middleware."""
+    state = scope.get(SCOPE_KEY)
+    if isinstance(state, dict):
+        state["client_stalled"] = True
+
+
+def client_stalled(state: MutableMapping[str, Any] | None) -> bool:
+    """Whether the app said the client stopped taking the answer."""
+    return bool(state and state.get("client_stalled"))
