@@ -2313,6 +2313,15 @@ def test_reconcile_keeps_jobs_to_a_healthy_destination_flowing_past_a_hung_one(
 # --------------------------------------------------- failed answers leave no reference cycle
 
 
+def chunk_then_bad_size(conn: Conn, request: Request) -> None:
+    """A chunked 500: one whole 64 KiB chunk, then a size that is no hex number and 300 KB
+    of junk; the connection held."""
+    conn.send(b"HTTP/1.1 500 X\r\nTransfer-Encoding: chunked\r\n\r\n10000\r\n")
+    conn.send(BLOCK)
+    conn.send(b"\r\nZZZZ-not-hex\r\n" + b"j" * 300_000)
+    conn.hold()
+
+
 def junk_then_close(conn: Conn, request: Request) -> None:
     """64 KiB of bytes that are no HTTP answer (no status line), then close."""
     conn.send(b"\x00" * 65536)
@@ -2322,9 +2331,9 @@ def junk_then_close(conn: Conn, request: Request) -> None:
 def _cycles_left(work: Callable[[], object]) -> list[str]:
     """Run ``work`` with the garbage collector off; the frames, tracebacks and exceptions
     with a traceback it left in reference cycles (what only a collection frees: a frame keeps
-    its locals, the buffers among them), by type and name. (aiohttp's connection objects
-    form small cycles of their own when a connection fails, a failed body's error among
-    them: no frame, no buffer.)"""
+    its locals, the buffers among them), by type and name, and the objects in them holding
+    bytes. (aiohttp's connection objects form small cycles of their own when a connection
+    fails, a failed body's error among them: no frame, no buffer.)"""
     import gc
 
     gc.collect()
@@ -2340,6 +2349,12 @@ def _cycles_left(work: Callable[[], object]) -> list[str]:
             if (isinstance(o, BaseException) and o.__traceback__ is not None)
             or type(o).__name__ in ("frame", "traceback")
         ]  # fmt: skip
+        left += [
+            f"{type(o).__name__} holding {len(r)} bytes"
+            for o in gc.garbage
+            for r in gc.get_referents(o)
+            if isinstance(r, (bytes, bytearray)) and len(r) > 4096
+        ]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
@@ -2355,6 +2370,7 @@ def _cycles_left(work: Callable[[], object]) -> list[str]:
         bad_chunk_later,
         reset_mid_answer,
         body_then_trailer_flood,
+        chunk_then_bad_size,
     ],
 )
 def test_failed_answers_leave_no_cycle_holding_their_buffers(
@@ -2365,8 +2381,9 @@ def test_failed_answers_leave_no_cycle_holding_their_buffers(
     attempt left its error, traceback and frames (the protocol, the bytes it parsed, the
     ~256 KB message quoting them) in reference cycles until a full collection. Now a failed
     attempt leaves none (junk, a bad chunk at once or in a later read, a reset mid-answer, a
-    trailer flood): through the worker and through the engine itself, and the recorded error
-    stays short."""
+    trailer flood), nor a cycle holding the unread part of a broken body (a chunk, then a bad
+    chunk size: 128 MB after 1,000 attempts, a second fresh user's check): through the worker
+    and through the engine itself, and the recorded error stays short."""
     server = serve(handler)
     jobs = [outbox.submit(server.url + "/", json={"n": n}) for n in range(6)]
     assert _cycles_left(lambda: run(outbox, policy(attempts=2))) == []
