@@ -1186,31 +1186,39 @@ def test_a_redirect_rejects_the_job(outbox: Outbox, serve: Callable[..., RawServ
     assert (final.state, final.last_status) == (JobState.REJECTED, 302)
     assert outcomes(outbox, job) == [("client_error", None)]
     assert server.paths() == ["/start"]
-    # The job's error says where the redirect pointed (it was empty: a fresh user's check).
-    assert final.last_error == "redirect to /elsewhere (not followed)"
+    # The job's error says where the redirect pointed (it was empty: a fresh user's check),
+    # as a URL one can register (a relative Location resolved against the job's).
+    assert final.last_error == f"redirect to {server.url}/elsewhere (not followed)"
 
 
 def test_a_redirect_keeps_its_body_and_a_bounded_location_in_the_error(
     outbox: Outbox, serve: Callable[..., RawServer]
 ) -> None:
     """A 301 with a body: the Location first, then the body's text; a 100,000-character
-    Location is cut at 500 characters and its control characters shown as U+FFFD."""
+    Location is cut at 500 characters and its control characters shown as U+FFFD; a 3xx
+    without a Location still says it was a redirect."""
 
     def moved(conn: Conn, request: Request) -> None:
         conn.answer(301, b"Moved to v2", ("Location: https://api.example/v2",))
 
     def far(conn: Conn, request: Request) -> None:
-        conn.answer(307, b"", ("Location: /" + "\x01" + "a" * 100_000,))
+        conn.answer(307, b"", ("Location: https://x.example/" + "\x01" + "a" * 100_000,))
 
-    server = serve(by_path(moved=moved, far=far))
+    def nowhere(conn: Conn, request: Request) -> None:
+        conn.answer(301, b"nope")
+
+    server = serve(by_path(moved=moved, far=far, nowhere=nowhere))
     first = outbox.submit(server.url + "/moved", json={})
     second = outbox.submit(server.url + "/far", json={})
+    third = outbox.submit(server.url + "/nowhere", json={})
     run(outbox)
+    assert outbox.get(third.id).last_error == "redirect without a Location (not followed): nope"
     assert outbox.get(first.id).last_error == (
         "redirect to https://api.example/v2 (not followed): Moved to v2"
     )
     error = outbox.get(second.id).last_error or ""
-    assert error.startswith("redirect to /\ufffdaaa") and error.endswith("…" + " (not followed)")
+    assert error.startswith("redirect to https://x.example/\ufffdaaa")
+    assert error.endswith("…" + " (not followed)")
     assert len(error) == len("redirect to  (not followed)") + 501
 
 

@@ -14,12 +14,14 @@ The engine (:mod:`retrysafe._wire`) translates its driver's errors once, into a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urljoin
 
 from retrysafe import _wire
 from retrysafe._wire import Engine, WireError, total_timeout
@@ -170,14 +172,18 @@ async def send_attempt(
 _LOCATION_SHOWN = 500
 
 
-def _redirect_detail(location: str | None, detail: str | None) -> str | None:
-    """A 3xx's error: where it points (never followed: the job, its key and, for a webhook,
-    its signature and the SSRF guard's check are for the URL it was given; the operator
-    re-submits or re-registers the URL the redirect names), then the body's text if any."""
+def _redirect_detail(url: str, location: str | None, detail: str | None) -> str | None:
+    """A 3xx's error: where it points, resolved against the job's ``url`` (never followed:
+    the job, its key and, for a webhook, its signature and the SSRF guard's check are for
+    the URL it was given; the operator re-submits or re-registers the URL the redirect
+    names), then the body's text if any."""
     if location is None:
-        return detail
-    shown = location[:_LOCATION_SHOWN] + ("…" if len(location) > _LOCATION_SHOWN else "")
-    note = f"redirect to {shown} (not followed)".translate(_UNPRINTABLE)
+        note = "redirect without a Location (not followed)"
+    else:
+        with contextlib.suppress(ValueError):  # a Location no URL parser takes: as sent
+            location = urljoin(url, location)
+        shown = location[:_LOCATION_SHOWN] + ("…" if len(location) > _LOCATION_SHOWN else "")
+        note = f"redirect to {shown} (not followed)".translate(_UNPRINTABLE)
     return f"{note}: {detail}"[:_ERROR_BODY_LIMIT] if detail else note
 
 
@@ -250,7 +256,7 @@ async def _send(
             if isinstance(doc, dict) and isinstance(doc.get("type"), str):
                 problem_type = doc["type"]
         if 300 <= status < 400:
-            detail = _redirect_detail(headers_in.get("location"), detail)
+            detail = _redirect_detail(job.url, headers_in.get("location"), detail)
     retry_after = headers_in.get("retry-after")
     error_type = None
     if not 200 <= status <= 599:
