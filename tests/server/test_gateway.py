@@ -252,6 +252,19 @@ def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: 
     assert left == []
 
 
+def _small_window_post(port: int, path: str, key: str) -> socket.socket:
+    """A raw POST of ``path`` with ``key`` on a socket whose receive window is 16 KiB, so
+    the server's writes wait for this test to read."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: {key}\r\n"
+        "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
+    )
+    return sock
+
+
 def test_a_slow_client_is_not_the_upstreams_timeout(
     upstream: ServerThread, effects: Counter[str], tmp_path: Path
 ) -> None:
@@ -268,13 +281,7 @@ def test_a_slow_client_is_not_the_upstreams_timeout(
     try:
         with ServerThread(app) as gw:
             port = int(gw.url.rsplit(":", 1)[1])
-            with socket.socket() as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-                sock.connect(("127.0.0.1", port))
-                sock.sendall(
-                    b"POST /big HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: slow-1\r\n"
-                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
-                )
+            with _small_window_post(port, "/big", "slow-1") as sock:
                 received = 0
                 started = time.monotonic()
                 while chunk := sock.recv(65536):
@@ -308,13 +315,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_retry_replays(
     try:
         with ServerThread(app) as gw:
             port = int(gw.url.rsplit(":", 1)[1])
-            with socket.socket() as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-                sock.connect(("127.0.0.1", port))
-                sock.sendall(
-                    b"POST /big HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: stall-1\r\n"
-                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
-                )
+            with _small_window_post(port, "/big", "stall-1") as sock:
                 received = len(sock.recv(65536))
                 time.sleep(3.0)  # takes nothing for three times the timeout
                 sock.settimeout(30)
