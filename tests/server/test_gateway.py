@@ -252,6 +252,23 @@ def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: 
     assert left == []
 
 
+@contextlib.contextmanager
+def _big_answer_gateway(
+    upstream: ServerThread, tmp_path: Path, size: int
+) -> Iterator[ServerThread]:
+    """A gateway with a 1 s timeout before ``upstream``, storing answers up to ``size``
+    bytes for replay, served on loopback."""
+    store = SQLiteStore(tmp_path / "gateway.db")
+    app = IdempotencyMiddleware(
+        ReverseProxy(upstream.url, timeout=1.0), store=store, max_replay_size=size
+    )
+    try:
+        with ServerThread(app) as gw:
+            yield gw
+    finally:
+        store.close()
+
+
 def _small_window_post(port: int, path: str, key: str) -> socket.socket:
     """A raw POST of ``path`` with ``key`` on a socket whose receive window is 16 KiB, so
     the server's writes wait for this test to read."""
@@ -273,24 +290,17 @@ def test_a_slow_client_is_not_the_upstreams_timeout(
     as outcome-unknown, and the retry after the lease ran the upstream again. The timeout is
     the upstream's: a client that takes seconds to read a 16 MiB answer under a 1 s timeout
     gets all of it, the answer is stored, and the retry replays it (one effect)."""
-    store = SQLiteStore(tmp_path / "gateway.db")
     size = 16 * 1024 * 1024
-    app = IdempotencyMiddleware(
-        ReverseProxy(upstream.url, timeout=1.0), store=store, max_replay_size=size
-    )
-    try:
-        with ServerThread(app) as gw:
-            port = int(gw.url.rsplit(":", 1)[1])
-            with _small_window_post(port, "/big", "slow-1") as sock:
-                received = 0
-                started = time.monotonic()
-                while chunk := sock.recv(65536):
-                    received += len(chunk)
-                    time.sleep(len(chunk) / (4 * 1024 * 1024))  # ~4 MiB/s
-                took = time.monotonic() - started
-            retry = httpx.post(gw.url + "/big", headers={"Idempotency-Key": "slow-1"}, timeout=30)
-    finally:
-        store.close()
+    with _big_answer_gateway(upstream, tmp_path, size) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        with _small_window_post(port, "/big", "slow-1") as sock:
+            received = 0
+            started = time.monotonic()
+            while chunk := sock.recv(65536):
+                received += len(chunk)
+                time.sleep(len(chunk) / (4 * 1024 * 1024))  # ~4 MiB/s
+            took = time.monotonic() - started
+        retry = httpx.post(gw.url + "/big", headers={"Idempotency-Key": "slow-1"}, timeout=30)
     assert received > size, f"{received} bytes in {took:.1f} s"  # the whole body, its head
     assert took > 2.0, f"the client read in {took:.1f} s: not slower than the timeout"
     assert retry.status_code == 200 and len(retry.content) == size
@@ -307,23 +317,16 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_retry_replays(
     outcome-unknown, and the retry after max-run-time ran the upstream again. A client that
     takes nothing for the timeout is now stalled: nothing more is sent to it, the whole
     answer is still read and recorded, and its retry gets the replay (one effect)."""
-    store = SQLiteStore(tmp_path / "gateway.db")
     size = 16 * 1024 * 1024
-    app = IdempotencyMiddleware(
-        ReverseProxy(upstream.url, timeout=1.0), store=store, max_replay_size=size
-    )
-    try:
-        with ServerThread(app) as gw:
-            port = int(gw.url.rsplit(":", 1)[1])
-            with _small_window_post(port, "/big", "stall-1") as sock:
-                received = len(sock.recv(65536))
-                time.sleep(3.0)  # takes nothing for three times the timeout
-                sock.settimeout(30)
-                while chunk := sock.recv(65536):
-                    received += len(chunk)
-            retry = httpx.post(gw.url + "/big", headers={"Idempotency-Key": "stall-1"}, timeout=30)
-    finally:
-        store.close()
+    with _big_answer_gateway(upstream, tmp_path, size) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        with _small_window_post(port, "/big", "stall-1") as sock:
+            received = len(sock.recv(65536))
+            time.sleep(3.0)  # takes nothing for three times the timeout
+            sock.settimeout(30)
+            while chunk := sock.recv(65536):
+                received += len(chunk)
+        retry = httpx.post(gw.url + "/big", headers={"Idempotency-Key": "stall-1"}, timeout=30)
     assert received < size, "the stalled client was sent the whole answer"
     assert retry.status_code == 200 and len(retry.content) == size, retry.status_code
     assert retry.headers.get("idempotent-replayed") == "true"
