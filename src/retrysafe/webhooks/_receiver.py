@@ -563,13 +563,13 @@ class _RecordFirst:
 
     The start of the answer waits for its first body message; the message that ends it (the
     last, or the one that completes a declared ``Content-Length``) waits for the record. When
-    the record cannot land
-    within :data:`~retrysafe.server._engine.RECORD_WAIT` (the store is down or locked), the
-    sender gets 503 ``store-unavailable`` instead of the app's answer (or, when part of a
-    streamed answer already left, the answer is cut before its end), and the record is retried
-    in the background while the claim's lease is renewed: a redelivery meanwhile gets 409,
-    and once the record lands, ``duplicate``. ``state``: None until the delivery is settled,
-    then ``"settled"`` (completed or released, or taken over) or ``"unrecorded"``.
+    the record cannot land within :data:`~retrysafe.server._engine.RECORD_WAIT` (the store is
+    down or locked), the sender gets 503 ``store-unavailable`` instead of the app's answer
+    (or, when part of a streamed answer already left, the answer is cut before its end), and
+    the record is retried in the background while the claim's lease is renewed: a
+    redelivery meanwhile gets 409, and once the record lands, ``duplicate``. ``state``: None
+    until the delivery is settled, then ``"settled"`` (completed or released, or taken over)
+    or ``"unrecorded"``.
     """
 
     __slots__ = (
