@@ -240,7 +240,7 @@ class AiohttpEngine:
             When ``read_timeout`` is at least that long, a read timer could never fire
             before the total one (it starts later, once the request is written), so
             aiohttp's per-read timers, two per request, are left out: about 6 % of the
-            instructions of a small request (README, *Performance*). Reads that wait on a
+            instructions of a small request (docs/performance.md). Reads that wait on a
             body still get :func:`_read_body`'s own bound.
     """
 

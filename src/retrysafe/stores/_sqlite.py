@@ -424,7 +424,7 @@ class SQLiteConnector(Transactions):
             # A WAL that a long read let grow (hundreds of MB) is trimmed back to 64 MiB
             # after the next checkpoint, instead of keeping its size until the last
             # connection closes. The checkpoint itself stays at SQLite's 1,000 pages: see
-            # the README's Performance section for what a larger one gained and cost.
+            # docs/performance.md for what a larger one gained and cost.
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         except BaseException:
             conn.close()
