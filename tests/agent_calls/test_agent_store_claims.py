@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from retrysafe import ConfigurationError, MemoryStore
+from retrysafe import ConfigurationError, MemoryStore, SQLiteStore
 from retrysafe.agents import AgentCall, AgentCallState, AgentStore
 from retrysafe.agents import agent_store as agent_store_of
 from retrysafe.agents._models import StepBudget
@@ -151,6 +153,42 @@ def test_async_face_runs_the_same_operations(run_r1: AgentStore) -> None:
 
     asyncio.run(main(run_r1.asyncio_agent_store()))
     assert run_r1.list_agent_calls("r1") == [run_r1.get_agent_call("agent-k1")]
+
+
+def test_a_recorded_call_is_returned_while_another_process_holds_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    """SQLite, the async face: the claim of a call already recorded under its key returns it
+    at once while another process holds the write lock (it is read); a new call's claim
+    waits for the lock and is recorded once it is free."""
+    path = tmp_path / "agent.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    agents = agent_store_of(store)
+    assert agents.create_agent_run("r1", max_steps=None, max_attempts=None, now=T0)[0]
+    assert agents.claim_agent_call(_call(), now=T0)[0] == "claimed"
+
+    async def main(face: AsyncSQLAgentStore) -> None:
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            repeat = asyncio.ensure_future(face.claim_agent_call(_call(), now=T0 + 1))
+            new = asyncio.ensure_future(
+                face.claim_agent_call(_call("agent-k2"), now=T0 + 1)
+            )
+            await asyncio.wait({repeat}, timeout=10)
+            assert repeat.done() and not new.done()
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        outcome, row = repeat.result()
+        assert (outcome, row.key, row.created_at) == ("existing", "agent-k1", T0)
+        assert (await new)[0] == "claimed"
+        await face.aclose()
+
+    try:
+        asyncio.run(main(agents.asyncio_agent_store()))  # type: ignore[attr-defined]
+    finally:
+        store.close()
 
 
 def test_agent_store_of_a_store_without_sql_is_refused() -> None:

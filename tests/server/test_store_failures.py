@@ -126,6 +126,37 @@ def test_locked_store_answers_503_and_nothing_is_corrupted(
     assert store.run(lambda c: c.execute("PRAGMA integrity_check").fetchone()) == ("ok",)
 
 
+@pytest.mark.parametrize("framework", ["starlette", "fastapi"])
+def test_an_asgi_replay_is_answered_while_another_process_holds_the_write_lock(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """ASGI: a completed key is replayed, and its reuse with another body refused, at once
+    while another process holds the SQLite write lock (a transactional handler holds it for
+    its whole run): the claim reads the record instead of waiting. It used to wait out the
+    whole busy_timeout, 30 s here, longer than the client's timeout. (WSGI: the claim waits
+    busy_timeout, then the record is read, as for a read-only store.)"""
+    path = tmp_path / "keys.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    try:
+        h = serve(store=store)
+        first = h.post("/posts", key="k1", json={"a": 1})
+        assert first.status_code == 201
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            replay = h.post("/posts", key="k1", json={"a": 1}, timeout=10)
+            reused = h.post("/posts", key="k1", json={"a": 2}, timeout=10)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert is_replay(replay)
+        assert (replay.status_code, replay.content) == (201, first.content)
+        assert_problem(reused, 422, "key-reused")
+        assert h.effects.counts["posts"] == 1
+    finally:
+        store.close()
+
+
 def test_a_store_outage_while_the_handler_runs_does_not_lose_its_record(
     serve: Serve, tmp_path: Path
 ) -> None:

@@ -349,6 +349,51 @@ async def test_a_read_is_not_held_up_by_another_process_writing(tmp_path: Path) 
 
 
 @pytest.mark.anyio
+async def test_a_claim_a_read_can_answer_is_not_held_up_by_another_process_writing(
+    tmp_path: Path,
+) -> None:
+    """A claim of a key that is there and unexpired — completed (a replay), running with its
+    lease (in progress), or running with its lease over (to take over) — returns the record
+    at once while another process holds the write lock: it is read, and only a claim that
+    must write waits (it waited out the whole busy_timeout behind a transactional handler's
+    lock, then the middleware read the record anyway). A key that is absent or expired waits
+    for the lock and is claimed once it is free."""
+    path = tmp_path / "gc.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    keys = store.asyncio_key_store()
+    _, done = await keys.claim("a" * 64, "fp", now=1.0, lease=10, retention=100)
+    answer = StoredResponse(201, (("content-type", "application/json"),), b'{"id": 1}')
+    assert await keys.complete("a" * 64, done.fencing_token, answer, now=1.0, retention=100)
+    await keys.claim("b" * 64, "fp", now=1.0, lease=1000, retention=2000)  # running
+    await keys.claim("c" * 64, "fp", now=1.0, lease=2, retention=2000)  # lease over at 50
+    await keys.claim("d" * 64, "fp", now=1.0, lease=2, retention=10)  # expired at 50
+    waits = _thread_waits(keys)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        claims = {
+            name: asyncio.ensure_future(
+                keys.claim(name * 64, "fp", now=50.0, lease=10, retention=100)
+            )
+            for name in "abcde"
+        }
+        await asyncio.wait({claims[n] for n in "abc"}, timeout=10)
+        assert [n for n in "abcde" if claims[n].done()] == ["a", "b", "c"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    replay = claims["a"].result()
+    assert replay[0] is False and replay[1].response == answer
+    assert claims["b"].result()[0] is False
+    assert claims["b"].result()[1].state is KeyState.RUNNING
+    taken = claims["c"].result()
+    assert taken[0] is False and taken[1].lease_expires_at == 3.0  # the caller takes it over
+    assert (await claims["d"])[0] and (await claims["e"])[0]  # claimed once the lock freed
+    assert len(waits) == 1  # the two claims that had to write, waiting together
+    store.close()
+
+
+@pytest.mark.anyio
 async def test_a_cancelled_claim_is_not_run_but_a_cancelled_completion_is(
     tmp_path: Path,
 ) -> None:

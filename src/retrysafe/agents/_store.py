@@ -30,7 +30,9 @@ from retrysafe.agents._models import (
     StepBudget,
 )
 from retrysafe.stores._connector import (
+    NEEDS_WRITE,
     Clock,
+    NeedsWrite,
     OnAsyncConnector,
     OnConnector,
     Op,
@@ -223,6 +225,23 @@ def claim_agent_call(
     return "refused", _call(row)
 
 
+def existing_agent_call(
+    clock: Clock,
+    call: AgentCall,
+    *,
+    now: float,
+    budget: StepBudget | None = None,
+    join_unknown: bool = False,
+) -> Op[tuple[str, AgentCall] | NeedsWrite]:
+    """The read-only form of :func:`claim_agent_call` (``when_locked``, see
+    :class:`~retrysafe.stores._connector.AsyncConnector`): what the async face runs when the
+    claim met another process's write lock (SQLite). A call recorded under the key is what
+    the claim returns first (``"existing"``), so it is returned as read (a resumed run's
+    repeat); anything else is :data:`NEEDS_WRITE`."""
+    existing = yield from get_agent_call(clock, call.key)
+    return NEEDS_WRITE if existing is None else ("existing", existing)
+
+
 def take_over_agent_call(
     clock: Clock,
     key: str,
@@ -336,7 +355,12 @@ class AsyncSQLAgentStore(OnAsyncConnector):
     get_agent_run = async_op(get_agent_run, skippable=True)
     list_agent_runs = async_op(list_agent_runs, skippable=True)
     stop_agent_run = async_op(stop_agent_run)
-    claim_agent_call = async_op(claim_agent_call, atomic=True, skippable=True)
+    claim_agent_call = async_op(
+        claim_agent_call,
+        atomic=True,
+        skippable=True,
+        when_locked=existing_agent_call,
+    )
     take_over_agent_call = async_op(take_over_agent_call, skippable=True)
     start_agent_attempt = async_op(start_agent_attempt)
     extend_agent_call_lease = async_op(extend_agent_call_lease)

@@ -481,12 +481,33 @@ class Connector(Protocol):
     def close(self) -> None: ...
 
 
+class NeedsWrite:
+    """The type of :data:`NEEDS_WRITE`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEEDS_WRITE"
+
+
+#: What an operation's read-only form (``when_locked``, see :class:`AsyncConnector`) returns
+#: when reading cannot answer: the operation itself has to run, and write.
+NEEDS_WRITE = NeedsWrite()
+
+
 class AsyncConnector(Protocol):
     """The async face: the same operations, never blocking the event loop.
 
     ``skippable=True``: the operation may be dropped, unrun, once its caller was cancelled
     (claims and reads: nobody would use the result). Writes that finish or give up a claim are
     never skippable.
+
+    ``when_locked``: a read-only form of the operation, for a store whose writers wait for
+    one another (SQLite's write lock; other stores ignore it): it returns what the operation
+    would return, or :data:`NEEDS_WRITE` when only the operation itself can say. An
+    operation that met another process's write lock runs it at once, and waits for the lock
+    only on ``NEEDS_WRITE``: a replay's claim finds its completed record by reading, and WAL
+    readers never wait for the writer.
     """
 
     dialect: str
@@ -496,7 +517,12 @@ class AsyncConnector(Protocol):
     def url(self) -> str: ...
 
     async def run(
-        self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
+        self,
+        op: Callable[[], Op[_T]],
+        *,
+        atomic: bool = False,
+        skippable: bool = False,
+        when_locked: Callable[[], Op[Any]] | None = None,
     ) -> _T:
         """Drive the operation ``op()`` creates. ``op`` may be called again when a run failed
         without effect (SQLite: the inline attempt found the database locked and the operation
@@ -539,14 +565,32 @@ def async_op(
     *,
     atomic: bool = False,
     skippable: bool = False,
+    when_locked: Callable[Concatenate[Clock, _P], Op[Any]] | None = None,
 ) -> Callable[Concatenate[_HasAsyncConnector, _P], Coroutine[Any, Any, _T]]:
-    """An async store method from the same operation function (see :func:`sync_op`)."""
+    """An async store method from the same operation function (see :func:`sync_op`);
+    ``when_locked``, with the same arguments: see :class:`AsyncConnector`."""
 
-    async def method(self: _HasAsyncConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        c = self.connector
-        # A partial, not a lambda: one object per call instead of a function and its cells.
-        op = partial(fn, c.clock, *args, **kwargs)
-        return await c.run(op, atomic=atomic, skippable=skippable)
+    if when_locked is None:
+
+        async def method(self: _HasAsyncConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            c = self.connector
+            # A partial, not a lambda: one object per call instead of a function and its cells.
+            op = partial(fn, c.clock, *args, **kwargs)
+            return await c.run(op, atomic=atomic, skippable=skippable)
+
+    else:
+        locked = when_locked
+
+        async def method(self: _HasAsyncConnector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            c = self.connector
+            op = partial(fn, c.clock, *args, **kwargs)
+            return await c.run(
+                op,
+                atomic=atomic,
+                skippable=skippable,
+                # Made only if the store needs it: a lambda costs less than a second partial.
+                when_locked=lambda: locked(*op.args, **op.keywords),
+            )
 
     method.__name__ = fn.__name__
     method.__doc__ = fn.__doc__

@@ -26,7 +26,9 @@ from retrysafe.stores._base import (
     listed_states,
 )
 from retrysafe.stores._connector import (
+    NEEDS_WRITE,
     Clock,
+    NeedsWrite,
     OnAsyncConnector,
     OnConnector,
     Op,
@@ -183,6 +185,22 @@ def claim(
     raise StoreError(f"claim of {key_hash} kept racing; giving up")
 
 
+def claim_by_reading(
+    clock: Clock, key_hash: str, fingerprint: str, *, now: float, lease: float, retention: float
+) -> Op[tuple[bool, KeyRecord] | NeedsWrite]:
+    """The read-only form of :func:`claim` (``when_locked``, see
+    :class:`~retrysafe.stores._connector.AsyncConnector`): what the async face runs when the
+    claim met another process's write lock (SQLite). A record that is there and unexpired is
+    what :func:`claim` would return unclaimed — its claim statement replaces only a released
+    or expired one — so it is returned as read (a replay, a request in progress, a reused
+    key: the answer of that moment); anything else is :data:`NEEDS_WRITE`."""
+    if clock == "caller":
+        record = yield from get(clock, key_hash)
+        if record is not None and record.expires_at > now:
+            return False, record
+    return NEEDS_WRITE
+
+
 def take_over(
     clock: Clock, key_hash: str, fencing_token: int, *, now: float, lease: float
 ) -> Op[KeyRecord | None]:
@@ -326,7 +344,7 @@ class AsyncSQLKeyStore(OnAsyncConnector):
     """The async face of :class:`SQLKeyStore`: the same operations on an
     :class:`~retrysafe.stores._connector.AsyncConnector`."""
 
-    claim = async_op(claim, skippable=True)
+    claim = async_op(claim, skippable=True, when_locked=claim_by_reading)
     take_over = async_op(take_over, skippable=True)
     complete = async_op(complete)
     release = async_op(release)

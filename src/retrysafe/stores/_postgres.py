@@ -736,7 +736,12 @@ class AsyncPostgresConnector:
             raise self._sync.translate(exc) from exc
 
     async def run(
-        self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
+        self,
+        op: Callable[[], Op[_T]],
+        *,
+        atomic: bool = False,
+        skippable: bool = False,
+        when_locked: Callable[[], Op[Any]] | None = None,  # no write lock here: row locks
     ) -> _T:
         if not self.group_commit or atomic:
             return await self._bounded(self._alone(op(), atomic))

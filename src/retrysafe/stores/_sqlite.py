@@ -39,6 +39,7 @@ from retrysafe._exceptions import (
     StoreUnavailableError,
 )
 from retrysafe.stores._connector import (
+    NEEDS_WRITE,
     Clock,
     Exec,
     Op,
@@ -772,8 +773,9 @@ class SQLiteTransaction:
 # ---------------------------------------------------------------------- the async face
 _Fn = Callable[[sqlite3.Connection], Any]
 # One queued operation: the function that drives it on a connection, the future its caller
-# awaits, and whether it may be skipped once that caller has gone.
-_Queued = tuple[_Fn, "asyncio.Future[Any]", bool]
+# awaits, whether it may be skipped once that caller has gone, and its read-only form, run
+# when it meets another process's write lock (``run(when_locked=…)``, or None).
+_Queued = tuple[_Fn, "asyncio.Future[Any]", bool, "Callable[[], Op[Any]] | None"]
 
 
 def _run_batch(conn: sqlite3.Connection, fns: list[_Fn]) -> list[tuple[bool, Any]]:
@@ -866,15 +868,24 @@ class AsyncSQLiteConnector:
             self._drop_inline()
 
     async def run(
-        self, op: Callable[[], Op[_T]], *, atomic: bool = False, skippable: bool = False
+        self,
+        op: Callable[[], Op[_T]],
+        *,
+        atomic: bool = False,
+        skippable: bool = False,
+        when_locked: Callable[[], Op[Any]] | None = None,
     ) -> _T:
-        result: _T = await self._submit(lambda conn: _drive(conn, op(), atomic), skippable)
+        result: _T = await self._submit(
+            lambda conn: _drive(conn, op(), atomic), skippable, when_locked
+        )
         return result
 
     async def aclose(self) -> None:
         self._drop_inline()
 
-    def _submit(self, fn: _Fn, skippable: bool) -> asyncio.Future[Any]:
+    def _submit(
+        self, fn: _Fn, skippable: bool, locked: Callable[[], Op[Any]] | None = None
+    ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         if loop is not self._queue_loop:
             # A loop that stopped before flushing left its queue behind: nobody awaits it.
@@ -883,7 +894,7 @@ class AsyncSQLiteConnector:
         fut = loop.create_future()
         if not self._queue:
             loop.call_soon(self._flush)
-        self._queue.append((fn, fut, skippable))
+        self._queue.append((fn, fut, skippable, locked))
         return fut
 
     def _flush(self) -> None:
@@ -895,7 +906,7 @@ class AsyncSQLiteConnector:
         try:
             holder = self._inline_conn()
         except StoreError as exc:
-            for _, fut, _ in batch:
+            for _, fut, _, _ in batch:
                 if not fut.done():
                     fut.set_exception(exc)
             return
@@ -917,7 +928,7 @@ class AsyncSQLiteConnector:
         except Exception:
             self._spawn(self._one_by_one(batch, in_thread=False))
             return
-        for (_, fut, _), (ok, value) in zip(batch, outcomes, strict=True):
+        for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
             if not ok:
                 self._failed(value)
             _deliver(fut, ok, value, url)
@@ -955,7 +966,7 @@ class AsyncSQLiteConnector:
             # The write lock stayed taken for the whole busy_timeout: every operation would
             # wait as long again, so all of them fail now (callers answer 503), those that
             # waited behind this batch too.
-            for _, fut, _ in batch + self._lock_freed():
+            for _, fut, _, _ in batch + self._lock_freed():
                 if not fut.done():
                     fut.set_exception(exc)
             return
@@ -964,7 +975,7 @@ class AsyncSQLiteConnector:
             await self._one_by_one(batch, in_thread=True)
             return
         self._requeue(self._lock_freed())
-        for (_, fut, _), (ok, value) in zip(batch, outcomes, strict=True):
+        for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
             _deliver(fut, ok, value, self.url)
 
     def _lock_freed(self) -> list[_Queued]:
@@ -987,34 +998,49 @@ class AsyncSQLiteConnector:
         An operation that only reads completes even while another process writes (WAL
         readers never wait for the writer: a replay's look-up waited out the whole
         busy_timeout behind the lock, a fresh user's check); one that writes meets the lock at
-        once (``busy_timeout=0``) before it changed anything."""
-        url = self.url
+        once (``busy_timeout=0``) before it changed anything. One that met it and has a
+        read-only form (``run(when_locked=…)``) runs that next, and waits only when that
+        says it must write (``NEEDS_WRITE``): a replay's claim finds its completed key by
+        reading (it waited out the whole busy_timeout behind a transactional handler's
+        lock)."""
         busy: list[_Queued] = []
         for item in batch:
-            fn, fut, skippable = item
+            fn, fut, skippable, locked = item
             if skippable and fut.cancelled():
                 continue
-            try:
-                with holder or self._inline_conn() as conn:
-                    result = fn(conn)
-            except sqlite3.Error as exc:
-                if _is_busy(exc):
-                    busy.append(item)
-                else:
-                    self._failed(exc)
-                    _deliver(fut, False, exc, url)
-            except Exception as exc:  # the operation's own error: its caller sees it
-                _deliver(fut, False, exc, url)
-            else:
-                _deliver(fut, True, result, url)
+            if self._met_lock(fn, fut, holder) and (
+                locked is None or self._met_lock(_reading(locked), fut, holder)
+            ):
+                busy.append(item)
         return busy
+
+    def _met_lock(self, fn: _Fn, fut: asyncio.Future[Any], holder: _Conn | None) -> bool:
+        """Run ``fn`` on the inline connection and hand its outcome to ``fut``; True (and
+        nothing handed over) when it met another process's write lock, or is a read-only
+        form that says the operation must write."""
+        url = self.url
+        try:
+            with holder or self._inline_conn() as conn:
+                result = fn(conn)
+        except sqlite3.Error as exc:
+            if _is_busy(exc):
+                return True
+            self._failed(exc)
+            _deliver(fut, False, exc, url)
+        except Exception as exc:  # the operation's own error: its caller sees it
+            _deliver(fut, False, exc, url)
+        else:
+            if result is NEEDS_WRITE:
+                return True
+            _deliver(fut, True, result, url)
+        return False
 
     async def _one_by_one(self, batch: list[_Queued], *, in_thread: bool) -> None:
         """Each operation on its own: inline first, in a thread when locked."""
         url = self.url
         if not in_thread:
             batch = self._inline_each(batch)
-        for fn, fut, skippable in batch:
+        for fn, fut, skippable, _ in batch:
             if skippable and fut.cancelled():
                 continue
             try:
@@ -1023,6 +1049,12 @@ class AsyncSQLiteConnector:
                 _deliver(fut, False, exc, url)
             else:
                 _deliver(fut, True, result, url)
+
+
+def _reading(read_only: Callable[[], Op[Any]]) -> _Fn:
+    """What drives an operation's read-only form on a connection: its statements on their
+    own, in no transaction (a read holds nothing)."""
+    return lambda conn: _drive(conn, read_only(), False)
 
 
 def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any, url: str) -> None:
