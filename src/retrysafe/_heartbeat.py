@@ -133,6 +133,16 @@ class _Base(Generic[_R]):
             return False
         return True
 
+    def _again(self, ok: bool, began: float, rounds: int) -> bool:
+        """Whether to renew again at once: the renewal that began at ``began`` (monotonic)
+        renewed but took over half an interval — it waited (another process held SQLite's
+        write lock, a slow store), and the lease end it wrote was computed before the wait,
+        so it may already be near or past and another claimant could take the work over
+        (a fresh user's check: a renewal written 0.9 s after the end it set, two effects).
+        The next one, asked for now, lands with a fresh end. Twice at most in a row: a store
+        that is slow every time gets renewals back to back, not a loop."""
+        return ok and rounds < 2 and time.monotonic() - began > self.timing.heartbeat / 2
+
     def _failed(self, exc: BaseException) -> None:
         if not self.stopped:
             self.on_error(exc)
@@ -180,8 +190,13 @@ class AsyncHeartbeat(_Base[Awaitable[bool]]):
     async def _beat(self) -> None:
         ok = True
         try:
-            if self._before():
+            rounds = 0
+            while self._before():
+                began = time.monotonic()
                 ok = await self._renew()
+                if not self._again(ok, began, rounds):
+                    break
+                rounds += 1
         except Exception as exc:
             self._failed(exc)
         finally:
@@ -277,8 +292,13 @@ class Heartbeat(_Base[bool]):
     def _beat(self) -> None:
         ok = True
         try:
-            if self._before():
+            rounds = 0
+            while self._before():
+                began = time.monotonic()
                 ok = self._renew()
+                if not self._again(ok, began, rounds):
+                    break
+                rounds += 1
         except Exception as exc:
             self._failed(exc)
         finally:

@@ -4,11 +4,14 @@ flow (claim, take-over, attempts, renewal, outcome) runs off the loop's thread."
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from retrysafe import SQLiteStore, StoreUnavailableError
 from retrysafe.agents import (
     AgentCallState,
     AgentStore,
@@ -73,3 +76,49 @@ def test_async_tool_takes_over_and_records_off_the_loop(agent_store: AgentStore)
     (call,) = resumed.calls()
     assert (call.state, call.fencing_token) == (AgentCallState.SUCCEEDED, 2)
     assert watched.on_loop == []
+
+
+def test_a_repeat_under_another_process_write_lock_gets_its_stored_result(
+    tmp_path: Path,
+) -> None:
+    """A fresh user's check: while another process kept SQLite's write lock past
+    busy_timeout, repeating a call that had already succeeded raised StoreUnavailableError
+    (its claim is a write). It now gets the stored result from a read, sync and async tools
+    alike, and runs nothing; a new call still needs the write and fails."""
+    path = tmp_path / "agent.db"
+    store = SQLiteStore(path, busy_timeout=0.2)
+    effects: list[str] = []
+
+    @tool(kind="write", attempts=1)
+    def create(title: str) -> dict[str, str]:
+        effects.append(title)
+        return {"id": title}
+
+    @tool(kind="write", attempts=1)
+    async def acreate(title: str) -> dict[str, str]:
+        effects.append(title)
+        return {"id": title}
+
+    async def main() -> None:
+        run = start_run(store, "r1")
+        with run:
+            with run.step(1):
+                assert create("t1") == {"id": "t1"}
+                assert await acreate("t2") == {"id": "t2"}
+            holder = sqlite3.connect(path, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+            try:
+                with run.step(1):
+                    assert create("t1") == {"id": "t1"}
+                    assert await acreate("t2") == {"id": "t2"}
+                    with pytest.raises(StoreUnavailableError):
+                        await acreate("t3")
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert effects == ["t1", "t2"]

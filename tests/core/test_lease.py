@@ -343,3 +343,48 @@ async def test_a_shorter_heartbeat_wakes_the_sleeping_loop_sweeper() -> None:
     short.stop()
     long.stop()
     assert long_calls == []
+
+
+@pytest.mark.anyio
+async def test_async_heartbeat_renews_again_at_once_after_a_renewal_that_waited() -> None:
+    """A renewal that took over half an interval (it waited for a lock) wrote a lease end
+    computed before it waited; the heartbeat renews again in the same beat, not an interval
+    later (a fresh user's check: the late end let a retry take the work over)."""
+    seen: list[int] = []
+    second = asyncio.Event()
+    holder: list[AsyncHeartbeat] = []
+
+    async def renew() -> bool:
+        seen.append(holder[0].renewals)  # beats completed before this call
+        if len(seen) == 1:
+            await asyncio.sleep(0.15)  # over half the 0.2 s interval
+        else:
+            second.set()
+        return True
+
+    beat = AsyncHeartbeat(renew, lease_timing(0.6))
+    holder.append(beat)
+    beat.start()
+    await asyncio.wait_for(second.wait(), 5)
+    beat.stop()
+    assert seen[:2] == [0, 0]  # the second call came in the first beat
+
+
+def test_thread_heartbeat_renews_again_at_once_after_a_renewal_that_waited() -> None:
+    """:func:`test_async_heartbeat_renews_again_at_once_after_a_renewal_that_waited` for
+    the thread driver; a store slow every time gets two more renewals at most, then waits
+    for the next beat."""
+    seen: list[int] = []
+    holder: list[Heartbeat] = []
+
+    def renew() -> bool:
+        seen.append(holder[0].renewals)
+        time.sleep(0.15)  # every renewal slow
+        return True
+
+    beat = Heartbeat(renew, lease_timing(0.6))
+    holder.append(beat)
+    beat.start()
+    _wait(lambda: len(seen) >= 4)
+    beat.stop()
+    assert seen[:4] == [0, 0, 0, 1]

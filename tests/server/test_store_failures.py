@@ -157,6 +157,113 @@ def test_an_asgi_replay_is_answered_while_another_process_holds_the_write_lock(
         store.close()
 
 
+def test_a_renewal_that_waited_for_the_lock_past_the_lease_is_not_taken_over(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A fresh user's check: another process held the SQLite write lock past the lease while
+    a handler ran; its heartbeat's renewal waited and landed with the lease end computed
+    before it waited — already past — and a retry took the key over and ran the handler a
+    second time. A renewal that waited is now followed at once by another, which lands with
+    a fresh end: the retry gets 409 and the handler runs once."""
+    path = tmp_path / "keys.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    try:
+        h = serve(store=store, lease=1.2)  # a renewal every 0.4 s
+        first: list[httpx.Response] = []
+        worker = threading.Thread(
+            target=lambda: first.append(h.post("/slow", key="k-lock", json={}, headers=HOLD))
+        )
+        worker.start()
+        assert h.effects.entered.wait(10)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            time.sleep(1.0)  # a renewal or two meet the lock and wait
+            h.clock.advance(5)  # meanwhile the lease (1.2 s) ran out, on the store's clock
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        time.sleep(0.3)  # the waiting renewal lands, and the one after it
+        retry = h.post("/slow", key="k-lock", json={})
+        h.effects.gate.set()
+        worker.join(10)
+        assert_problem(retry, 409, "request-in-progress")
+        assert first[0].status_code == 201
+        assert h.effects.counts["slow"] == 1
+    finally:
+        h.effects.gate.set()
+        store.close()
+
+
+def test_a_claim_that_waited_for_the_lock_past_the_lease_is_renewed_before_it_runs(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A fresh user's check: a new key's claim waited for another process's SQLite write
+    lock longer than the lease and landed with its lease already over; a retry took the key
+    over and the handler ran twice. A claim that took over a quarter of the lease is now
+    renewed before the handler starts: the retry gets 409 and the handler runs once."""
+    path = tmp_path / "keys.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    try:
+        h = serve(store=store, lease=1.2)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        first: list[httpx.Response] = []
+        worker = threading.Thread(
+            target=lambda: first.append(h.post("/slow", key="k-late", json={}, headers=HOLD))
+        )
+        try:
+            worker.start()
+            time.sleep(0.5)  # the claim meets the lock and waits
+            h.clock.advance(5)  # meanwhile its lease (1.2 s) would have run out
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert h.effects.entered.wait(10)
+        retry = h.post("/slow", key="k-late", json={})
+        h.effects.gate.set()
+        worker.join(10)
+        assert_problem(retry, 409, "request-in-progress")
+        assert first[0].status_code == 201
+        assert h.effects.counts["slow"] == 1
+    finally:
+        h.effects.gate.set()
+        store.close()
+
+
+def test_a_request_in_progress_gets_409_while_another_process_holds_the_write_lock(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """A repeat of a request still running, while another process holds the SQLite write
+    lock: 409, as without the lock (ASGI at once, from a read; WSGI once its claim waited
+    busy_timeout). WSGI answered 503 (a fresh user's check)."""
+    path = tmp_path / "keys.db"
+    store = SQLiteStore(path, busy_timeout=0.2)
+    try:
+        h = serve(store=store)
+        first: list[httpx.Response] = []
+        worker = threading.Thread(
+            target=lambda: first.append(h.post("/slow", key="k-run", json={}, headers=HOLD))
+        )
+        worker.start()
+        assert h.effects.entered.wait(10)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            repeat = h.post("/slow", key="k-run", json={})
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        h.effects.gate.set()
+        worker.join(10)
+        assert_problem(repeat, 409, "request-in-progress")
+        assert first[0].status_code == 201
+        assert h.effects.counts["slow"] == 1
+    finally:
+        h.effects.gate.set()
+        store.close()
+
+
 def test_a_store_outage_while_the_handler_runs_does_not_lose_its_record(
     serve: Serve, tmp_path: Path
 ) -> None:

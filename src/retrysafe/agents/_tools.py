@@ -37,6 +37,8 @@ from retrysafe._exceptions import (
     NoActiveRunError,
     OutcomeUnknownError,
     PayloadError,
+    StoreError,
+    StoreUnavailableError,
     ToolCallFailedError,
     ToolSignatureError,
 )
@@ -461,9 +463,22 @@ class _Flow:
         # A derived key joins an earlier UNKNOWN call of the same write with the same
         # arguments (SPEC §0): a call id the application named is its own logical call.
         join = self.spec.kind == "write" and (self.call_id is None or self.derived)
-        return run.store.claim_agent_call(
-            self.call, now=run.clock(), budget=budget, join_unknown=join
-        )
+        try:
+            return run.store.claim_agent_call(
+                self.call, now=run.clock(), budget=budget, join_unknown=join
+            )
+        except StoreUnavailableError as unavailable:
+            # A store that cannot be written now (another process kept SQLite's write lock
+            # past busy_timeout, a read-only file): a call recorded under this key is what
+            # the claim returns first, so a repeat is answered from a read — its stored
+            # result, or its state — instead of failing. A new call needs the write.
+            try:
+                row = run.store.get_agent_call(self.call.key)
+            except StoreError:
+                raise unavailable from None
+            if row is None:
+                raise
+            return "existing", row
 
     def get(self) -> AgentCall:
         assert self.run is not None and self.call is not None

@@ -1003,10 +1003,13 @@ def claim_key(
             "claim", args, {"now": now, "lease": lease, "retention": retention}
         )
     except StoreUnavailableError as unavailable:
-        answered = yield from _answered(key_hash, fingerprint, now, unavailable)
+        answered = yield from _answered(key_hash, fingerprint, clock(), unavailable)
         return answered
     if claimed:
-        return Claimed(record.fencing_token, False, now)
+        if (yield from _fresh_lease(key_hash, record.fencing_token, now, clock, lease)):
+            return Claimed(record.fencing_token, False, now)
+        record = yield ("get", (key_hash,), {})  # taken over meanwhile: what is it now?
+        now = clock()
     deadline = -1.0
     delay = _POLL_INITIAL
     races = 0
@@ -1032,7 +1035,9 @@ def claim_key(
         if isinstance(decision, TakeOver):
             token = decision.fencing_token
             new = yield ("take_over", (key_hash, token), {"now": now, "lease": lease})
-            if new is not None:
+            if new is not None and (
+                yield from _fresh_lease(key_hash, new.fencing_token, now, clock, lease)
+            ):
                 return Claimed(new.fencing_token, True, now)
             record = yield ("get", (key_hash,), {})
             now = clock()
@@ -1043,25 +1048,54 @@ def claim_key(
             "claim", args, {"now": now, "lease": lease, "retention": retention}
         )
         if claimed:
-            return Claimed(record.fencing_token, False, now)
+            if (yield from _fresh_lease(key_hash, record.fencing_token, now, clock, lease)):
+                return Claimed(record.fencing_token, False, now)
+            record = yield ("get", (key_hash,), {})
+            now = clock()
+
+
+def _fresh_lease(
+    key_hash: str, token: int, asked_at: float, clock: Callable[[], float], lease: float
+) -> Generator[Op, Any, bool]:
+    """Whether the claim of ``token``, asked for at ``asked_at``, holds a lease that was not
+    already running out when it was written; False once it was taken over meanwhile.
+
+    The store computes a claim's lease end from the time it was asked for (SQLite on the
+    caller's clock). A claim that waited — another process held SQLite's write lock, a slow
+    store — lands with that end near or past, and another claimant could take the key over
+    and run the work a second time while this one runs it (a fresh user's check: a lock held
+    12 s against the 10 s lease, two effects). So a claim that took more than a quarter of
+    the lease is renewed, fenced by its token, before the work starts (SPEC §3 "Lease
+    renewal"); an answer in time costs one clock read.
+
+    Raises:
+        StoreError: the renewal failed (the claim is never used: its lease runs out).
+    """
+    if clock() - asked_at <= lease / 4:
+        return True
+    renewed = yield ("extend_lease", (key_hash, token), {"now": clock(), "lease": lease})
+    return bool(renewed)
 
 
 def _answered(
     key_hash: str, fingerprint: str, now: float, unavailable: StoreUnavailableError
-) -> Generator[Op, Any, Replay | KeyReused | ReplayUnavailable]:
-    """The answer of a key that is already answered, read from a store that could not be
-    written (a read-only file, a replica): what the claim would have returned. A key that
-    needs a write (absent, expired, released, running) raises ``unavailable`` (503).
+) -> Generator[Op, Any, Replay | KeyReused | ReplayUnavailable | InProgress]:
+    """The answer a read can give for a key whose claim could not be written (a read-only
+    file, a replica, another process's write lock past busy_timeout): what the claim would
+    have led to — a replay, a reused key, or a request still in progress (409, as a claim
+    that could be written answers; it was a 503 on WSGI and 409 on ASGI, a fresh user's
+    check). A key that needs a write (absent, expired, released, a lease to take over)
+    raises ``unavailable`` (503).
 
     Raises:
-        StoreUnavailableError: ``unavailable``, when the key is not answered or cannot be read.
+        StoreUnavailableError: ``unavailable``, when the key needs a write or cannot be read.
     """
     try:
         record = yield ("get", (key_hash,), {})
     except StoreError:
         raise unavailable from None
     decision = decide(record, fingerprint, now)
-    if isinstance(decision, (Replay, KeyReused, ReplayUnavailable)):
+    if isinstance(decision, (Replay, KeyReused, ReplayUnavailable, InProgress)):
         return decision
     raise unavailable
 
