@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -65,6 +66,44 @@ def test_attempt_slower_than_the_lease_is_sent_once_while_two_workers_poll(
         assert final is not None and final.state is JobState.SUCCEEDED
         assert [a.status for a in outbox_store(stores[0]).list_attempts(job.id)] == [201]
         assert [(w.stats.succeeded, w.stats.lease_lost) for w in workers].count((1, 0)) == 1
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_claim_that_waited_for_the_lock_past_the_lease_is_renewed_before_it_sends(
+    script: Script, base_url: str, tmp_path: Path
+) -> None:
+    """The claim waited 1.5 s for another process's SQLite write lock against a 1 s lease, so
+    it landed with the job's lease already over; a second worker starting just after would
+    claim the job too and send it while the first did. The first worker now renews a claim
+    that took over a quarter of the lease before sending: one request."""
+    path = script.plan("/late-claim", Step(201, sleep=1.0))
+    db = tmp_path / "late.db"
+    stores = [SQLiteStore(db, busy_timeout=30) for _ in range(3)]
+    try:
+        job = Outbox(stores[0], policy=LONG_TIMEOUT).submit(base_url + path, json={})
+        first, second = (
+            Worker(s, policy=LONG_TIMEOUT, lease=1.0, poll_interval=0.02) for s in stores[1:]
+        )
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        threads = [threading.Thread(target=first.run_until_idle)]
+        try:
+            threads[0].start()
+            time.sleep(1.5)  # its claim meets the lock and waits past the lease
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        time.sleep(0.1)  # the claim lands, and its renewal after it
+        threads.append(threading.Thread(target=second.run_until_idle))
+        threads[1].start()
+        for thread in threads:
+            thread.join(15)
+        assert not any(thread.is_alive() for thread in threads)
+        assert [s.key for s in script.requests(path)] == [job.key]
+        final = outbox_store(stores[0]).get_job(job.id)
+        assert final is not None and final.state is JobState.SUCCEEDED
     finally:
         for s in stores:
             s.close()

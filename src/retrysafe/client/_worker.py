@@ -1192,11 +1192,12 @@ class Worker:
         assert loop is not None
         if self._holding:
             await asyncio.gather(*self._holding, return_exceptions=True)
+        token, asked_at = uuid.uuid4().hex, self._clock()
         claim = loop.create_task(
             self._astore.claim_jobs(
                 queue=self.queue,
-                token=uuid.uuid4().hex,
-                now=self._clock(),
+                token=token,
+                now=asked_at,
                 lease=self.lease,
                 limit=limit,
                 **filters,
@@ -1208,7 +1209,40 @@ class Worker:
             await self._give_back_claim(claim)
             raise
         self.stats.unknown += len(parked_by(claimed))  # left UNKNOWN, never sent
+        took = self._clock() - asked_at
+        if claimed and took > self.lease / 4:
+            return await self._renewed(claimed, token, took)
         return claimed
+
+    async def _renewed(self, claimed: list[Job], token: str, took: float) -> list[Job]:
+        """The jobs of a claim that took over a quarter of the lease, their leases renewed
+        before any is sent; those whose renewal failed are left alone (not sent by this run).
+
+        The store computes the lease end from the time the claim was asked for, so a claim
+        that waited (another process held SQLite's write lock, a slow store) may land with
+        its leases near or past their end, and another worker could claim the same jobs and
+        send them while this one does (the middleware's claims had the same gap: a fresh
+        user's check). A renewal that is refused means the job was taken over meanwhile; one
+        that fails leaves the job to its lease, which runs out, and to the next claim."""
+        now = self._clock()
+        renewals = await asyncio.gather(
+            *(
+                self._astore.extend_job_lease(job.id, token, now=now, lease=self.lease)
+                for job in claimed
+            ),
+            return_exceptions=True,
+        )
+        kept = [job for job, renewed in zip(claimed, renewals, strict=True) if renewed is True]
+        if len(kept) < len(claimed):
+            logger.warning(
+                "%d of %d claimed jobs not sent by this run: the claim took %.1f s of a "
+                "%.1f s lease and their renewal failed or found them taken over",
+                len(claimed) - len(kept),
+                len(claimed),
+                took,
+                self.lease,
+            )
+        return kept
 
     def _start(
         self,
