@@ -1,6 +1,6 @@
 """A claim that landed late (it waited for a lock or a slow store) is renewed before the work
 starts, so the lease it wrote, computed before the wait, never lets another claimant in while
-the work runs (retrysafe.server._engine._fresh_lease)."""
+the work runs (retrysafe.server._engine._renew_late)."""
 
 from __future__ import annotations
 

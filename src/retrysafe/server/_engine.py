@@ -1006,8 +1006,9 @@ def claim_key(
         answered = yield from _answered(key_hash, fingerprint, clock(), unavailable)
         return answered
     if claimed:
-        if (yield from _fresh_lease(key_hash, record.fencing_token, now, clock, lease)):
-            return Claimed(record.fencing_token, False, now)
+        token = record.fencing_token
+        if clock() - now <= lease / 4 or (yield from _renew_late(key_hash, token, clock, lease)):
+            return Claimed(token, False, now)
         record = yield ("get", (key_hash,), {})  # taken over meanwhile: what is it now?
         now = clock()
     deadline = -1.0
@@ -1036,7 +1037,8 @@ def claim_key(
             token = decision.fencing_token
             new = yield ("take_over", (key_hash, token), {"now": now, "lease": lease})
             if new is not None and (
-                yield from _fresh_lease(key_hash, new.fencing_token, now, clock, lease)
+                clock() - now <= lease / 4
+                or (yield from _renew_late(key_hash, new.fencing_token, clock, lease))
             ):
                 return Claimed(new.fencing_token, True, now)
             record = yield ("get", (key_hash,), {})
@@ -1048,31 +1050,32 @@ def claim_key(
             "claim", args, {"now": now, "lease": lease, "retention": retention}
         )
         if claimed:
-            if (yield from _fresh_lease(key_hash, record.fencing_token, now, clock, lease)):
-                return Claimed(record.fencing_token, False, now)
+            token = record.fencing_token
+            if clock() - now <= lease / 4 or (
+                yield from _renew_late(key_hash, token, clock, lease)
+            ):
+                return Claimed(token, False, now)
             record = yield ("get", (key_hash,), {})
             now = clock()
 
 
-def _fresh_lease(
-    key_hash: str, token: int, asked_at: float, clock: Callable[[], float], lease: float
+def _renew_late(
+    key_hash: str, token: int, clock: Callable[[], float], lease: float
 ) -> Generator[Op, Any, bool]:
-    """Whether the claim of ``token``, asked for at ``asked_at``, holds a lease that was not
-    already running out when it was written; False once it was taken over meanwhile.
+    """Renew the claim of ``token``, which took more than a quarter of the lease to land;
+    False once it was taken over meanwhile (the claim is not ours: run nothing).
 
     The store computes a claim's lease end from the time it was asked for (SQLite on the
     caller's clock). A claim that waited — another process held SQLite's write lock, a slow
     store — lands with that end near or past, and another claimant could take the key over
     and run the work a second time while this one runs it (a fresh user's check: a lock held
-    12 s against the 10 s lease, two effects). So a claim that took more than a quarter of
-    the lease is renewed, fenced by its token, before the work starts (SPEC §3 "Lease
-    renewal"); an answer in time costs one clock read.
+    12 s against the 10 s lease, two effects). So :func:`claim_key` renews such a claim,
+    fenced by its token, before the work starts (SPEC §3 "Lease renewal"); a claim answered
+    in time costs one clock read.
 
     Raises:
         StoreError: the renewal failed (the claim is never used: its lease runs out).
     """
-    if clock() - asked_at <= lease / 4:
-        return True
     renewed = yield ("extend_lease", (key_hash, token), {"now": clock(), "lease": lease})
     return bool(renewed)
 
