@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 from _readonly import ReadOnly
 from retrysafe.stores import SQLiteStore
 
-from .harness import HOLD, Serve, assert_problem, is_replay, records
+from .harness import HOLD, Harness, Serve, assert_problem, is_replay, records
 
 
 @pytest.fixture
@@ -126,6 +127,37 @@ def test_locked_store_answers_503_and_nothing_is_corrupted(
     assert store.run(lambda c: c.execute("PRAGMA integrity_check").fetchone()) == ("ok",)
 
 
+@contextmanager
+def _write_lock(path: Path) -> Iterator[None]:
+    """Another process's SQLite write lock on ``path`` for the block (a connection of its
+    own in ``BEGIN IMMEDIATE``)."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+class _Held:
+    """A ``POST /slow`` with ``key``, held at the effects' gate, sent from a thread of its
+    own; :meth:`finish` opens the gate and returns its response."""
+
+    def __init__(self, h: Harness, key: str) -> None:
+        self.h = h
+        self.responses: list[httpx.Response] = []
+        self.thread = threading.Thread(
+            target=lambda: self.responses.append(h.post("/slow", key=key, json={}, headers=HOLD))
+        )
+        self.thread.start()
+
+    def finish(self) -> httpx.Response:
+        self.h.effects.gate.set()
+        self.thread.join(10)
+        return self.responses[0]
+
+
 @pytest.mark.parametrize("framework", ["starlette", "fastapi"])
 def test_an_asgi_replay_is_answered_while_another_process_holds_the_write_lock(
     serve: Serve, tmp_path: Path
@@ -141,14 +173,9 @@ def test_an_asgi_replay_is_answered_while_another_process_holds_the_write_lock(
         h = serve(store=store)
         first = h.post("/posts", key="k1", json={"a": 1})
         assert first.status_code == 201
-        holder = sqlite3.connect(path, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")
-        try:
+        with _write_lock(path):
             replay = h.post("/posts", key="k1", json={"a": 1}, timeout=10)
             reused = h.post("/posts", key="k1", json={"a": 2}, timeout=10)
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         assert is_replay(replay)
         assert (replay.status_code, replay.content) == (201, first.content)
         assert_problem(reused, 422, "key-reused")
@@ -167,28 +194,17 @@ def test_a_renewal_that_waited_for_the_lock_past_the_lease_is_not_taken_over(
     a fresh end: the retry gets 409 and the handler runs once."""
     path = tmp_path / "keys.db"
     store = SQLiteStore(path, busy_timeout=30)
+    h = serve(store=store, lease=1.2)  # a renewal every 0.4 s
     try:
-        h = serve(store=store, lease=1.2)  # a renewal every 0.4 s
-        first: list[httpx.Response] = []
-        worker = threading.Thread(
-            target=lambda: first.append(h.post("/slow", key="k-lock", json={}, headers=HOLD))
-        )
-        worker.start()
+        first = _Held(h, "k-lock")
         assert h.effects.entered.wait(10)
-        holder = sqlite3.connect(path, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")
-        try:
+        with _write_lock(path):
             time.sleep(1.0)  # a renewal or two meet the lock and wait
             h.clock.advance(5)  # meanwhile the lease (1.2 s) ran out, on the store's clock
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         time.sleep(0.3)  # the waiting renewal lands, and the one after it
         retry = h.post("/slow", key="k-lock", json={})
-        h.effects.gate.set()
-        worker.join(10)
+        assert first.finish().status_code == 201
         assert_problem(retry, 409, "request-in-progress")
-        assert first[0].status_code == 201
         assert h.effects.counts["slow"] == 1
     finally:
         h.effects.gate.set()
@@ -204,27 +220,16 @@ def test_a_claim_that_waited_for_the_lock_past_the_lease_is_renewed_before_it_ru
     renewed before the handler starts: the retry gets 409 and the handler runs once."""
     path = tmp_path / "keys.db"
     store = SQLiteStore(path, busy_timeout=30)
+    h = serve(store=store, lease=1.2)
     try:
-        h = serve(store=store, lease=1.2)
-        holder = sqlite3.connect(path, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")
-        first: list[httpx.Response] = []
-        worker = threading.Thread(
-            target=lambda: first.append(h.post("/slow", key="k-late", json={}, headers=HOLD))
-        )
-        try:
-            worker.start()
+        with _write_lock(path):
+            first = _Held(h, "k-late")
             time.sleep(0.5)  # the claim meets the lock and waits
             h.clock.advance(5)  # meanwhile its lease (1.2 s) would have run out
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         assert h.effects.entered.wait(10)
         retry = h.post("/slow", key="k-late", json={})
-        h.effects.gate.set()
-        worker.join(10)
+        assert first.finish().status_code == 201
         assert_problem(retry, 409, "request-in-progress")
-        assert first[0].status_code == 201
         assert h.effects.counts["slow"] == 1
     finally:
         h.effects.gate.set()
@@ -239,25 +244,14 @@ def test_a_request_in_progress_gets_409_while_another_process_holds_the_write_lo
     busy_timeout). WSGI answered 503 (a fresh user's check)."""
     path = tmp_path / "keys.db"
     store = SQLiteStore(path, busy_timeout=0.2)
+    h = serve(store=store)
     try:
-        h = serve(store=store)
-        first: list[httpx.Response] = []
-        worker = threading.Thread(
-            target=lambda: first.append(h.post("/slow", key="k-run", json={}, headers=HOLD))
-        )
-        worker.start()
+        first = _Held(h, "k-run")
         assert h.effects.entered.wait(10)
-        holder = sqlite3.connect(path, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")
-        try:
+        with _write_lock(path):
             repeat = h.post("/slow", key="k-run", json={})
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
-        h.effects.gate.set()
-        worker.join(10)
+        assert first.finish().status_code == 201
         assert_problem(repeat, 409, "request-in-progress")
-        assert first[0].status_code == 201
         assert h.effects.counts["slow"] == 1
     finally:
         h.effects.gate.set()
