@@ -57,6 +57,7 @@ def test_a_claim_that_landed_late_is_renewed_before_the_work_starts() -> None:
     ops, outcome = _run(store, clock, wait)
     assert ops == ["claim", "extend_lease"]
     assert isinstance(outcome, Claimed) and outcome.fencing_token == 1
+    assert outcome.at == T0 + 6.0  # max_run_time counts from here: the wait was no run
     record = store.get(H)
     assert record is not None and record.lease_expires_at == T0 + 6.0 + LEASE
 

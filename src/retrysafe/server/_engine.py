@@ -1007,8 +1007,11 @@ def claim_key(
         return answered
     if claimed:
         token = record.fencing_token
-        if clock() - now <= lease / 4 or (yield from _renew_late(key_hash, token, clock, lease)):
+        if clock() - now <= lease / 4:
             return Claimed(token, False, now)
+        renewed_at = yield from _renew_late(key_hash, token, clock, lease)
+        if renewed_at is not None:
+            return Claimed(token, False, renewed_at)
         record = yield ("get", (key_hash,), {})  # taken over meanwhile: what is it now?
         now = clock()
     deadline = -1.0
@@ -1036,11 +1039,12 @@ def claim_key(
         if isinstance(decision, TakeOver):
             token = decision.fencing_token
             new = yield ("take_over", (key_hash, token), {"now": now, "lease": lease})
-            if new is not None and (
-                clock() - now <= lease / 4
-                or (yield from _renew_late(key_hash, new.fencing_token, clock, lease))
-            ):
-                return Claimed(new.fencing_token, True, now)
+            if new is not None:
+                if clock() - now <= lease / 4:
+                    return Claimed(new.fencing_token, True, now)
+                renewed_at = yield from _renew_late(key_hash, new.fencing_token, clock, lease)
+                if renewed_at is not None:
+                    return Claimed(new.fencing_token, True, renewed_at)
             record = yield ("get", (key_hash,), {})
             now = clock()
             continue
@@ -1051,19 +1055,22 @@ def claim_key(
         )
         if claimed:
             token = record.fencing_token
-            if clock() - now <= lease / 4 or (
-                yield from _renew_late(key_hash, token, clock, lease)
-            ):
+            if clock() - now <= lease / 4:
                 return Claimed(token, False, now)
+            renewed_at = yield from _renew_late(key_hash, token, clock, lease)
+            if renewed_at is not None:
+                return Claimed(token, False, renewed_at)
             record = yield ("get", (key_hash,), {})
             now = clock()
 
 
 def _renew_late(
     key_hash: str, token: int, clock: Callable[[], float], lease: float
-) -> Generator[Op, Any, bool]:
+) -> Generator[Op, Any, float | None]:
     """Renew the claim of ``token``, which took more than a quarter of the lease to land;
-    False once it was taken over meanwhile (the claim is not ours: run nothing).
+    return when the work may start (the renewal's time, from which ``max_run_time`` counts:
+    the wait was not the handler's run, a fresh user's check), or None once it was taken over
+    meanwhile (the claim is not ours: run nothing).
 
     The store computes a claim's lease end from the time it was asked for (SQLite on the
     caller's clock). A claim that waited — another process held SQLite's write lock, a slow
@@ -1076,8 +1083,9 @@ def _renew_late(
     Raises:
         StoreError: the renewal failed (the claim is never used: its lease runs out).
     """
-    renewed = yield ("extend_lease", (key_hash, token), {"now": clock(), "lease": lease})
-    return bool(renewed)
+    at = clock()
+    renewed = yield ("extend_lease", (key_hash, token), {"now": at, "lease": lease})
+    return at if renewed else None
 
 
 def _answered(
