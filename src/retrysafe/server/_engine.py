@@ -30,6 +30,7 @@ from retrysafe.core import (
     InProgress,
     InvalidKey,
     KeyCheck,
+    KeyRecord,
     KeyReused,
     KeyState,
     MissingKey,
@@ -1005,19 +1006,21 @@ def claim_key(
     except StoreUnavailableError as unavailable:
         answered = yield from _answered(key_hash, fingerprint, clock(), unavailable)
         return answered
-    if claimed:
-        token = record.fencing_token
-        if clock() - now <= lease / 4:
-            return Claimed(token, False, now)
-        renewed_at = yield from _renew_late(key_hash, token, clock, lease)
-        if renewed_at is not None:
-            return Claimed(token, False, renewed_at)
-        record = yield ("get", (key_hash,), {})  # taken over meanwhile: what is it now?
-        now = clock()
+    won: KeyRecord | None = record if claimed else None  # the record this call wrote
+    takeover = False
     deadline = -1.0
     delay = _POLL_INITIAL
     races = 0
     while True:
+        if won is not None:
+            if clock() - now <= lease / 4:
+                return Claimed(won.fencing_token, takeover, now)
+            renewed_at = yield from _renew_late(key_hash, won.fencing_token, clock, lease)
+            if renewed_at is not None:
+                return Claimed(won.fencing_token, takeover, renewed_at)
+            won = None
+            record = yield ("get", (key_hash,), {})  # taken over meanwhile: what is it now?
+            now = clock()
         decision = decide(record, fingerprint, now)
         if isinstance(decision, (Replay, KeyReused, ReplayUnavailable)):
             return decision
@@ -1040,11 +1043,8 @@ def claim_key(
             token = decision.fencing_token
             new = yield ("take_over", (key_hash, token), {"now": now, "lease": lease})
             if new is not None:
-                if clock() - now <= lease / 4:
-                    return Claimed(new.fencing_token, True, now)
-                renewed_at = yield from _renew_late(key_hash, new.fencing_token, clock, lease)
-                if renewed_at is not None:
-                    return Claimed(new.fencing_token, True, renewed_at)
+                won, takeover = new, True
+                continue
             record = yield ("get", (key_hash,), {})
             now = clock()
             continue
@@ -1054,14 +1054,7 @@ def claim_key(
             "claim", args, {"now": now, "lease": lease, "retention": retention}
         )
         if claimed:
-            token = record.fencing_token
-            if clock() - now <= lease / 4:
-                return Claimed(token, False, now)
-            renewed_at = yield from _renew_late(key_hash, token, clock, lease)
-            if renewed_at is not None:
-                return Claimed(token, False, renewed_at)
-            record = yield ("get", (key_hash,), {})
-            now = clock()
+            won, takeover = record, False
 
 
 def _renew_late(
