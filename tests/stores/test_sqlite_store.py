@@ -229,9 +229,11 @@ async def test_an_operation_raising_a_python_error_fails_alone(tmp_path: Path) -
 
 
 @pytest.mark.anyio
-async def test_batch_waits_in_a_thread_while_another_process_writes(tmp_path: Path) -> None:
-    """While another connection holds ``BEGIN EXCLUSIVE`` the batch waits in a worker thread
-    (the event loop keeps running) and commits once the lock is free."""
+async def test_batch_waits_without_blocking_the_loop_while_another_process_writes(
+    tmp_path: Path,
+) -> None:
+    """While another connection holds ``BEGIN EXCLUSIVE`` the batch waits (the event loop
+    keeps running) and commits once the lock is free."""
     path = tmp_path / "gc.db"
     store = SQLiteStore(path, busy_timeout=5)
     keys = store.asyncio_key_store()
@@ -287,14 +289,14 @@ async def test_operations_that_meet_the_lock_wait_behind_one_batch(
 ) -> None:
     """A fresh user's check: 20 requests to a SQLite store locked by another process got
     their 503s at 6, 11, 16 and 21 s — each batch waited out the whole busy_timeout on its
-    own, in a default thread pool of six. Now one batch waits in a thread; the 19 that meet
+    own, in a default thread pool of six. Now one batch waits; the 19 that meet
     the lock meanwhile (each in a loop iteration of its own) wait with it: they all run
-    once the lock is free, or all fail with it when it outlasts the timeout — one thread
+    once the lock is free, or all fail with it when it outlasts the timeout — one
     wait either way."""
     path = tmp_path / "gc.db"
     store = SQLiteStore(path, busy_timeout=0.5 if freed else 0.3)
     keys = store.asyncio_key_store()
-    waits = _thread_waits(keys)
+    waits = _lock_waits(keys)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")
     claims = []
@@ -322,12 +324,12 @@ async def test_operations_that_meet_the_lock_wait_behind_one_batch(
 async def test_a_read_is_not_held_up_by_another_process_writing(tmp_path: Path) -> None:
     """A look-up (a replay's) batched with a claim while another process holds the write
     lock answers at once (WAL readers never wait for the writer); it waited out the whole
-    busy_timeout in a thread with the claim, as writes must."""
+    busy_timeout with the claim, as writes must."""
     path = tmp_path / "gc.db"
     store = SQLiteStore(path, busy_timeout=30)
     keys = store.asyncio_key_store()
     await keys.claim("a" * 64, "fp", now=1.0, lease=10, retention=100)
-    waits = _thread_waits(keys)
+    waits = _lock_waits(keys)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -367,7 +369,7 @@ async def test_a_claim_a_read_can_answer_is_not_held_up_by_another_process_writi
     await keys.claim("b" * 64, "fp", now=1.0, lease=1000, retention=2000)  # running
     await keys.claim("c" * 64, "fp", now=1.0, lease=2, retention=2000)  # lease over at 50
     await keys.claim("d" * 64, "fp", now=1.0, lease=2, retention=10)  # expired at 50
-    waits = _thread_waits(keys)
+    waits = _lock_waits(keys)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -417,19 +419,20 @@ async def test_a_cancelled_claim_is_not_run_but_a_cancelled_completion_is(
     store.close()
 
 
-def _thread_waits(keys: Any) -> list[int]:
-    """A list that gets an item each time the async face runs operations in a thread (to
-    wait for another process's write lock)."""
+def _lock_waits(keys: Any) -> list[int]:
+    """A list that gets an item each time the async face starts waiting for another
+    process's write lock with a batch (the operations that meet the lock meanwhile wait
+    with it)."""
     connector = keys.connector
     assert isinstance(connector, AsyncSQLiteConnector)
     waits: list[int] = []
-    real = connector._sync.with_connection
+    real = connector._batch_waiting
 
-    def counted(fn: Any) -> Any:
+    def counted(batch: Any) -> Any:
         waits.append(1)
-        return real(fn)
+        return real(batch)
 
-    connector._sync.with_connection = counted  # type: ignore[method-assign]
+    connector._batch_waiting = counted  # type: ignore[method-assign]
     return waits
 
 

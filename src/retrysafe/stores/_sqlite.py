@@ -772,6 +772,9 @@ class SQLiteTransaction:
 
 # ---------------------------------------------------------------------- the async face
 _Fn = Callable[[sqlite3.Connection], Any]
+#: Seconds between the tries of a batch waiting for another process's write lock (each try
+#: fails at once while the lock is held: about 10 µs on the event loop).
+_LOCK_POLL = 0.005
 # One queued operation: the function that drives it on a connection, the future its caller
 # awaits, whether it may be skipped once that caller has gone, and its read-only form, run
 # when it meets another process's write lock (``run(when_locked=…)``, or None).
@@ -820,9 +823,10 @@ class AsyncSQLiteConnector:
     hop to a worker thread, and one commit for many operations writes each page to the WAL
     once. Every operation gets its own result or error, and only after the ``COMMIT``, so a
     claim is never reported before it is durable. When another process holds the write lock
-    the batch runs in a worker thread with the store's normal ``busy_timeout``, so the loop
-    never blocks on it; when the batch cannot run as one transaction at all, its operations
-    run one by one. One event loop at a time uses an instance. The inline connection recovers
+    the batch is tried again every few milliseconds for the store's ``busy_timeout`` (each try
+    fails at once, so the loop never blocks on it), and what a read can answer is answered
+    meanwhile; when the batch cannot run as one transaction at all, its operations run one by
+    one. One event loop at a time uses an instance. The inline connection recovers
     like the sync face's (see the module docstring): it is replaced once a degraded one healed,
     and closed after it failed because the store was unusable.
     """
@@ -836,8 +840,8 @@ class AsyncSQLiteConnector:
         self._queue: list[_Queued] = []
         self._queue_loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        # While one batch waits in a thread for another process's write lock, the operations
-        # that meet the lock after it wait with it (None: no batch is waiting).
+        # While one batch waits for another process's write lock, the operations that meet
+        # the lock after it wait with it (None: no batch is waiting).
         self._behind_lock: list[_Queued] | None = None
 
     @property
@@ -939,12 +943,12 @@ class AsyncSQLiteConnector:
         task.add_done_callback(self._tasks.discard)
 
     def _wait_for_lock(self, batch: list[_Queued]) -> None:
-        """``batch`` met another process's write lock: wait for it in a thread, with the
-        store's ``busy_timeout``. One batch waits at a time; a batch that meets the lock while
-        one waits waits with it, then runs as soon as the lock is free, or fails with it when
-        the lock outlasted the wait. (Each waiting on its own in the default thread pool, the
-        fifth batch's 503 came after four whole busy timeouts: 20 requests to a locked store
-        got theirs at 6, 11, 16 and 21 s, a fresh user's check.)"""
+        """``batch`` met another process's write lock: wait for it (:meth:`_batch_waiting`),
+        for the store's ``busy_timeout``. One batch waits at a time; a batch that meets the
+        lock while one waits waits with it, then runs as soon as the lock is free, or fails
+        with it when the lock outlasted the wait. (Each waiting on its own in the default
+        thread pool, the fifth batch's 503 came after four whole busy timeouts: 20 requests
+        to a locked store got theirs at 6, 11, 16 and 21 s, a fresh user's check.)"""
         busy = self._inline_each(batch)  # reads need no lock: they are done now
         if busy:
             self._wait_behind_lock(busy)
@@ -955,28 +959,43 @@ class AsyncSQLiteConnector:
             self._behind_lock.extend(batch)
             return
         self._behind_lock = []
-        self._spawn(self._batch_in_thread(batch))
+        self._spawn(self._batch_waiting(batch))
 
-    async def _batch_in_thread(self, batch: list[_Queued]) -> None:
-        fns = [q[0] for q in batch]
-        try:
-            run = self._sync.with_connection
-            outcomes = await asyncio.to_thread(run, lambda c: _run_batch(c, fns))
-        except StoreUnavailableError as exc:
-            # The write lock stayed taken for the whole busy_timeout: every operation would
-            # wait as long again, so all of them fail now (callers answer 503), those that
-            # waited behind this batch too.
-            for _, fut, _, _ in batch + self._lock_freed():
-                if not fut.done():
-                    fut.set_exception(exc)
-            return
-        except Exception:
+    async def _batch_waiting(self, batch: list[_Queued]) -> None:
+        """Run ``batch`` as soon as another process's write lock is free: tried inline (it
+        never blocks: ``busy_timeout=0``) every :data:`_LOCK_POLL` seconds, for the store's
+        ``busy_timeout``; then every operation fails with the lock, those waiting behind it
+        too. Tried here, not in a thread under SQLite's own busy handler, whose sleeps grow
+        to 100 ms: a lease renewal waiting for the lock landed up to 0.1 s after the lock
+        ended, and a retry that reached the store first took the key over (a fresh user's
+        check)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._sync.busy_timeout
+        while True:
+            await asyncio.sleep(_LOCK_POLL)
+            batch = [q for q in batch if not (q[2] and q[1].cancelled())]
+            try:
+                with self._inline_conn() as conn:
+                    outcomes = _run_batch(conn, [q[0] for q in batch])
+            except Exception as exc:
+                if isinstance(exc, sqlite3.Error) and _is_busy(exc):
+                    if loop.time() < deadline:
+                        continue
+                    for _, fut, _, _ in batch + self._lock_freed():
+                        _deliver(fut, False, exc, self.url)
+                    return
+                if isinstance(exc, sqlite3.Error):
+                    self._failed(exc)
+                # Not the lock: each operation on its own (its own error, or its result).
+                self._requeue(self._lock_freed())
+                await self._one_by_one(batch, in_thread=False)
+                return
             self._requeue(self._lock_freed())
-            await self._one_by_one(batch, in_thread=True)
+            for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
+                if not ok:
+                    self._failed(value)
+                _deliver(fut, ok, value, self.url)
             return
-        self._requeue(self._lock_freed())
-        for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
-            _deliver(fut, ok, value, self.url)
 
     def _lock_freed(self) -> list[_Queued]:
         """The operations that waited behind the batch waiting for the lock; none waits now."""
