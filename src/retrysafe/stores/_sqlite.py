@@ -927,10 +927,10 @@ class AsyncSQLiteConnector:
                 self._wait_for_lock(batch)
             else:
                 self._failed(exc)
-                self._spawn(self._one_by_one(batch, in_thread=False))
+                self._spawn(self._one_by_one(batch))
             return
         except Exception:
-            self._spawn(self._one_by_one(batch, in_thread=False))
+            self._spawn(self._one_by_one(batch))
             return
         for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
             if not ok:
@@ -988,7 +988,7 @@ class AsyncSQLiteConnector:
                     self._failed(exc)
                 # Not the lock: each operation on its own (its own error, or its result).
                 self._requeue(self._lock_freed())
-                await self._one_by_one(batch, in_thread=False)
+                await self._one_by_one(batch)
                 return
             self._requeue(self._lock_freed())
             for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
@@ -1054,12 +1054,10 @@ class AsyncSQLiteConnector:
             _deliver(fut, True, result, url)
         return False
 
-    async def _one_by_one(self, batch: list[_Queued], *, in_thread: bool) -> None:
+    async def _one_by_one(self, batch: list[_Queued]) -> None:
         """Each operation on its own: inline first, in a thread when locked."""
         url = self.url
-        if not in_thread:
-            batch = self._inline_each(batch)
-        for fn, fut, skippable, _ in batch:
+        for fn, fut, skippable, _ in self._inline_each(batch):
             if skippable and fut.cancelled():
                 continue
             try:
