@@ -78,6 +78,7 @@ CASES = [
             "--lease",
             "--heartbeat",
             "--max-run-time",
+            "--processes",
             "--metrics",
         )
     ],
@@ -146,6 +147,7 @@ CASES = [
         V,
         name="--max-per-destination",
     ),
+    case("webhooks", "worker", "--until-idle", "--processes", V, name="--processes"),
     case("webhooks", "worker", "--until-idle", "--metrics", V, name="--metrics"),
     # migrate, agents
     case("migrate", "--schema", V, name="--schema", valid=("nan", "inf")),  # identifiers

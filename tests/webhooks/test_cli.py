@@ -352,3 +352,45 @@ def test_send_refuses_a_payload_over_max_payload_and_says_how_to_raise_it(
     assert code == 0, err
     code, out, err = _run("send", "c.d", "{}", *s)
     assert code == 0 and out.rstrip().endswith("1 delivery"), out
+
+
+def _worker_processes(*args: str) -> tuple[int, str, str]:
+    """`retrysafe webhooks worker ARGS` in a child process (it forks its --processes)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "retrysafe", "webhooks", "worker", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_the_worker_delivers_with_several_processes_once_each(
+    sqlite_url: str, receiver: Receiver, base_url: str
+) -> None:
+    """`webhooks worker --processes 3`: every event delivered once, signed; one summary line
+    with the totals of the three; the warning about a refused endpoint said once, not per
+    process. (SQLite: the worker runs in a child process, which the tests' PostgreSQL
+    schema does not reach.)"""
+    s = ("--store", sqlite_url)
+    _create(sqlite_url)
+    code, out, err = _run("endpoints", "add", base_url + "/p", "--allow-private", "--json", *s)
+    assert code == 0, err
+    receiver.secrets["/p"] = json.loads(out)["secrets"][0]["secret"]
+    for n in range(12):
+        code, _, err = _run("send", "order.created", json.dumps({"n": n}), *s)
+        assert code == 0, err
+    code, out, err = _worker_processes("--until-idle", "--allow-private", "--processes", "3", *s)
+    assert code == 0, err
+    seen = receiver.requests("/p")
+    assert len(seen) == 12 and all(r.verified for r in seen)
+    lines = [json.loads(x) for x in out.strip().splitlines()]
+    assert [x["event"] for x in lines].count("stopped") == 1 and lines[-1]["succeeded"] == 12
+    assert [x["event"] for x in lines].count("attempt") == 12
+    code, _, err = _worker_processes("--until-idle", "--processes", "3", *s)  # loopback
+    assert code == 0, err
+    (line,) = err.splitlines()
+    assert line.startswith("retrysafe: warning: endpoint ep_") and "--allow-private" in line

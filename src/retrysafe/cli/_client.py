@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,7 @@ from retrysafe.cli._common import (
     visible_text,
     warning_lines,
 )
+from retrysafe.cli._processes import in_processes, processes_option
 from retrysafe.client import (
     DEAD_LETTER_STATES,
     Attempt,
@@ -339,6 +340,31 @@ class Served:
     code: int | None
     forced: bool = False
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"stats": self.stats.to_dict(), "code": self.code, "forced": self.forced}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Served:
+        """The inverse of :meth:`to_dict` (a ``--processes`` child's result)."""
+        return cls(WorkerStats(**data["stats"]), data["code"], bool(data["forced"]))
+
+    @classmethod
+    def merged(cls, parts: Sequence[Served]) -> Served:
+        """Several workers' ends as one (``--processes``): the counters summed; stopped by
+        SIGINT if one was, else by SIGTERM if one was; ``forced`` if one was."""
+        total = WorkerStats()
+        for part in parts:
+            for name, value in vars(part.stats).items():
+                if isinstance(value, dict):
+                    into = getattr(total, name)
+                    for key, n in value.items():
+                        into[key] = into.get(key, 0) + n
+                else:
+                    setattr(total, name, getattr(total, name) + value)
+        codes = {part.code for part in parts}
+        code = next((c for c in (EXIT_SIGINT, EXIT_SIGTERM) if c in codes), None)
+        return cls(total, code, any(part.forced for part in parts))
+
 
 def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
     """Run ``w`` in this thread until idle (``until_idle``) or stopped.
@@ -500,6 +526,7 @@ class _JsonLines(logging.Handler):
     "2 × timeout).",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
+@processes_option
 @metrics_option
 @json_option
 def worker(
@@ -514,6 +541,7 @@ def worker(
     heartbeat: float | None,
     max_run_time: float | None,
     until_idle: bool,
+    processes: int,
     metrics_address: str | None,
     as_json: bool,
 ) -> None:
@@ -522,66 +550,85 @@ def worker(
     waited out."""
     policy = _policy(attempts, timeout, wait_initial, wait_max)
     _check_lease_timing(lease, heartbeat, max_run_time)
-    log = logging.getLogger("retrysafe")  # the worker's lines, and its store's and metrics'
+    no_metrics_with_processes(processes, metrics_address)
     tty = sys.stdout.isatty() and not as_json
-    live: Any = None
-    handler: logging.Handler | None = None
-    old_level = logging.NOTSET
-    with (
-        _outbox(store, policy) as outbox,
-        serving_metrics(metrics_address, outbox.store) as metrics,
-    ):
-        w = outbox.worker(
-            concurrency=concurrency,
-            max_per_destination=max_per_destination,
-            lease=lease,
-            heartbeat=heartbeat,
-            max_run_time=max_run_time,
-            telemetry=metrics,
-            **outage_bound(until_idle),
-        )
-        if tty:
-            from rich.live import Live
 
-            def render() -> str:
-                s = w.stats
-                return (
-                    f"[bold]retrysafe worker[/] {store}  sent {s.attempts}  "
-                    f"[green]succeeded {s.succeeded}[/]  [red]rejected {s.rejected}[/]  "
-                    f"[yellow]unknown {s.unknown}[/]  retries {s.retries_scheduled}  "
-                    f"polls {s.polls}  deferred {s.deferred}"
-                )
-
-            live = Live(render(), refresh_per_second=4)
-
-            def hook(job: Job, attempt: Attempt, step: Step) -> None:
-                live.update(render())
-
-            w._on_attempt = hook
-            live.start()
-        else:
-            handler = _JsonLines()
-            log.addHandler(handler)
-            old_level = log.level
-            log.setLevel(logging.INFO)
-        try:
-            served = serve(w, until_idle=until_idle)
-            stats = served.stats
-        finally:
-            if live is not None:
-                live.stop()
-            if handler is not None:
-                log.removeHandler(handler)
-                log.setLevel(old_level)
-        summary = {"event": "stopped", **stats.to_dict()}
-        if as_json or not tty:
-            _emit(summary)
-        else:
-            click.echo(
-                f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
-                f"{stats.unknown} unknown, {stats.deferred} deferred"
+    def run(index: int | None) -> Served:
+        log = logging.getLogger("retrysafe")  # the worker's lines, its store's and metrics'
+        live: Any = None
+        handler: logging.Handler | None = None
+        old_level = logging.NOTSET
+        with (
+            _outbox(store, policy) as outbox,
+            serving_metrics(metrics_address, outbox.store) as metrics,
+        ):
+            w = outbox.worker(
+                concurrency=concurrency,
+                max_per_destination=max_per_destination,
+                lease=lease,
+                heartbeat=heartbeat,
+                max_run_time=max_run_time,
+                telemetry=metrics,
+                **outage_bound(until_idle),
             )
+            if tty and index is None:
+                from rich.live import Live
+
+                def render() -> str:
+                    s = w.stats
+                    return (
+                        f"[bold]retrysafe worker[/] {store}  sent {s.attempts}  "
+                        f"[green]succeeded {s.succeeded}[/]  [red]rejected {s.rejected}[/]  "
+                        f"[yellow]unknown {s.unknown}[/]  retries {s.retries_scheduled}  "
+                        f"polls {s.polls}  deferred {s.deferred}"
+                    )
+
+                live = Live(render(), refresh_per_second=4)
+
+                def hook(job: Job, attempt: Attempt, step: Step) -> None:
+                    live.update(render())
+
+                w._on_attempt = hook
+                live.start()
+            else:
+                handler = _JsonLines()
+                log.addHandler(handler)
+                old_level = log.level
+                log.setLevel(logging.INFO)
+            try:
+                return serve(w, until_idle=until_idle)
+            finally:
+                if live is not None:
+                    live.stop()
+                if handler is not None:
+                    log.removeHandler(handler)
+                    log.setLevel(old_level)
+
+    def check() -> None:
+        with _outbox(store, policy):
+            pass
+
+    served = in_processes(processes, run, check=check)
+    stats = served.stats
+    summary = {"event": "stopped", **stats.to_dict()}
+    if as_json or not tty:
+        _emit(summary)
+    else:
+        click.echo(
+            f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
+            f"{stats.unknown} unknown, {stats.deferred} deferred"
+        )
     finish(served, until_idle=until_idle, what="jobs")
+
+
+def no_metrics_with_processes(processes: int, metrics_address: str | None) -> None:
+    """``--metrics`` serves one process's counters: with ``--processes`` it is refused (exit
+    2) before anything is opened."""
+    if processes > 1 and metrics_address is not None:
+        raise click.UsageError(
+            "--metrics serves one process's counters; with --processes, run one worker "
+            "command per process, each with its own --metrics address"
+        )
 
 
 # ---------------------------------------------------------------------- jobs

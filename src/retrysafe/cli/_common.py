@@ -205,9 +205,7 @@ def read_json_argument(value: str, name: str) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{name}: {where} is not UTF-8 text (byte {exc.start})", 2)
     try:
-        return json.loads(
-            text, object_pairs_hook=_no_duplicate_members, parse_float=_finite_number
-        )
+        return json.loads(text, object_pairs_hook=_no_duplicate_members, parse_float=_finite_number)
     except _DuplicateMemberError:
         fail(f"{name}: {where} names a member twice in one object (which value is meant?)", 2)
     except ValueError as exc:

@@ -12,19 +12,21 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from retrysafe.cli._client import (
     _CONCURRENCY,
     DELIVERY_ID,
+    Served,
     _attempts_table,
     _emit,
     _JsonLines,
     _url,
     _when,
     finish,
+    no_metrics_with_processes,
     outage_bound,
     serve,
 )
@@ -45,8 +47,12 @@ from retrysafe.cli._common import (
     shown_value,
     store_option,
 )
+from retrysafe.cli._processes import in_processes, processes_option
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
 from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_HINT, WebhookPolicy
+
+if TYPE_CHECKING:
+    from retrysafe.webhooks import Webhooks
 
 __all__ = ["webhooks"]
 
@@ -392,8 +398,7 @@ def endpoints_delete(store: str, endpoint_id: str, yes: bool, as_json: bool) -> 
     type=_PAYLOAD_BYTES,
     default=DEFAULT_MAX_PAYLOAD,
     show_default=True,
-    help="Largest payload recorded, in bytes of JSON (what retrysafe's receiver reads by "
-    "default).",
+    help="Largest payload recorded, in bytes of JSON (what retrysafe's receiver reads by default).",
 )
 @json_option
 def send(
@@ -528,9 +533,7 @@ def dlq_purge(
     ),
 )
 @_STORE
-@click.option(
-    "--concurrency", "-c", type=_CONCURRENCY, default=8, show_default=True
-)
+@click.option("--concurrency", "-c", type=_CONCURRENCY, default=8, show_default=True)
 @click.option(
     "--max-per-destination",
     type=_CONCURRENCY,
@@ -541,6 +544,7 @@ def dlq_purge(
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending.")
 @_allow_option
+@processes_option
 @metrics_option
 @json_option
 def worker(
@@ -549,6 +553,7 @@ def worker(
     max_per_destination: int | None,
     until_idle: bool,
     allow_private: bool,
+    processes: int,
     metrics_address: str | None,
     as_json: bool,
 ) -> None:
@@ -556,34 +561,47 @@ def worker(
     latency, outcome) on stdout, and a last line with the totals (--json changes nothing:
     the output is JSON lines already). SIGTERM: in-flight attempts finish, exit 143; Ctrl-C:
     in-flight deliveries released, exit 130."""
-    log = logging.getLogger("retrysafe")  # deliveries, and the worker's, store's, metrics' lines
-    handler = _JsonLines(attempts_of="retrysafe.webhooks")
-    log.addHandler(handler)
-    old = log.level
-    log.setLevel(logging.INFO)
-    try:
-        with (
-            _hooks(store, allow_private) as hooks,
-            serving_metrics(metrics_address, hooks.outbox.store) as metrics,
-        ):
-            for endpoint, exc in hooks.refused_endpoints():
-                click.echo(
-                    f"retrysafe: warning: endpoint {endpoint.id} will not be delivered to: "
-                    f"{exc} (pass --allow-private to this worker too)",
-                    err=True,
-                )
-            w = hooks.worker(
-                concurrency=concurrency,
-                max_per_destination=max_per_destination,
-                telemetry=metrics,
-                **outage_bound(until_idle),
+    no_metrics_with_processes(processes, metrics_address)
+
+    def warn(hooks: Webhooks) -> None:
+        for endpoint, exc in hooks.refused_endpoints():
+            click.echo(
+                f"retrysafe: warning: endpoint {endpoint.id} will not be delivered to: "
+                f"{exc} (pass --allow-private to this worker too)",
+                err=True,
             )
-            try:
-                served = serve(w, until_idle=until_idle, what="deliveries")
-            finally:
-                w.close()
-            _emit({"event": "stopped", **served.stats.to_dict()})
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old)
+
+    def run(index: int | None) -> Served:
+        log = logging.getLogger("retrysafe")  # deliveries, the worker's, store's, metrics'
+        handler = _JsonLines(attempts_of="retrysafe.webhooks")
+        log.addHandler(handler)
+        old = log.level
+        log.setLevel(logging.INFO)
+        try:
+            with (
+                _hooks(store, allow_private) as hooks,
+                serving_metrics(metrics_address, hooks.outbox.store) as metrics,
+            ):
+                if index is None:  # else the parent said it, once
+                    warn(hooks)
+                w = hooks.worker(
+                    concurrency=concurrency,
+                    max_per_destination=max_per_destination,
+                    telemetry=metrics,
+                    **outage_bound(until_idle),
+                )
+                try:
+                    return serve(w, until_idle=until_idle, what="deliveries")
+                finally:
+                    w.close()
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(old)
+
+    def check() -> None:
+        with _hooks(store, allow_private) as hooks:
+            warn(hooks)
+
+    served = in_processes(processes, run, check=check)
+    _emit({"event": "stopped", **served.stats.to_dict()})
     finish(served, until_idle=until_idle, what="deliveries")

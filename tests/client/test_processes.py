@@ -1,0 +1,227 @@
+"""`retrysafe worker --processes N`: N forked worker processes from one command, which run,
+take signals and stop together (src/retrysafe/cli/_processes.py, docs/cli.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from retrysafe import JobState, Outbox
+from retrysafe.cli import cli
+from retrysafe.cli._client import Served
+from retrysafe.client import WorkerStats
+
+from .conftest import Script, Step
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="--processes needs fork")
+
+
+def _worker(store: str, *args: str, session: bool = False) -> subprocess.Popen[str]:
+    """``retrysafe worker`` in a child process (``session``: leading a process group of its
+    own, as a shell's foreground job does)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "worker", "--store", store, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=None if session else lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        start_new_session=session,
+    )
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (Linux's /proc)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _wait_for(what: str, ok: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok() if callable(ok) else not ok:
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.02)
+
+
+def _submit(store: str, url: str, n: int) -> list[str]:
+    with Outbox(store) as outbox:
+        return [outbox.submit(url, json={"n": i}).id for i in range(n)]
+
+
+def test_the_processes_share_the_queue_and_one_summary_counts_them_all(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Three processes at -c 1 against an endpoint that takes 1.5 s: the three jobs are in
+    flight together (one process would send them one after another, 1.5 s apart), each is
+    sent once, and the one summary line counts all three."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=1.5))
+    ids = _submit(store, base_url + "/slow", 3)
+    proc = _worker(store, "--processes", "3", "-c", "1", "--until-idle", "--json")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    seen = script.requests("/slow")
+    assert len({s.key for s in seen}) == len(seen) == 3 and None not in {s.key for s in seen}
+    assert max(s.at for s in seen) - min(s.at for s in seen) < 1.5
+    summaries = [json.loads(line) for line in out.splitlines() if '"stopped"' in line]
+    assert len(summaries) == 1 and summaries[0]["succeeded"] == 3, out
+    assert summaries[0]["claimed"] == 3 and summaries[0]["attempts"] == 3
+    attempts = [json.loads(line) for line in out.splitlines() if '"attempt"' in line]
+    assert len(attempts) == 3  # every child's lines, whole
+    with Outbox(store) as outbox:
+        assert {outbox.get(i).state for i in ids} == {JobState.SUCCEEDED}
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "state", "says", "group"),
+    [
+        (signal.SIGTERM, 143, JobState.SUCCEEDED, "retrysafe: stopped by SIGTERM", False),
+        (signal.SIGINT, 130, JobState.PENDING, "retrysafe: interrupted: in-flight jobs", False),
+        (signal.SIGINT, 130, JobState.PENDING, "retrysafe: interrupted: in-flight jobs", True),
+    ],
+)
+def test_a_signal_to_the_command_reaches_every_process_once(
+    sqlite_path: Path,
+    script: Script,
+    base_url: str,
+    sig: signal.Signals,
+    code: int,
+    state: JobState,
+    says: str,
+    group: bool,
+) -> None:
+    """SIGTERM to the command: every process's attempt finishes and is recorded (exit 143);
+    Ctrl-C once: every process gives its job back, pending with its key (exit 130), and no
+    process takes it for a second Ctrl-C ("interrupt again to exit at once" is not said:
+    each child had the signal once) -- also when it is sent to the command's whole process
+    group, as a terminal's Ctrl-C is. Either way one summary and one closing line."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=2.0))
+    ids = _submit(store, base_url + "/slow", 2)
+    proc = _worker(store, "--processes", "2", "-c", "1", "--json", session=group)
+    try:
+        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+        if group:  # the children are not in it: their one signal is the forwarded one
+            assert all(os.getpgid(c) != proc.pid for c in _children(proc.pid))
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    assert err.count(says) == 1 and "again" not in err, err
+    summaries = [json.loads(line) for line in out.splitlines() if '"stopped"' in line]
+    assert len(summaries) == 1, out
+    with Outbox(store) as outbox:
+        assert {outbox.get(i).state for i in ids} == {state}
+    assert len(script.requests("/slow")) == 2
+
+
+def test_a_killed_process_stops_the_others_and_the_command_says_which(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """One child killed (SIGKILL): the other is stopped as by SIGTERM (its attempt finishes),
+    and the command exits 137 with a line naming the killed process."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=1.5))
+    _submit(store, base_url + "/slow", 2)
+    proc = _worker(store, "--processes", "2", "-c", "1", "--json")
+    try:
+        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+        victim = _children(proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 137, err
+    assert f"retrysafe: error: worker process {victim} was killed (SIGKILL)" in err
+    assert len(script.requests("/slow")) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_processes_stop_when_the_command_is_killed(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """The command itself killed (SIGKILL, no chance to forward anything): each child gets
+    SIGTERM from the kernel, finishes its attempt and exits; none keeps running alone."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=1.0))
+    ids = _submit(store, base_url + "/slow", 2)
+    proc = _worker(store, "--processes", "2", "-c", "1", "--json")
+    try:
+        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+        children = _children(proc.pid)
+        assert len(children) == 2
+        proc.kill()
+        proc.communicate(timeout=30)
+        _wait_for("the children to exit", lambda: not any(_alive(c) for c in children))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with Outbox(store) as outbox:
+        assert {outbox.get(i).state for i in ids} == {JobState.SUCCEEDED}
+    assert len(script.requests("/slow")) == 2
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, reaped by init soon, counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_store_that_cannot_be_used_is_reported_once(tmp_path: Path) -> None:
+    """A store the processes cannot use is found before any is forked: one error line, not
+    one per process, and the exit code of one worker."""
+    store = f"sqlite:///{tmp_path / 'missing' / 'o.db'}"
+    proc = _worker(store, "--processes", "4", "--until-idle")
+    _, err = proc.communicate(timeout=30)
+    one = _worker(store, "--until-idle")
+    _, one_err = one.communicate(timeout=30)
+    assert proc.returncode == one.returncode != 0
+    assert err == one_err and err.count("retrysafe: error:") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--processes", "0"), "--processes: 0 is not in the range"),
+        (("--processes", "257"), "--processes: 257 is not in the range"),
+        (("--processes", "two"), "--processes: 'two' is not a valid integer"),
+        (("--processes", "2", "--metrics", "127.0.0.1:9464"), "--metrics serves one process"),
+    ],
+)
+def test_bad_process_counts_are_usage_errors(
+    sqlite_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    """Exit 2 with one line, nothing opened or forked."""
+    store = f"sqlite:///{sqlite_path}"
+    result = CliRunner().invoke(cli, ["worker", "--store", store, *args])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"retrysafe: error: {says}"), result.stderr
+    assert not sqlite_path.exists()
+
+
+def test_the_children_results_merge_into_one() -> None:
+    """Counters sum (the outcomes by name too); SIGINT wins over SIGTERM over none."""
+    a = Served(WorkerStats(succeeded=2, attempts=3, outcomes={"2xx": 2, "timeout": 1}), None)
+    b = Served(WorkerStats(succeeded=1, attempts=1, outcomes={"2xx": 1}), 143, forced=True)
+    c = Served(WorkerStats(unknown=1), 130)
+    merged = Served.merged([Served.from_dict(json.loads(json.dumps(s.to_dict()))) for s in (a, b)])
+    assert merged.stats.succeeded == 3 and merged.stats.attempts == 4
+    assert merged.stats.outcomes == {"2xx": 3, "timeout": 1}
+    assert merged.code == 143 and merged.forced
+    assert Served.merged([a, b, c]).code == 130
+    assert Served.merged([a]).code is None and not Served.merged([a]).forced
