@@ -43,6 +43,15 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def _ignores(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` ignores ``sig`` (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(
+        next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn")), 16
+    )
+    return bool(mask >> (sig - 1) & 1)
+
+
 def _wait_for(what: str, ok: object, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not ok() if callable(ok) else not ok:
@@ -80,39 +89,50 @@ def test_the_processes_share_the_queue_and_one_summary_counts_them_all(
 
 
 @pytest.mark.parametrize(
-    ("sig", "code", "state", "says", "group"),
+    ("sigs", "code", "state", "says", "group"),
     [
-        (signal.SIGTERM, 143, JobState.SUCCEEDED, "retrysafe: stopped by SIGTERM", False),
-        (signal.SIGINT, 130, JobState.PENDING, "retrysafe: interrupted: in-flight jobs", False),
-        (signal.SIGINT, 130, JobState.PENDING, "retrysafe: interrupted: in-flight jobs", True),
+        ([signal.SIGTERM], 143, JobState.SUCCEEDED, "retrysafe: stopped by SIGTERM", False),
+        ([signal.SIGINT], 130, JobState.PENDING, "retrysafe: interrupted: in-flight jobs", False),
+        ([signal.SIGINT], 130, JobState.PENDING, "retrysafe: interrupted: in-flight jobs", True),
+        (
+            [signal.SIGTERM, signal.SIGINT],
+            130,
+            JobState.PENDING,
+            "retrysafe: interrupted: in-flight jobs",
+            False,
+        ),
     ],
+    ids=["term", "int", "int-to-the-group", "term-then-int"],
 )
 def test_a_signal_to_the_command_reaches_every_process_once(
     sqlite_path: Path,
     script: Script,
     base_url: str,
-    sig: signal.Signals,
+    sigs: list[signal.Signals],
     code: int,
     state: JobState,
     says: str,
     group: bool,
 ) -> None:
     """SIGTERM to the command: every process's attempt finishes and is recorded (exit 143);
-    Ctrl-C once: every process gives its job back, pending with its key (exit 130), and no
-    process takes it for a second Ctrl-C ("interrupt again to exit at once" is not said:
-    each child had the signal once) -- also when it is sent to the command's whole process
-    group, as a terminal's Ctrl-C is. Either way one summary and one closing line."""
+    Ctrl-C once: every process gives its job back, pending with its key (exit 130) -- also
+    when it is sent to the command's whole process group, as a terminal's Ctrl-C is (the
+    processes ignore SIGINT and take the command's one); SIGTERM then Ctrl-C: released, 130,
+    as for one worker. Either way one summary and one closing line."""
     store = f"sqlite:///{sqlite_path}"
     script.plan("/slow", Step(201, sleep=2.0))
     ids = _submit(store, base_url + "/slow", 2)
     proc = _worker(store, "--processes", "2", "-c", "1", "--json", session=group)
     try:
         _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
-        if group:  # the children are not in it: their one signal is the forwarded one
-            assert all(os.getpgid(c) != proc.pid for c in _children(proc.pid))
-            os.killpg(proc.pid, sig)
-        else:
-            proc.send_signal(sig)
+        if group:
+            assert all(_ignores(c, signal.SIGINT) for c in _children(proc.pid))
+        for sig in sigs:
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+            time.sleep(0.2)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
@@ -124,6 +144,53 @@ def test_a_signal_to_the_command_reaches_every_process_once(
     with Outbox(store) as outbox:
         assert {outbox.get(i).state for i in ids} == {state}
     assert len(script.requests("/slow")) == 2
+
+
+def test_ctrl_c_pressed_again_and_again_is_said_once_and_still_exits_130(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Ctrl-C hammered (six presses 15 ms apart): the second press's line is said once, by
+    the command, not once per process; the presses after the stop are ignored, so the
+    command exits 130 (it died by SIGINT); no traceback."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=2.0))
+    _submit(store, base_url + "/slow", 3)
+    proc = _worker(store, "--processes", "3", "-c", "1", "--json")
+    try:
+        _wait_for("three requests", lambda: len(script.requests("/slow")) == 3)
+        for _ in range(6):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.015)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.count("interrupt again to exit at once") <= 1 and "Traceback" not in err, err
+
+
+def test_a_stopped_process_cannot_hold_the_command(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """One process stopped (SIGSTOP) takes no signal: after a third Ctrl-C the command
+    kills it one second later and exits 130, saying so, instead of waiting for ever."""
+    store = f"sqlite:///{sqlite_path}"
+    script.plan("/slow", Step(201, sleep=3.0))
+    _submit(store, base_url + "/slow", 2)
+    proc = _worker(store, "--processes", "2", "-c", "1", "--json")
+    try:
+        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+        stopped = _children(proc.pid)[0]
+        os.kill(stopped, signal.SIGSTOP)
+        for _ in range(3):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert f"still running after the stop's limit ({stopped}): killed" in err, err
 
 
 def test_a_killed_process_stops_the_others_and_the_command_says_which(
@@ -139,13 +206,15 @@ def test_a_killed_process_stops_the_others_and_the_command_says_which(
         _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
         victim = _children(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 137, err
     assert f"retrysafe: error: worker process {victim} was killed (SIGKILL)" in err
     assert len(script.requests("/slow")) == 2
+    summaries = [json.loads(line) for line in out.splitlines() if '"stopped"' in line]
+    assert len(summaries) == 1 and summaries[0]["succeeded"] == 1, out  # the other's
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -163,8 +232,9 @@ def test_the_processes_stop_when_the_command_is_killed(
         children = _children(proc.pid)
         assert len(children) == 2
         proc.kill()
-        proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)  # the children hold stderr until they exit
         _wait_for("the children to exit", lambda: not any(_alive(c) for c in children))
+        assert "Traceback" not in err, err  # a result nobody reads is not an error
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -50,7 +50,7 @@ from retrysafe.cli._common import (
     visible_text,
     warning_lines,
 )
-from retrysafe.cli._processes import in_processes, processes_option
+from retrysafe.cli._processes import again_line, in_processes, processes_option
 from retrysafe.client import (
     DEAD_LETTER_STATES,
     Attempt,
@@ -63,7 +63,7 @@ from retrysafe.client import (
 from retrysafe.client._jobs import shown_url
 from retrysafe.client._outbox import DEFAULT_MAX_BODY, MAX_BODY_HINT
 from retrysafe.client._policy import MAX_CONCURRENCY, Step
-from retrysafe.client._worker import DEFAULT_LEASE, Worker, WorkerStats
+from retrysafe.client._worker import DEFAULT_LEASE, GRACE_MARGIN, Worker, WorkerStats
 from retrysafe.core import lease_timing
 
 __all__ = ["dlq", "jobs", "reconcile_command", "worker"]
@@ -264,6 +264,13 @@ def _on_signal(sig: signal.Signals, callback: Callable[[], None]) -> Iterator[No
             loop.remove_signal_handler(sig)
 
 
+#: The signal that is Ctrl-C to a worker: SIGINT, except in a ``--processes`` child, which
+#: ignores SIGINT and is passed each Ctrl-C by the command as SIGUSR1 (retrysafe.cli.
+#: _processes); there the command says the second press's line, once (``SAY_AGAIN``).
+INTERRUPT: int = signal.SIGINT
+SAY_AGAIN = True
+
+
 class _Interrupts:
     """Ctrl-C for a command that runs an event loop (the worker, the webhook worker,
     ``reconcile``): the first cancels the work, whose in-flight jobs (``what``) are then
@@ -287,11 +294,8 @@ class _Interrupts:
     def _on_loop(self) -> None:
         self.count += 1
         if self.count == 2:
-            click.echo(
-                f"retrysafe: interrupted: giving back the in-flight {self.what}; interrupt "
-                "again to exit at once",
-                err=True,
-            )
+            if SAY_AGAIN:
+                click.echo(again_line(self.what), err=True)
             return
         self.forced = self.count > 2
         if self._task is not None:
@@ -304,7 +308,7 @@ class _Interrupts:
         its first await, a reconcile's claim landed all the same and its jobs stayed
         IN_FLIGHT (a fresh user's check: 6 of 15 runs)."""
         self._task = asyncio.current_task()
-        with _on_signal(signal.SIGINT, self._on_loop):
+        with _on_signal(signal.Signals(INTERRUPT), self._on_loop):
             if self.count:
                 raise asyncio.CancelledError
             yield
@@ -316,7 +320,7 @@ class _Interrupts:
         handler back. A KeyboardInterrupt or the cancelled task's CancelledError from
         inside counts as a Ctrl-C and is not raised."""
         main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, self._record) if main_thread else None
+        previous = signal.signal(INTERRUPT, self._record) if main_thread else None
         try:
             yield
         except KeyboardInterrupt:
@@ -327,7 +331,7 @@ class _Interrupts:
         finally:
             if main_thread:  # closing the loop put back Python's KeyboardInterrupt
                 ignore = self.count or stopped()
-                signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else previous)
+                signal.signal(INTERRUPT, signal.SIG_IGN if ignore else previous)
 
 
 @dataclass
@@ -339,6 +343,8 @@ class Served:
     stats: WorkerStats
     code: int | None
     forced: bool = False
+    #: ``--processes``: the exit status of the first child that failed (or was killed).
+    failed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"stats": self.stats.to_dict(), "code": self.code, "forced": self.forced}
@@ -395,8 +401,9 @@ def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
 
 
 def finish(served: Served, *, until_idle: bool, what: str) -> None:
-    """Exit as the convention says once a worker returned: 130 / 143 after a signal, 1 when
-    ``--until-idle`` left ``what`` (jobs, deliveries) UNKNOWN, else 0."""
+    """Exit as the convention says once a worker returned: 130 / 143 after a signal, the
+    status of a ``--processes`` child that failed, 1 when ``--until-idle`` left ``what``
+    (jobs, deliveries) UNKNOWN, else 0."""
     stats, code = served.stats, served.code
     if code == EXIT_SIGINT:
         if served.forced:
@@ -433,6 +440,8 @@ def finish(served: Served, *, until_idle: bool, what: str) -> None:
             err=True,
         )
         raise SystemExit(code)
+    if served.failed is not None:  # a --processes child failed: its line was said
+        raise SystemExit(served.failed)
     if until_idle and stats.unknown:
         # Deliveries are sent again with their hooks (signature, schedule) by a replay from
         # the dead-letter queue; the outbox's reconcile would send them unsigned.
@@ -604,11 +613,11 @@ def worker(
                     log.removeHandler(handler)
                     log.setLevel(old_level)
 
-    def check() -> None:
+    def check() -> float:
         with _outbox(store, policy):
-            pass
+            return policy.timeout_s + GRACE_MARGIN
 
-    served = in_processes(processes, run, check=check)
+    served = in_processes(processes, run, check=check, what="jobs")
     stats = served.stats
     summary = {"event": "stopped", **stats.to_dict()}
     if as_json or not tty:

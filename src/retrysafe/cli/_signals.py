@@ -97,6 +97,12 @@ class Signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    def ignore_after(self, sig: int) -> None:
+        """Leave ``sig`` ignored when the block ends (the process is exiting), instead of
+        putting its previous handler back: no moment between the two where it is neither."""
+        if sig in self._previous:
+            self._previous[sig] = signal.SIG_IGN
+
     def __exit__(self, *exc: object) -> None:
         previous, self._previous = self._previous, {}
         for sig, handler in previous.items():

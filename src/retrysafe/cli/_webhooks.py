@@ -48,6 +48,7 @@ from retrysafe.cli._common import (
     store_option,
 )
 from retrysafe.cli._processes import in_processes, processes_option
+from retrysafe.client._worker import GRACE_MARGIN
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEndpoint
 from retrysafe.webhooks._policy import DEFAULT_MAX_PAYLOAD, MAX_PAYLOAD_HINT, WebhookPolicy
 
@@ -598,10 +599,11 @@ def worker(
             log.removeHandler(handler)
             log.setLevel(old)
 
-    def check() -> None:
+    def check() -> float:
         with _hooks(store, allow_private) as hooks:
             warn(hooks)
+            return float(hooks.policy.timeout) + GRACE_MARGIN
 
-    served = in_processes(processes, run, check=check)
+    served = in_processes(processes, run, check=check, what="deliveries")
     _emit({"event": "stopped", **served.stats.to_dict()})
     finish(served, until_idle=until_idle, what="deliveries")
