@@ -295,3 +295,43 @@ def test_the_children_results_merge_into_one() -> None:
     assert merged.code == 143 and merged.forced
     assert Served.merged([a, b, c]).code == 130
     assert Served.merged([a]).code is None and not Served.merged([a]).forced
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+@pytest.mark.parametrize(
+    ("redirect", "code"),
+    [(">&-", 0), ("| head -1 >/dev/null", 0), (">/dev/full", 1)],
+    ids=["closed", "reader-leaves", "full"],
+)
+def test_a_stdout_that_cannot_take_the_lines_loses_no_job(
+    sqlite_path: Path, script: Script, base_url: str, processes: int, redirect: str, code: int
+) -> None:
+    """The worker's JSON lines on a closed stdout are dropped and its jobs all delivered;
+    when the reader leaves (`| head -1`) the rest is dropped and the work goes on (exit 0);
+    on a stdout that fails (`>/dev/full`) the worker stops as on SIGTERM and exits 1 with
+    one line. Never a traceback, and never a job left in flight: the attempt's log line
+    raised inside the worker, killing its task (the job in flight until its lease ended and
+    the command hung; a fresh user's check)."""
+    if redirect.endswith("/dev/full") and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    store = f"sqlite:///{sqlite_path}"
+    ids = _submit(store, base_url + "/ok", 40)
+    command = (
+        f"{sys.executable} -m retrysafe worker --store {store} --until-idle --json "
+        f"--processes {processes} -c 2 {redirect}"
+    )
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr
+    with Outbox(store) as outbox:
+        states = {outbox.get(i).state for i in ids}
+    if code == 0:
+        assert states == {JobState.SUCCEEDED}
+        assert done.stderr == ""
+    else:
+        assert states <= {JobState.SUCCEEDED, JobState.PENDING}, states
+        assert done.stderr.startswith("retrysafe: error: cannot write to stdout: No space left")
+    seen = script.requests("/ok")
+    assert len({s.key for s in seen}) == len(seen)  # each job sent once

@@ -46,6 +46,8 @@ from retrysafe.cli._common import (
     read_json_argument,
     serving_metrics,
     shown_value,
+    stdout_may_close,
+    stdout_to_null,
     store_option,
     visible_text,
     warning_lines,
@@ -465,8 +467,39 @@ class _JsonLines(logging.Handler):
     def __init__(self, *, attempts_of: str = "retrysafe.client") -> None:
         super().__init__()
         self.attempts_of = attempts_of  # whose attempt lines are this command's events
+        #: Why stdout could not take a line (a full disk, an I/O error), once that happened:
+        #: the command then stops its worker (:attr:`on_failure`) and exits 1 saying so.
+        self.failed: OSError | ValueError | None = None
+        self.on_failure: Callable[[], None] | None = None
+        self._dropping = False
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self._dropping:
+            return
+        try:
+            self._write(record)
+        except BrokenPipeError:
+            # The reader left (`| head -1`): the rest is dropped, the work goes on to its
+            # own exit status, as for every command's results (stdout_may_close).
+            self._dropping = True
+            stdout_to_null()
+        except (OSError, ValueError) as exc:  # raised here, it would end the attempt's task
+            self._dropping = True
+            self.failed = exc
+            stdout_to_null()
+            if self.on_failure is not None:
+                self.on_failure()
+
+    def check(self, what: str) -> None:
+        """Exit 1 with one line if stdout failed while the worker ran (it was stopped)."""
+        if self.failed is not None:
+            reason = getattr(self.failed, "strerror", None) or self.failed
+            fail(
+                f"cannot write to stdout: {reason}; stopped (in-flight {what} finished or "
+                "released, pending with the same key)"
+            )
+
+    def _write(self, record: logging.LogRecord) -> None:
         data = getattr(record, "retrysafe", None)
         if isinstance(data, dict) and record.name != self.attempts_of:
             return  # another layer's line for the same attempt (the webhook worker's outbox)
@@ -560,12 +593,12 @@ def worker(
     policy = _policy(attempts, timeout, wait_initial, wait_max)
     _check_lease_timing(lease, heartbeat, max_run_time)
     no_metrics_with_processes(processes, metrics_address)
-    tty = sys.stdout.isatty() and not as_json
+    tty = sys.stdout is not None and sys.stdout.isatty() and not as_json
 
     def run(index: int | None) -> Served:
         log = logging.getLogger("retrysafe")  # the worker's lines, its store's and metrics'
         live: Any = None
-        handler: logging.Handler | None = None
+        handler: _JsonLines | None = None
         old_level = logging.NOTSET
         with (
             _outbox(store, policy) as outbox,
@@ -601,17 +634,21 @@ def worker(
                 live.start()
             else:
                 handler = _JsonLines()
+                handler.on_failure = w.stop
                 log.addHandler(handler)
                 old_level = log.level
                 log.setLevel(logging.INFO)
             try:
-                return serve(w, until_idle=until_idle)
+                served = serve(w, until_idle=until_idle)
             finally:
                 if live is not None:
                     live.stop()
                 if handler is not None:
                     log.removeHandler(handler)
                     log.setLevel(old_level)
+            if handler is not None:
+                handler.check("jobs")
+            return served
 
     def check() -> float:
         with _outbox(store, policy):
@@ -620,13 +657,14 @@ def worker(
     served = in_processes(processes, run, check=check, what="jobs")
     stats = served.stats
     summary = {"event": "stopped", **stats.to_dict()}
-    if as_json or not tty:
-        _emit(summary)
-    else:
-        click.echo(
-            f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
-            f"{stats.unknown} unknown, {stats.deferred} deferred"
-        )
+    with stdout_may_close():
+        if as_json or not tty:
+            _emit(summary)
+        else:
+            click.echo(
+                f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
+                f"{stats.unknown} unknown, {stats.deferred} deferred"
+            )
     finish(served, until_idle=until_idle, what="jobs")
 
 

@@ -205,7 +205,9 @@ def read_json_argument(value: str, name: str) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{name}: {where} is not UTF-8 text (byte {exc.start})", 2)
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_members, parse_float=_finite_number)
+        return json.loads(
+            text, object_pairs_hook=_no_duplicate_members, parse_float=_finite_number
+        )
     except _DuplicateMemberError:
         fail(f"{name}: {where} names a member twice in one object (which value is meant?)", 2)
     except ValueError as exc:
@@ -861,6 +863,12 @@ def stdout_may_close() -> Iterator[None]:
     except OSError as exc:
         _stdout_to_null()  # what is still buffered would fail again at exit
         fail(f"cannot write the results to stdout: {exc.strerror or exc}", EXIT_FAILED)
+
+
+def stdout_to_null() -> None:
+    """Point descriptor 1 at the null device: what is still buffered for stdout, and what
+    is written later, goes nowhere instead of failing again (at exit too)."""
+    _stdout_to_null()
 
 
 def _stdout_to_null() -> None:

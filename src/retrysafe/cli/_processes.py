@@ -34,6 +34,7 @@ How the processes behave together (docs/cli.md):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -122,7 +123,7 @@ def in_processes(
         for index in range(processes):
             if signals.received is not None:
                 break
-            read, write = os.pipe()
+            read, write = _pipe()
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_STOPS)
             try:
                 pid = os.fork()
@@ -161,6 +162,8 @@ def in_processes(
             read = children.pop(pid)
             served = _result(read)
             code = os.waitstatus_to_exitcode(status)
+            if code < 0 and sent and -code == _AS_SENT.get(sent[-1], sent[-1]):
+                continue  # the stop it was sent ended it before it could take it: stopped
             if served is None or code != 0:
                 if code < 0:  # killed by a signal: it said nothing itself
                     code = 128 - code
@@ -206,6 +209,19 @@ def _limit(sent: list[int], grace: float) -> float:
     if sent[-1] == signal.SIGINT:
         return SHUTDOWN_SECONDS
     return grace + SHUTDOWN_SECONDS
+
+
+def _pipe() -> tuple[int, int]:
+    """A pipe for a child's result whose ends are not descriptors 0-2: started with stdout
+    closed (``>&-``), ``pipe(2)`` would hand out 1, which the child's output would then use."""
+    ends = []
+    for fd in os.pipe():
+        if fd < 3:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = moved
+        ends.append(fd)
+    return ends[0], ends[1]
 
 
 def _result(read: int) -> Served | None:
@@ -272,9 +288,10 @@ def _child(
             traceback.print_exc()
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
+        for stream in (sys.stdout, sys.stderr):  # None: started with the descriptor closed
+            with contextlib.suppress(Exception):  # nothing may keep os._exit from running
+                if stream is not None:
+                    stream.flush()
         os._exit(code)
 
 

@@ -45,6 +45,7 @@ from retrysafe.cli._common import (
     read_json_argument,
     serving_metrics,
     shown_value,
+    stdout_may_close,
     store_option,
 )
 from retrysafe.cli._processes import in_processes, processes_option
@@ -399,7 +400,8 @@ def endpoints_delete(store: str, endpoint_id: str, yes: bool, as_json: bool) -> 
     type=_PAYLOAD_BYTES,
     default=DEFAULT_MAX_PAYLOAD,
     show_default=True,
-    help="Largest payload recorded, in bytes of JSON (what retrysafe's receiver reads by default).",
+    help="Largest payload recorded, in bytes of JSON (what retrysafe's receiver reads by "
+    "default).",
 )
 @json_option
 def send(
@@ -534,7 +536,9 @@ def dlq_purge(
     ),
 )
 @_STORE
-@click.option("--concurrency", "-c", type=_CONCURRENCY, default=8, show_default=True)
+@click.option(
+    "--concurrency", "-c", type=_CONCURRENCY, default=8, show_default=True
+)
 @click.option(
     "--max-per-destination",
     type=_CONCURRENCY,
@@ -591,13 +595,16 @@ def worker(
                     telemetry=metrics,
                     **outage_bound(until_idle),
                 )
+                handler.on_failure = w.stop
                 try:
-                    return serve(w, until_idle=until_idle, what="deliveries")
+                    served = serve(w, until_idle=until_idle, what="deliveries")
                 finally:
                     w.close()
         finally:
             log.removeHandler(handler)
             log.setLevel(old)
+        handler.check("deliveries")
+        return served
 
     def check() -> float:
         with _hooks(store, allow_private) as hooks:
@@ -605,5 +612,6 @@ def worker(
             return float(hooks.policy.timeout) + GRACE_MARGIN
 
     served = in_processes(processes, run, check=check, what="deliveries")
-    _emit({"event": "stopped", **served.stats.to_dict()})
+    with stdout_may_close():
+        _emit({"event": "stopped", **served.stats.to_dict()})
     finish(served, until_idle=until_idle, what="deliveries")
