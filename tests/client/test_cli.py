@@ -805,3 +805,31 @@ def test_an_in_memory_store_is_not_told_to_migrate(command: list[str]) -> None:
     assert code == 1, err
     assert "in-memory SQLite database" in err and "migrate --store" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_ctrl_c_goes_back_to_the_handler_from_before_once_the_loop_lets_go() -> None:
+    """The worker's loop takes Ctrl-C while it runs; leaving, asyncio put back Python's
+    KeyboardInterrupt, not the command's recorder, so a Ctrl-C while ``asyncio.run`` was
+    still closing the loop raised inside it ("Event loop stopped before Future completed",
+    exit 1, no summary: a fresh user's check, six presses 3 ms apart)."""
+    import threading
+
+    from retrysafe.cli._client import _on_signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+
+    def before(signum: int, frame: object) -> None:
+        pass
+
+    old = signal.signal(signal.SIGINT, before)
+    try:
+
+        async def main() -> None:
+            with _on_signal(signal.SIGINT, lambda: None):
+                assert signal.getsignal(signal.SIGINT) is not before  # the loop's, inside
+
+        asyncio.run(main())
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, old)

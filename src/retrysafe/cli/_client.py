@@ -253,9 +253,13 @@ def outage_bound(until_idle: bool) -> dict[str, Any]:
 def _on_signal(sig: signal.Signals, callback: Callable[[], None]) -> Iterator[None]:
     """Call ``callback`` on the running event loop when ``sig`` arrives while inside (no
     exception raised from a signal handler); where the loop takes no signal handlers (not
-    the main thread, Windows), ``sig`` keeps its action."""
+    the main thread, Windows), ``sig`` keeps its action. On the way out the handler from
+    before is put back: asyncio's own removal leaves SIGINT raising KeyboardInterrupt, and a
+    Ctrl-C while ``asyncio.run`` was still closing the loop then ended it with "Event loop
+    stopped before Future completed" (a fresh user's check, Ctrl-C six times, 3 ms apart)."""
     loop = asyncio.get_running_loop()
     installed = False
+    previous = signal.getsignal(sig)
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         loop.add_signal_handler(sig, callback)
         installed = True
@@ -264,6 +268,8 @@ def _on_signal(sig: signal.Signals, callback: Callable[[], None]) -> Iterator[No
     finally:
         if installed:
             loop.remove_signal_handler(sig)
+            if previous is not None:  # None: set outside Python, left as asyncio leaves it
+                signal.signal(sig, previous)
 
 
 #: The signal that is Ctrl-C to a worker: SIGINT, except in a ``--processes`` child, which
