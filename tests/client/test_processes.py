@@ -52,11 +52,11 @@ def _ignores(pid: int, sig: signal.Signals) -> bool:
     return bool(mask >> (sig - 1) & 1)
 
 
-def _wait_for(what: str, ok: object, timeout: float = 30.0) -> None:
+def _wait_for(what: str, ok: object, timeout: float = 30.0, step: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while not ok() if callable(ok) else not ok:
         assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
-        time.sleep(0.02)
+        time.sleep(step)
 
 
 def _submit(store: str, url: str, n: int) -> list[str]:
@@ -191,6 +191,8 @@ def test_a_stopped_process_cannot_hold_the_command(
             proc.kill()
     assert proc.returncode == 130, err
     assert f"still running after the stop's limit ({stopped}): killed" in err, err
+    # Not "released": the killed process's job waits out its lease.
+    assert "in-flight jobs not yet released wait out their lease" in err, err
 
 
 def test_a_killed_process_stops_the_others_and_the_command_says_which(
@@ -332,6 +334,28 @@ def test_a_stdout_that_cannot_take_the_lines_loses_no_job(
         assert done.stderr == ""
     else:
         assert states <= {JobState.SUCCEEDED, JobState.PENDING}, states
-        assert done.stderr.startswith("retrysafe: error: cannot write to stdout: No space left")
+        [line] = done.stderr.splitlines()  # one line, not one per process
+        assert line.startswith("retrysafe: error: cannot write to stdout: No space left")
     seen = script.requests("/ok")
     assert len({s.key for s in seen}) == len(seen)  # each job sent once
+
+
+def test_ctrl_c_as_the_processes_start_is_said_once(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Ctrl-C the moment the processes exist (before their event loops take it): each stops
+    as one worker does before its loop runs, and the command alone says so -- not one
+    `retrysafe: interrupted` per process; exit 130, nothing sent."""
+    store = f"sqlite:///{sqlite_path}"
+    _submit(store, base_url + "/ok", 4)
+    proc = _worker(store, "--processes", "3", "-c", "1", "--json")
+    try:
+        _wait_for("three processes", lambda: len(_children(proc.pid)) == 3, step=0.001)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    lines = err.splitlines()
+    assert "retrysafe: interrupted" not in lines and len(lines) == 1, err

@@ -353,14 +353,26 @@ class Served:
     forced: bool = False
     #: ``--processes``: the exit status of the first child that failed (or was killed).
     failed: int | None = None
+    #: The line the command exits 1 with, and no summary (its stdout failed).
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stats": self.stats.to_dict(), "code": self.code, "forced": self.forced}
+        return {
+            "stats": self.stats.to_dict(),
+            "code": self.code,
+            "forced": self.forced,
+            "error": self.error,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Served:
         """The inverse of :meth:`to_dict` (a ``--processes`` child's result)."""
-        return cls(WorkerStats(**data["stats"]), data["code"], bool(data["forced"]))
+        return cls(
+            WorkerStats(**data["stats"]),
+            data["code"],
+            bool(data["forced"]),
+            error=data.get("error"),
+        )
 
     @classmethod
     def merged(cls, parts: Sequence[Served]) -> Served:
@@ -377,7 +389,8 @@ class Served:
                     setattr(total, name, getattr(total, name) + value)
         codes = {part.code for part in parts}
         code = next((c for c in (EXIT_SIGINT, EXIT_SIGTERM) if c in codes), None)
-        return cls(total, code, any(part.forced for part in parts))
+        error = next((part.error for part in parts if part.error is not None), None)
+        return cls(total, code, any(part.forced for part in parts), error=error)
 
 
 def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
@@ -496,14 +509,16 @@ class _JsonLines(logging.Handler):
             if self.on_failure is not None:
                 self.on_failure()
 
-    def check(self, what: str) -> None:
-        """Exit 1 with one line if stdout failed while the worker ran (it was stopped)."""
-        if self.failed is not None:
-            reason = getattr(self.failed, "strerror", None) or self.failed
-            fail(
-                f"cannot write to stdout: {reason}; stopped (in-flight {what} finished or "
-                "released, pending with the same key)"
-            )
+    def error(self, what: str) -> str | None:
+        """The command's error line if stdout failed while the worker ran (it was stopped:
+        the command exits 1 with this line and no summary), else None."""
+        if self.failed is None:
+            return None
+        reason = getattr(self.failed, "strerror", None) or self.failed
+        return (
+            f"cannot write to stdout: {reason}; stopped (in-flight {what} finished or "
+            "released, pending with the same key)"
+        )
 
     def _write(self, record: logging.LogRecord) -> None:
         data = getattr(record, "retrysafe", None)
@@ -653,7 +668,7 @@ def worker(
                     log.removeHandler(handler)
                     log.setLevel(old_level)
             if handler is not None:
-                handler.check("jobs")
+                served.error = handler.error("jobs")
             return served
 
     def check() -> float:
@@ -661,6 +676,8 @@ def worker(
             return policy.timeout_s + GRACE_MARGIN
 
     served = in_processes(processes, run, check=check, what="jobs")
+    if served.error is not None:
+        fail(served.error)
     stats = served.stats
     summary = {"event": "stopped", **stats.to_dict()}
     with stdout_may_close():

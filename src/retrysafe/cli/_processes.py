@@ -20,8 +20,8 @@ How the processes behave together (docs/cli.md):
   SIGINT and take the command's SIGUSR1 as their Ctrl-C, counted once. A SIGTERM that
   reaches them twice (the group's and the command's) stops them as one does. On Linux a
   child whose parent dies (SIGKILL) receives SIGTERM (``PR_SET_PDEATHSIG``); a child still
-  running once its stop's time is up (the grace plus 5 s after SIGTERM, 5 s after Ctrl-C,
-  1 s after a third) is killed, so a stopped or wedged process cannot hold the command;
+  running once its stop's time is up (the grace plus 5 s after SIGTERM or Ctrl-C, 1 s
+  after a third Ctrl-C) is killed, so a stopped or wedged process cannot hold the command;
 - a child that fails (an error line, a crash, killed) or has stopped on a signal of its own
   stops the others the same way (SIGTERM, or Ctrl-C); with ``--until-idle`` each child
   exits once it finds nothing left to claim;
@@ -99,9 +99,10 @@ def in_processes(
     ``check`` runs first in this process when it forks (open the store and close it again),
     so that what it fails on is reported once; it returns the workers' grace (seconds a
     SIGTERM lets in-flight attempts finish). A child still running :data:`SHUTDOWN_SECONDS`
-    after its grace (SIGTERM), after :data:`SHUTDOWN_SECONDS` (Ctrl-C) or one second after a
-    third Ctrl-C (a stopped or wedged process) is killed (SIGKILL); ``what`` names the work
-    in the lines said (jobs, deliveries)."""
+    after its grace once stopped (SIGTERM, Ctrl-C), or one second after a third Ctrl-C (a
+    stopped or wedged process), is killed (SIGKILL; the result is then ``forced``: its jobs
+    were not all given back); ``what`` names the work in the lines said (jobs,
+    deliveries)."""
     if processes == 1:
         return run(None)
     if not hasattr(os, "fork"):
@@ -177,7 +178,9 @@ def in_processes(
                 stop = signal.SIGINT if code == EXIT_SIGINT else signal.SIGTERM
             else:
                 results.append(served)
-                if served.code is None:
+                if served.error is not None:  # its stdout failed: it stopped, so do all
+                    failed = failed or 1
+                elif served.code is None:
                     continue
                 stop = signal.SIGINT if served.code == EXIT_SIGINT else signal.SIGTERM
             if not sent:  # the first child to stop stops the others, once
@@ -192,6 +195,7 @@ def in_processes(
     elif failed is not None:  # the others stopped because one failed: its status
         merged.code = None
     merged.failed = failed
+    merged.forced = merged.forced or killed  # their jobs were not all given back
     return merged
 
 
@@ -203,11 +207,12 @@ def again_line(what: str) -> str:
 
 
 def _limit(sent: list[int], grace: float) -> float:
-    """Seconds the children get to exit after the last of the stop signals ``sent``."""
+    """Seconds the children get to exit after the last of the stop signals ``sent``: one
+    second after a third Ctrl-C (one worker exits at once then), else the grace plus
+    :data:`SHUTDOWN_SECONDS` -- after Ctrl-C too, where giving jobs back waits for a locked
+    store as long as one worker would (about 10 s on PostgreSQL)."""
     if sent.count(signal.SIGINT) >= 3:
         return _FORCED_LIMIT
-    if sent[-1] == signal.SIGINT:
-        return SHUTDOWN_SECONDS
     return grace + SHUTDOWN_SECONDS
 
 
@@ -275,9 +280,7 @@ def _child(
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-    except KeyboardInterrupt:
-        with contextlib.suppress(OSError, ValueError):
-            click.echo("retrysafe: interrupted", err=True)
+    except KeyboardInterrupt:  # the command's Ctrl-C before the loop took it: it says so
         code = EXIT_SIGINT
     except click.ClickException as exc:
         with contextlib.suppress(OSError, ValueError):

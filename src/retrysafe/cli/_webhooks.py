@@ -36,6 +36,7 @@ from retrysafe.cli._common import (
     StrParamType,
     epilog,
     errors,
+    fail,
     json_option,
     limit_hint,
     metrics_option,
@@ -603,7 +604,7 @@ def worker(
         finally:
             log.removeHandler(handler)
             log.setLevel(old)
-        handler.check("deliveries")
+        served.error = handler.error("deliveries")
         return served
 
     def check() -> float:
@@ -612,6 +613,8 @@ def worker(
             return float(hooks.policy.timeout) + GRACE_MARGIN
 
     served = in_processes(processes, run, check=check, what="deliveries")
+    if served.error is not None:
+        fail(served.error)
     with stdout_may_close():
         _emit({"event": "stopped", **served.stats.to_dict()})
     finish(served, until_idle=until_idle, what="deliveries")
