@@ -833,3 +833,28 @@ def test_ctrl_c_goes_back_to_the_handler_from_before_once_the_loop_lets_go() -> 
         assert signal.getsignal(signal.SIGINT) is before
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def test_the_drivers_lines_go_to_the_workers_json_lines_not_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A worker's JSON lines carry the store driver's own lines (psycopg's pool discarding a
+    broken connection): they reached stderr as bare text, once per process with
+    `--processes` (a fresh user's check: 45 lines when the database's connections were
+    cut). The logger is put back as it was afterwards."""
+    import logging
+
+    from retrysafe.cli._client import _JsonLines
+    from retrysafe.cli._common import driver_lines_to
+
+    pool = logging.getLogger("psycopg.pool")
+    parent = logging.getLogger("psycopg")
+    before = (parent.propagate, list(parent.handlers))
+    with driver_lines_to(_JsonLines()):
+        pool.warning("discarding broken connection: %s", "<psycopg.AsyncConnection [BAD]>")
+    out, err = capsys.readouterr()
+    [line] = [json.loads(text) for text in out.splitlines()]
+    assert line["logger"] == "psycopg.pool" and line["level"] == "warning"
+    assert line["message"] == "discarding broken connection: <psycopg.AsyncConnection [BAD]>"
+    assert "discarding" not in err
+    assert (parent.propagate, list(parent.handlers)) == before

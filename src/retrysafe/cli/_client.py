@@ -34,6 +34,7 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
+    driver_lines_to,
     epilog,
     errors,
     fail,
@@ -659,8 +660,10 @@ def worker(
                 log.addHandler(handler)
                 old_level = log.level
                 log.setLevel(logging.INFO)
+            drivers = contextlib.nullcontext() if handler is None else driver_lines_to(handler)
             try:
-                served = serve(w, until_idle=until_idle)
+                with drivers:
+                    served = serve(w, until_idle=until_idle)
             finally:
                 if live is not None:
                     live.stop()

@@ -845,6 +845,31 @@ class ProgressStream:
         return int(self._stream.fileno())
 
 
+#: The loggers of the store drivers: their own lines (psycopg's pool discarding a broken
+#: connection) reach stderr through the root logger unless a command takes them.
+DRIVER_LOGGERS = ("psycopg", "psycopg_pool", "redis")
+
+
+@contextmanager
+def driver_lines_to(handler: logging.Handler) -> Iterator[None]:
+    """Send the drivers' own log lines (:data:`DRIVER_LOGGERS`, warnings and up) to
+    ``handler`` only while inside, not to stderr by way of the root logger: a command's one
+    error line says what failed (``keys``: a ``NullHandler``), a worker's JSON lines carry
+    them (``--processes`` would print each one per process). Restored afterwards."""
+    saved = []
+    for name in DRIVER_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.propagate))
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, propagate in saved:
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+
+
 @contextmanager
 def stdout_may_close() -> Iterator[None]:
     """Write results on stdout in this block; should its reader leave (``| head -1``), the

@@ -46,6 +46,7 @@ from retrysafe.cli._common import (
     StrParamType,
     canonical_scheme,
     clip,
+    driver_lines_to,
     epilog,
     errors,
     fail,
@@ -84,9 +85,6 @@ _MEANING = (
 )
 #: The most candidates an ambiguous --hash names.
 _CANDIDATES = 10
-#: The loggers of the drivers: their own lines (a pool discarding a broken connection) would
-#: come before the one error line of a command; the error says what matters.
-_DRIVER_LOGGERS = ("psycopg", "psycopg_pool", "redis")
 
 
 class KeyStoreURL(StoreURL):
@@ -456,26 +454,6 @@ def _resolve(admin: KeyAdmin, target: _Target, where: _Where, now: float) -> Key
 
 # ---------------------------------------------------------------------- the store
 @contextmanager
-def _quiet_drivers() -> Iterator[None]:
-    """Keep the drivers' own log lines (psycopg's pool discarding a broken connection,
-    retrying a connection) off stderr while a command runs: the command's one error line
-    says what failed. Restored afterwards."""
-    saved = []
-    for name in _DRIVER_LOGGERS:
-        logger = logging.getLogger(name)
-        quiet = logging.NullHandler()
-        saved.append((logger, logger.propagate, quiet))
-        logger.addHandler(quiet)
-        logger.propagate = False
-    try:
-        yield
-    finally:
-        for logger, propagate, quiet in saved:
-            logger.removeHandler(quiet)
-            logger.propagate = propagate
-
-
-@contextmanager
 def _restated(where: _Where) -> Iterator[None]:
     """Store errors inside name the store as ``where`` does (:meth:`_Where.restate`)."""
     try:
@@ -513,7 +491,7 @@ def _key_admin(
     source = ctx.find_object(KeyAdminSource)
     if source is not None and ctx.get_parameter_source("store") is ParameterSource.DEFAULT:
         where = _Where(source.name)
-        with errors(None, _FLAGS), _quiet_drivers(), _restated(where):
+        with errors(None, _FLAGS), driver_lines_to(logging.NullHandler()), _restated(where):
             yield source.store, where
         return
     scheme, schema = check_scoping(url, schema, prefix)
@@ -523,7 +501,7 @@ def _key_admin(
         where = _Where(redact_url(url), prefix=prefix or _DEFAULT_PREFIX)
     else:
         where = _Where(redact_url(url))
-    with errors(url, _FLAGS), _quiet_drivers(), _restated(where):
+    with errors(url, _FLAGS), driver_lines_to(logging.NullHandler()), _restated(where):
         if where.schema is not None:
             opened: Any = closing(stores.open_store(url, schema=where.schema, create=False))
         elif where.prefix is not None:

@@ -34,6 +34,7 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
+    driver_lines_to,
     epilog,
     errors,
     fail,
@@ -598,7 +599,8 @@ def worker(
                 )
                 handler.on_failure = w.stop
                 try:
-                    served = serve(w, until_idle=until_idle, what="deliveries")
+                    with driver_lines_to(handler):
+                        served = serve(w, until_idle=until_idle, what="deliveries")
                 finally:
                     w.close()
         finally:
