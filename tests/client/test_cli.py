@@ -836,7 +836,7 @@ def test_ctrl_c_goes_back_to_the_handler_from_before_once_the_loop_lets_go() -> 
 
 
 def test_the_drivers_lines_go_to_the_workers_json_lines_not_stderr(
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker's JSON lines carry the store driver's own lines (psycopg's pool discarding a
     broken connection): they reached stderr as bare text, once per process with
@@ -844,15 +844,18 @@ def test_the_drivers_lines_go_to_the_workers_json_lines_not_stderr(
     cut). The logger is put back as it was afterwards."""
     import logging
 
-    from retrysafe.cli._client import _JsonLines
+    from retrysafe.cli import _client
     from retrysafe.cli._common import driver_lines_to
 
+    monkeypatch.setattr(_client, "_STDOUT", [])  # this test's stdout, not an earlier one's
     pool = logging.getLogger("psycopg.pool")
     parent = logging.getLogger("psycopg")
     before = (parent.propagate, list(parent.handlers))
-    with driver_lines_to(_JsonLines()):
+    handler = _client._JsonLines()
+    with driver_lines_to(handler):
         pool.warning("discarding broken connection: %s", "<psycopg.AsyncConnection [BAD]>")
-    out, err = capsys.readouterr()
+    assert handler.out.wait(10)
+    out, err = capfd.readouterr()
     [line] = [json.loads(text) for text in out.splitlines()]
     assert line["logger"] == "psycopg.pool" and line["level"] == "warning"
     assert line["message"] == "discarding broken connection: <psycopg.AsyncConnection [BAD]>"

@@ -359,3 +359,52 @@ def test_ctrl_c_as_the_processes_start_is_said_once(
     assert proc.returncode == 130, err
     lines = err.splitlines()
     assert "retrysafe: interrupted" not in lines and len(lines) == 1, err
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_reader_that_falls_behind_holds_up_no_attempt_and_no_stop(
+    sqlite_path: Path, script: Script, base_url: str, processes: int
+) -> None:
+    """stdout a pipe nobody reads (a stalled log shipper, `| less`): the worker's event loop
+    wrote its lines itself and blocked once the pipe was full -- answers that had arrived
+    went unread until their attempts timed out and leases went unrenewed, so jobs answered
+    200 were sent again (a fresh user's check), and SIGTERM was not acted on. Now every job
+    is delivered once while the reader is still away, SIGTERM ends the command within its
+    limits (the lines it could not write in time are dropped), and what was written is
+    whole JSON lines."""
+    store = f"sqlite:///{sqlite_path}"
+    ids = _submit(store, base_url + "/ok", 600)  # ~250 KB of attempt lines: 4 pipes' worth
+    proc = _worker(store, "--processes", str(processes), "-c", "8", "--json")
+    try:
+
+        def delivered() -> bool:
+            with Outbox(store) as outbox:
+                return all(outbox.get(i).state is JobState.SUCCEEDED for i in ids)
+
+        _wait_for("every job delivered, stdout unread", delivered, timeout=60, step=0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143  # stdout still unread
+        out = proc.stdout.read() if proc.stdout is not None else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    seen = script.requests("/ok")
+    assert len(seen) == len({s.key for s in seen}) == 600  # each job sent once
+    assert all(json.loads(line) for line in out.splitlines())
+
+
+def test_sigterm_says_which_jobs_were_not_given_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """After SIGTERM the last line said every in-flight job was finished or released, also
+    when the store could not take some back (locked) or a process was killed at the stop's
+    limit: those wait out their lease (a fresh user's check; Ctrl-C's line said so)."""
+    from retrysafe.cli._client import finish
+
+    with pytest.raises(SystemExit) as stopped:
+        finish(Served(WorkerStats(unreleased=16), 143, forced=True), until_idle=False, what="jobs")
+    assert stopped.value.code == 143
+    err = capsys.readouterr().err
+    assert "except 16 the store could not take back" in err
+    assert "those of a worker process killed at the stop's limit were not" in err
+    with pytest.raises(SystemExit):
+        finish(Served(WorkerStats(), 143), until_idle=False, what="jobs")
+    assert "except" not in capsys.readouterr().err

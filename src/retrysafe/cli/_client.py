@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import queue
 import re
 import signal
 import sys
@@ -54,6 +56,7 @@ from retrysafe.cli._common import (
     warning_lines,
 )
 from retrysafe.cli._processes import again_line, in_processes, processes_option
+from retrysafe.cli._signals import SHUTDOWN_SECONDS
 from retrysafe.client import (
     DEAD_LETTER_STATES,
     Attempt,
@@ -458,6 +461,18 @@ def finish(served: Served, *, until_idle: bool, what: str) -> None:
                 "still stored is sent again with the same key once its lease ends"
                 if stats.lease_lost
                 else ""
+            )
+            + (
+                f"; except {stats.unreleased} the store could not take back (locked or "
+                "unavailable): those wait out their lease, then are sent again with the same key"
+                if stats.unreleased
+                else ""
+            )
+            + (
+                "; those of a worker process killed at the stop's limit were not: they wait "
+                "out their lease, then are sent again with the same key"
+                if served.forced
+                else ""
             ),
             err=True,
         )
@@ -479,49 +494,171 @@ def finish(served: Served, *, until_idle: bool, what: str) -> None:
         )
 
 
-class _JsonLines(logging.Handler):
-    """The workers' stdout when it is not a terminal: one JSON object per line, an
-    ``attempt`` event per recorded attempt, every other retrysafe line (warnings, the metrics
-    address, store outages) as ``{"ts", "level", "logger", "message"}``."""
+class _Stdout:
+    """A worker's stdout, written by a thread of its own so that the event loop never waits
+    for its reader: a log shipper that stalls, ``| less``, Ctrl-S left the loop blocked in
+    ``write``, answers that had arrived unread until their attempts timed out and leases
+    unrenewed until another worker took the jobs over -- a request sent again after its 200
+    (a fresh user's check: 15 of 1,500 jobs with a reader 25 s late), and SIGTERM or Ctrl-C
+    ignored until the reader came back.
 
-    def __init__(self, *, attempts_of: str = "retrysafe.client") -> None:
-        super().__init__()
-        self.attempts_of = attempts_of  # whose attempt lines are this command's events
-        #: Why stdout could not take a line (a full disk, an I/O error), once that happened:
-        #: the command then stops its worker (:attr:`on_failure`) and exits 1 saying so.
-        self.failed: OSError | ValueError | None = None
+    Lines wait in a queue of :data:`_BACKLOG`; while it is full they are dropped and counted
+    (``dropped``). A reader that left (EPIPE) drops the rest, as for every command's
+    results; a stdout that fails otherwise (a full disk, an I/O error) sets ``failed`` and
+    calls ``on_failure`` (the worker's thread-safe ``stop``). One per process
+    (:func:`stdout_lines`), so a summary follows the attempt lines in order."""
+
+    def __init__(self) -> None:
+        self.failed: OSError | None = None
         self.on_failure: Callable[[], None] | None = None
-        self._dropping = False
+        self.dropped = 0
+        self._gone = False
+        self._lines: queue.Queue[bytes | None] = queue.Queue(maxsize=_BACKLOG)
+        #: The stream this writes to (None: started with descriptor 1 closed, nowhere to
+        #: write), and its descriptor, written directly so that no lock of the stream is held
+        #: while a reader is behind; a stream without one (click's test runner) is written.
+        self.stream: Any = sys.stdout
+        self._fd: int | None = None
+        if self.stream is not None:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                self.stream.flush()
+                self._fd = self.stream.fileno()
+        threading.Thread(target=self._drain, name="retrysafe-stdout", daemon=True).start()
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if self._dropping:
+    def close(self) -> None:
+        """Let the writing thread end once it has written what is queued."""
+        with contextlib.suppress(queue.Full):
+            self._lines.put_nowait(None)
+
+    def put(self, line: str) -> None:
+        """Queue ``line`` (no newline) without waiting; dropped (counted) when full."""
+        if self.stream is None or self._gone:
             return
         try:
-            self._write(record)
-        except BrokenPipeError:
-            # The reader left (`| head -1`): the rest is dropped, the work goes on to its
-            # own exit status, as for every command's results (stdout_may_close).
-            self._dropping = True
+            self._lines.put_nowait(line.encode("utf-8", "replace") + b"\n")
+        except queue.Full:
+            self.dropped += 1
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every queued line to be written; False when
+        the reader has not taken them by then (they are dropped with the process)."""
+        deadline = time.monotonic() + timeout
+        while self._lines.unfinished_tasks and not self._gone:
+            if time.monotonic() >= deadline:
+                self.dropped += self._lines.qsize()
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            line = self._lines.get()
+            try:
+                if line is None:
+                    return
+                if not self._gone:
+                    self._write(line)
+            finally:
+                self._lines.task_done()
+
+    def _write(self, line: bytes) -> None:
+        try:
+            if self._fd is None:
+                self.stream.write(line.decode("utf-8"))
+                self.stream.flush()
+                return
+            while line:
+                line = line[os.write(self._fd, line) :]
+        except BrokenPipeError:  # the reader left (`| head -1`): the rest goes nowhere
+            self._gone = True
             stdout_to_null()
-        except (OSError, ValueError) as exc:  # raised here, it would end the attempt's task
-            self._dropping = True
-            self.failed = exc
+        except (OSError, ValueError) as exc:  # ValueError: a stream closed under it
+            self._gone = True
+            self.failed = exc if isinstance(exc, OSError) else OSError(str(exc))
             stdout_to_null()
             if self.on_failure is not None:
                 self.on_failure()
 
+
+#: Lines a worker's stdout holds for a reader that is behind (about 4 MB of attempt lines).
+_BACKLOG = 10_000
+_STDOUT: list[tuple[int, _Stdout]] = []  # (pid, this process's), once made
+
+
+def stdout_lines() -> _Stdout:
+    """This process's :class:`_Stdout` for the current ``sys.stdout`` (made on first use;
+    anew in a forked child, or when ``sys.stdout`` was replaced, as click's test runner
+    does)."""
+    if _STDOUT:
+        pid, out = _STDOUT[0]
+        if pid == os.getpid() and out.stream is sys.stdout:
+            return out
+        if pid == os.getpid():
+            out.close()
+    out = _Stdout()
+    _STDOUT[:] = [(os.getpid(), out)]
+    return out
+
+
+def emit_summary(summary: Mapping[str, Any]) -> None:
+    """A worker's last line, after its attempt lines, written within
+    :data:`~retrysafe.cli._signals.SHUTDOWN_SECONDS` or dropped (a reader that does not read
+    cannot hold the exit); a stdout that failed meanwhile exits 1 with one line."""
+    out = stdout_lines()
+    out.put(json.dumps(summary, indent=None, sort_keys=True))
+    out.wait(SHUTDOWN_SECONDS)
+    if out.failed is not None:
+        fail(f"cannot write the results to stdout: {out.failed.strerror or out.failed}")
+    if out.dropped and not _same_file(1, 2):
+        with contextlib.suppress(OSError, ValueError):
+            click.echo(
+                f"retrysafe: warning: stdout was not read in time: {out.dropped} line(s) "
+                "dropped",
+                err=True,
+            )
+
+
+def _same_file(a: int, b: int) -> bool:
+    """Whether descriptors ``a`` and ``b`` lead to one file or pipe (``2>&1``)."""
+    try:
+        one, two = os.fstat(a), os.fstat(b)
+    except OSError:
+        return True
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+
+
+class _JsonLines(logging.Handler):
+    """The workers' stdout when it is not a terminal: one JSON object per line, an
+    ``attempt`` event per recorded attempt, every other retrysafe line (warnings, the metrics
+    address, store outages) as ``{"ts", "level", "logger", "message"}``; written by
+    :class:`_Stdout`'s thread, never by the event loop."""
+
+    def __init__(self, *, attempts_of: str = "retrysafe.client") -> None:
+        super().__init__()
+        self.attempts_of = attempts_of  # whose attempt lines are this command's events
+        self.out = stdout_lines()
+
+    @property
+    def on_failure(self) -> Callable[[], None] | None:
+        """Called (from the writing thread) once stdout fails: the worker's ``stop``."""
+        return self.out.on_failure
+
+    @on_failure.setter
+    def on_failure(self, callback: Callable[[], None] | None) -> None:
+        self.out.on_failure = callback
+
     def error(self, what: str) -> str | None:
         """The command's error line if stdout failed while the worker ran (it was stopped:
         the command exits 1 with this line and no summary), else None."""
-        if self.failed is None:
+        failed = self.out.failed
+        if failed is None:
             return None
-        reason = getattr(self.failed, "strerror", None) or self.failed
         return (
-            f"cannot write to stdout: {reason}; stopped (in-flight {what} finished or "
-            "released, pending with the same key)"
+            f"cannot write to stdout: {failed.strerror or failed}; stopped (in-flight {what} "
+            "finished or released, pending with the same key)"
         )
 
-    def _write(self, record: logging.LogRecord) -> None:
+    def emit(self, record: logging.LogRecord) -> None:
         data = getattr(record, "retrysafe", None)
         if isinstance(data, dict) and record.name != self.attempts_of:
             return  # another layer's line for the same attempt (the webhook worker's outbox)
@@ -533,7 +670,7 @@ class _JsonLines(logging.Handler):
         }
         if isinstance(data, dict):
             line = {"event": "attempt", **data}
-        click.echo(json.dumps(line, sort_keys=True, default=str))
+        self.out.put(json.dumps(line, sort_keys=True, default=str))
 
 
 @click.command(
@@ -685,7 +822,7 @@ def worker(
     summary = {"event": "stopped", **stats.to_dict()}
     with stdout_may_close():
         if as_json or not tty:
-            _emit(summary)
+            emit_summary(summary)
         else:
             click.echo(
                 f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "

@@ -25,6 +25,7 @@ from retrysafe.cli._client import (
     _JsonLines,
     _url,
     _when,
+    emit_summary,
     finish,
     no_metrics_with_processes,
     outage_bound,
@@ -618,5 +619,5 @@ def worker(
     if served.error is not None:
         fail(served.error)
     with stdout_may_close():
-        _emit({"event": "stopped", **served.stats.to_dict()})
+        emit_summary({"event": "stopped", **served.stats.to_dict()})
     finish(served, until_idle=until_idle, what="deliveries")
