@@ -10,12 +10,13 @@ commands open a SQLite store read-only, and every command refuses a store that d
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
 import os
-import queue
 import re
+import select
 import signal
 import sys
 import threading
@@ -502,7 +503,7 @@ class _Stdout:
     (a fresh user's check: 15 of 1,500 jobs with a reader 25 s late), and SIGTERM or Ctrl-C
     ignored until the reader came back.
 
-    Lines wait in a queue of :data:`_BACKLOG`; while it is full they are dropped and counted
+    Up to :data:`_BACKLOG` lines wait; while that many do, later ones are dropped and counted
     (``dropped``). A reader that left (EPIPE) drops the rest, as for every command's
     results; a stdout that fails otherwise (a full disk, an I/O error) sets ``failed`` and
     calls ``on_failure`` (the worker's thread-safe ``stop``). One per process
@@ -513,7 +514,14 @@ class _Stdout:
         self.on_failure: Callable[[], None] | None = None
         self.dropped = 0
         self._gone = False
-        self._lines: queue.Queue[bytes | None] = queue.Queue(maxsize=_BACKLOG)
+        self._closed = False
+        #: Lines not yet written. Appended under the lock and taken whole by the writing
+        #: thread every :data:`_EVERY` seconds: no wake-up per line (one per line, with its
+        #: GIL hand-over, cost the worker 7 % of its jobs a second).
+        self._pending: list[bytes] = []
+        self._writing = False
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
         #: The stream this writes to (None: started with descriptor 1 closed, nowhere to
         #: write), and its descriptor, written directly so that no lock of the stream is held
         #: while a reader is behind; a stream without one (click's test runner) is written.
@@ -524,42 +532,54 @@ class _Stdout:
                 self.stream.flush()
                 self._fd = self.stream.fileno()
         threading.Thread(target=self._drain, name="retrysafe-stdout", daemon=True).start()
+        atexit.register(self.wait, SHUTDOWN_SECONDS)  # what is pending when the command exits
 
     def close(self) -> None:
-        """Let the writing thread end once it has written what is queued."""
-        with contextlib.suppress(queue.Full):
-            self._lines.put_nowait(None)
+        """Let the writing thread end once it has written what is pending."""
+        self._closed = True
+        self._wake.set()
 
     def put(self, line: str) -> None:
-        """Queue ``line`` (no newline) without waiting; dropped (counted) when full."""
+        """Add ``line`` (no newline) without waiting; dropped (counted) when
+        :data:`_BACKLOG` lines are pending."""
         if self.stream is None or self._gone:
             return
-        try:
-            self._lines.put_nowait(line.encode("utf-8", "replace") + b"\n")
-        except queue.Full:
-            self.dropped += 1
+        data = line.encode("utf-8", "replace") + b"\n"
+        with self._lock:
+            if len(self._pending) >= _BACKLOG:
+                self.dropped += 1
+                return
+            self._pending.append(data)
 
     def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for every queued line to be written; False when
+        """Wait up to ``timeout`` seconds for every pending line to be written; False when
         the reader has not taken them by then (they are dropped with the process)."""
         deadline = time.monotonic() + timeout
-        while self._lines.unfinished_tasks and not self._gone:
+        self._wake.set()
+        while (self._pending or self._writing) and not self._gone:
             if time.monotonic() >= deadline:
-                self.dropped += self._lines.qsize()
+                self.dropped += len(self._pending)
                 return False
             time.sleep(0.005)
+            self._wake.set()
         return True
 
     def _drain(self) -> None:
         while True:
-            line = self._lines.get()
+            self._wake.wait(_EVERY)
+            self._wake.clear()
+            with self._lock:
+                batch, self._pending = self._pending, []
+                self._writing = bool(batch)
             try:
-                if line is None:
-                    return
-                if not self._gone:
-                    self._write(line)
+                for chunk in _chunks(batch):
+                    if self._gone:
+                        break
+                    self._write(chunk)
             finally:
-                self._lines.task_done()
+                self._writing = False
+            if self._closed and not self._pending:
+                return
 
     def _write(self, line: bytes) -> None:
         try:
@@ -582,6 +602,25 @@ class _Stdout:
 
 #: Lines a worker's stdout holds for a reader that is behind (about 4 MB of attempt lines).
 _BACKLOG = 10_000
+#: Seconds between two writes of what is pending (and the longest a line waits for one).
+_EVERY = 0.05
+def _chunks(lines: list[bytes]) -> Iterator[bytes]:
+    """``lines`` joined into writes of at most ``PIPE_BUF`` bytes (4 KiB on Linux), cut
+    between lines: a pipe takes such a write whole, so the lines of ``--processes``
+    workers sharing one never cut into one another (a longer line is written alone)."""
+    chunk: list[bytes] = []
+    size = 0
+    for line in lines:
+        if chunk and size + len(line) > _PIPE_BUF:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+        chunk.append(line)
+        size += len(line)
+    if chunk:
+        yield b"".join(chunk)
+
+
+_PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 _STDOUT: list[tuple[int, _Stdout]] = []  # (pid, this process's), once made
 
 
@@ -598,6 +637,14 @@ def stdout_lines() -> _Stdout:
     out = _Stdout()
     _STDOUT[:] = [(os.getpid(), out)]
     return out
+
+
+def drain_stdout() -> None:
+    """Write what this process's :class:`_Stdout` holds, within
+    :data:`~retrysafe.cli._signals.SHUTDOWN_SECONDS` (a ``--processes`` child before its
+    ``os._exit``, which runs no ``atexit``)."""
+    if _STDOUT and _STDOUT[0][0] == os.getpid():
+        _STDOUT[0][1].wait(SHUTDOWN_SECONDS)
 
 
 def emit_summary(summary: Mapping[str, Any]) -> None:

@@ -291,6 +291,8 @@ def _child(
             traceback.print_exc()
         code = 1
     finally:
+        with contextlib.suppress(Exception):  # the lines still to write (no atexit here)
+            _client.drain_stdout()
         for stream in (sys.stdout, sys.stderr):  # None: started with the descriptor closed
             with contextlib.suppress(Exception):  # nothing may keep os._exit from running
                 if stream is not None:
