@@ -373,7 +373,7 @@ def test_a_reader_that_falls_behind_holds_up_no_attempt_and_no_stop(
     limits (the lines it could not write in time are dropped), and what was written is
     whole JSON lines."""
     store = f"sqlite:///{sqlite_path}"
-    ids = _submit(store, base_url + "/ok", 600)  # ~250 KB of attempt lines: 4 pipes' worth
+    ids = _submit(store, base_url + "/ok", 400)  # ~170 KB of attempt lines: 2.5 pipes' worth
     proc = _worker(store, "--processes", str(processes), "-c", "8", "--json")
     try:
 
@@ -389,7 +389,7 @@ def test_a_reader_that_falls_behind_holds_up_no_attempt_and_no_stop(
         if proc.poll() is None:
             proc.kill()
     seen = script.requests("/ok")
-    assert len(seen) == len({s.key for s in seen}) == 600  # each job sent once
+    assert len(seen) == len({s.key for s in seen}) == 400  # each job sent once
     assert all(json.loads(line) for line in out.splitlines())
 
 

@@ -57,7 +57,6 @@ from retrysafe.cli._common import (
     warning_lines,
 )
 from retrysafe.cli._processes import again_line, in_processes, processes_option
-from retrysafe.cli._signals import SHUTDOWN_SECONDS
 from retrysafe.client import (
     DEAD_LETTER_STATES,
     Attempt,
@@ -532,7 +531,7 @@ class _Stdout:
                 self.stream.flush()
                 self._fd = self.stream.fileno()
         threading.Thread(target=self._drain, name="retrysafe-stdout", daemon=True).start()
-        atexit.register(self.wait, SHUTDOWN_SECONDS)  # what is pending when the command exits
+        atexit.register(self.wait, _LAST_LINES)  # what is pending when the command exits
 
     def close(self) -> None:
         """Let the writing thread end once it has written what is pending."""
@@ -557,8 +556,11 @@ class _Stdout:
         deadline = time.monotonic() + timeout
         self._wake.set()
         while (self._pending or self._writing) and not self._gone:
-            if time.monotonic() >= deadline:
-                self.dropped += len(self._pending)
+            if time.monotonic() >= deadline:  # the reader is away: give up on the rest
+                with self._lock:
+                    self.dropped += len(self._pending)
+                    self._pending = []
+                    self._gone = True
                 return False
             time.sleep(0.005)
             self._wake.set()
@@ -604,6 +606,9 @@ class _Stdout:
 _BACKLOG = 10_000
 #: Seconds between two writes of what is pending (and the longest a line waits for one).
 _EVERY = 0.05
+#: Seconds a stopping worker's last lines wait for a reader that is behind, then are dropped
+#: (a child's, then the command's summary: within the 5-s stop of docs/cli.md).
+_LAST_LINES = 2.0
 def _chunks(lines: list[bytes]) -> Iterator[bytes]:
     """``lines`` joined into writes of at most ``PIPE_BUF`` bytes (4 KiB on Linux), cut
     between lines: a pipe takes such a write whole, so the lines of ``--processes``
@@ -640,20 +645,19 @@ def stdout_lines() -> _Stdout:
 
 
 def drain_stdout() -> None:
-    """Write what this process's :class:`_Stdout` holds, within
-    :data:`~retrysafe.cli._signals.SHUTDOWN_SECONDS` (a ``--processes`` child before its
-    ``os._exit``, which runs no ``atexit``)."""
+    """Write what this process's :class:`_Stdout` holds, within :data:`_LAST_LINES` (a
+    ``--processes`` child before its ``os._exit``, which runs no ``atexit``)."""
     if _STDOUT and _STDOUT[0][0] == os.getpid():
-        _STDOUT[0][1].wait(SHUTDOWN_SECONDS)
+        _STDOUT[0][1].wait(_LAST_LINES)
 
 
 def emit_summary(summary: Mapping[str, Any]) -> None:
-    """A worker's last line, after its attempt lines, written within
-    :data:`~retrysafe.cli._signals.SHUTDOWN_SECONDS` or dropped (a reader that does not read
-    cannot hold the exit); a stdout that failed meanwhile exits 1 with one line."""
+    """A worker's last line, after its attempt lines, written within :data:`_LAST_LINES` or
+    dropped (a reader that does not read cannot hold the exit); a stdout that failed
+    meanwhile exits 1 with one line."""
     out = stdout_lines()
     out.put(json.dumps(summary, indent=None, sort_keys=True))
-    out.wait(SHUTDOWN_SECONDS)
+    out.wait(_LAST_LINES)
     if out.failed is not None:
         fail(f"cannot write the results to stdout: {out.failed.strerror or out.failed}")
     if out.dropped and not _same_file(1, 2):
