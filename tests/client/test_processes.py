@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +22,8 @@ from retrysafe.cli._client import Served
 from retrysafe.client import WorkerStats
 
 from .conftest import Script, Step
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="--processes needs fork")
 
@@ -57,6 +61,22 @@ def _wait_for(what: str, ok: object, timeout: float = 30.0, step: float = 0.02) 
     while not ok() if callable(ok) else not ok:
         assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
         time.sleep(step)
+
+
+def _once_sent(
+    proc: subprocess.Popen[str], script: Script, path: str, count: int, act: Callable[[], T]
+) -> tuple[T, str, str]:
+    """Once the endpoint has ``count`` requests on ``path``: ``act()`` (the signals), then
+    what it returned and the command's stdout and stderr; a command still running after
+    that is killed (no test leaves one behind)."""
+    try:
+        _wait_for(f"{count} requests", lambda: len(script.requests(path)) == count)
+        acted = act()
+        out, err = proc.communicate(timeout=30)
+        return acted, out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _submit(store: str, url: str, n: int) -> list[str]:
@@ -123,8 +143,8 @@ def test_a_signal_to_the_command_reaches_every_process_once(
     script.plan("/slow", Step(201, sleep=2.0))
     ids = _submit(store, base_url + "/slow", 2)
     proc = _worker(store, "--processes", "2", "-c", "1", "--json", session=group)
-    try:
-        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+
+    def send() -> None:
         if group:
             assert all(_ignores(c, signal.SIGINT) for c in _children(proc.pid))
         for sig in sigs:
@@ -133,10 +153,8 @@ def test_a_signal_to_the_command_reaches_every_process_once(
             else:
                 proc.send_signal(sig)
             time.sleep(0.2)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    _, out, err = _once_sent(proc, script, "/slow", 2, send)
     assert proc.returncode == code, err
     assert err.count(says) == 1 and "again" not in err, err
     summaries = [json.loads(line) for line in out.splitlines() if '"stopped"' in line]
@@ -156,15 +174,13 @@ def test_ctrl_c_pressed_again_and_again_is_said_once_and_still_exits_130(
     script.plan("/slow", Step(201, sleep=2.0))
     _submit(store, base_url + "/slow", 3)
     proc = _worker(store, "--processes", "3", "-c", "1", "--json")
-    try:
-        _wait_for("three requests", lambda: len(script.requests("/slow")) == 3)
+
+    def hammer() -> None:
         for _ in range(6):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.015)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    _, _, err = _once_sent(proc, script, "/slow", 3, hammer)
     assert proc.returncode == 130, err
     assert err.count("interrupt again to exit at once") <= 1 and "Traceback" not in err, err
 
@@ -178,17 +194,16 @@ def test_a_stopped_process_cannot_hold_the_command(
     script.plan("/slow", Step(201, sleep=3.0))
     _submit(store, base_url + "/slow", 2)
     proc = _worker(store, "--processes", "2", "-c", "1", "--json")
-    try:
-        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+
+    def stop_one_then_interrupt() -> int:
         stopped = _children(proc.pid)[0]
         os.kill(stopped, signal.SIGSTOP)
         for _ in range(3):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.1)
-        _, err = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        return stopped
+
+    stopped, _, err = _once_sent(proc, script, "/slow", 2, stop_one_then_interrupt)
     assert proc.returncode == 130, err
     assert f"still running after the stop's limit ({stopped}): killed" in err, err
     # Not "released": the killed process's job waits out its lease.
@@ -204,14 +219,13 @@ def test_a_killed_process_stops_the_others_and_the_command_says_which(
     script.plan("/slow", Step(201, sleep=1.5))
     _submit(store, base_url + "/slow", 2)
     proc = _worker(store, "--processes", "2", "-c", "1", "--json")
-    try:
-        _wait_for("both requests", lambda: len(script.requests("/slow")) == 2)
+
+    def kill_one() -> int:
         victim = _children(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        return victim
+
+    victim, out, err = _once_sent(proc, script, "/slow", 2, kill_one)
     assert proc.returncode == 137, err
     assert f"retrysafe: error: worker process {victim} was killed (SIGKILL)" in err
     assert len(script.requests("/slow")) == 2

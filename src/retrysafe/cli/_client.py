@@ -871,10 +871,10 @@ def worker(
         fail(served.error)
     stats = served.stats
     summary = {"event": "stopped", **stats.to_dict()}
-    with stdout_may_close():
-        if as_json or not tty:
-            emit_summary(summary)
-        else:
+    if as_json or not tty:
+        emit_summary(summary)
+    else:
+        with stdout_may_close():  # a terminal's line, written here
             click.echo(
                 f"stopped: {stats.succeeded} succeeded, {stats.rejected} rejected, "
                 f"{stats.unknown} unknown, {stats.deferred} deferred"

@@ -884,19 +884,15 @@ def stdout_may_close() -> Iterator[None]:
         yield
         sys.stdout.flush()
     except BrokenPipeError:
-        _stdout_to_null()
+        stdout_to_null()
     except OSError as exc:
-        _stdout_to_null()  # what is still buffered would fail again at exit
+        stdout_to_null()  # what is still buffered would fail again at exit
         fail(f"cannot write the results to stdout: {exc.strerror or exc}", EXIT_FAILED)
 
 
 def stdout_to_null() -> None:
     """Point descriptor 1 at the null device: what is still buffered for stdout, and what
     is written later, goes nowhere instead of failing again (at exit too)."""
-    _stdout_to_null()
-
-
-def _stdout_to_null() -> None:
     with suppress(OSError, ValueError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())

@@ -48,7 +48,6 @@ from retrysafe.cli._common import (
     read_json_argument,
     serving_metrics,
     shown_value,
-    stdout_may_close,
     store_option,
 )
 from retrysafe.cli._processes import in_processes, processes_option
@@ -618,6 +617,5 @@ def worker(
     served = in_processes(processes, run, check=check, what="deliveries")
     if served.error is not None:
         fail(served.error)
-    with stdout_may_close():
-        emit_summary({"event": "stopped", **served.stats.to_dict()})
+    emit_summary({"event": "stopped", **served.stats.to_dict()})
     finish(served, until_idle=until_idle, what="deliveries")
