@@ -4,15 +4,19 @@ signed afresh and accepted by the official standardwebhooks verifier."""
 from __future__ import annotations
 
 import json
+import logging
+import random
 import time
+from typing import Any
 
 import pytest
 
-from retrysafe import JobState, PayloadError, WebhookError, stores
+from retrysafe import JobState, PayloadError, StoreUnavailableError, WebhookError, stores
 from retrysafe.client import outbox_store
 from retrysafe.webhooks import WebhookPolicy, Webhooks, webhook_store
+from retrysafe.webhooks._store import AsyncSQLWebhookStore
 
-from .conftest import Receiver, add, run
+from .conftest import FAST, Receiver, add, run
 
 
 def test_every_delivery_is_accepted_by_the_reference_verifier(
@@ -47,7 +51,6 @@ def test_retries_carry_the_same_id_and_a_fresh_timestamp_and_signature(
     store_url: str, receiver: Receiver, base_url: str
 ) -> None:
     """A 503 then 500 then 200: three attempts, one webhook-id, three timestamps, all valid."""
-    from .conftest import FAST
 
     path = receiver.plan("/flaky", 503, 500, 200)
 
@@ -199,8 +202,6 @@ def test_a_new_url_reaches_a_delivery_a_crashed_worker_left_in_flight(
 ) -> None:
     """A delivery leased by a worker that died goes to the endpoint's new URL once its
     lease expires; the old URL receives nothing."""
-    from .conftest import FAST
-
     clock = SteppingClock()
     with Webhooks(store_url, allow_private=True, policy=FAST, clock=clock) as hooks:
         ep = add(hooks, receiver, base_url, receiver.plan("/old", 200))
@@ -219,3 +220,47 @@ def test_a_new_url_reaches_a_delivery_a_crashed_worker_left_in_flight(
     (seen,) = receiver.requests("/new")
     assert seen.verified
     assert d.state is JobState.SUCCEEDED and d.url == base_url + "/new"
+
+
+def test_a_brief_store_outage_in_the_delivery_hooks_loses_no_lease(
+    store_url: str,
+    receiver: Receiver,
+    base_url: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store unavailable for a moment when the worker reads a delivery's endpoint (to sign
+    the attempt, to schedule the retry after a 500) and when it counts the failure: the worker
+    rides it out as it does for its own store calls. Each attempt is sent once and recorded,
+    no lease is reported lost. Before, the worker gave the delivery up as if its lease had
+    expired ("the store stayed unavailable until the lease expired") and it waited out the
+    lease in flight (36 s in a fresh user's run; 5 s here)."""
+    down = {"delivery_context": 2, "get_endpoint": 1, "record_endpoint_failure": 1}
+    for name in down:
+        original = getattr(AsyncSQLWebhookStore, name)
+
+        async def flaky(
+            self: Any, *args: Any, _name: str = name, _op: Any = original, **kw: Any
+        ) -> Any:
+            if down[_name] > 0:
+                down[_name] -= 1
+                raise StoreUnavailableError("the test's store outage")
+            return await _op(self, *args, **kw)
+
+        monkeypatch.setattr(AsyncSQLWebhookStore, name, flaky)
+    caplog.set_level(logging.WARNING)
+    with Webhooks(store_url, allow_private=True, policy=FAST) as hooks:
+        path = receiver.plan("/blip", 500, 200)
+        add(hooks, receiver, base_url, path)
+        hooks.send("a.b", {"n": 1})
+        stats = hooks.worker(
+            poll_interval=0.01, rng=random.Random(7), budget=None, lease=5.0
+        ).run_until_idle()
+        (d,) = hooks.deliveries()
+    assert d.state is JobState.SUCCEEDED
+    assert [seen.verified for seen in receiver.requests(path)] == [True, True]
+    assert stats.lease_lost == 0 and stats.attempts == 2
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [line for line in lines if "not recorded" in line], lines
+    assert [line for line in lines if "failure run not updated" in line], lines
+    assert down == {"delivery_context": 0, "get_endpoint": 0, "record_endpoint_failure": 0}

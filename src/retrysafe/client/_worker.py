@@ -90,6 +90,10 @@ class AttemptHooks(Protocol):
     starts and dropped when it ends, whatever the outcome, so one attempt's state never
     outlives it (like a per-request responder)."""
 
+    # A StoreUnavailableError from gate, headers or decide is ridden out like the worker's
+    # own store calls (tried again until the store is back or the lease ends); attempted
+    # runs once the attempt is recorded, so it must handle its own.
+
     async def gate(self, now: float) -> float:
         """Seconds to wait before the attempt may start (0: now). A positive wait defers the
         job like the retry budget does: PENDING, not an attempt, not counted (per-destination
@@ -107,7 +111,9 @@ class AttemptHooks(Protocol):
         ...
 
     async def attempted(self, job: Job, attempt: Attempt, step: Step) -> None:
-        """After the attempt was recorded (before ``on_attempt``)."""
+        """After the attempt was recorded (before ``on_attempt``); an exception here is a
+        worker error, so a store that is unavailable must be handled here (the attempt is
+        recorded already)."""
         ...
 
 
@@ -1413,14 +1419,17 @@ class Worker:
                     )
                     return
             if hooks is not None:
-                wait = await hooks.gate(now)
+                gated = hooks
+                wait = await self._outage.call(lambda: gated.gate(now), until=lease.until)
                 if wait > 0:
                     await self._give_back(
                         lease, state=JobState.PENDING, due_at=now + wait, error=None, now=now
                     )
                     self.stats.deferred += 1
                     return
-            extra = () if hooks is None else await hooks.headers()
+            extra = (
+                () if hooks is None else await self._outage.call(hooks.headers, until=lease.until)
+            )
             if lease.is_lost():  # taken over while the hooks ran: the new owner sends it
                 self._not_recorded(job, "before its attempt started")
                 return
@@ -1453,7 +1462,10 @@ class Worker:
                 rng=self._rng,
             )
             if hooks is not None:
-                step = await hooks.decide(job, result, step)
+                deciding, default = hooks, step
+                step = await self._outage.call(
+                    lambda: deciding.decide(job, result, default), until=lease.until
+                )
             if self._budgets is not None and step.state is JobState.SUCCEEDED:
                 early = self._budgets.credit(job.destination, end)
                 if early:

@@ -246,22 +246,25 @@ class DeliveryAttempt:
         a = self._attempts
         if a.telemetry is not None:
             a.telemetry.webhook_delivery(endpoint_id, delivery_outcome(attempt, step))
-        if ends_failure_run(attempt.outcome):
-            if a.runs_end_on_record:
-                return
-            try:
-                await a.astore.reset_endpoint_failures(endpoint_id)
-            except StoreUnavailableError as exc:  # the attempt is recorded: only the run waits
-                logger.warning(
-                    "endpoint=%s failure run not ended after delivery %s (%s); the next "
-                    "success ends it",
-                    endpoint_id,
-                    job.id,
-                    exc,
-                )
-            return
-        if attempt.outcome in _NOT_FAILED:
-            return
+        try:
+            if ends_failure_run(attempt.outcome):
+                if not a.runs_end_on_record:
+                    await a.astore.reset_endpoint_failures(endpoint_id)
+            elif attempt.outcome not in _NOT_FAILED:
+                await self._failed(endpoint_id, attempt)
+        except StoreUnavailableError as exc:  # the attempt is recorded: only the run waits
+            logger.warning(
+                "endpoint=%s failure run not updated after delivery %s (%s); the endpoint's "
+                "next answer updates it",
+                endpoint_id,
+                job.id,
+                exc,
+            )
+
+    async def _failed(self, endpoint_id: str, attempt: Attempt) -> None:
+        """Count a failed attempt in its endpoint's run; disable the endpoint on 410 Gone or
+        a run long and old enough."""
+        a = self._attempts
         now = a.clock()
         if disables_endpoint(attempt.status):
             await self._disable(
