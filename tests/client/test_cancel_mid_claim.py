@@ -161,3 +161,77 @@ async def test_jobs_the_store_could_not_take_back_are_counted_unreleased(
         after = [outbox.get(j.id) for j in jobs]
     assert {j.state for j in after} == {JobState.IN_FLIGHT}  # they wait out their lease
     assert (worker.stats.released, worker.stats.unreleased) == (0, 3)
+
+
+class _StuckReleases(_LateClaims):
+    """:class:`_LateClaims` whose store never answers a release (a lock held, a network
+    that swallows the reply); ``releasing`` is set once one was asked for."""
+
+    releasing: asyncio.Event
+
+    async def release_job(self, *args: Any, **kwargs: Any) -> Any:
+        self.releasing.set()
+        await asyncio.Event().wait()
+
+
+@pytest.mark.anyio
+async def test_releases_cut_short_by_a_second_cancel_are_counted_unreleased(
+    tmp_path: Path,
+) -> None:
+    """A third Ctrl-C cancels the worker again while it gives its jobs back: the releases cut
+    short are counted ``unreleased`` (the summary said 0 while every job stayed IN_FLIGHT)."""
+    with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
+        jobs = [outbox.submit("http://127.0.0.1:9/x", json={"n": i}) for i in range(3)]
+        worker = outbox.worker(concurrency=4, lease=60)
+        late = worker._astore = _StuckReleases(worker._astore)
+        late.releasing = asyncio.Event()
+        serving = asyncio.create_task(worker.serve())
+        await asyncio.wait_for(late.landed.wait(), 10)
+        serving.cancel()
+        await asyncio.sleep(0)
+        late.answer.set()
+        await asyncio.wait_for(late.releasing.wait(), 10)
+        serving.cancel()  # the third Ctrl-C
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(serving, 10)
+        after = [outbox.get(j.id) for j in jobs]
+    assert {j.state for j in after} == {JobState.IN_FLIGHT}  # they wait out their lease
+    assert (worker.stats.released, worker.stats.unreleased) == (0, 3)
+
+
+@pytest.mark.anyio
+async def test_attempts_whose_releases_are_cut_short_are_counted_unreleased(
+    tmp_path: Path,
+) -> None:
+    """The same with the attempts under way (an endpoint that never answers): cancelled, each
+    attempt gives its job back; cancelled again, the releases cut short are counted."""
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the worker closes the connection
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
+            for i in range(3):
+                outbox.submit(f"http://127.0.0.1:{port}/x", json={"n": i})
+            worker = outbox.worker(concurrency=4, lease=60)
+            late = worker._astore = _StuckReleases(worker._astore)
+            late.answer.set()
+            late.releasing = asyncio.Event()
+            serving = asyncio.create_task(worker.serve())
+            for _ in range(1000):  # every attempt under way
+                if sum(j.state is JobState.IN_FLIGHT for j in outbox.jobs()) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            serving.cancel()
+            await asyncio.wait_for(late.releasing.wait(), 10)
+            serving.cancel()  # the third Ctrl-C
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(serving, 10)
+            after = outbox.jobs()
+    finally:
+        server.close()
+    assert {j.state for j in after} == {JobState.IN_FLIGHT}
+    assert (worker.stats.released, worker.stats.unreleased) == (0, 3)

@@ -871,6 +871,7 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, self.stop)
         tasks: set[asyncio.Task[None]] = set()
+        forced = False
         self._finishes = Batcher(self._astore.finish_attempts, loop=loop)
         client = make_engine(
             self.policy,
@@ -941,14 +942,24 @@ class Worker:
             for task in tasks:
                 task.cancel()
             if tasks:
-                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+                try:
+                    await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+                except asyncio.CancelledError:
+                    # Cancelled again (a third Ctrl-C) while the jobs were given back: the
+                    # give-backs are cut short, each counted unreleased; nothing else waits.
+                    forced = True
+                    cut = (*tasks, *self._holding)
+                    for task in cut:
+                        task.cancel()
+                    await asyncio.gather(*cut, return_exceptions=True)
+                    raise
             raise
         finally:
             unsubscribe()
             if handle_signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGTERM)
-            if self._holding:  # give-backs on their way: let them land before closing
+            if self._holding and not forced:  # give-backs on their way: let them land
                 with contextlib.suppress(Exception):
                     await asyncio.shield(asyncio.gather(*self._holding, return_exceptions=True))
             with contextlib.suppress(Exception):
@@ -1298,6 +1309,7 @@ class Worker:
         every job already due, and a probe's give-back sent a backlog's oldest jobs last),
         same key; not an attempt. One that cannot be given back waits for its lease to end."""
         now = self._clock()
+        left = {job.id for job in jobs}  # not yet given back, nor refused
 
         async def one(job: Job) -> None:
             token = job.lease_token
@@ -1314,8 +1326,14 @@ class Worker:
                 )
             except Exception as exc:
                 logger.debug("job=%s not given back (%r); its lease will end", job.id, exc)
+            finally:
+                left.discard(job.id)
 
-        await asyncio.shield(asyncio.gather(*(one(job) for job in jobs)))
+        try:
+            await asyncio.shield(asyncio.gather(*(one(job) for job in jobs)))
+        except asyncio.CancelledError:  # cut short by a third Ctrl-C: the rest keep a lease
+            self.stats.unreleased += len(left)
+            raise
         self.stats.held_back += len(jobs)
         logger.debug(
             "%d claimed job(s) given back unstarted: their destination is at its limit",
@@ -1547,11 +1565,13 @@ class Worker:
         store all the same. Wait for it (up to :data:`_CLAIM_WAIT` seconds) and release what
         it took, PENDING with the same key, instead of leaving it IN_FLIGHT until its lease
         ends."""
-        for job in await _claimed_anyway(claim):
-            if job.lease_token is not None:
-                await self._release_now(
-                    job, job.lease_token, "cancelled before its attempt", before=True
-                )
+        held = [(j, j.lease_token) for j in await _claimed_anyway(claim) if j.lease_token]
+        for n, (job, token) in enumerate(held, 1):
+            try:
+                await self._release_now(job, token, "cancelled before its attempt", before=True)
+            except asyncio.CancelledError:  # cancelled again: the rest wait out their lease
+                self.stats.unreleased += len(held) - n
+                raise
 
     def _not_recorded(self, job: Job, when: str) -> None:
         self.stats.lease_lost += 1
@@ -1582,6 +1602,9 @@ class Worker:
             if await asyncio.shield(release):
                 self.stats.released += 1
                 logger.info("job=%s key=%s released (%s): pending, same key", job.id, job.key, why)
+        except asyncio.CancelledError:  # cancelled again (a third Ctrl-C): the lease expires
+            self.stats.unreleased += 1
+            raise
         except StoreUnavailableError as exc:  # the lease will expire; another claim re-sends
             self.stats.unreleased += 1
             logger.warning("job=%s could not be released (%s); its lease will expire", job.id, exc)
