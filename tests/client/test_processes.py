@@ -3,6 +3,7 @@ take signals and stop together (src/retrysafe/cli/_processes.py, docs/cli.md).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -405,6 +406,62 @@ def test_a_reader_that_falls_behind_holds_up_no_attempt_and_no_stop(
     seen = script.requests("/ok")
     assert len(seen) == len({s.key for s in seen}) == 400  # each job sent once
     assert all(json.loads(line) for line in out.splitlines())
+
+
+def test_a_terminal_that_stops_taking_output_holds_up_no_attempt(
+    sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """The worker on a terminal whose output is stopped (Ctrl-S): its status line was
+    updated from the event loop, which then waited for the terminal while rich's thread
+    held the line's lock blocked in ``write`` -- every attempt stood still, answers unread,
+    leases unrenewed. Now the line is drawn by rich's thread alone and warnings are written
+    by a thread of their own: every job is delivered, once, while the terminal is stopped,
+    and once it takes output again SIGTERM ends the command as usual."""
+    import pty
+    import termios
+    import threading
+
+    store = f"sqlite:///{sqlite_path}"
+    _submit(store, base_url + "/ok", 0)  # the schema
+    master, terminal = pty.openpty()
+    seen_out = bytearray()
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                seen_out.extend(chunk)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "-c", "8"],
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        _wait_for("the status line", lambda: b"retrysafe worker" in seen_out, timeout=30)
+        termios.tcflow(terminal, termios.TCOOFF)  # Ctrl-S: every write to it now waits
+        ids = _submit(store, base_url + "/ok", 200)
+
+        def delivered() -> bool:
+            with Outbox(store) as outbox:
+                return all(outbox.get(i).state is JobState.SUCCEEDED for i in ids)
+
+        _wait_for("every job delivered, the terminal stopped", delivered, 30, step=0.2)
+        termios.tcflow(terminal, termios.TCOON)  # Ctrl-Q
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(terminal)
+        reader.join(5)
+        os.close(master)
+    seen = script.requests("/ok")
+    assert len(seen) == len({s.key for s in seen}) == 200  # each job sent once
+    assert b"stopped by SIGTERM" in seen_out
 
 
 def test_sigterm_says_which_jobs_were_not_given_back(capsys: pytest.CaptureFixture[str]) -> None:

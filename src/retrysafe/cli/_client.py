@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import re
 import select
 import signal
@@ -37,6 +38,7 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
+    WarningLines,
     driver_lines_to,
     epilog,
     errors,
@@ -68,7 +70,7 @@ from retrysafe.client import (
 )
 from retrysafe.client._jobs import shown_url
 from retrysafe.client._outbox import DEFAULT_MAX_BODY, MAX_BODY_HINT
-from retrysafe.client._policy import MAX_CONCURRENCY, Step
+from retrysafe.client._policy import MAX_CONCURRENCY
 from retrysafe.client._worker import DEFAULT_LEASE, GRACE_MARGIN, Worker, WorkerStats
 from retrysafe.core import lease_timing
 
@@ -678,6 +680,38 @@ def _same_file(a: int, b: int) -> bool:
     return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
 
 
+class _WarningsLater(logging.Handler):
+    """retrysafe's warnings as ``retrysafe: warning: …`` lines on stderr
+    (:class:`~retrysafe.cli._common.WarningLines`), written by a thread of their own: the
+    worker's event loop only queues them, so a terminal that does not take them (Ctrl-S, a
+    stalled ``screen``) never blocks it. Up to :data:`_BACKLOG` wait, later ones are
+    dropped; :meth:`close` lets the thread write what waits, for at most
+    :data:`_LAST_LINES` seconds."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(_BACKLOG)
+        self._lines = WarningLines(logging.WARNING)
+        self._thread = threading.Thread(target=self._write, name="retrysafe-warnings")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None  # formatted here, once
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(record)
+
+    def close(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._thread.join(_LAST_LINES)
+        super().close()
+
+    def _write(self) -> None:
+        while (record := self._queue.get()) is not None:
+            self._lines.handle(record)
+
+
 class _JsonLines(logging.Handler):
     """The workers' stdout when it is not a terminal: one JSON object per line, an
     ``attempt`` event per recorded attempt, every other retrysafe line (warnings, the metrics
@@ -808,6 +842,7 @@ def worker(
     def run(index: int | None) -> Served:
         log = logging.getLogger("retrysafe")  # the worker's lines, its store's and metrics'
         live: Any = None
+        later: _WarningsLater | None = None
         handler: _JsonLines | None = None
         old_level = logging.NOTSET
         with (
@@ -835,13 +870,13 @@ def worker(
                         f"polls {s.polls}  deferred {s.deferred}"
                     )
 
-                live = Live(render(), refresh_per_second=4)
-
-                def hook(job: Job, attempt: Attempt, step: Step) -> None:
-                    live.update(render())
-
-                w._on_attempt = hook
+                # The line is drawn by rich's own thread, which reads the counts (the event
+                # loop never waits for the terminal: Ctrl-S blocked it, see _Stdout), and the
+                # warnings reach the terminal through a thread too (_WarningsLater).
+                live = Live(get_renderable=render, refresh_per_second=4)
                 live.start()
+                later = _WarningsLater()
+                log.addHandler(later)
             else:
                 handler = _JsonLines()
                 handler.on_failure = w.stop
@@ -853,6 +888,9 @@ def worker(
                 with drivers:
                     served = serve(w, until_idle=until_idle)
             finally:
+                if later is not None:
+                    log.removeHandler(later)
+                    later.close()
                 if live is not None:
                     live.stop()
                 if handler is not None:

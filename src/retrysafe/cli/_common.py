@@ -634,7 +634,7 @@ def _escape(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-class _WarningLines(logging.Handler):
+class WarningLines(logging.Handler):
     """retrysafe's log warnings as the CLI's own lines: ``retrysafe: warning: …`` on stderr,
     one line each, control characters escaped (a destination's name, an error's words)."""
 
@@ -652,7 +652,7 @@ def warning_lines() -> Iterator[None]:
     answering, a store that went away) are the CLI's ``retrysafe: warning:`` lines instead of
     Python's bare last-resort lines (commands that print no log lines of their own)."""
     log = logging.getLogger("retrysafe")
-    handler = _WarningLines(logging.WARNING)
+    handler = WarningLines(logging.WARNING)
     log.addHandler(handler)
     try:
         yield
