@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import re
 import select
 import signal
@@ -35,10 +34,11 @@ from retrysafe.cli._common import (
     EXIT_FAILED,
     EXIT_SIGINT,
     EXIT_SIGTERM,
+    LAST_LINES_WAIT,
+    LINES_BACKLOG,
     SQL_STORES,
     Number,
     StrParamType,
-    WarningLines,
     driver_lines_to,
     epilog,
     errors,
@@ -504,7 +504,7 @@ class _Stdout:
     (a fresh user's check: 15 of 1,500 jobs with a reader 25 s late), and SIGTERM or Ctrl-C
     ignored until the reader came back.
 
-    Up to :data:`_BACKLOG` lines wait; while that many do, later ones are dropped and counted
+    Up to :data:`LINES_BACKLOG` lines wait; while that many do, later ones are dropped and counted
     (``dropped``). A reader that left (EPIPE) drops the rest, as for every command's
     results; a stdout that fails otherwise (a full disk, an I/O error) sets ``failed`` and
     calls ``on_failure`` (the worker's thread-safe ``stop``). One per process
@@ -533,7 +533,7 @@ class _Stdout:
                 self.stream.flush()
                 self._fd = self.stream.fileno()
         threading.Thread(target=self._drain, name="retrysafe-stdout", daemon=True).start()
-        atexit.register(self.wait, _LAST_LINES)  # what is pending when the command exits
+        atexit.register(self.wait, LAST_LINES_WAIT)  # what is pending when the command exits
 
     def close(self) -> None:
         """Let the writing thread end once it has written what is pending."""
@@ -542,12 +542,12 @@ class _Stdout:
 
     def put(self, line: str) -> None:
         """Add ``line`` (no newline) without waiting; dropped (counted) when
-        :data:`_BACKLOG` lines are pending."""
+        :data:`LINES_BACKLOG` lines are pending."""
         if self.stream is None or self._gone:
             return
         data = line.encode("utf-8", "replace") + b"\n"
         with self._lock:
-            if len(self._pending) >= _BACKLOG:
+            if len(self._pending) >= LINES_BACKLOG:
                 self.dropped += 1
                 return
             self._pending.append(data)
@@ -604,13 +604,8 @@ class _Stdout:
                 self.on_failure()
 
 
-#: Lines a worker's stdout holds for a reader that is behind (about 4 MB of attempt lines).
-_BACKLOG = 10_000
 #: Seconds between two writes of what is pending (and the longest a line waits for one).
 _EVERY = 0.05
-#: Seconds a stopping worker's last lines wait for a reader that is behind, then are dropped
-#: (a child's, then the command's summary: within the 5-s stop of docs/cli.md).
-_LAST_LINES = 2.0
 def _chunks(lines: list[bytes]) -> Iterator[bytes]:
     """``lines`` joined into writes of at most ``PIPE_BUF`` bytes (4 KiB on Linux), cut
     between lines: a pipe takes such a write whole, so the lines of ``--processes``
@@ -647,19 +642,19 @@ def stdout_lines() -> _Stdout:
 
 
 def drain_stdout() -> None:
-    """Write what this process's :class:`_Stdout` holds, within :data:`_LAST_LINES` (a
+    """Write what this process's :class:`_Stdout` holds, within :data:`LAST_LINES_WAIT` (a
     ``--processes`` child before its ``os._exit``, which runs no ``atexit``)."""
     if _STDOUT and _STDOUT[0][0] == os.getpid():
-        _STDOUT[0][1].wait(_LAST_LINES)
+        _STDOUT[0][1].wait(LAST_LINES_WAIT)
 
 
 def emit_summary(summary: Mapping[str, Any]) -> None:
-    """A worker's last line, after its attempt lines, written within :data:`_LAST_LINES` or
+    """A worker's last line, after its attempt lines, written within :data:`LAST_LINES_WAIT` or
     dropped (a reader that does not read cannot hold the exit); a stdout that failed
     meanwhile exits 1 with one line."""
     out = stdout_lines()
     out.put(json.dumps(summary, indent=None, sort_keys=True))
-    out.wait(_LAST_LINES)
+    out.wait(LAST_LINES_WAIT)
     if out.failed is not None:
         fail(f"cannot write the results to stdout: {out.failed.strerror or out.failed}")
     if out.dropped and not _same_file(1, 2):
@@ -678,38 +673,6 @@ def _same_file(a: int, b: int) -> bool:
     except OSError:
         return True
     return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
-
-
-class _WarningsLater(logging.Handler):
-    """retrysafe's warnings as ``retrysafe: warning: …`` lines on stderr
-    (:class:`~retrysafe.cli._common.WarningLines`), written by a thread of their own: the
-    worker's event loop only queues them, so a terminal that does not take them (Ctrl-S, a
-    stalled ``screen``) never blocks it. Up to :data:`_BACKLOG` wait, later ones are
-    dropped; :meth:`close` lets the thread write what waits, for at most
-    :data:`_LAST_LINES` seconds."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(_BACKLOG)
-        self._lines = WarningLines(logging.WARNING)
-        self._thread = threading.Thread(target=self._write, name="retrysafe-warnings")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        record.msg, record.args = record.getMessage(), None  # formatted here, once
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(record)
-
-    def close(self) -> None:
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(None)
-        self._thread.join(_LAST_LINES)
-        super().close()
-
-    def _write(self) -> None:
-        while (record := self._queue.get()) is not None:
-            self._lines.handle(record)
 
 
 class _JsonLines(logging.Handler):
@@ -842,7 +805,6 @@ def worker(
     def run(index: int | None) -> Served:
         log = logging.getLogger("retrysafe")  # the worker's lines, its store's and metrics'
         live: Any = None
-        later: _WarningsLater | None = None
         handler: _JsonLines | None = None
         old_level = logging.NOTSET
         with (
@@ -872,25 +834,20 @@ def worker(
 
                 # The line is drawn by rich's own thread, which reads the counts (the event
                 # loop never waits for the terminal: Ctrl-S blocked it, see _Stdout), and the
-                # warnings reach the terminal through a thread too (_WarningsLater).
+                # warnings reach the terminal through a thread too (warning_lines).
                 live = Live(get_renderable=render, refresh_per_second=4)
                 live.start()
-                later = _WarningsLater()
-                log.addHandler(later)
             else:
                 handler = _JsonLines()
                 handler.on_failure = w.stop
                 log.addHandler(handler)
                 old_level = log.level
                 log.setLevel(logging.INFO)
-            drivers = contextlib.nullcontext() if handler is None else driver_lines_to(handler)
+            drivers = warning_lines() if handler is None else driver_lines_to(handler)
             try:
                 with drivers:
                     served = serve(w, until_idle=until_idle)
             finally:
-                if later is not None:
-                    log.removeHandler(later)
-                    later.close()
                 if live is not None:
                     live.stop()
                 if handler is not None:

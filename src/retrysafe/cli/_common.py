@@ -26,9 +26,11 @@ import json
 import logging
 import math
 import os
+import queue
 import shlex
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
@@ -634,7 +636,15 @@ def _escape(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-class WarningLines(logging.Handler):
+#: Lines a command's writing thread holds for a reader that is behind (about 4 MB of a
+#: worker's attempt lines); later ones are dropped (and counted where the command says so).
+LINES_BACKLOG = 10_000
+#: Seconds a stopping worker's last lines wait for a reader that is behind, then are dropped
+#: (a child's, then the command's summary: within the 5-s stop of docs/cli.md).
+LAST_LINES_WAIT = 2.0
+
+
+class _WarningLines(logging.Handler):
     """retrysafe's log warnings as the CLI's own lines: ``retrysafe: warning: …`` on stderr,
     one line each, control characters escaped (a destination's name, an error's words)."""
 
@@ -646,18 +656,54 @@ class WarningLines(logging.Handler):
             self.handleError(record)
 
 
+class _WarningsLater(logging.Handler):
+    """retrysafe's warnings as ``retrysafe: warning: …`` lines on stderr
+    (:class:`_WarningLines`), written by a thread of their own: an event loop only queues
+    them, so a terminal that does not take them (Ctrl-S, a stalled ``screen``) never blocks
+    it. Up to :data:`LINES_BACKLOG` wait, later ones are
+    dropped; :meth:`close` lets the thread write what waits, for at most
+    :data:`LAST_LINES_WAIT` seconds."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(LINES_BACKLOG)
+        self._lines = _WarningLines(logging.WARNING)
+        self._thread = threading.Thread(target=self._write, name="retrysafe-warnings")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None  # formatted here, once
+        with suppress(queue.Full):
+            self._queue.put_nowait(record)
+
+    def close(self) -> None:
+        with suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._thread.join(LAST_LINES_WAIT)
+        super().close()
+
+    def _write(self) -> None:
+        while (record := self._queue.get()) is not None:
+            self._lines.handle(record)
+
+
 @contextmanager
 def warning_lines() -> Iterator[None]:
     """While the block runs, the ``retrysafe`` logger's warnings (a destination that stopped
     answering, a store that went away) are the CLI's ``retrysafe: warning:`` lines instead of
-    Python's bare last-resort lines (commands that print no log lines of their own)."""
+    Python's bare last-resort lines (commands that print no log lines of their own), written
+    by a thread (:class:`_WarningsLater`): an event loop that logs never waits for the
+    terminal. Those still waiting when the block ends are written first (within
+    :data:`LAST_LINES_WAIT` seconds)."""
     log = logging.getLogger("retrysafe")
-    handler = WarningLines(logging.WARNING)
+    handler = _WarningsLater()
     log.addHandler(handler)
     try:
         yield
     finally:
         log.removeHandler(handler)
+        handler.close()
 
 
 def visible_text(text: str, *, keep: str = "") -> str:
