@@ -185,6 +185,39 @@ def test_outcome_not_recorded_before_the_lease_expired_is_re_sent_with_the_same_
     assert len(jobs.list_attempts(job.id)) == 1  # the unrecorded send left no attempt row
 
 
+def test_the_store_is_said_back_only_once_it_took_an_operation_again(
+    store: SQLiteStore,
+    sqlite_path: Path,
+    script: Script,
+    base_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its one slot busy with a slow attempt, the worker's lease renewal fails on a locked
+    store: the store was said "available again" by the next poll, which claimed nothing
+    (every slot busy), while the lock was still held -- false recoveries, and the outage's
+    clock (``store_outage_limit``) started again (a fresh user's check: 75 s to give up
+    after a limit of 60). Now the line comes once the store has taken an operation again."""
+    caplog.set_level(logging.WARNING, logger="retrysafe.client")
+    policy = RetryPolicy(attempts=1, timeout=5.0)
+    script.plan("/slow", Step(201, sleep=2.0))
+    Outbox(store, policy=policy).submit(base_url + "/slow", json={})
+    worker = Worker(store, policy=policy, concurrency=1, lease=2.0, poll_interval=0.01)
+    thread = threading.Thread(target=worker.run_until_idle)
+    thread.start()
+    assert script.started.wait(10)
+    with _held(sqlite_path):
+        _wait_for(lambda: worker.stats.store_outages == 1, "the renewal to fail")
+        time.sleep(0.2)  # twenty polls with every slot busy
+        released_at = time.time()
+    thread.join(20)
+    assert not thread.is_alive()
+    back = [r for r in caplog.records if "available again" in r.getMessage()]
+    assert back and all(r.created >= released_at for r in back), [
+        (r.created - released_at, r.getMessage()) for r in back
+    ]
+    assert worker.stats.succeeded == 1
+
+
 def test_missing_schema_stops_the_worker(store: SQLiteStore, sqlite_path: Path) -> None:
     """A SchemaError is not waited out: the worker stops with it."""
     worker = Worker(store, policy=FAST, poll_interval=0.01)

@@ -359,7 +359,8 @@ class _StoreOutage:
                 tries += 1
                 await asyncio.sleep(min(wait, left))
                 continue
-            self.succeeded()
+            if tries:  # this operation failed in the outage and has now gone through: over
+                self.succeeded()
             return result
 
 
@@ -902,6 +903,7 @@ class Worker:
         try:
             while not self._stopping:
                 wake.clear()
+                answered = self._answered_claims
                 try:
                     timeout = await self._poll(client, tasks, done, until_idle)
                 except StoreUnavailableError as exc:
@@ -913,7 +915,8 @@ class Worker:
                         timeout = min(timeout, self._outage.left(limit))
                 else:
                     failures = 0
-                    self._outage.succeeded()
+                    if self._answered_claims != answered:  # the store took a claim
+                        self._outage.succeeded()
                 if timeout is None:
                     break
                 probe = self._limits.probe_wait(loop.time())
@@ -989,6 +992,9 @@ class Worker:
         """The claim batching's state, as at the start of :meth:`serve`."""
         #: Whether the last claim filled every free slot (there may be more due jobs).
         self._backlog = False
+        #: Claims the store has answered: a poll that made none (every slot busy) says
+        #: nothing about a store outage, so it does not end one.
+        self._answered_claims = 0
         #: When the first slot freed since the last claim (loop time).
         self._first_free_at = -math.inf
         #: The last ``4 * _claim_at`` attempts to end: (loop time it ended, seconds it ran).
@@ -1225,6 +1231,7 @@ class Worker:
         except asyncio.CancelledError:
             await self._give_back_claim(claim)
             raise
+        self._answered_claims += 1
         self.stats.unknown += len(parked_by(claimed))  # left UNKNOWN, never sent
         took = self._clock() - asked_at
         if claimed and took > self.lease / 4:
