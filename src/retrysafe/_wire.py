@@ -79,6 +79,12 @@ _MAX_HEADER_FIELDS = 1024
 #: keeps in memory, and any endpoint may send it (a webhook receiver): a fresh user's
 #: endpoint of 1,000 fields of 100 KiB each took a worker at concurrency 8 to 1.6 GB.
 MAX_ANSWER_HEAD = 256 * 1024
+#: Bytes of an answer's chunk framing (sizes, CRLFs) past which framing over
+#: 1/``FRAMING_SHARE`` of the body is a malformed answer: about 11,000 chunks of 16 bytes or
+#: 13,000 of one byte, some 30 ms of the worker's CPU. Chunks of 48 bytes and more (framing
+#: 6 bytes each) are never refused for their framing; a server's usual chunks are kilobytes.
+MAX_FRAMING = 64 * 1024
+FRAMING_SHARE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -721,12 +727,13 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
             """``data`` of the answer's body phase to the parser; what of it is no body
             (chunk sizes, trailer fields) is counted. Refused: a run of more than
             :data:`MAX_ANSWER_HEAD` bytes in which the body did not grow (trailer fields,
-            which the parser keeps: ~100 MB took 1.6 GB), and framing past four times the
-            cap and four times the body (chunks of a byte, a call each: a core per attempt
-            until its timeout). The parser may hold part of a read back (it pauses every
-            16,384 chunks or so) and deliver it later: the estimate then errs high by at
-            most that part, which four times the body absorbs for chunks of two bytes and
-            more."""
+            which the parser keeps: ~100 MB took 1.6 GB), and over :data:`MAX_FRAMING` bytes
+            of framing that are over 1/:data:`FRAMING_SHARE` of the body (chunks of a few
+            bytes, which cost the worker a call each: one endpoint streaming them took a
+            core until the attempt's timeout, other destinations' jobs waited). The parser may
+            hold part of a read back (it pauses every 16,384 chunks or so) and deliver it
+            later, so the framing rule leaves the last read out of the framing and adds it
+            to the body."""
             before = getattr(payload, "total_bytes", 0)
             super().data_received(data)
             body = getattr(payload, "total_bytes", 0)
@@ -735,15 +742,19 @@ def _protocol_class() -> type[aiohttp.client_proto.ResponseHandler]:
             framing = self._fed - body
             if payload.is_eof():
                 return
+            # What the parser held back of this read counts as framing above; it is at
+            # most this read, body or not: the framing rule goes by what is sure. Bytes
+            # since the body last grew (trailer fields) have their own rule.
+            sure, most = framing - self._idle - len(data), body + len(data)
             if self._idle > MAX_ANSWER_HEAD:
                 self._refuse(
                     f"over {MAX_ANSWER_HEAD:,} bytes of the answer without any body "
                     "(trailer fields)"
                 )
-            elif framing > 4 * MAX_ANSWER_HEAD and framing > 4 * body:
+            elif sure > MAX_FRAMING and sure * FRAMING_SHARE > most:
                 self._refuse(
-                    f"the answer's framing (chunk sizes) is over {4 * MAX_ANSWER_HEAD:,} "
-                    "bytes and four times its body"
+                    f"the answer's framing (chunk sizes) is over {MAX_FRAMING:,} bytes and "
+                    f"1/{FRAMING_SHARE} of its body (chunks of a few bytes)"
                 )
 
         def _refuse(self, why: str) -> None:
