@@ -164,10 +164,13 @@ def test_worker_keeps_serving_after_the_store_comes_back(
     assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
 
-def test_outcome_not_recorded_before_the_lease_expired_is_re_sent_with_the_same_key(
+def test_an_outcome_unrecorded_past_the_lease_lands_while_no_one_took_the_job(
     store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
 ) -> None:
-    """Locked past the lease: the worker gives up recording, then re-sends with the same key."""
+    """Locked past the lease, with no other worker: the outcome is written once the store is
+    back (the lease token still holds the job), and the job is sent once. It was given up at
+    the lease's end and sent again (a fresh user's check: 4 jobs re-sent after a 20-s lock,
+    15 after a 15-s PostgreSQL outage)."""
     policy = RetryPolicy(attempts=4, wait_initial=0.01, wait_max=0.05, timeout=0.4)
     script.plan("/lease", Step(201, sleep=0.3))
     job = Outbox(store, policy=policy).submit(base_url + "/lease", json={})
@@ -179,10 +182,69 @@ def test_outcome_not_recorded_before_the_lease_expired_is_re_sent_with_the_same_
         pass
     thread.join(20)
     assert not thread.is_alive()
-    assert worker.stats.lease_lost == 1
-    assert [s.key for s in script.requests("/lease")] == [job.key, job.key]
+    assert worker.stats.lease_lost == 0 and worker.stats.succeeded == 1
+    assert [s.key for s in script.requests("/lease")] == [job.key]
     assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
-    assert len(jobs.list_attempts(job.id)) == 1  # the unrecorded send left no attempt row
+    assert [a.status for a in jobs.list_attempts(job.id)] == [201]
+
+
+class _FinishesDown:
+    """The worker's async store face whose finishes fail (StoreUnavailableError) while
+    ``down`` is set; ``failed`` is set at the first."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.down = threading.Event()
+        self.failed = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def finish_attempts(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down.is_set():
+            self.failed.set()
+            raise StoreUnavailableError("the test's outage")
+        return await self._inner.finish_attempts(*args, **kwargs)
+
+    async def extend_job_lease(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down.is_set():
+            raise StoreUnavailableError("the test's outage")
+        return await self._inner.extend_job_lease(*args, **kwargs)
+
+
+def test_an_outcome_unrecorded_until_another_worker_took_the_job_is_not_written(
+    store: SQLiteStore, jobs: OutboxStore, script: Script, base_url: str
+) -> None:
+    """The same, but another worker claims the job once its lease has ended, before the store
+    is back for the first: the first worker's write changes nothing (the token fences it),
+    it says so, and the job is the second worker's, to send again with the same key."""
+    script.plan("/taken", Step(201))
+    job = Outbox(store, policy=FAST).submit(base_url + "/taken", json={})
+    worker = Worker(store, policy=FAST, lease=0.8, poll_interval=0.01)
+    face = _FinishesDown(worker._astore)
+    face.down.set()
+    worker._astore = face
+    run = _Run(worker, until_idle=False)  # idle would wait for the second worker's lease
+    run.start()
+    try:
+        assert face.failed.wait(10)  # answered 201, its outcome not written
+        (taken,) = jobs.claim_jobs(
+            queue="default", token="second-worker", now=time.time() + 60, lease=60, limit=1
+        )
+        assert taken.id == job.id
+        face.down.clear()
+        _wait_for(lambda: worker.stats.lease_lost == 1, "the write to change nothing")
+    finally:
+        face.down.clear()
+        worker.stop()
+        run.join(20)
+    assert run.error is None
+    assert not run.is_alive()
+    assert worker.stats.lease_lost == 1 and worker.stats.succeeded == 0
+    after = jobs.get_job(job.id)
+    assert after is not None and after.state is JobState.IN_FLIGHT
+    assert after.lease_token == "second-worker" and jobs.list_attempts(job.id) == []
+    assert [s.key for s in script.requests("/taken")] == [job.key]
 
 
 def test_the_store_is_said_back_only_once_it_took_an_operation_again(

@@ -306,9 +306,12 @@ class _StoreOutage:
         self._clock = clock
         self._stats = stats
         self.down_since: float | None = None
+        #: The error of the current outage's latest failure (None: no outage).
+        self.last_error: StoreUnavailableError | None = None
 
     def failed(self, exc: StoreUnavailableError, tries: int) -> float:
         """Note a failure; return how long to wait before try ``tries + 1``."""
+        self.last_error = exc
         if self.down_since is None:
             self.down_since = self._clock()
             if self._stats is not None:
@@ -337,6 +340,7 @@ class _StoreOutage:
                 self._clock() - self.down_since,
             )
             self.down_since = None
+            self.last_error = None
 
     async def call(
         self, op: Callable[[], Awaitable[_T]], *, until: float | Callable[[], float]
@@ -569,6 +573,15 @@ class _JobLease:
     def until(self) -> float:
         return self.expires_at
 
+    def adopt(self, claimed: Job) -> None:
+        """This worker's own claim brought the job back (its lease ran out while the store
+        was unavailable, and nobody else took it): the attempt goes on, and its outcome is
+        written, under the new token (the old one no longer holds the job)."""
+        self.token = claimed.lease_token or self.token
+        self.expires_at = claimed.lease_expires_at or self.expires_at
+        self._lost = False
+        logger.debug("job=%s claimed again by its own worker: lease renewed", self.job.id)
+
     def is_lost(self) -> bool:
         """A renewal was refused: another claimant holds the job (or it was finished,
         released or deleted elsewhere). This worker must not record its outcome."""
@@ -582,12 +595,12 @@ class _JobLease:
         self._beat.bounded = False
 
     async def _renew(self) -> bool:
-        at = self._clock()
+        at, token = self._clock(), self.token
         lease = self.timing.lease
-        renewed = await self._astore.extend_job_lease(self.job.id, self.token, now=at, lease=lease)
+        renewed = await self._astore.extend_job_lease(self.job.id, token, now=at, lease=lease)
         if renewed:
             self.expires_at = max(self.expires_at, at + lease)
-        return renewed
+        return renewed or self.token != token  # adopted meanwhile: the new token holds it
 
     def _on_lost(self) -> None:
         self._lost = True
@@ -915,8 +928,14 @@ class Worker:
                         timeout = min(timeout, self._outage.left(limit))
                 else:
                     failures = 0
+                    limit = self.store_outage_limit if until_idle else None
                     if self._answered_claims != answered:  # the store took a claim
                         self._outage.succeeded()
+                    elif limit is not None and self._outage.last_error is not None:
+                        # Every slot busy writing through the outage: its limit still holds.
+                        self._give_up_after(limit, self._outage.last_error)
+                        if timeout is not None:
+                            timeout = min(timeout, self._outage.left(limit))
                 if timeout is None:
                     break
                 probe = self._limits.probe_wait(loop.time())
@@ -1024,6 +1043,9 @@ class Worker:
         self._slow_queued: set[str] = set()
         #: Give-backs of jobs claimed beyond their destination's limit, still running.
         self._holding: set[asyncio.Task[None]] = set()
+        #: The lease of each job this worker is processing, by job id: a claim that brings
+        #: one back (its lease ran out while the store was down) hands it the new token.
+        self._leases: dict[str, _JobLease] = {}
 
     def _batch_gathers(self) -> bool:
         """Whether at least ``_claim_at`` slots keep ending attempts, judged by the attempts
@@ -1283,6 +1305,10 @@ class Worker:
         limits, over = self._limits, []
         slow, queued = self._slow_seen, self._slow_queued
         for job in claimed:
+            held = self._leases.get(job.id)
+            if held is not None:  # ours already: its lease ran out in a store outage
+                held.adopt(job)
+                continue
             self.stats.claimed += 1
             if slow and job.destination in slow:
                 queued.add(job.destination)  # it has due jobs: claimed on its own again
@@ -1363,8 +1389,13 @@ class Worker:
             outage=self._outage,
             loop=self._loop,
         )
-        with lease:
-            await self._attempt(client, lease)
+        self._leases[job.id] = lease
+        try:
+            with lease:
+                await self._attempt(client, lease)
+        finally:
+            if self._leases.get(job.id) is lease:
+                del self._leases[job.id]
 
     def _bring_forward(self, deferred: list[tuple[str, float, float]], now: float) -> None:
         """Make the deferred retries ``deferred`` (job id, due at, released at) due now (a
@@ -1403,7 +1434,7 @@ class Worker:
         return released
 
     async def _attempt(self, client: Engine, lease: _JobLease) -> None:
-        job, token = lease.job, lease.token
+        job = lease.job
         hooks: AttemptHooks | None = None
         try:
             if self._attempt_hooks is not None:  # inside: a hook that fails is a worker error
@@ -1495,12 +1526,12 @@ class Worker:
                 early = self._budgets.credit(job.destination, end)
                 if early:
                     self._bring_forward(early, end)
-            await self._record(job, token, result, step, end, lease.until, hooks)
+            await self._record(lease, result, step, end, hooks)
             if self._worker_errors:  # recorded: a run of worker errors is over
                 self._worker_errors.pop(job.id, None)
         except asyncio.CancelledError:
             # Cancellation is never retried nor counted: back to PENDING, same key, now.
-            await self._release_now(job, token, "cancelled")
+            await self._release_now(job, lease.token, "cancelled")
             raise
         except StoreUnavailableError as exc:
             # Still unavailable when the lease ran out: the lease expires, and the job is
@@ -1535,7 +1566,7 @@ class Worker:
                 parked = "; parked UNKNOWN" if state is JobState.UNKNOWN else ""
                 released = await self._astore.release_job(
                     job.id,
-                    token,
+                    lease.token,
                     state=state,
                     due_at=now + delay,
                     error=f"worker error: {exc!r}{parked}",
@@ -1621,28 +1652,38 @@ class Worker:
 
     async def _record(
         self,
-        job: Job,
-        token: str,
+        lease: _JobLease,
         result: SendResult,
         step: Step,
         end: float,
-        until: Callable[[], float],
         hooks: AttemptHooks | None = None,
     ) -> None:
+        """Write the attempt's outcome, fenced by the lease token, through a store outage of
+        any length, past the lease's end too: while no one else has claimed the job, the
+        token still holds it and the write lands (an outcome given up at the lease's end
+        was sent again once the store was back, though nothing had taken the job over); once
+        another worker has, the write changes nothing and says so. A run that must end
+        (``until_idle`` past ``store_outage_limit``, a stop) cancels it."""
+        job = lease.job
         attempt = _attempt_of(job, result, counted=step.counted)
-        finish = Finish(
-            job_id=job.id,
-            token=token,
-            attempt=attempt,
-            state=step.state,
-            due_at=step.due_at,
-            last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
-            error=None if step.state is JobState.SUCCEEDED else result.detail,
-            now=end,
-        )
         assert self._finishes is not None
         finishes = self._finishes
-        recorded = await self._outage.call(lambda: finishes.submit(finish), until=until)
+
+        def finish() -> Awaitable[Attempt | None]:
+            return finishes.submit(
+                Finish(
+                    job_id=job.id,
+                    token=lease.token,  # this worker's latest claim of the job (adopt)
+                    attempt=attempt,
+                    state=step.state,
+                    due_at=step.due_at,
+                    last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
+                    error=None if step.state is JobState.SUCCEEDED else result.detail,
+                    now=end,
+                )
+            )
+
+        recorded = await self._outage.call(finish, until=math.inf)
         if recorded is None:
             self.stats.lease_lost += 1
             logger.warning(
