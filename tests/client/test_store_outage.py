@@ -357,6 +357,35 @@ def test_until_idle_gives_up_once_the_store_outage_lasted_the_limit(
     assert jobs.list_attempts(job.id) == []
 
 
+def test_until_idle_gives_up_at_the_limit_with_every_slot_writing(
+    store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
+) -> None:
+    """Its one slot writing an outcome through the outage (no claim is tried, so no claim
+    fails): the run still ends once the outage has lasted the limit, and the job, answered
+    but not recorded, keeps its lease (sent again with the same key once it ends)."""
+    script.plan("/answered", Step(201))
+    job = Outbox(store, policy=FAST).submit(base_url + "/answered", json={})
+    clock = ShiftedClock()
+    worker = Worker(store, policy=FAST, poll_interval=0.01, clock=clock, concurrency=1)
+    face = _FinishesDown(worker._astore)
+    face.down.set()
+    worker._astore = face
+    run = _Run(worker, until_idle=True)
+    run.start()
+    assert face.failed.wait(10)
+    with _held(sqlite_path):  # its give-back on the way out fails too
+        time.sleep(0.1)
+        assert run.is_alive()
+        clock.offset += DEFAULT_STORE_OUTAGE_LIMIT
+        run.join(20)
+        assert not run.is_alive()
+    assert isinstance(run.error, StoreUnavailableError), run.error
+    assert "store_outage_limit 60 s" in str(run.error)
+    assert len(script.requests("/answered")) == 1
+    assert jobs.get_job(job.id).state is JobState.IN_FLIGHT  # type: ignore[union-attr]
+    assert worker.stats.unreleased == 1
+
+
 def test_without_until_idle_the_worker_waits_past_the_store_outage_limit(
     store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
 ) -> None:
