@@ -294,6 +294,58 @@ def test_the_async_face_gives_up_on_a_network_that_swallows_the_answer(
         store.close()
 
 
+def test_the_sync_face_gives_up_on_a_network_that_swallows_the_answer(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the sync face (the WSGI middleware's, the CLI's): psycopg's sync calls
+    take no timeout, so a WSGI request waited as long as the server stayed silent (a fresh
+    user's check: 45 and 100 s behind a proxy that stopped forwarding). It now stops
+    waiting ``statement_timeout`` + the margin after sending, with StoreUnavailableError,
+    in a plain operation and in a transaction; the store works again once the network
+    does."""
+    from retrysafe.stores import _postgres
+
+    monkeypatch.setattr(_postgres, "_CLIENT_MARGIN", 0.5)
+    parts = urlsplit(pg_url)
+    relay = _Swallower(parts.hostname or "127.0.0.1", parts.port or 5432)
+    url = parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{relay.port}").geturl()
+    store = PostgresStore(url, schema=pg_schema, statement_timeout=0.5, connect_timeout=2)
+    try:
+        from retrysafe.stores._keys import get
+
+        tx = store.connector.begin()  # a transaction's connection, taken while all is well
+        assert store.get(H) is None  # the pool is open and works
+        relay.swallow.set()
+        outcomes: list[object] = []
+
+        def silent_server() -> None:  # in a thread: a regression hangs, bounded below
+            for call in (
+                lambda: store.claim(H, "fp", now=1.0, lease=10, retention=100),
+                lambda: tx.run(get(store.clock, H)),
+            ):
+                started = time.monotonic()
+                try:
+                    call()
+                except StoreUnavailableError as exc:
+                    outcomes.append((str(exc), time.monotonic() - started))
+                else:
+                    outcomes.append("answered")
+
+        caller = threading.Thread(target=silent_server, daemon=True)
+        caller.start()
+        caller.join(30)
+        assert not caller.is_alive(), "the sync face waited on a silent server for 30 s"
+        with contextlib.suppress(Exception):
+            tx.rollback()
+    finally:
+        relay.close()
+        store.close()
+    assert len(outcomes) == 2, outcomes
+    for outcome in outcomes:
+        assert isinstance(outcome, tuple) and "no answer within 1 s" in outcome[0], outcome
+        assert outcome[1] < 3.0, outcome
+
+
 def test_an_upper_case_schema_name_is_refused(pg_url: str) -> None:
     """PostgreSQL folds the unquoted name in search_path (``App`` → ``app``) while the schema
     is created quoted (``"App"``): such a store could read one schema and create another."""

@@ -34,8 +34,12 @@ retrysafe[postgres]``); ``import retrysafe`` never imports them.
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import re
+import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
@@ -319,6 +323,73 @@ DEFAULT_STATEMENT_TIMEOUT = 10.0
 _CLIENT_MARGIN = 5.0
 
 
+class _Deadlines:
+    """The sync face's bound on the server's silence, the twin of the async face's: psycopg's
+    sync calls take no timeout, and the server's own ``statement_timeout`` cannot reach a
+    client it does not answer (a stopped server process, a frozen VM, a proxy that holds the
+    connection): a WSGI request waited as long as that lasted. An operation whose connection
+    has waited ``limit`` seconds gets its socket shut down, so psycopg's wait ends with an
+    error and the caller with :class:`~retrysafe.StoreUnavailableError`; the pool drops the
+    connection. One thread per connector, started by its first operation; an operation costs
+    a dict entry under a lock."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        #: Operations waiting on the server: number → (monotonic deadline, connection).
+        self._ops: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._cut: set[int] = set()
+        self._count = 0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watch(self, conn: psycopg.Connection[Any]) -> Iterator[Callable[[], bool]]:
+        """Bound the block's wait on ``conn``; yields "was the connection cut?"."""
+        with self._lock:
+            n = self._count = self._count + 1
+            first = not self._ops
+            # Every deadline is ``limit`` after its start: the first entry is the earliest.
+            self._ops[n] = (time.monotonic() + self.limit, conn)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="retrysafe-pg-deadlines", daemon=True
+                )
+                self._thread.start()
+        if first:
+            self._wake.set()
+        try:
+            yield lambda: n in self._cut
+        finally:
+            with self._lock:
+                del self._ops[n]
+                self._cut.discard(n)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            with self._lock:
+                due = [(n, c) for n, (at, c) in self._ops.items() if at <= now]
+                for n, c in due:
+                    self._ops[n] = (math.inf, c)  # cut once
+                    self._cut.add(n)
+                later = min((at for at, _ in self._ops.values()), default=math.inf)
+            for _, conn in due:
+                _shut_down(conn)
+            self._wake.wait(None if later == math.inf else later - now)
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    """Shut ``conn``'s socket down (both ways): a wait on it returns at once, with an error."""
+    with suppress(Exception):  # closed meanwhile: nothing waits on it any more
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
 class PostgresConnector(Transactions):
     """Named SQL on one PostgreSQL database (:class:`~retrysafe.stores._connector.Connector`).
 
@@ -382,6 +453,10 @@ class PostgresConnector(Transactions):
         self.clock: Clock = clock
         self.connect_timeout = connect_timeout
         self.statement_timeout = statement_timeout
+        #: The bound on the server's silence for one sync operation (None: none).
+        self._deadlines = (
+            None if statement_timeout is None else _Deadlines(statement_timeout + _CLIENT_MARGIN)
+        )
         self.min_size = min_size
         self.max_size = max_size
         self.kwargs: dict[str, Any] = {
@@ -466,8 +541,33 @@ class PostgresConnector(Transactions):
         if connection is not None:
             tx: PostgresTransaction = self.transaction_of(connection)
             return tx.run(op, atomic=atomic)
-        with self.connection() as conn:
+        with self.connection() as conn, self.bounded(conn):
             return _drive_sync(conn, op, atomic)
+
+    @contextmanager
+    def bounded(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """The block's wait on ``conn`` bounded by ``statement_timeout`` + 5 s
+        (:class:`_Deadlines`); past it, :class:`~retrysafe.StoreUnavailableError` saying so.
+        """
+        if self._deadlines is None:
+            yield
+            return
+        with self._deadlines.watch(conn) as was_cut:
+            try:
+                yield
+            except (psycopg.Error, StoreError) as exc:
+                if was_cut():
+                    raise self.silent() from exc
+                raise
+
+    def silent(self) -> StoreUnavailableError:
+        """The error of an operation the server left unanswered past its bound."""
+        limit = self._deadlines.limit if self._deadlines is not None else math.inf
+        return StoreUnavailableError(
+            f"PostgreSQL store at {self.where} unavailable: no answer within "
+            f"{limit:g} s (statement_timeout + {_CLIENT_MARGIN:g} s)",
+            store=self.url,
+        )
 
     def begin(self) -> PostgresTransaction:
         """Open a transaction on a connection of the pool (it goes back at commit or rollback).
@@ -602,7 +702,7 @@ class PostgresTransaction:
 
     def run(self, op: Op[_T], *, atomic: bool = False) -> _T:
         """Drive ``op`` inside this transaction (not yet committed)."""
-        with self.lock, self._connector._errors():
+        with self.lock, self._connector.bounded(self.connection), self._connector._errors():
             return _drive_sync(self.connection, op, atomic)
 
     def commit(self) -> None:
@@ -789,11 +889,7 @@ class AsyncPostgresConnector:
         task.cancel()
 
     def _silent(self) -> StoreUnavailableError:
-        return StoreUnavailableError(
-            f"PostgreSQL store at {self._sync.where} unavailable: no answer within "
-            f"{self._limit:g} s (statement_timeout + {_CLIENT_MARGIN:g} s)",
-            store=self.url,
-        )
+        return self._sync.silent()
 
     async def _run_batch_now(self, batch: list[_Queued]) -> None:
         if len(batch) == 1:
