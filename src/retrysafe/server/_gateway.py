@@ -251,7 +251,9 @@ class ReverseProxy:
                     "gateway-timeout" if timeout else "bad-gateway",
                     504 if timeout else 502,
                     f"no complete answer from the upstream ({type(broke).__name__}); it may "
-                    "have acted on the request. Retry with the same Idempotency-Key.",
+                    "have acted on the request. The key stays claimed until its lease ends "
+                    "(409 request-in-progress meanwhile); a retry with the same "
+                    "Idempotency-Key after that sends the request to the upstream again.",
                 ),
             )
             log.warning(
