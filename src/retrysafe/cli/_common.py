@@ -673,7 +673,11 @@ class _WarningsLater(logging.Handler):
         self._thread.start()
 
     def emit(self, record: logging.LogRecord) -> None:
-        record.msg, record.args = record.getMessage(), None  # formatted here, once
+        try:
+            record.msg, record.args = record.getMessage(), None  # formatted here, once
+        except Exception:  # arguments that do not fit the message: logging's own report
+            self.handleError(record)
+            return
         with suppress(queue.Full):
             self._queue.put_nowait(record)
 
