@@ -321,6 +321,9 @@ DEFAULT_STATEMENT_TIMEOUT = 10.0
 #: Seconds the async face waits beyond ``statement_timeout`` for the server's own answer
 #: before it gives up on the connection (a network that swallows everything).
 _CLIENT_MARGIN = 5.0
+#: Seconds an abandoned operation whose connection was shut down may take to end before it
+#: is cancelled.
+_ABANDONED_WAIT = 1.0
 
 
 class _Deadlines:
@@ -380,7 +383,7 @@ class _Deadlines:
             self._wake.wait(None if later == math.inf else later - now)
 
 
-def _shut_down(conn: psycopg.Connection[Any]) -> None:
+def _shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """Shut ``conn``'s socket down (both ways): a wait on it returns at once, with an error."""
     with suppress(Exception):  # closed meanwhile: nothing waits on it any more
         sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
@@ -758,6 +761,11 @@ class AsyncPostgresConnector:
         self._queue: list[_Queued] = []
         self._queue_loop: asyncio.AbstractEventLoop | None = None
         self._batches: set[asyncio.Task[Any]] = set()
+        #: The connection each task of this face is using, to shut down when it is abandoned.
+        self._using: dict[asyncio.Task[Any], psycopg.AsyncConnection[Any]] = {}
+        #: Tasks whose connection was shut down (abandoned): their failure says nothing
+        #: about the pool's other connections.
+        self._cut: set[asyncio.Task[Any]] = set()
         timeout = connector.statement_timeout
         #: Seconds to wait for the server's answer to one operation or batch (None: as long
         #: as it takes): its statement_timeout should have answered by then.
@@ -784,11 +792,26 @@ class AsyncPostgresConnector:
             raise
         if done:
             return task.result()
-        task.cancel()
+        self._abandon(task)
         self._batches.add(task)
         task.add_done_callback(_abandoned)
         task.add_done_callback(self._batches.discard)
         raise self._silent()
+
+    def _abandon(self, task: asyncio.Task[Any]) -> None:
+        """End ``task``, past its bound: its connection's socket is shut down, so its wait on
+        the server fails at once and the pool drops the connection. Not cancelled while it
+        has one (psycopg would ask the silent server to cancel the query, and wait for that
+        seconds more, holding the connection and ``aclose``); a task still waiting for a
+        connection, or one the shutdown does not end within a second, is cancelled."""
+        conn = self._using.get(task)
+        if conn is None:
+            task.cancel()
+            return
+        self._cut.add(task)
+        task.add_done_callback(self._cut.discard)
+        _shut_down(conn)
+        task.get_loop().call_later(_ABANDONED_WAIT, task.cancel)
 
     async def _alone(self, op: Op[_T], atomic: bool) -> _T:
         async with self._connection() as conn:
@@ -824,11 +847,18 @@ class AsyncPostgresConnector:
         try:
             pool = await self._get_pool()
             async with pool.connection() as conn:
+                task = asyncio.current_task()
+                if task is not None:
+                    self._using[task] = conn
                 try:
                     yield conn
                 except psycopg.Error:
-                    broken = pool if conn.broken else None
+                    cut = task in self._cut  # shut down by _abandon, not by the server
+                    broken = pool if conn.broken and not cut else None
                     raise
+                finally:
+                    if task is not None:
+                        self._using.pop(task, None)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             if broken is not None:
                 with suppress(Exception):
@@ -886,7 +916,7 @@ class AsyncPostgresConnector:
         error = self._silent()
         for _, future, _ in batch:
             _deliver(future, False, error)
-        task.cancel()
+        self._abandon(task)
 
     def _silent(self) -> StoreUnavailableError:
         return self._sync.silent()
