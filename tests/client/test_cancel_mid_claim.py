@@ -4,6 +4,7 @@ PENDING, a reconcile's to UNKNOWN), not IN_FLIGHT until their lease ends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +236,70 @@ async def test_attempts_whose_releases_are_cut_short_are_counted_unreleased(
         server.close()
     assert {j.state for j in after} == {JobState.IN_FLIGHT}
     assert (worker.stats.released, worker.stats.unreleased) == (0, 3)
+
+
+class _RecordsDown:
+    """The worker's async store face whose attempt records fail (store unavailable) while
+    ``down`` is set; ``failed`` is set at the first."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.down = True
+        self.failed = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def finish_attempts(self, finishes: Any) -> Any:
+        if self.down:
+            self.failed.set()
+            from retrysafe import StoreUnavailableError
+
+            raise StoreUnavailableError("the test's outage")
+        return await self._inner.finish_attempts(finishes)
+
+
+@pytest.mark.anyio
+async def test_answers_in_hand_at_a_ctrl_c_are_recorded_not_thrown_away(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the outcomes of answered attempts wait for the store: each is written
+    once more, alone, at the stop. They were given back PENDING as if never sent, and sent
+    again by the next worker (a fresh user's check: 7 jobs answered 200 during a store
+    lock, each sent twice, the first send in no record)."""
+
+    answered: list[bool] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            answered.append(True)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
+            jobs = [outbox.submit(f"http://127.0.0.1:{port}/x", json={"n": i}) for i in range(3)]
+            worker = outbox.worker(concurrency=4, lease=60)
+            face = worker._astore = _RecordsDown(worker._astore)
+            serving = asyncio.create_task(worker.serve())
+            await asyncio.wait_for(face.failed.wait(), 10)
+            await asyncio.sleep(0.2)  # every answer in, each record waiting on the store
+            face.down = False  # the store takes writes again as the Ctrl-C comes
+            serving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(serving, 10)
+            after = [outbox.get(j.id) for j in jobs]
+            attempts = [outbox.attempts(j.id) for j in jobs]
+    finally:
+        server.close()
+    sent = len(answered)  # the rest were held back by the destination's first limit
+    assert sent >= 1
+    assert [j.state for j in after].count(JobState.SUCCEEDED) == sent
+    assert sorted(len(rows) for rows in attempts) == [0] * (3 - sent) + [1] * sent
+    assert all(a.status == 200 for rows in attempts for a in rows)
+    assert all(j.state is JobState.PENDING and j.sends == 0 for j in after if not j.sends)
+    assert worker.stats.succeeded == sent

@@ -530,6 +530,7 @@ class _JobLease:
         "_settling",
         "expires_at",
         "job",
+        "recording",
         "timing",
         "token",
     )
@@ -551,6 +552,9 @@ class _JobLease:
         self.expires_at = job.lease_expires_at or (clock() + timing.lease)
         self._lost = False
         self._settling = False
+        #: While an answered attempt's outcome is being written: how to write it (the
+        #: Finish, made with the current token), its result and step.
+        self.recording: tuple[Callable[[], Finish], SendResult, Step] | None = None
         self._astore = astore
         self._clock = clock
         self._outage = outage
@@ -1530,8 +1534,12 @@ class Worker:
             if self._worker_errors:  # recorded: a run of worker errors is over
                 self._worker_errors.pop(job.id, None)
         except asyncio.CancelledError:
-            # Cancellation is never retried nor counted: back to PENDING, same key, now.
-            await self._release_now(job, lease.token, "cancelled")
+            # Cancellation is never retried nor counted: back to PENDING, same key, now; an
+            # answered attempt whose outcome was being written is recorded instead.
+            if lease.recording is not None:
+                await self._record_at_stop(lease)
+            else:
+                await self._release_now(job, lease.token, "cancelled")
             raise
         except StoreUnavailableError as exc:
             # Still unavailable when the lease ran out: the lease expires, and the job is
@@ -1669,21 +1677,20 @@ class Worker:
         assert self._finishes is not None
         finishes = self._finishes
 
-        def finish() -> Awaitable[Attempt | None]:
-            return finishes.submit(
-                Finish(
-                    job_id=job.id,
-                    token=lease.token,  # this worker's latest claim of the job (adopt)
-                    attempt=attempt,
-                    state=step.state,
-                    due_at=step.due_at,
-                    last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
-                    error=None if step.state is JobState.SUCCEEDED else result.detail,
-                    now=end,
-                )
+        def finish() -> Finish:
+            return Finish(
+                job_id=job.id,
+                token=lease.token,  # this worker's latest claim of the job (adopt)
+                attempt=attempt,
+                state=step.state,
+                due_at=step.due_at,
+                last_delay=step.delay if step.state is JobState.PENDING else job.last_delay,
+                error=None if step.state is JobState.SUCCEEDED else result.detail,
+                now=end,
             )
 
-        recorded = await self._outage.call(finish, until=math.inf)
+        lease.recording = (finish, result, step)  # a stop meanwhile records it (_attempt)
+        recorded = await self._outage.call(lambda: finishes.submit(finish()), until=math.inf)
         if recorded is None:
             self.stats.lease_lost += 1
             logger.warning(
@@ -1692,9 +1699,17 @@ class Worker:
                 job.id,
             )
             return
+        self._counted(job, recorded, result, step)
+        if hooks is not None:
+            await hooks.attempted(job, recorded, step)
+        if self._on_attempt is not None:
+            self._on_attempt(job, recorded, step)
+
+    def _counted(self, job: Job, recorded: Attempt, result: SendResult, step: Step) -> None:
+        """Count and log an attempt the store recorded."""
         s = self.stats
         s.attempts += 1
-        s.outcomes[attempt.outcome] = s.outcomes.get(attempt.outcome, 0) + 1
+        s.outcomes[recorded.outcome] = s.outcomes.get(recorded.outcome, 0) + 1
         if step.state is JobState.SUCCEEDED:
             s.succeeded += 1
         elif step.state is JobState.REJECTED:
@@ -1708,10 +1723,33 @@ class Worker:
         _log_attempt(recorded, step)
         if self._telemetry is not None:
             self._telemetry.attempt_recorded(self.queue, job.method, recorded, step.state.value)
-        if hooks is not None:
-            await hooks.attempted(job, recorded, step)
-        if self._on_attempt is not None:
-            self._on_attempt(job, recorded, step)
+
+    async def _record_at_stop(self, lease: _JobLease) -> None:
+        """Cancelled (Ctrl-C, a stop's end) while the outcome of an answered attempt was
+        being written: write it once more, alone, instead of giving the job back as if
+        nothing had been sent (its answer was thrown away, and the job sent again: a fresh
+        user's check, 7 of 8 jobs answered 200 during a store lock). Shielded like a
+        release; if the store cannot take it either, the job is given back as on any
+        cancellation."""
+        assert lease.recording is not None
+        finish, result, step = lease.recording
+        job = lease.job
+        try:
+            (recorded,) = await asyncio.shield(self._astore.finish_attempts([finish()]))
+        except asyncio.CancelledError:  # cancelled again (a third Ctrl-C): the lease expires
+            self.stats.unreleased += 1
+            raise
+        except Exception as exc:
+            logger.warning(
+                "job=%s key=%s: its answered attempt could not be recorded at the stop (%s)",
+                job.id,
+                job.key,
+                exc,
+            )
+            await self._release_now(job, lease.token, "cancelled")
+            return
+        if recorded is not None:  # else it is no longer ours (or the write before landed)
+            self._counted(job, recorded, result, step)
 
 
 def _attempt_of(job: Job, result: SendResult, *, counted: bool) -> Attempt:
