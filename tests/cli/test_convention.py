@@ -253,3 +253,29 @@ def test_a_signal_while_a_command_loads_ends_the_run_after_the_load(
     assert out.returncode == code, (out.returncode, out.stderr)
     assert out.stdout.split() == ["loaded"]
     assert line in out.stderr and "Traceback" not in out.stderr
+
+
+def test_warning_lines_are_written_by_a_thread_and_all_before_the_block_ends() -> None:
+    """retrysafe's warnings during a command are `retrysafe: warning: …` lines, one each,
+    control characters escaped, written by a thread of their own (an event loop that logs
+    never waits for the terminal: Ctrl-S stopped a worker), every one before the block
+    ends; on a terminal the worker hands them to its live display (``echo``), which draws
+    them above its counts (a fresh user's check: written after the counts line, the next
+    redraw erased them)."""
+    import logging
+    import threading
+
+    from retrysafe.cli._common import warning_lines
+
+    seen: list[tuple[str, str]] = []
+    log = logging.getLogger("retrysafe.client")
+    with warning_lines(lambda line: seen.append((threading.current_thread().name, line))):
+        for n in range(50):
+            log.warning("store unavailable \x1b[31m%d", n)
+        log.info("not a warning")
+    assert [line for _, line in seen] == [
+        f"retrysafe: warning: store unavailable \\x1b[31m{n}" for n in range(50)
+    ]
+    assert {name for name, _ in seen} == {"retrysafe-warnings"}
+    handlers = logging.getLogger("retrysafe").handlers
+    assert all(type(h).__name__ != "_WarningsLater" for h in handlers)  # removed at the end

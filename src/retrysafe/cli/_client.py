@@ -822,11 +822,15 @@ def worker(
             )
             if tty and index is None:
                 from rich.live import Live
+                from rich.markup import escape
+                from rich.text import Text
 
-                def render() -> str:
-                    s = w.stats
-                    return (
-                        f"[bold]retrysafe worker[/] {store}  sent {s.attempts}  "
+                shown_store = escape(store)  # a path may hold "[…]"
+
+                def render() -> Text:  # markup parsed here: a warning printed above
+                    s = w.stats  # (markup=False) redraws it too
+                    return Text.from_markup(
+                        f"[bold]retrysafe worker[/] {shown_store}  sent {s.attempts}  "
                         f"[green]succeeded {s.succeeded}[/]  [red]rejected {s.rejected}[/]  "
                         f"[yellow]unknown {s.unknown}[/]  retries {s.retries_scheduled}  "
                         f"polls {s.polls}  deferred {s.deferred}"
@@ -843,7 +847,15 @@ def worker(
                 log.addHandler(handler)
                 old_level = log.level
                 log.setLevel(logging.INFO)
-            drivers = warning_lines() if handler is None else driver_lines_to(handler)
+            if handler is not None:
+                drivers: contextlib.AbstractContextManager[None] = driver_lines_to(handler)
+            elif sys.stderr is not None and sys.stderr.isatty():  # above the live counts
+                console = live.console
+                drivers = warning_lines(
+                    lambda line: console.print(line, markup=False, highlight=False)
+                )
+            else:
+                drivers = warning_lines()
             try:
                 with drivers:
                     served = serve(w, until_idle=until_idle)

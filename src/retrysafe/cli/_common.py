@@ -645,13 +645,21 @@ LAST_LINES_WAIT = 2.0
 
 
 class _WarningLines(logging.Handler):
-    """retrysafe's log warnings as the CLI's own lines: ``retrysafe: warning: …`` on stderr,
-    one line each, control characters escaped (a destination's name, an error's words)."""
+    """retrysafe's log warnings as the CLI's own lines: ``retrysafe: warning: …`` on stderr
+    (or through ``echo``), one line each, control characters escaped (a destination's name,
+    an error's words)."""
+
+    def __init__(self, level: int, echo: Callable[[str], None] | None = None) -> None:
+        super().__init__(level)
+        self.echo = echo
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = visible_text(" ".join(record.getMessage().split()))
-            click.echo(f"retrysafe: warning: {text}", err=True)
+            line = "retrysafe: warning: " + visible_text(" ".join(record.getMessage().split()))
+            if self.echo is None:
+                click.echo(line, err=True)
+            else:
+                self.echo(line)
         except Exception:  # a closed stderr: the warning is dropped, the command goes on
             self.handleError(record)
 
@@ -664,10 +672,10 @@ class _WarningsLater(logging.Handler):
     dropped; :meth:`close` lets the thread write what waits, for at most
     :data:`LAST_LINES_WAIT` seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, echo: Callable[[str], None] | None = None) -> None:
         super().__init__(logging.WARNING)
         self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(LINES_BACKLOG)
-        self._lines = _WarningLines(logging.WARNING)
+        self._lines = _WarningLines(logging.WARNING, echo)
         self._thread = threading.Thread(target=self._write, name="retrysafe-warnings")
         self._thread.daemon = True
         self._thread.start()
@@ -693,15 +701,16 @@ class _WarningsLater(logging.Handler):
 
 
 @contextmanager
-def warning_lines() -> Iterator[None]:
+def warning_lines(echo: Callable[[str], None] | None = None) -> Iterator[None]:
     """While the block runs, the ``retrysafe`` logger's warnings (a destination that stopped
     answering, a store that went away) are the CLI's ``retrysafe: warning:`` lines instead of
     Python's bare last-resort lines (commands that print no log lines of their own), written
     by a thread (:class:`_WarningsLater`): an event loop that logs never waits for the
     terminal. Those still waiting when the block ends are written first (within
-    :data:`LAST_LINES_WAIT` seconds)."""
+    :data:`LAST_LINES_WAIT` seconds). ``echo`` writes each line instead of stderr (above a
+    live display)."""
     log = logging.getLogger("retrysafe")
-    handler = _WarningsLater()
+    handler = _WarningsLater(echo)
     log.addHandler(handler)
     try:
         yield
