@@ -305,6 +305,19 @@ class _Interrupts:
     def _record(self, signum: int, frame: object) -> None:
         self.count += 1
 
+    def exception_handler(
+        self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+    ) -> None:
+        """The event loop's handler of errors nobody retrieved: after a third Ctrl-C it drops
+        them (the store driver's work cut short as the loop closes printed some 55 lines of
+        traceback: a fresh user's check, PostgreSQL refusing connections); before, asyncio's
+        own."""
+        if self.forced:
+            message = context.get("message")
+            logging.getLogger("retrysafe.cli").debug("after a forced exit: %s", message)
+            return
+        loop.default_exception_handler(context)
+
     def _on_loop(self) -> None:
         self.count += 1
         if self.count == 2:
@@ -416,6 +429,8 @@ def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
             terminated = True
             w.stop()
 
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(interrupts.exception_handler)
         with _on_signal(signal.SIGTERM, on_sigterm), interrupts.in_loop():
             return await w.serve(until_idle=until_idle)
 
