@@ -894,3 +894,33 @@ def test_after_a_third_ctrl_c_errors_of_work_cut_short_print_nothing(
     finally:
         logging.getLogger("asyncio").removeHandler(seen)
         loop.close()
+
+
+def test_until_idle_giving_up_on_the_store_ends_after_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`worker --until-idle` on a store unavailable for its outage limit: the run's end is
+    a Served that gave up (so the command prints its summary, then one error line, exit
+    1). It raised out of the command, which printed no summary (a fresh user's check)."""
+    from _readonly import ReadOnly
+    from retrysafe import Outbox, SQLiteStore, Worker
+    from retrysafe.cli._client import finish, serve
+
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "jobs.db"
+    with Outbox(f"sqlite:///{path}") as outbox:
+        outbox.submit("http://127.0.0.1:9/x", json={})
+    with ReadOnly(path):
+        store = SQLiteStore(path, busy_timeout=0.05)
+        try:
+            worker = Worker(store, poll_interval=0.01, store_outage_limit=0.3)
+            served = serve(worker, until_idle=True)
+        finally:
+            store.close()
+    assert served.gave_up is not None and "store_outage_limit 0.3 s" in served.gave_up
+    assert served.code is None and served.stats.store_outages == 1
+    with pytest.raises(SystemExit) as ended:
+        finish(served, until_idle=True, what="jobs")
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.startswith("retrysafe: error: store ")

@@ -29,7 +29,7 @@ from typing import Any
 
 import click
 
-from retrysafe._exceptions import ConfigurationError
+from retrysafe._exceptions import ConfigurationError, StoreUnavailableError
 from retrysafe.cli._common import (
     EXIT_FAILED,
     EXIT_SIGINT,
@@ -374,6 +374,9 @@ class Served:
     failed: int | None = None
     #: The line the command exits 1 with, and no summary (its stdout failed).
     error: str | None = None
+    #: The line the command exits 1 with after its summary: ``--until-idle`` gave up on a
+    #: store unavailable for ``store_outage_limit``.
+    gave_up: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -381,6 +384,7 @@ class Served:
             "code": self.code,
             "forced": self.forced,
             "error": self.error,
+            "gave_up": self.gave_up,
         }
 
     @classmethod
@@ -391,6 +395,7 @@ class Served:
             data["code"],
             bool(data["forced"]),
             error=data.get("error"),
+            gave_up=data.get("gave_up"),
         )
 
     @classmethod
@@ -409,7 +414,9 @@ class Served:
         codes = {part.code for part in parts}
         code = next((c for c in (EXIT_SIGINT, EXIT_SIGTERM) if c in codes), None)
         error = next((part.error for part in parts if part.error is not None), None)
-        return cls(total, code, any(part.forced for part in parts), error=error)
+        gave_up = next((part.gave_up for part in parts if part.gave_up is not None), None)
+        forced = any(part.forced for part in parts)
+        return cls(total, code, forced, error=error, gave_up=gave_up)
 
 
 def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
@@ -436,7 +443,10 @@ def serve(w: Worker, *, until_idle: bool, what: str = "jobs") -> Served:
 
     stats = w.stats
     with interrupts.around_loop(lambda: terminated):
-        stats = asyncio.run(main())
+        try:
+            stats = asyncio.run(main())
+        except StoreUnavailableError as exc:  # --until-idle past store_outage_limit
+            return Served(w.stats, None, gave_up=str(exc))
     if interrupts.count:
         return Served(w.stats, EXIT_SIGINT, interrupts.forced)
     return Served(stats, EXIT_SIGTERM if terminated else None)
@@ -447,6 +457,8 @@ def finish(served: Served, *, until_idle: bool, what: str) -> None:
     status of a ``--processes`` child that failed, 1 when ``--until-idle`` left ``what``
     (jobs, deliveries) UNKNOWN, else 0."""
     stats, code = served.stats, served.code
+    if served.gave_up is not None:
+        fail(served.gave_up)
     if code == EXIT_SIGINT:
         if served.forced:
             click.echo(
