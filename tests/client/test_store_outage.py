@@ -357,6 +357,49 @@ def test_until_idle_gives_up_once_the_store_outage_lasted_the_limit(
     assert jobs.list_attempts(job.id) == []
 
 
+class _AnswerLost:
+    """The worker's async store face whose first record lands and then fails as if its
+    answer were lost on the way back (a connection cut after the commit)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def finish_attempts(self, finishes: Any) -> Any:
+        result = await self._inner.finish_attempts(finishes)
+        if not self.lost:
+            self.lost += 1
+            raise StoreUnavailableError("connection lost after the commit")
+        return result
+
+
+def test_a_record_that_landed_before_its_answer_was_lost_is_counted_once(
+    store: SQLiteStore,
+    jobs: OutboxStore,
+    script: Script,
+    base_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The record's commit landed, its answer did not: the write tried again changes
+    nothing (the first cleared the token), and that was counted as a lost lease with a
+    warning that another worker had the job (a fresh user's check, one worker alone). It
+    is counted as the record it is; the job was sent once."""
+    caplog.set_level(logging.WARNING, logger="retrysafe.client")
+    script.plan("/once", Step(201))
+    job = Outbox(store, policy=FAST).submit(base_url + "/once", json={})
+    worker = Worker(store, policy=FAST, poll_interval=0.01)
+    face = worker._astore = _AnswerLost(worker._astore)
+    stats = worker.run_until_idle()
+    assert face.lost == 1
+    assert (stats.succeeded, stats.lease_lost, stats.attempts) == (1, 0, 1)
+    assert not [r for r in caplog.records if "not recorded" in r.getMessage()]
+    assert jobs.get_job(job.id).state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert len(script.requests("/once")) == 1
+
+
 def test_until_idle_gives_up_at_the_limit_with_every_slot_writing(
     store: SQLiteStore, jobs: OutboxStore, sqlite_path: Path, script: Script, base_url: str
 ) -> None:
