@@ -246,12 +246,14 @@ class _RecordsDown:
         self._inner = inner
         self.down = True
         self.failed = asyncio.Event()
+        self.waiting: set[str] = set()  # the jobs whose records failed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     async def finish_attempts(self, finishes: Any) -> Any:
         if self.down:
+            self.waiting.update(f.job_id for f in finishes)
             self.failed.set()
             from retrysafe import StoreUnavailableError
 
@@ -287,7 +289,10 @@ async def test_answers_in_hand_at_a_ctrl_c_are_recorded_not_thrown_away(
             face = worker._astore = _RecordsDown(worker._astore)
             serving = asyncio.create_task(worker.serve())
             await asyncio.wait_for(face.failed.wait(), 10)
-            await asyncio.sleep(0.2)  # every answer in, each record waiting on the store
+            for _ in range(500):  # every request answered, each record waiting on the store
+                await asyncio.sleep(0.01)
+                if len(face.waiting) == len(answered):
+                    break
             face.down = False  # the store takes writes again as the Ctrl-C comes
             serving.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -297,7 +302,7 @@ async def test_answers_in_hand_at_a_ctrl_c_are_recorded_not_thrown_away(
     finally:
         server.close()
     sent = len(answered)  # the rest were held back by the destination's first limit
-    assert sent >= 1
+    assert sent >= 1 and len(face.waiting) == sent
     assert [j.state for j in after].count(JobState.SUCCEEDED) == sent
     assert sorted(len(rows) for rows in attempts) == [0] * (3 - sent) + [1] * sent
     assert all(a.status == 200 for rows in attempts for a in rows)

@@ -724,7 +724,11 @@ class _JsonLines(logging.Handler):
 
     def error(self, what: str) -> str | None:
         """The command's error line if stdout failed while the worker ran (it was stopped:
-        the command exits 1 with this line and no summary), else None."""
+        the command exits 1 with this line and no summary), else None. The lines still
+        waiting are written first (within :data:`LAST_LINES_WAIT`): a run shorter than one
+        write's interval ended before the thread had tried, and the summary then failed
+        with another line."""
+        self.out.wait(LAST_LINES_WAIT)
         failed = self.out.failed
         if failed is None:
             return None
