@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from retrysafe import Outbox, RetryPolicy, SQLiteStore
+from retrysafe import Outbox, RetryPolicy, SQLiteStore, StoreUnavailableError
 from retrysafe._serving import ServerThread
 from retrysafe.client import OutboxStore, outbox_store
 
@@ -232,3 +232,31 @@ def run_bounded(worker: Any, seconds: float = 30.0) -> None:
         await asyncio.wait_for(worker.serve(until_idle=True), timeout=seconds)
 
     asyncio.run(bounded())
+
+
+class RecordsDown:
+    """A worker's async store face whose attempt records and lease renewals fail
+    (StoreUnavailableError) while ``down`` is set, as it is at first; ``failed`` is set at
+    the first failed record and ``waiting`` holds the jobs whose records failed."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.down = threading.Event()
+        self.down.set()
+        self.failed = threading.Event()
+        self.waiting: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def finish_attempts(self, finishes: Any) -> Any:
+        if self.down.is_set():
+            self.waiting.update(f.job_id for f in finishes)
+            self.failed.set()
+            raise StoreUnavailableError("the test's outage")
+        return await self._inner.finish_attempts(finishes)
+
+    async def extend_job_lease(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down.is_set():
+            raise StoreUnavailableError("the test's outage")
+        return await self._inner.extend_job_lease(*args, **kwargs)

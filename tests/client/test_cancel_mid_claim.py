@@ -16,6 +16,8 @@ from retrysafe.client._sender import make_engine
 from retrysafe.client._store import outbox_store
 from retrysafe.observability._timed import timed_store
 
+from .conftest import RecordsDown
+
 
 class _LateClaims:
     """The worker's async store face, whose claims land in the store and then answer only
@@ -238,29 +240,6 @@ async def test_attempts_whose_releases_are_cut_short_are_counted_unreleased(
     assert (worker.stats.released, worker.stats.unreleased) == (0, 3)
 
 
-class _RecordsDown:
-    """The worker's async store face whose attempt records fail (store unavailable) while
-    ``down`` is set; ``failed`` is set at the first."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.down = True
-        self.failed = asyncio.Event()
-        self.waiting: set[str] = set()  # the jobs whose records failed
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def finish_attempts(self, finishes: Any) -> Any:
-        if self.down:
-            self.waiting.update(f.job_id for f in finishes)
-            self.failed.set()
-            from retrysafe import StoreUnavailableError
-
-            raise StoreUnavailableError("the test's outage")
-        return await self._inner.finish_attempts(finishes)
-
-
 @pytest.mark.anyio
 async def test_answers_in_hand_at_a_ctrl_c_are_recorded_not_thrown_away(
     tmp_path: Path,
@@ -286,14 +265,14 @@ async def test_answers_in_hand_at_a_ctrl_c_are_recorded_not_thrown_away(
         with Outbox(f"sqlite:///{tmp_path}/o.db") as outbox:
             jobs = [outbox.submit(f"http://127.0.0.1:{port}/x", json={"n": i}) for i in range(3)]
             worker = outbox.worker(concurrency=4, lease=60)
-            face = worker._astore = _RecordsDown(worker._astore)
+            face = worker._astore = RecordsDown(worker._astore)
             serving = asyncio.create_task(worker.serve())
-            await asyncio.wait_for(face.failed.wait(), 10)
-            for _ in range(500):  # every request answered, each record waiting on the store
+            for _ in range(1000):  # every request answered, each record waiting on the store
                 await asyncio.sleep(0.01)
-                if len(face.waiting) == len(answered):
+                if face.failed.is_set() and len(face.waiting) == len(answered):
                     break
-            face.down = False  # the store takes writes again as the Ctrl-C comes
+            assert face.failed.is_set()
+            face.down.clear()  # the store takes writes again as the Ctrl-C comes
             serving.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(serving, 10)

@@ -31,7 +31,7 @@ from retrysafe import (
 from retrysafe.client import OutboxStore, outbox_store
 from retrysafe.client._worker import DEFAULT_STORE_OUTAGE_LIMIT
 
-from .conftest import FAST, Script, Step
+from .conftest import FAST, RecordsDown, Script, Step
 
 BUSY = 0.05  # the store's busy timeout: every lock below is held much longer
 
@@ -188,30 +188,6 @@ def test_an_outcome_unrecorded_past_the_lease_lands_while_no_one_took_the_job(
     assert [a.status for a in jobs.list_attempts(job.id)] == [201]
 
 
-class _FinishesDown:
-    """The worker's async store face whose finishes fail (StoreUnavailableError) while
-    ``down`` is set; ``failed`` is set at the first."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.down = threading.Event()
-        self.failed = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def finish_attempts(self, *args: Any, **kwargs: Any) -> Any:
-        if self.down.is_set():
-            self.failed.set()
-            raise StoreUnavailableError("the test's outage")
-        return await self._inner.finish_attempts(*args, **kwargs)
-
-    async def extend_job_lease(self, *args: Any, **kwargs: Any) -> Any:
-        if self.down.is_set():
-            raise StoreUnavailableError("the test's outage")
-        return await self._inner.extend_job_lease(*args, **kwargs)
-
-
 def test_an_outcome_unrecorded_until_another_worker_took_the_job_is_not_written(
     store: SQLiteStore, jobs: OutboxStore, script: Script, base_url: str
 ) -> None:
@@ -221,8 +197,7 @@ def test_an_outcome_unrecorded_until_another_worker_took_the_job_is_not_written(
     script.plan("/taken", Step(201))
     job = Outbox(store, policy=FAST).submit(base_url + "/taken", json={})
     worker = Worker(store, policy=FAST, lease=0.8, poll_interval=0.01)
-    face = _FinishesDown(worker._astore)
-    face.down.set()
+    face = RecordsDown(worker._astore)
     worker._astore = face
     run = _Run(worker, until_idle=False)  # idle would wait for the second worker's lease
     run.start()
@@ -410,8 +385,7 @@ def test_until_idle_gives_up_at_the_limit_with_every_slot_writing(
     job = Outbox(store, policy=FAST).submit(base_url + "/answered", json={})
     clock = ShiftedClock()
     worker = Worker(store, policy=FAST, poll_interval=0.01, clock=clock, concurrency=1)
-    face = _FinishesDown(worker._astore)
-    face.down.set()
+    face = RecordsDown(worker._astore)
     worker._astore = face
     run = _Run(worker, until_idle=True)
     run.start()
