@@ -40,6 +40,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
@@ -342,6 +343,8 @@ class _Deadlines:
         #: Operations waiting on the server: number → (monotonic deadline, connection).
         self._ops: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
         self._cut: set[int] = set()
+        #: The connections shut down, for as long as they live.
+        self.cut_connections: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
         self._count = 0
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -377,6 +380,7 @@ class _Deadlines:
                 for n, c in due:
                     self._ops[n] = (math.inf, c)  # cut once
                     self._cut.add(n)
+                    self.cut_connections.add(c)
                 later = min((at for at, _ in self._ops.values()), default=math.inf)
             for _, conn in due:
                 _shut_down(conn)
@@ -527,12 +531,18 @@ class PostgresConnector(Transactions):
                 try:
                     yield conn
                 except psycopg.Error:
-                    broken = conn.broken
+                    broken = conn.broken and not self._was_cut(conn)
                     raise
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             if broken:
                 self._sweep()
             raise self.translate(exc) from exc
+
+    def _was_cut(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether ``conn`` broke because :class:`_Deadlines` shut it down: the server is
+        silent, so checking the pool's idle connections (a query each, with no bound of its
+        own) would wait on it too; they are left to fail, each within its own bound."""
+        return self._deadlines is not None and conn in self._deadlines.cut_connections
 
     def _sweep(self) -> None:
         """Drop the pool's idle connections the server closed (the pool replaces them)."""
@@ -598,7 +608,7 @@ class PostgresConnector(Transactions):
                 conn.rollback()
                 conn.autocommit = True
         self._pool.putconn(conn)
-        if conn.broken:
+        if conn.broken and not self._was_cut(conn):
             self._sweep()
 
     def async_connector(self) -> AsyncPostgresConnector:
