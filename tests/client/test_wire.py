@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -31,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
+from _garbage import cycles_left
 from retrysafe import ConfigurationError, JobState, Outbox, RetryPolicy
 from retrysafe._serving import free_port
 from retrysafe._wire import (
@@ -2357,31 +2359,21 @@ def _cycles_left(work: Callable[[], object]) -> list[str]:
     its locals, the buffers among them), by type and name, and the objects in them holding
     bytes. (aiohttp's connection objects form small cycles of their own when a connection
     fails, a failed body's error among them: no frame, no buffer.)"""
-    import gc
-
-    gc.collect()
-    gc.disable()
-    try:
+    with cycles_left() as garbage:
         work()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        left = [
-            f"{type(o).__name__}: {o.f_code.co_name}" if type(o).__name__ == "frame"
-            else type(o).__name__
-            for o in gc.garbage
-            if (isinstance(o, BaseException) and o.__traceback__ is not None)
-            or type(o).__name__ in ("frame", "traceback")
-        ]  # fmt: skip
-        left += [
-            f"{type(o).__name__} holding {len(r)} bytes"
-            for o in gc.garbage
-            for r in gc.get_referents(o)
-            if isinstance(r, (bytes, bytearray)) and len(r) > 4096
-        ]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    left = [
+        f"{type(o).__name__}: {o.f_code.co_name}" if type(o).__name__ == "frame"  # type: ignore[attr-defined]
+        else type(o).__name__
+        for o in garbage
+        if (isinstance(o, BaseException) and o.__traceback__ is not None)
+        or type(o).__name__ in ("frame", "traceback")
+    ]  # fmt: skip
+    left += [
+        f"{type(o).__name__} holding {len(r)} bytes"
+        for o in garbage
+        for r in gc.get_referents(o)
+        if isinstance(r, (bytes, bytearray)) and len(r) > 4096
+    ]
     return left
 
 

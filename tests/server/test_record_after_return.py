@@ -6,7 +6,6 @@ own later work, never letting it out before its record, and leaving no garbage b
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
 import time
 import uuid
@@ -22,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from _garbage import cycles_left
 from retrysafe import ConfigurationError
 from retrysafe._serving import ServerThread
 from retrysafe.core import KeyState, key_hash
@@ -155,22 +155,16 @@ async def test_finished_requests_leave_nothing_for_the_garbage_collector(
         await app(scope, receive, send)
 
     await asyncio.gather(*(one(i) for i in range(20)))  # warm up (imports, connections)
-    gc.collect()
-    gc.disable()
     # Only retrysafe's own objects count: other tests' threads in this worker process (a
     # server, a heartbeat, a framework's connection) may leave cycles of their own meanwhile.
-    gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        await asyncio.gather(*(one(i) for i in range(20, 220)))
-        gc.collect()
+        with cycles_left() as garbage:
+            await asyncio.gather(*(one(i) for i in range(20, 220)))
         ours = sorted(
-            {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("retrysafe")}
+            {type(o).__qualname__ for o in garbage if type(o).__module__.startswith("retrysafe")}
         )
         assert ours == []
     finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
         if kind == "sqlite":
             await app.store.aclose()  # type: ignore[attr-defined]
             store.close()
