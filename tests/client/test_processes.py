@@ -464,6 +464,63 @@ def test_a_terminal_that_stops_taking_output_holds_up_no_attempt(
     assert b"stopped by SIGTERM" in seen_out
 
 
+def test_a_terminal_shows_the_store_outage_in_two_lines_not_the_drivers_own(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A worker on a terminal while its PostgreSQL server was away printed psycopg's pool
+    lines over its counts (one per reconnection attempt: "error connecting in
+    'retrysafe-async': …", four lines each, and "discarding broken connection"), more of them
+    now that a pool slot tries again every few seconds. On a terminal the worker's own two
+    warnings say it: the store went away, and when it was back."""
+    import pty
+    import threading
+
+    from _relay import PgRelay
+
+    relay = PgRelay(pg_url)
+    store = relay.url(pg_url)
+    from retrysafe.stores import PostgresStore
+
+    with PostgresStore(store, schema=pg_schema) as keys, Outbox(keys):
+        pass  # the schema
+    master, terminal = pty.openpty()
+    seen_out = bytearray()
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                seen_out.extend(chunk)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "--schema", pg_schema],
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        _wait_for("the status line", lambda: b"retrysafe worker" in seen_out, timeout=30)
+        relay.down()
+        _wait_for("the outage said", lambda: b"store unavailable" in seen_out, timeout=30)
+        time.sleep(2)  # reconnection attempts meanwhile
+        relay.refuse.clear()
+        _wait_for("the store said back", lambda: b"available again" in seen_out, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        relay.close()
+        os.close(terminal)
+        reader.join(5)
+        os.close(master)
+    shown = seen_out.decode(errors="replace")
+    assert "error connecting" not in shown and "discarding" not in shown, shown[-2000:]
+    assert "connection failed" not in shown, shown[-2000:]
+
+
 def test_sigterm_says_which_jobs_were_not_given_back(capsys: pytest.CaptureFixture[str]) -> None:
     """After SIGTERM the last line said every in-flight job was finished or released, also
     when the store could not take some back (locked) or a process was killed at the stop's

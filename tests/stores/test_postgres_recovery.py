@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
+from _relay import PgRelay
 from retrysafe import ConfigurationError, StoreUnavailableError
 from retrysafe.stores import PostgresStore
 from retrysafe.stores._keys import AsyncSQLKeyStore
@@ -215,44 +214,6 @@ def test_statement_timeout_is_checked_and_the_urls_own_wins(pg_url: str, pg_sche
         store.close()
 
 
-class _Swallower:
-    """A TCP relay to PostgreSQL on loopback that, once ``swallow`` is set, keeps accepting
-    bytes and forwards nothing more (a network that loses everything, a frozen host)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.swallow = threading.Event()
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._target)
-            self._socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                if not self.swallow.is_set():
-                    dst.sendall(data)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self._listener.close()
-        for sock in self._socks:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-
 def test_the_async_face_gives_up_on_a_network_that_swallows_the_answer(
     pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,9 +223,8 @@ def test_the_async_face_gives_up_on_a_network_that_swallows_the_answer(
     from retrysafe.stores import _postgres
 
     monkeypatch.setattr(_postgres, "_CLIENT_MARGIN", 0.5)
-    parts = urlsplit(pg_url)
-    relay = _Swallower(parts.hostname or "127.0.0.1", parts.port or 5432)
-    url = parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{relay.port}").geturl()
+    relay = PgRelay(pg_url)
+    url = relay.url(pg_url)
     store = PostgresStore(url, schema=pg_schema, statement_timeout=0.5, connect_timeout=2)
 
     async def main() -> float:
@@ -306,9 +266,8 @@ def test_the_sync_face_gives_up_on_a_network_that_swallows_the_answer(
     from retrysafe.stores import _postgres
 
     monkeypatch.setattr(_postgres, "_CLIENT_MARGIN", 0.5)
-    parts = urlsplit(pg_url)
-    relay = _Swallower(parts.hostname or "127.0.0.1", parts.port or 5432)
-    url = parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{relay.port}").geturl()
+    relay = PgRelay(pg_url)
+    url = relay.url(pg_url)
     store = PostgresStore(url, schema=pg_schema, statement_timeout=0.5, connect_timeout=2)
     try:
         from retrysafe.stores._keys import get
@@ -346,6 +305,76 @@ def test_the_sync_face_gives_up_on_a_network_that_swallows_the_answer(
     for outcome in outcomes:
         assert isinstance(outcome, tuple) and "no answer within 1 s" in outcome[0], outcome
         assert outcome[1] < 3.0, outcome
+
+
+def test_a_server_back_after_an_outage_is_used_again_within_seconds(
+    pg_url: str, pg_schema: str
+) -> None:
+    """psycopg_pool reconnects a slot 1, 2, 4, 8 … s apart, so after an outage of 8 s both
+    faces noticed the server back 5.5-8 s late (their next attempt came 13.5-16.5 s after
+    the first failure), and a worker said "available again" that much later (a fresh user's
+    report: 4-17 s). A slot now gives up after RECONNECT_WINDOW and the next operation opens
+    a fresh one at once: operations issued every 0.1 s through the outage work again within
+    a few seconds of the server's return, on the sync face and the async one alike."""
+    relay = PgRelay(pg_url)
+    store = PostgresStore(relay.url(pg_url), schema=pg_schema, clock="caller", connect_timeout=2)
+    outage = 8.0
+    back_at: dict[str, float] = {}
+    up = threading.Event()
+
+    def until_back(face: str, operation: Callable[[], object]) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if _outcome(operation) == "ok" and up.is_set():
+                back_at[face] = time.monotonic()
+                return
+            time.sleep(0.1)
+
+    async def async_face() -> None:
+        keys = store.asyncio_key_store()
+        assert await keys.get(H) is None  # its pool is open
+
+        async def get() -> None:
+            await keys.get(H)
+
+        await asyncio.to_thread(ready.wait)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                await get()
+            except StoreUnavailableError:
+                pass
+            else:
+                if up.is_set():
+                    back_at["async"] = time.monotonic()
+                    break
+            await asyncio.sleep(0.1)
+        await keys.aclose()
+
+    ready = threading.Event()
+    try:
+        assert store.get(H) is None
+        loop_thread = threading.Thread(target=asyncio.run, args=(async_face(),), daemon=True)
+        loop_thread.start()
+        time.sleep(0.5)  # the async face's pool opened
+        relay.down()
+        ready.set()
+        sync_thread = threading.Thread(
+            target=until_back, args=("sync", lambda: store.get(H)), daemon=True
+        )
+        sync_thread.start()
+        time.sleep(outage)
+        relay.refuse.clear()
+        up.set()
+        returned = time.monotonic()
+        sync_thread.join(60)
+        loop_thread.join(60)
+    finally:
+        relay.close()
+        store.close()
+    late = {face: round(at - returned, 1) for face, at in back_at.items()}
+    assert set(late) == {"sync", "async"}, late
+    assert all(seconds < 4.0 for seconds in late.values()), late
 
 
 def test_an_upper_case_schema_name_is_refused(pg_url: str) -> None:

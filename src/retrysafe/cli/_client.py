@@ -878,15 +878,23 @@ def worker(
                 log.addHandler(handler)
                 old_level = log.level
                 log.setLevel(logging.INFO)
+            drivers = contextlib.ExitStack()
             if handler is not None:
-                drivers: contextlib.AbstractContextManager[None] = driver_lines_to(handler)
-            elif sys.stderr is not None and sys.stderr.isatty():  # above the live counts
-                console = live.console
-                drivers = warning_lines(
-                    lambda line: console.print(line, markup=False, highlight=False)
-                )
+                drivers.enter_context(driver_lines_to(handler))
             else:
-                drivers = warning_lines()
+                # On a terminal the worker's own warning says the store went away and when it
+                # came back; the driver's line per reconnection attempt (psycopg's pool) would
+                # scroll the counts away.
+                drivers.enter_context(driver_lines_to(logging.NullHandler()))
+                if sys.stderr is not None and sys.stderr.isatty():  # above the live counts
+                    console = live.console
+                    drivers.enter_context(
+                        warning_lines(
+                            lambda line: console.print(line, markup=False, highlight=False)
+                        )
+                    )
+                else:
+                    drivers.enter_context(warning_lines())
             try:
                 with drivers:
                     served = serve(w, until_idle=until_idle)
