@@ -103,3 +103,100 @@ async def test_a_request_the_server_cancels_is_told_server_stopped_and_keeps_its
         retry = await client.post("/x", json={}, headers={"Idempotency-Key": "stop-1"})
     assert retry.status_code == 409
     store.close()
+
+
+_INVALID_ANSWERS = {
+    "status 999": (999, [(b"content-type", b"text/plain")], b"done"),
+    "status as text": ("201", [], b"done"),
+    "response splitting": (201, [(b"content-type", b"text/plain\r\nX-Injected: 1")], b"done"),
+    "a NUL in a value": (201, [(b"x-note", b"a\x00b")], b"done"),
+    "a space in a name": (201, [(b"x note", b"a")], b"done"),
+    "a body longer than its length": (201, [(b"content-length", b"5")], b"0123456789"),
+    "a body shorter than its length": (201, [(b"content-length", b"50")], b"0123456789"),
+    "two lengths": (201, [(b"content-length", b"4"), (b"content-length", b"5")], b"done"),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(_INVALID_ANSWERS))
+async def test_an_answer_no_server_can_send_keeps_the_key_claimed(
+    tmp_path: Path, case: str
+) -> None:
+    """A fresh user's check: an app whose answer is no valid HTTP response ran again on
+    every retry (status 999: a 5xx to the middleware, so the key was released, while uvicorn
+    failed the answer with a KeyError: three requests, three effects), or its broken answer
+    was stored and every replay failed the same way for the whole retention (a CR LF in a
+    header: an empty reply each time), or a replay was whole where the first answer was
+    cut (a body longer than its Content-Length). Now the client gets 500 ``invalid-answer``
+    and the key stays claimed as outcome-unknown: the retry gets 409, the effect ran once."""
+    import json
+
+    status, headers, body = _INVALID_ANSWERS[case]
+    effects: list[int] = []
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        effects.append(1)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    store = SQLiteStore(tmp_path / "a.db")
+    app_ = IdempotencyMiddleware(app, store=store)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app_), base_url="http://t"
+    ) as client:
+        key = {"Idempotency-Key": "bad-answer-1"}
+        first = await client.post("/x", json={}, headers=key)
+        assert first.status_code == 500, (first.status_code, first.headers, first.content)
+        problem = json.loads(first.content)
+        assert problem["type"] == "urn:retrysafe:problem:invalid-answer"
+        again = await client.post("/x", json={}, headers=key)
+        assert again.status_code == 409
+    assert effects == [1]
+    store.close()
+
+
+def test_a_wsgi_answer_no_server_can_send_keeps_the_key_claimed(tmp_path: Path) -> None:
+    """WSGI, the same rule (the engine's): a header value with CR LF is not stored."""
+    effects: list[int] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        effects.append(1)
+        start_response("201 Created", [("Content-Type", "text/plain\r\nX-Injected: 1")])
+        return [b"done"]
+
+    store = SQLiteStore(tmp_path / "w.db")
+    wrapped = WSGIIdempotencyMiddleware(app, store=store)
+    with httpx.Client(transport=httpx.WSGITransport(app=wrapped), base_url="http://t") as client:
+        key = {"Idempotency-Key": "bad-answer-2"}
+        first = client.post("/x", json={}, headers=key)
+        assert first.status_code == 500
+        assert first.json()["type"] == "urn:retrysafe:problem:invalid-answer"
+        assert client.post("/x", json={}, headers=key).status_code == 409
+    assert effects == [1]
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_head_answer_keeps_its_content_length_and_is_stored(tmp_path: Path) -> None:
+    """What the rule leaves alone: HEAD answers (no body, the GET's length), 204 and 304."""
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]}
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+    store = SQLiteStore(tmp_path / "h.db")
+    config_app = IdempotencyMiddleware(app, store=store, protected_methods={"HEAD"})
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=config_app), base_url="http://t"
+    ) as client:
+        key = {"Idempotency-Key": "head-1"}
+        assert (await client.head("/x", headers=key)).status_code == 200
+        again = await client.head("/x", headers=key)
+        assert again.status_code == 200 and again.headers.get("idempotent-replayed") == "true"
+    store.close()

@@ -28,6 +28,7 @@ from retrysafe.observability._timed import store_kind, timed_store
 from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
     FORWARD,
+    INVALID,
     UNRECORDED,
     Answer,
     Claimant,
@@ -429,7 +430,7 @@ class _Responder(Claimant):
                 task = asyncio.get_running_loop().create_task(self._record_later())
                 _BACKGROUND.add(task)
                 task.add_done_callback(_BACKGROUND.discard)
-            elif unknown:
+            elif unknown or (verdict == INVALID and "effect" not in state):
                 beat.bounded = True  # outcome unknown: claimed, renewed up to max_run_time
             else:
                 beat.stop()

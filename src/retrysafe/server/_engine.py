@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -85,11 +86,20 @@ _R = TypeVar("_R")
 #: send the answer; ``"fenced"`` — the lease was taken over and the answer is not the key's
 #: record: send 409 ``request-in-progress`` instead (the new owner's answer will be replayed);
 #: ``"unrecorded"`` — the record could not land: send 503 ``store-unavailable`` and keep
-#: recording in the background (:meth:`Engine.record_later`).
-Verdict = Literal["forward", "fenced", "unrecorded"]
+#: recording in the background (:meth:`Engine.record_later`); ``"invalid"`` — the answer is
+#: no valid HTTP response (:meth:`Engine.answer_fault`): send 500 ``invalid-answer`` instead
+#: (the outcome is unknown: the key stays claimed, as after an exception once the answer
+#: started).
+Verdict = Literal["forward", "fenced", "unrecorded", "invalid"]
 FORWARD: Verdict = "forward"
 FENCED: Verdict = "fenced"
 UNRECORDED: Verdict = "unrecorded"
+INVALID: Verdict = "invalid"
+
+#: RFC 9110 §5.1 and §5.5: a field name is a token; a field value is visible characters
+#: (and obs-text), with spaces and tabs only between them.
+_FIELD_NAME = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?")
 
 _POLL_INITIAL = 0.02  # seconds: first wait while polling a running key (in_progress_wait)
 _POLL_MAX = 0.25  # seconds: longest single wait while polling
@@ -288,6 +298,7 @@ class Engine:
     """
 
     __slots__ = (
+        "_invalid_answer",
         "_missing_key",
         "_replay_bytes",
         "_replay_str",
@@ -343,6 +354,17 @@ class Engine:
                 "operation (e.g. a UUIDv4) and send it with every attempt of that operation.",
             ),
             "missing-key",
+        )
+        self._invalid_answer = self._problem(
+            Problem(
+                "invalid-answer",
+                500,
+                "The request was handled, but its answer is not a valid HTTP response, so it "
+                "could neither be sent nor stored. Retry with the same key, never a new one: "
+                "the operation may have taken effect (a retry answers 409 while the key is "
+                "claimed).",
+            ),
+            "invalid-answer",
         )
         self._unrecorded = self._problem(
             Problem(
@@ -448,6 +470,8 @@ class Engine:
         recorded (``req.handled``), or nothing happened (the transaction rolled back)."""
         if verdict == FENCED:
             return self.in_progress(1)
+        if verdict == INVALID:
+            return self._invalid_answer
         return self._unrecorded if req.handled else self._store_unavailable
 
     def replay(self, response: StoredResponse) -> Answer:
@@ -609,11 +633,18 @@ class Engine:
         the key (SPEC §4), and log. Record before answer (SPEC §3): the verdict tells the
         driver whether the answer may go out.
 
-        ``unknown``: the app marked the outcome unknown; the key stays claimed.
+        ``unknown``: the app marked the outcome unknown; the key stays claimed. An answer
+        that is no valid HTTP response (:meth:`answer_fault`) is not stored or released
+        either: its handler ran, and no server can send its answer, nor could a replay;
+        the key stays claimed as outcome-unknown and the verdict is ``"invalid"``.
         """
         if unknown:
             self.log_unknown(req, capture.status)
             return FORWARD
+        fault = self.answer_fault(req, capture)
+        if fault is not None:
+            self.log_unknown(req, capture.status, error=f"invalid answer: {fault}")
+            return INVALID
         op = self.finish(req, capture)
         if req.lost:  # a renewal found the key taken over: the late result is not written
             self.log_finish(req, op, False, capture.status)
@@ -747,6 +778,10 @@ class Engine:
             effect.rollback()
             self.log_unknown(req, capture.status)
             return FORWARD, None
+        fault = self.answer_fault(req, capture) if capture.complete else None
+        if fault is not None:
+            effect.rollback()
+            return INVALID, f"invalid answer: {fault}; effect rolled back"
         op = self.finish(req, capture)
         if op[0] != "complete" or doomed:
             effect.rollback()
@@ -780,6 +815,43 @@ class Engine:
             error=repr(exc),
             operation=op[0],
         )
+
+    def answer_fault(self, req: RequestState, capture: Capture) -> str | None:
+        """Why the handler's complete answer is no valid HTTP response, or None: a status
+        outside 100-599 (RFC 9110 §15), a header name that is no token or a value with a
+        control character or with spaces around it (§5.1, §5.5: the characters of response
+        splitting among them), a Content-Length that is no number, given twice with two
+        values, or not the body's length (§8.6; not for HEAD, 1xx, 204 and 304). A server
+        fails such an answer on its way out (uvicorn: an error, an empty reply) or sends it
+        as it is; it was once stored, and every replay then failed the same way for the
+        whole retention."""
+        status = capture.status
+        if type(status) is not int or not 100 <= status <= 599:
+            return f"status {status!r} is not 100-599"
+        declared: bytes | None = None
+        for name, value in capture.headers:
+            try:
+                raw_name = name if type(name) is bytes else str(name).encode("latin-1")
+                raw_value = value if type(value) is bytes else str(value).encode("latin-1")
+            except UnicodeEncodeError:
+                return f"header {name!r}: not latin-1 text"
+            if not _FIELD_NAME.fullmatch(raw_name):
+                return f"header name {raw_name[:100]!r} is not a token"
+            if not _FIELD_VALUE.fullmatch(raw_value):
+                return f"header {raw_name[:100]!r}: value {raw_value[:100]!r} is not a field value"
+            if raw_name.lower() == b"content-length":
+                if not raw_value.isdigit() or (declared is not None and declared != raw_value):
+                    return f"Content-Length {raw_value[:100]!r} is not one number"
+                declared = raw_value
+        if (
+            declared is not None
+            and req.method != "HEAD"
+            and status >= 200
+            and status not in (204, 304)
+            and int(declared) != capture.size
+        ):
+            return f"Content-Length {int(declared)} but a body of {capture.size} bytes"
+        return None
 
     def finish(self, req: RequestState, capture: Capture) -> Op:
         """After the handler: complete the key with the response or release it (SPEC §4).

@@ -18,6 +18,7 @@ from retrysafe.server._config import IdempotencyConfig, resolve_config
 from retrysafe.server._engine import (
     FENCED,
     FORWARD,
+    INVALID,
     UNRECORDED,
     Answer,
     Claimant,
@@ -280,7 +281,7 @@ class _Run(Claimant):
                 threading.Thread(
                     target=self._record_later, name="retrysafe-record", daemon=True
                 ).start()
-            elif unknown:
+            elif unknown or (verdict == INVALID and "effect" not in self.state):
                 beat.bounded = True  # outcome unknown: claimed, renewed up to max_run_time
             else:
                 beat.stop()
@@ -352,9 +353,10 @@ class _Response:
         if run.started_out:
             # Part of the answer left already: cut the connection before its end, so the
             # client sees a broken answer and retries with the same key.
+            why = {FENCED: "lease taken over", INVALID: "not a valid HTTP response"}
             raise StoreUnavailableError(
                 "the answer could not be recorded, so its end is not sent "
-                f"({'lease taken over' if verdict == FENCED else 'store unavailable'})",
+                f"({why.get(verdict, 'store unavailable')})",
                 store=repr(run.store),
             )
         yield run.answer_instead(run.engine.instead_of(run.req, verdict))
