@@ -208,6 +208,83 @@ def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
     assert len(reached) == 1
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n",  # no hex size
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",  # then closed
+    ],
+    ids=["bad-chunk-size", "head-only"],
+)
+def test_an_answer_that_breaks_before_its_body_is_a_502_keeping_the_key(
+    tmp_path: Path, answer: bytes
+) -> None:
+    """A fresh user's check: an upstream whose head came but whose body broke before any of
+    it got the server's bare ``500 Internal Server Error`` (the head had gone to the
+    middleware, which held it, and the gateway returned without an end). The head now
+    leaves with the body's first bytes, so this is the documented 502, and the key stays
+    claimed: the retry 409s and the upstream was reached once."""
+    reached: list[bytes] = []
+
+    async def raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    store = SQLiteStore(tmp_path / "gateway.db")
+    try:
+        with _raw_upstream(raw) as url:
+            app = IdempotencyMiddleware(ReverseProxy(url, timeout=5), store=store)
+            with ServerThread(app) as gw:
+                headers = {"Idempotency-Key": "broke-early"}
+                first = httpx.post(gw.url + "/x", json={}, headers=headers)
+                retry = httpx.post(gw.url + "/x", json={}, headers=headers)
+    finally:
+        store.close()
+    assert first.status_code == 502, first.text
+    assert first.json()["type"] == "urn:retrysafe:problem:bad-gateway"
+    assert retry.status_code == 409, retry.text
+    assert len(reached) == 1
+
+
+def test_a_request_with_a_length_and_chunks_goes_on_chunked(tmp_path: Path) -> None:
+    """A client request with both Content-Length and Transfer-Encoding: chunked (the server
+    de-chunks it; RFC 9112 §6.3: the encoding wins) was forwarded with the client's length
+    beside the longer body, which the HTTP client refused: a plain 500. The length is not
+    sent on: the upstream gets the whole body, chunked."""
+    bodies: list[bytes] = []
+
+    async def upstream(scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        bodies.append(body)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    store = SQLiteStore(tmp_path / "gateway.db")
+    try:
+        with ServerThread(upstream) as up, ServerThread(
+            IdempotencyMiddleware(ReverseProxy(up.url, timeout=5), store=store)
+        ) as gw:
+            port = int(gw.url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(
+                    b"POST /x HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: cl-te\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 4\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n7\r\n{\"x\":1}\r\n0\r\n\r\n"
+                )
+                answer = conn.recv(4096)
+    finally:
+        store.close()
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+    assert bodies == [b'{"x":1}']
+
+
 def test_an_upstream_answering_junk_leaves_no_cycle_holding_its_bytes(tmp_path: Path) -> None:
     """An upstream answering 64 KiB of non-HTTP bytes: 502, and the gateway keeps the error
     without its traceback (the frames it names held the upstream's bytes in a reference

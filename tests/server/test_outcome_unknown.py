@@ -174,8 +174,7 @@ def test_a_wsgi_answer_no_server_can_send_keeps_the_key_claimed(tmp_path: Path) 
         assert first.status_code == 500
         assert first.json()["type"] == "urn:retrysafe:problem:invalid-answer"
         assert client.post("/x", json={}, headers=key).status_code == 409
-    assert effects == [1]
-    store.close()
+    assert effects == [1]  # the store stays open: the claim is renewed (outcome unknown)
 
 
 @pytest.mark.anyio
@@ -199,4 +198,34 @@ async def test_a_head_answer_keeps_its_content_length_and_is_stored(tmp_path: Pa
         assert (await client.head("/x", headers=key)).status_code == 200
         again = await client.head("/x", headers=key)
         assert again.status_code == 200 and again.headers.get("idempotent-replayed") == "true"
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_an_app_returning_after_its_head_alone_says_so_and_keeps_the_key(
+    tmp_path: Path,
+) -> None:
+    """An app that started its answer and returned without its body: the middleware held the
+    head (it leaves with the body), so none of it reached the server, which answered its
+    bare 500. The key stays claimed as outcome-unknown (the app may have acted), and the
+    client is now told so: 500 ``invalid-answer``, then 409 for the retry."""
+    effects: list[int] = []
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        effects.append(1)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+
+    store = SQLiteStore(tmp_path / "a.db")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=IdempotencyMiddleware(app, store=store)),
+        base_url="http://t",
+    ) as client:
+        key = {"Idempotency-Key": "head-alone"}
+        first = await client.post("/x", json={}, headers=key)
+        assert first.status_code == 500
+        assert first.json()["type"] == "urn:retrysafe:problem:invalid-answer"
+        assert (await client.post("/x", json={}, headers=key)).status_code == 409
+    assert effects == [1]
     store.close()

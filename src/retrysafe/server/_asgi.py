@@ -406,10 +406,11 @@ class _Responder(Claimant):
             await self._finalize()
         elif self._recording is not None:
             await self._recording
-        elif not self.finalized:
+        elif not self.finalized and await self.abort(None):
             # The app returned without finishing its response (an app bug, or an app that
-            # gave up): release if nothing had started, else the outcome is unknown.
-            await self.abort(None)
+            # gave up): released if nothing had started, else (here) the outcome is
+            # unknown; when none of it left, the client is told so, not the server's 500.
+            await self._replace(INVALID)
 
     async def _finalize(self) -> None:
         beat = self.beat

@@ -138,8 +138,14 @@ class ReverseProxy:
         url = self.upstream + path
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
+        # A request framed by Transfer-Encoding has reached us de-chunked: a Content-Length
+        # beside it is not the body's (RFC 9112 §6.3: the encoding wins, and a proxy must
+        # not send the length on), so the body goes on chunked.
+        drop = _HOP_BY_HOP
+        if any(k.lower() == b"transfer-encoding" for k, _ in scope["headers"]):
+            drop = _HOP_BY_HOP | {b"content-length"}
         headers: list[tuple[bytes, bytes]] = [
-            (k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP
+            (k, v) for k, v in scope["headers"] if k.lower() not in drop
         ]
         client_addr = scope.get("client")
         if client_addr:
@@ -198,19 +204,24 @@ class ReverseProxy:
                 out_headers = [
                     (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
                 ]
-                await to_client(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": out_headers,
-                    }
-                )
-                started = True
+                head: Message = {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": out_headers,
+                }
+                # The head leaves with the first bytes of the body (or its end): a body that
+                # breaks before any of it came is a 502, not a head the server must cut.
                 async for chunk in response.aiter_raw():
                     if chunk:
+                        if not started:
+                            await to_client(head)
+                            started = True
                         await to_client(
                             {"type": "http.response.body", "body": chunk, "more_body": True}
                         )
+                if not started:
+                    await to_client(head)
+                    started = True
             # Kept without their tracebacks (drop_tracebacks): this frame is in them, and
             # a local naming the error would make a cycle holding the frames' buffers.
             except _NOT_SENT as exc:
