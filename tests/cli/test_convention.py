@@ -194,6 +194,27 @@ def test_the_schema_env_var_is_one_for_every_command_and_the_hint_names_it(
     assert runner.invoke(cli, ["jobs", "list", "--store", pg_url], env=env).exit_code == 0
 
 
+@pytest.mark.parametrize(
+    "args", [["worker", "--until-idle"], ["jobs", "list"], ["keys", "list"], ["migrate"]]
+)
+def test_an_empty_store_variable_is_said_not_taken_for_the_default(
+    tmp_path: Path, args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh user's check: ``RETRYSAFE_STORE=`` (set, but empty) quietly meant the default
+    store, and the command said there was no store at ``retrysafe.db``, which nobody had
+    named (``migrate`` would have made one). Now it says the variable is empty (exit 2); a
+    ``--store`` given on the command line still wins over it."""
+    monkeypatch.chdir(tmp_path)  # a regression makes retrysafe.db here, not in the checkout
+    runner = CliRunner()
+    env = {"RETRYSAFE_STORE": ""}
+    result = runner.invoke(cli, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "RETRYSAFE_STORE is set but empty" in result.stderr
+    store = f"sqlite:///{tmp_path / 'given.db'}"
+    made = runner.invoke(cli, ["migrate", "--store", store], env=env)
+    assert made.exit_code == 0, made.output
+
+
 @pytest.mark.parametrize("args", [["migrate"], ["jobs", "list"], ["keys", "list"]])
 def test_an_upper_case_schema_is_refused_with_the_name_to_use(
     pg_url: str, args: list[str]

@@ -61,6 +61,7 @@ __all__ = [
     "Number",
     "ProgressStream",
     "SchemaName",
+    "StoreOption",
     "StoreURL",
     "StrParamType",
     "canonical_scheme",
@@ -520,10 +521,26 @@ def store_option(
             show_default=True,
             metavar="URL",
             type=kind,
+            cls=StoreOption,
             help=text,
         )(f)
 
     return decorate if fn is None else decorate(fn)
+
+
+class StoreOption(click.Option):
+    """``--store``, whose ``RETRYSAFE_STORE=`` (set, but empty) is a mistake, not a request
+    for the default store: click reads an empty variable as unset, and the command then said
+    there was no store at ``retrysafe.db``, which nobody had named."""
+
+    def value_from_envvar(self, ctx: click.Context) -> Any:
+        if os.environ.get(STORE_ENV) == "":
+            raise click.BadParameter(
+                f"{STORE_ENV} is set but empty: give it a store URL, unset it, or pass --store",
+                ctx=ctx,
+                param=self,
+            )
+        return super().value_from_envvar(ctx)
 
 
 def no_store_message(url: str, path: str) -> str:

@@ -42,6 +42,7 @@ from retrysafe.cli._common import (
     SCHEMA_ENV,
     STORE_ENV,
     SchemaName,
+    StoreOption,
     StoreURL,
     StrParamType,
     canonical_scheme,
@@ -233,6 +234,7 @@ def _store_options(fn: Any) -> Any:
         show_default=True,
         metavar="URL",
         type=kind,
+        cls=StoreOption,
         help=f"Store URL: {kind.examples()} (see docs/stores.md).",
     )(fn)
 
