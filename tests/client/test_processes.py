@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -83,6 +83,44 @@ def _once_sent(
 def _submit(store: str, url: str, n: int) -> list[str]:
     with Outbox(store) as outbox:
         return [outbox.submit(url, json={"n": i}).id for i in range(n)]
+
+
+@contextlib.contextmanager
+def _on_a_terminal(
+    *args: str,
+) -> Iterator[tuple[subprocess.Popen[bytes], int, bytearray]]:
+    """``retrysafe worker ARGS`` with a pseudo-terminal as its stdout and stderr: the
+    process, the terminal's fd (for ``tcflow``) and what it has shown so far. The command is
+    killed if it is still running at the end."""
+    import pty
+    import threading
+
+    master, terminal = pty.openpty()
+    seen_out = bytearray()
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                seen_out.extend(chunk)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrysafe", "worker", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        _wait_for("the status line", lambda: b"retrysafe worker" in seen_out, timeout=30)
+        yield proc, terminal, seen_out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(terminal)
+        reader.join(5)
+        os.close(master)
 
 
 def test_the_processes_share_the_queue_and_one_summary_counts_them_all(
@@ -417,30 +455,11 @@ def test_a_terminal_that_stops_taking_output_holds_up_no_attempt(
     leases unrenewed. Now the line is drawn by rich's thread alone and warnings are written
     by a thread of their own: every job is delivered, once, while the terminal is stopped,
     and once it takes output again SIGTERM ends the command as usual."""
-    import pty
     import termios
-    import threading
 
     store = f"sqlite:///{sqlite_path}"
     _submit(store, base_url + "/ok", 0)  # the schema
-    master, terminal = pty.openpty()
-    seen_out = bytearray()
-
-    def drain() -> None:
-        with contextlib.suppress(OSError):
-            while chunk := os.read(master, 65536):
-                seen_out.extend(chunk)
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "-c", "8"],
-        stdin=subprocess.DEVNULL,
-        stdout=terminal,
-        stderr=terminal,
-    )
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        _wait_for("the status line", lambda: b"retrysafe worker" in seen_out, timeout=30)
+    with _on_a_terminal("--store", store, "-c", "8") as (proc, terminal, seen_out):
         termios.tcflow(terminal, termios.TCOOFF)  # Ctrl-S: every write to it now waits
         ids = _submit(store, base_url + "/ok", 200)
 
@@ -452,13 +471,6 @@ def test_a_terminal_that_stops_taking_output_holds_up_no_attempt(
         termios.tcflow(terminal, termios.TCOON)  # Ctrl-Q
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 143
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(terminal)
-        reader.join(5)
-        os.close(master)
     seen = script.requests("/ok")
     assert len(seen) == len({s.key for s in seen}) == 200  # each job sent once
     assert b"stopped by SIGTERM" in seen_out
@@ -472,50 +484,24 @@ def test_a_terminal_shows_the_store_outage_in_two_lines_not_the_drivers_own(
     'retrysafe-async': …", four lines each, and "discarding broken connection"), more of them
     now that a pool slot tries again every few seconds. On a terminal the worker's own two
     warnings say it: the store went away, and when it was back."""
-    import pty
-    import threading
-
     from _relay import PgRelay
+    from retrysafe.stores import PostgresStore
 
     relay = PgRelay(pg_url)
     store = relay.url(pg_url)
-    from retrysafe.stores import PostgresStore
-
     with PostgresStore(store, schema=pg_schema) as keys, Outbox(keys):
         pass  # the schema
-    master, terminal = pty.openpty()
-    seen_out = bytearray()
-
-    def drain() -> None:
-        with contextlib.suppress(OSError):
-            while chunk := os.read(master, 65536):
-                seen_out.extend(chunk)
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrysafe", "worker", "--store", store, "--schema", pg_schema],
-        stdin=subprocess.DEVNULL,
-        stdout=terminal,
-        stderr=terminal,
-    )
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
     try:
-        _wait_for("the status line", lambda: b"retrysafe worker" in seen_out, timeout=30)
-        relay.down()
-        _wait_for("the outage said", lambda: b"store unavailable" in seen_out, timeout=30)
-        time.sleep(2)  # reconnection attempts meanwhile
-        relay.refuse.clear()
-        _wait_for("the store said back", lambda: b"available again" in seen_out, timeout=30)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 143
+        with _on_a_terminal("--store", store, "--schema", pg_schema) as (proc, _, seen_out):
+            relay.down()
+            _wait_for("the outage said", lambda: b"store unavailable" in seen_out, timeout=30)
+            time.sleep(2)  # reconnection attempts meanwhile
+            relay.refuse.clear()
+            _wait_for("the store said back", lambda: b"available again" in seen_out, 30)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 143
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         relay.close()
-        os.close(terminal)
-        reader.join(5)
-        os.close(master)
     shown = seen_out.decode(errors="replace")
     assert "error connecting" not in shown and "discarding" not in shown, shown[-2000:]
     assert "connection failed" not in shown, shown[-2000:]
