@@ -169,6 +169,26 @@ def _raw_upstream(
         thread.join(10)
 
 
+def _first_and_retry(
+    tmp_path: Path,
+    raw: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    key: str,
+) -> tuple[httpx.Response, httpx.Response]:
+    """A gateway on SQLite before the raw upstream ``raw``: one POST with ``key`` and its
+    retry, over real sockets."""
+    store = SQLiteStore(tmp_path / "gateway.db")
+    try:
+        with _raw_upstream(raw) as url:
+            app = IdempotencyMiddleware(ReverseProxy(url, timeout=5), store=store)
+            with ServerThread(app) as gw:
+                headers = {"Idempotency-Key": key}
+                first = httpx.post(gw.url + "/x", json={}, headers=headers)
+                retry = httpx.post(gw.url + "/x", json={}, headers=headers)
+    finally:
+        store.close()
+    return first, retry
+
+
 @pytest.mark.parametrize("status", [600, 999])
 def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
     tmp_path: Path, status: int
@@ -192,16 +212,7 @@ def test_an_upstream_status_outside_100_to_599_keeps_the_key_claimed(
         await writer.drain()
         writer.close()
 
-    store = SQLiteStore(tmp_path / "gateway.db")
-    try:
-        with _raw_upstream(raw) as url:
-            app = IdempotencyMiddleware(ReverseProxy(url, timeout=5), store=store)
-            with ServerThread(app) as gw:
-                headers = {"Idempotency-Key": f"odd-{status}"}
-                first = httpx.post(gw.url + "/x", json={}, headers=headers)
-                retry = httpx.post(gw.url + "/x", json={}, headers=headers)
-    finally:
-        store.close()
+    first, retry = _first_and_retry(tmp_path, raw, f"odd-{status}")
     assert first.status_code == 502, first.text
     assert "no complete answer" in first.json()["detail"]
     assert retry.status_code == 409, retry.text
@@ -232,16 +243,7 @@ def test_an_answer_that_breaks_before_its_body_is_a_502_keeping_the_key(
         await writer.drain()
         writer.close()
 
-    store = SQLiteStore(tmp_path / "gateway.db")
-    try:
-        with _raw_upstream(raw) as url:
-            app = IdempotencyMiddleware(ReverseProxy(url, timeout=5), store=store)
-            with ServerThread(app) as gw:
-                headers = {"Idempotency-Key": "broke-early"}
-                first = httpx.post(gw.url + "/x", json={}, headers=headers)
-                retry = httpx.post(gw.url + "/x", json={}, headers=headers)
-    finally:
-        store.close()
+    first, retry = _first_and_retry(tmp_path, raw, "broke-early")
     assert first.status_code == 502, first.text
     assert first.json()["type"] == "urn:retrysafe:problem:bad-gateway"
     assert retry.status_code == 409, retry.text
