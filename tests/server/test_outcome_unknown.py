@@ -107,6 +107,8 @@ async def test_a_request_the_server_cancels_is_told_server_stopped_and_keeps_its
 
 _INVALID_ANSWERS = {
     "status 999": (999, [(b"content-type", b"text/plain")], b"done"),
+    "status 101": (101, [], b""),  # informational: never the answer (it was stored)
+    "status 199": (199, [], b""),
     "status as text": ("201", [], b"done"),
     "response splitting": (201, [(b"content-type", b"text/plain\r\nX-Injected: 1")], b"done"),
     "a NUL in a value": (201, [(b"x-note", b"a\x00b")], b"done"),
@@ -157,13 +159,28 @@ async def test_an_answer_no_server_can_send_keeps_the_key_claimed(
     store.close()
 
 
-def test_a_wsgi_answer_no_server_can_send_keeps_the_key_claimed(tmp_path: Path) -> None:
-    """WSGI, the same rule (the engine's): a header value with CR LF is not stored."""
+@pytest.mark.parametrize(
+    ("status", "headers"),
+    [
+        ("201 Created", [("Content-Type", "text/plain\r\nX-Injected: 1")]),
+        ("abc", []),  # no code: the middleware's start_response raised, the key was released
+        ("200 OK\r\nX-Injected: 1", []),  # CR LF in the reason: stored, gunicorn 500'd
+        ("199 Early", []),
+        ("20 Short", []),
+    ],
+    ids=["crlf-header", "no-code", "crlf-reason", "informational", "two-digits"],
+)
+def test_a_wsgi_answer_no_server_can_send_keeps_the_key_claimed(
+    tmp_path: Path, status: str, headers: list[tuple[str, str]]
+) -> None:
+    """WSGI, the same rule (the engine's), and its status line: three digits, a space, a
+    reason without CR or LF (a fresh user's check: "abc" ran the handler on every retry, a
+    reason with CR LF was stored)."""
     effects: list[int] = []
 
     def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         effects.append(1)
-        start_response("201 Created", [("Content-Type", "text/plain\r\nX-Injected: 1")])
+        start_response(status, headers)
         return [b"done"]
 
     store = SQLiteStore(tmp_path / "w.db")

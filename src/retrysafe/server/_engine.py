@@ -207,13 +207,24 @@ class Capture:
         size: body bytes seen, in total.
         overflow: the body exceeded ``limit`` bytes; it cannot be replayed.
         complete: the handler finished the response (last body chunk seen).
+        status_line: a WSGI status line that is no status (``status`` is then -1), else None.
     """
 
-    __slots__ = ("chunks", "complete", "headers", "limit", "overflow", "size", "status")
+    __slots__ = (
+        "chunks",
+        "complete",
+        "headers",
+        "limit",
+        "overflow",
+        "size",
+        "status",
+        "status_line",
+    )
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.status = 0
+        self.status_line: str | None = None
         self.headers: Iterable[tuple[Any, Any]] = ()
         self.chunks: list[bytes] = []
         self.size = 0
@@ -822,16 +833,20 @@ class Engine:
 
     def answer_fault(self, req: RequestState, capture: Capture) -> str | None:
         """Why the handler's complete answer is no valid HTTP response, or None: a status
-        outside 100-599 (RFC 9110 §15), a header name that is no token or a value with a
+        that is no final one, 200-599 (RFC 9110 §15; a 1xx is informational, never the
+        answer; a WSGI status line that is not three digits and a reason phrase, CR LF
+        among what it must not hold), a header name that is no token or a value with a
         control character or with spaces around it (§5.1, §5.5: the characters of response
         splitting among them), a Content-Length that is no number, given twice with two
-        values, or not the body's length (§8.6; not for HEAD, 1xx, 204 and 304). A server
+        values, or not the body's length (§8.6; not for HEAD, 204 and 304). A server
         fails such an answer on its way out (uvicorn: an error, an empty reply) or sends it
         as it is; it was once stored, and every replay then failed the same way for the
         whole retention."""
+        if capture.status_line is not None:
+            return f"status line {capture.status_line[:100]!r} is not a code and a reason"
         status = capture.status
-        if type(status) is not int or not 100 <= status <= 599:
-            return f"status {status!r} is not 100-599"
+        if type(status) is not int or not 200 <= status <= 599:
+            return f"status {status!r} is not a final status (200-599)"
         declared: bytes | None = None
         for name, value in capture.headers:
             if type(name) is not bytes or type(value) is not bytes:  # WSGI: latin-1 text
@@ -855,7 +870,6 @@ class Engine:
         if (
             declared is not None
             and req.method != "HEAD"
-            and status >= 200
             and status not in (204, 304)
             and int(declared) != capture.size
         ):

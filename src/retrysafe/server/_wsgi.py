@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -178,7 +179,10 @@ class WSGIIdempotencyMiddleware:
             # record that cannot land can still answer 503 instead (record before answer).
             if exc_info is not None and run.started_out:
                 raise exc_info[1].with_traceback(exc_info[2])
-            run.capture.status = int(status.split(" ", 1)[0])
+            capture = run.capture
+            capture.status = _status_code(status)
+            if capture.status < 0:
+                capture.status_line = status if isinstance(status, str) else repr(status)
             run.capture.headers = headers
             run.length = _content_length(headers)
             run.head = (status, headers, exc_info)
@@ -190,6 +194,21 @@ class WSGIIdempotencyMiddleware:
             run.abort(exc)
             raise
         return _Response(result, run)
+
+
+#: A WSGI status line (PEP 3333): three digits, a space, a reason phrase of visible
+#: characters, spaces and tabs (RFC 9112 §4: no CR or LF, which would split the answer);
+#: the code alone is taken too, as servers take it.
+_STATUS_LINE = re.compile(r"([0-9]{3})(?: [\t\x20-\x7e\x80-\xff]*)?")
+
+
+def _status_code(status: object) -> int:
+    """The code of a WSGI status line, or -1 when it is none (the engine's answer check
+    then refuses the answer: :meth:`Engine.answer_fault`). An app's bad status line raised
+    here, in the middleware's ``start_response``, as if the app had failed before answering:
+    the key was released though the handler had acted, and it ran again."""
+    match = _STATUS_LINE.fullmatch(status) if isinstance(status, str) else None
+    return int(match.group(1)) if match else -1
 
 
 class _Run(Claimant):
