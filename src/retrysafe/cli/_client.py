@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -81,6 +81,7 @@ _LIMIT = click.IntRange(min=1, max=1_000_000)
 _CONCURRENCY = click.IntRange(min=1, max=MAX_CONCURRENCY)
 _ATTEMPTS = click.IntRange(min=1, max=1000)
 _SECONDS = Number()
+_F = TypeVar("_F", bound=Callable[..., Any])
 _AGE = Number(zero=True)
 _SUBMIT_FLAGS = {
     "url": "URL",
@@ -227,7 +228,45 @@ def _policy(attempts: int, timeout: float, wait_initial: float, wait_max: float)
 
 
 # ---------------------------------------------------------------------- worker
-def _check_lease_timing(
+def lease_options(what: str) -> Callable[[_F], _F]:
+    """``--lease``, ``--heartbeat`` and ``--max-run-time`` of a worker command that sends
+    ``what`` (``"jobs"``, ``"deliveries"``): the Worker's lease options, checked by
+    :func:`check_lease_timing` before the store is opened."""
+
+    def decorate(f: _F) -> _F:
+        for option in reversed(
+            (
+                click.option(
+                    "--lease",
+                    type=_SECONDS,
+                    default=None,
+                    help=f"Seconds a dead worker's {what} wait before another worker sends "
+                    "them (default 10; a live worker renews the lease, so it may be shorter "
+                    "than the attempt's timeout).",
+                ),
+                click.option(
+                    "--heartbeat",
+                    type=_SECONDS,
+                    default=None,
+                    help="Seconds between lease renewals (default lease / 3; must be shorter "
+                    "than --lease).",
+                ),
+                click.option(
+                    "--max-run-time",
+                    type=_SECONDS,
+                    default=None,
+                    help="Seconds after which an attempt's lease is no longer renewed "
+                    "(default 3600, at least 2 × timeout).",
+                ),
+            )
+        ):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def check_lease_timing(
     lease: float | None, heartbeat: float | None, max_run_time: float | None
 ) -> None:
     """Exit 2 on lease options the worker would refuse (too large, a heartbeat not shorter
@@ -785,26 +824,7 @@ class _JsonLines(logging.Handler):
 @click.option(
     "--wait-max", type=_SECONDS, default=30.0, show_default=True, help="Backoff cap, seconds."
 )
-@click.option(
-    "--lease",
-    type=_SECONDS,
-    default=None,
-    help="Seconds a dead worker's jobs wait before another worker sends them (default 10; "
-    "a live worker renews the lease, so it may be shorter than --timeout).",
-)
-@click.option(
-    "--heartbeat",
-    type=_SECONDS,
-    default=None,
-    help="Seconds between lease renewals (default lease / 3; must be shorter than --lease).",
-)
-@click.option(
-    "--max-run-time",
-    type=_SECONDS,
-    default=None,
-    help="Seconds after which a job's lease is no longer renewed (default 3600, at least "
-    "2 × timeout).",
-)
+@lease_options("jobs")
 @click.option("--until-idle", is_flag=True, help="Exit once every job is terminal.")
 @processes_option
 @metrics_option
@@ -829,7 +849,7 @@ def worker(
     Ctrl-C: in-flight jobs released, exit 130). A store that is unavailable for a while is
     waited out."""
     policy = _policy(attempts, timeout, wait_initial, wait_max)
-    _check_lease_timing(lease, heartbeat, max_run_time)
+    check_lease_timing(lease, heartbeat, max_run_time)
     no_metrics_with_processes(processes, metrics_address)
     tty = sys.stdout is not None and sys.stdout.isatty() and not as_json
 

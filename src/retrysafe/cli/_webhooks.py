@@ -25,8 +25,10 @@ from retrysafe.cli._client import (
     _JsonLines,
     _url,
     _when,
+    check_lease_timing,
     emit_summary,
     finish,
+    lease_options,
     no_metrics_with_processes,
     outage_bound,
     serve,
@@ -549,6 +551,7 @@ def dlq_purge(
     "below it, a receiver whose deliveries time out gets fewer, and slow ones share half "
     "while others have deliveries due).",
 )
+@lease_options("deliveries")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is pending.")
 @_allow_option
 @processes_option
@@ -558,6 +561,9 @@ def worker(
     store: str,
     concurrency: int,
     max_per_destination: int | None,
+    lease: float | None,
+    heartbeat: float | None,
+    max_run_time: float | None,
     until_idle: bool,
     allow_private: bool,
     processes: int,
@@ -568,6 +574,7 @@ def worker(
     latency, outcome) on stdout, and a last line with the totals (--json changes nothing:
     the output is JSON lines already). SIGTERM: in-flight attempts finish, exit 143; Ctrl-C:
     in-flight deliveries released, exit 130."""
+    check_lease_timing(lease, heartbeat, max_run_time)
     no_metrics_with_processes(processes, metrics_address)
 
     def warn(hooks: Webhooks) -> None:
@@ -594,6 +601,9 @@ def worker(
                 w = hooks.worker(
                     concurrency=concurrency,
                     max_per_destination=max_per_destination,
+                    lease=lease,
+                    heartbeat=heartbeat,
+                    max_run_time=max_run_time,
                     telemetry=metrics,
                     **outage_bound(until_idle),
                 )
