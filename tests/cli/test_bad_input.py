@@ -147,8 +147,10 @@ CASES = [
         V,
         name="--max-per-destination",
     ),
-    case("webhooks", "worker", "--until-idle", "--processes", V, name="--processes"),
-    case("webhooks", "worker", "--until-idle", "--metrics", V, name="--metrics"),
+    *[
+        case("webhooks", "worker", "--until-idle", flag, V, name=flag)
+        for flag in ("--lease", "--heartbeat", "--max-run-time", "--processes", "--metrics")
+    ],
     # migrate, agents
     case("migrate", "--schema", V, name="--schema", valid=("nan", "inf")),  # identifiers
     case("agents", "runs", "--limit", V, name="--limit"),
