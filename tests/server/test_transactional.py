@@ -386,6 +386,28 @@ def test_unknown_outcome_rolls_back_and_keeps_the_claim(db: DB) -> None:
     assert [s for s, _ in db.key_rows()] == ["running"]
 
 
+def test_an_invalid_answer_rolls_back_and_releases_the_key(db: DB) -> None:
+    """An answer that is no valid HTTP response (a header with CR LF) is neither sent nor
+    stored: in transactional mode its effect is rolled back, so nothing happened and the
+    key is released (500 invalid-answer; the retry runs again and writes the one row)."""
+    headers = [[("Content-Type", "text/plain\r\nX-Injected: 1")], [("Content-Type", "text/plain")]]
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        with transaction(environ) as conn:
+            _insert(conn, "once")
+        start_response("201 Created", headers.pop(0))
+        return [b"ok"]
+
+    with _wsgi_client(app, db) as c:
+        first = c.post("/write", json={}, headers=KEY)
+        assert first.status_code == 500
+        assert first.json()["type"] == "urn:retrysafe:problem:invalid-answer"
+        assert db.rows() == []
+        assert [s for s, _ in db.key_rows()] == ["released"]
+        assert c.post("/write", json={}, headers=KEY).status_code == 201
+    assert db.rows() == ["once"]
+
+
 # ----------------------------------------------------------------------------- 6: misuse
 def test_outside_the_middleware_is_an_error() -> None:
     """transaction() on a scope the middleware never saw raises ConfigurationError."""
