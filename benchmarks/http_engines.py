@@ -9,7 +9,18 @@ the ratio to a bare aiohttp loop:
     error translation and per-attempt timeout the worker uses);
 (x) httpx over the ``httpx-aiohttp`` transport (``pip install httpx-aiohttp``; skipped when
     missing);
-(h) httpx with its own connection pool (httpcore), the engine retrysafe used before.
+(h) httpx with its own connection pool (httpcore), the engine retrysafe used before;
+
+and, each only where installed (``pip install pyreqwest rnet curl_cffi niquests``; none is a
+dependency), the other asyncio HTTP clients on PyPI that could go underneath:
+
+(q) pyreqwest (Rust's reqwest and hyper on a tokio runtime);
+(t) rnet (Rust, another reqwest fork);
+(u) curl_cffi (libcurl through cffi);
+(n) niquests (urllib3-future, pure Python).
+
+Besides requests/s, each line gives the process's CPU per request (every thread's, so a
+Rust runtime's own threads count), which moves less with the host than the rate does.
 
     python benchmarks/http_engines.py --requests 3000 --concurrency 32 --rounds 3
 """
@@ -21,9 +32,12 @@ import asyncio
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -74,6 +88,85 @@ async def via_httpx_aiohttp(url: str, n: int, concurrency: int) -> float:
         return await _loop(n, concurrency, post)
 
 
+_BODY = json.dumps({"n": 0}).encode()
+_JSON = {"content-type": "application/json"}
+
+
+def _check(status: int) -> None:
+    if not 200 <= status < 300:
+        raise SystemExit(f"unexpected status {status}")
+
+
+async def via_pyreqwest(url: str, n: int, concurrency: int) -> float:
+    """(q): N POSTs through one pyreqwest client (the body read whole: its fastest form)."""
+    from pyreqwest.client import ClientBuilder
+
+    async with (
+        ClientBuilder().max_connections(concurrency).timeout(_timedelta(10.0)).build() as client
+    ):
+
+        async def post(i: int) -> None:
+            request = client.post(url).body_bytes(_BODY).headers(_JSON).build()
+            answer = await request.send()
+            await answer.bytes()
+            _check(answer.status)
+
+        return await _loop(n, concurrency, post)
+
+
+def _timedelta(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+async def via_rnet(url: str, n: int, concurrency: int) -> float:
+    """(t): N POSTs through one rnet client."""
+    import rnet
+
+    client = rnet.Client(timeout=10)
+
+    async def post(i: int) -> None:
+        answer = await client.post(url, body=_BODY, headers=_JSON)
+        await answer.bytes()
+        status = answer.status
+        _check(status if isinstance(status, int) else status.as_int())
+
+    return await _loop(n, concurrency, post)
+
+
+async def via_curl_cffi(url: str, n: int, concurrency: int) -> float:
+    """(u): N POSTs through one curl_cffi ``AsyncSession``."""
+    from curl_cffi.requests import AsyncSession
+
+    async with AsyncSession(max_clients=concurrency, timeout=10.0) as session:
+
+        async def post(i: int) -> None:
+            answer = await session.post(url, data=_BODY, headers=_JSON)
+            _check(answer.status_code)
+
+        return await _loop(n, concurrency, post)
+
+
+async def via_niquests(url: str, n: int, concurrency: int) -> float:
+    """(n): N POSTs through one niquests ``AsyncSession``."""
+    import niquests
+
+    async with niquests.AsyncSession(pool_maxsize=concurrency) as session:
+
+        async def post(i: int) -> None:
+            answer = await session.post(url, data=_BODY, headers=_JSON, timeout=10.0)
+            _check(answer.status_code or 0)
+
+        return await _loop(n, concurrency, post)
+
+
+def _cpu() -> float:
+    """The process's CPU seconds so far, every thread's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--requests", type=positive_int, default=3000)
@@ -81,33 +174,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args(argv)
     n, c = args.requests, args.concurrency
-    have_x = importlib.util.find_spec("httpx_aiohttp") is not None
-    if not have_x:
-        print("httpx-aiohttp is not installed: (x) skipped (pip install httpx-aiohttp)")
-    rates: dict[str, list[float]] = {"a": [], "r": [], "x": [], "h": []}
+    Run = Callable[[str, int, int], Coroutine[Any, Any, float]]
+    candidates: dict[str, tuple[str, str | None, Run]] = {
+        "a": ("aiohttp, bare loop", None, lambda u, n, c: bare_aiohttp([u], n, c)),
+        "r": ("retrysafe engine (aiohttp)", None, retrysafe_engine),
+        "x": ("httpx + httpx-aiohttp transport", "httpx_aiohttp", via_httpx_aiohttp),
+        "q": ("pyreqwest (Rust reqwest)", "pyreqwest", via_pyreqwest),
+        "t": ("rnet (Rust)", "rnet", via_rnet),
+        "u": ("curl_cffi (libcurl)", "curl_cffi", via_curl_cffi),
+        "n": ("niquests", "niquests", via_niquests),
+        "h": ("httpx, own pool (httpcore)", None, lambda u, n, c: bare_httpx([u], n, c)),
+    }
+    for key, (_, module, _) in list(candidates.items()):
+        if module is not None and importlib.util.find_spec(module) is None:
+            print(f"{module} is not installed: ({key}) skipped")
+            del candidates[key]
+    rates: dict[str, list[float]] = {k: [] for k in candidates}
+    cpus: dict[str, list[float]] = {k: [] for k in candidates}
     with endpoint() as base:
         url = f"{base}/bench"
-        asyncio.run(bare_aiohttp([url], min(300, n), c))  # warm-up
+        for _, _, run in candidates.values():  # warm-up: imports, first connections
+            asyncio.run(run(url, min(300, n), c))
         for _ in range(args.rounds):
-            rates["a"].append(n / asyncio.run(bare_aiohttp([url], n, c)))
-            rates["r"].append(n / asyncio.run(retrysafe_engine(url, n, c)))
-            if have_x:
-                rates["x"].append(n / asyncio.run(via_httpx_aiohttp(url, n, c)))
-            rates["h"].append(n / asyncio.run(bare_httpx([url], n, c)))
-    labels = {
-        "a": "aiohttp, bare loop",
-        "r": "retrysafe engine (aiohttp)",
-        "x": "httpx + httpx-aiohttp transport",
-        "h": "httpx, own pool (httpcore)",
-    }
+            for key, (_, _, run) in candidates.items():
+                before = _cpu()
+                rates[key].append(n / asyncio.run(run(url, n, c)))
+                cpus[key].append((_cpu() - before) / n * 1e6)
     a = statistics.median(rates["a"])
     print(f"requests={n} concurrency={c} rounds={args.rounds} cpus={os.cpu_count()}")
-    for k, label in labels.items():
-        if not rates[k]:
-            continue
-        m = statistics.median(rates[k])
-        each = ", ".join(f"{v:.0f}" for v in rates[k])
-        print(f"({k}) {label:<32}: {m:7.0f} req/s  {m / a:5.2f} x (a)  ({each})")
+    for key, (label, _, _) in candidates.items():
+        m = statistics.median(rates[key])
+        each = ", ".join(f"{v:.0f}" for v in rates[key])
+        cpu = statistics.median(cpus[key])
+        print(
+            f"({key}) {label:<32}: {m:7.0f} req/s  {m / a:5.2f} x (a)  "
+            f"{cpu:6.1f} CPU µs/req  ({each})"
+        )
     return 0
 
 
