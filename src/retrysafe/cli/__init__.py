@@ -44,6 +44,31 @@ _COMMANDS: dict[str, str] = {
 }
 
 
+# Each command's summary, the first sentence of its help: what ``retrysafe --help`` lists
+# without importing the command (the agents and proof commands alone import httpx and more,
+# ~0.3 s). tests/cli/test_convention.py checks that each is the command's own.
+_SUMMARIES: dict[str, str] = {
+    "agents": "Agent runs and their tool calls (the audit log).",
+    "chaos": "Fault injection: prove that your client's retries are safe.",
+    "demo": "Reproduce the lost-answer incident: naive duplicates next to retrysafe's zero.",
+    "gateway": "Run a reverse proxy that gives UPSTREAM idempotency keys.",
+    "dlq": "The dead-letter queue: UNKNOWN and REJECTED jobs.",
+    "jobs": "Submit, list, inspect, retry and cancel outbox jobs.",
+    "keys": (
+        "Inspect and evict the idempotency keys the middleware stored (sqlite, postgresql, redis)."
+    ),
+    "migrate": "Create or upgrade the store's schema and record its version.",
+    "proof": "Run the chaos matrix: every scenario with the naive client beside retrysafe.",
+    "reconcile": "Re-send UNKNOWN jobs with their same key; the server's replay settles them.",
+    "ui": "Serve the operator console: jobs, dead letters, webhooks, agent runs and keys.",
+    "webhooks": "Signed webhook delivery (Standard Webhooks): endpoints, send, DLQ, worker.",
+    "worker": (
+        "Deliver outbox jobs until stopped (SIGTERM: in-flight attempts finish, exit 143;"
+        " Ctrl-C: in-flight jobs released, exit 130)."
+    ),
+}
+
+
 # click >= 8.2 raises it for a group run without a command (8.1 prints the help and exits 0).
 _NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
     click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
@@ -61,6 +86,20 @@ class _LazyGroup(click.Group):
             _LOADING.release()  # the command handles signals from here on
             return command
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's list of commands, each summarised from :data:`_SUMMARIES` (a command
+        without one is loaded for its help, as click does)."""
+        commands: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            summary = _SUMMARIES.get(name) if name in _COMMANDS else None
+            command = click.Command(name, help=summary) if summary else self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                commands.append((name, command))
+        if commands:
+            limit = formatter.width - 6 - max(len(name) for name, _ in commands)
+            with formatter.section("Commands"):
+                formatter.write_dl([(n, c.get_short_help_str(limit)) for n, c in commands])
 
     def main(
         self,
