@@ -10,11 +10,14 @@ from urllib.parse import urlsplit
 
 class PgRelay:
     """A TCP relay to PostgreSQL on loopback that, once ``swallow`` is set, keeps accepting
-    bytes and forwards nothing more (a network that loses everything, a frozen host); while
-    ``refuse`` is set it closes every connection, old and new (a server that is down)."""
+    bytes and forwards nothing more (a network that loses everything, a frozen host); once
+    ``lose_answers`` is set it forwards what the client sends but none of the server's
+    answers (the write reaches the server and commits, its answer is lost); while ``refuse``
+    is set it closes every connection, old and new (a server that is down)."""
 
     def __init__(self, pg_url: str) -> None:
         self.swallow = threading.Event()
+        self.lose_answers = threading.Event()
         self.refuse = threading.Event()
         parts = urlsplit(pg_url)
         self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
@@ -48,13 +51,13 @@ class PgRelay:
                 continue
             upstream = socket.create_connection(self._target)
             self._socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, answers in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, answers), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
         try:
             while data := src.recv(65536):
-                if not self.swallow.is_set():
+                if not self.swallow.is_set() and not (answers and self.lose_answers.is_set()):
                     dst.sendall(data)
         except OSError:
             pass

@@ -92,6 +92,23 @@ class StoreUnavailableError(StoreError):
     """
 
 
+class SubmitOutcomeUnknownError(StoreUnavailableError):
+    """A submission's write went to the store and no answer came back (a timeout, a
+    connection lost mid-commit): the job may have been recorded all the same. Submit it again
+    with ``key`` — the same request with the same key returns the stored job, or records it
+    once; a new key could record it twice (SPEC §2: a timeout is not a failure).
+
+    Attributes:
+        job_id: the id the job was (or would have been) recorded under.
+        key: the job's idempotency key, the one to submit again with.
+    """
+
+    def __init__(self, message: str, *, job_id: str, key: str, store: str = "") -> None:
+        super().__init__(message, store=store)
+        self.job_id = job_id
+        self.key = key
+
+
 class DamagedJobError(StoreError):
     """A job's stored row cannot be read: a value in it is not one retrysafe writes (headers
     that are no JSON array of ``[name, value]`` pairs, a state or time of another type), so

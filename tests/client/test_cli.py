@@ -157,6 +157,32 @@ def test_failures_are_one_line_and_exit_1(sqlite_path: Path) -> None:
         assert "Traceback" not in err + out
 
 
+
+def test_a_submit_whose_answer_is_lost_tells_the_key_to_run_it_again_with(
+    sqlite_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`jobs submit` whose write got no answer (the store may have committed it) is one line,
+    exit 1, naming the ``--key`` to run the command again with: without it, a second run
+    records the job again under a fresh key (tests/stores/test_postgres_recovery.py makes
+    the store lose that answer for real)."""
+    from retrysafe import StoreUnavailableError
+    from retrysafe.client._store import SQLOutboxStore
+
+    store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
+
+    def lost(self: object, job: object, **kw: object) -> object:
+        raise StoreUnavailableError("no answer within 15 s", store=store)
+
+    monkeypatch.setattr(SQLOutboxStore, "insert_job", lost)
+    code, out, err = _run("jobs", "submit", "http://example.test/x", "--store", store)
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("retrysafe: error: no answer within 15 s; the job may have been")
+    key = err.split("--key ", 1)[1].split(" ", 1)[0]
+    monkeypatch.undo()
+    code, out, _ = _run("jobs", "submit", "http://example.test/x", "--store", store, "--key", key)
+    assert code == 0 and f"key={key}" in out
+
 def test_bad_input_is_one_line_naming_the_option_and_exits_2(
     sqlite_path: Path, tmp_path: Path
 ) -> None:

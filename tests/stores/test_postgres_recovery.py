@@ -14,12 +14,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
 from _relay import PgRelay
-from retrysafe import ConfigurationError, StoreUnavailableError
+from retrysafe import ConfigurationError, JobState, StoreUnavailableError
 from retrysafe.stores import PostgresStore
 from retrysafe.stores._keys import AsyncSQLKeyStore
 
@@ -382,3 +383,66 @@ def test_an_upper_case_schema_name_is_refused(pg_url: str) -> None:
     is created quoted (``"App"``): such a store could read one schema and create another."""
     with pytest.raises(ConfigurationError, match="lower-case"):
         PostgresStore(pg_url, schema="App")
+
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_submit_whose_answer_is_lost_names_the_key_to_submit_again_with(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch, face: str
+) -> None:
+    """A submission whose write reached PostgreSQL and committed, its answer lost on the way
+    back, raised StoreUnavailableError saying nothing was recorded, with a key the caller
+    never saw: a retry made a second job under a fresh key, and the endpoint a second effect
+    (a fresh user's check, 3 of 3). It now raises SubmitOutcomeUnknownError, a
+    StoreUnavailableError naming the job's id and key; submitting again with that key
+    returns the stored job, and nothing is recorded twice."""
+    from retrysafe import AsyncOutbox, Outbox, SubmitOutcomeUnknownError
+    from retrysafe.stores import _postgres
+
+    monkeypatch.setattr(_postgres, "_CLIENT_MARGIN", 0.5)
+    relay = PgRelay(pg_url)
+    store = PostgresStore(relay.url(pg_url), schema=pg_schema, statement_timeout=0.5)
+    url, body = "http://example.test/charge", {"order": 7}
+
+    async def flow(submit: Callable[..., Any]) -> None:
+        async def call(**kw: Any) -> str:
+            job = submit(url, **kw)
+            return str((await job if face == "async" else job).id)
+
+        await call(json={"warm": 1}, key="warm")  # the schema and the pool, while all is well
+        relay.lose_answers.set()
+        with pytest.raises(SubmitOutcomeUnknownError) as caught:
+            await call(json=body)
+        relay.lose_answers.clear()
+        lost = caught.value
+        assert isinstance(lost, StoreUnavailableError)
+        assert repr(lost.key) in str(lost) and "may have been recorded" in str(lost)
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute(
+                f"SELECT id FROM {pg_schema}.outbox_jobs WHERE idempotency_key = %s".encode(),
+                (lost.key,),
+            ).fetchall()
+        assert rows == [(lost.job_id,)]  # the write committed: the job is there
+        deadline = time.monotonic() + 20
+        while True:  # the broken connection is dropped; the next submit gets a fresh one
+            try:
+                assert await call(json=body, key=lost.key) == lost.job_id
+                break
+            except StoreUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def main() -> None:
+        if face == "sync":
+            await flow(Outbox(store).submit)
+        else:
+            async with AsyncOutbox(store) as outbox:
+                await flow(outbox.submit)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+        assert Outbox(store).counts()[JobState.PENDING] == 2  # the warm-up's, and one more
+    finally:
+        relay.close()
+        store.close()

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import select
+import shlex
 import signal
 import sys
 import threading
@@ -29,7 +30,11 @@ from typing import Any, TypeVar
 
 import click
 
-from retrysafe._exceptions import ConfigurationError, StoreUnavailableError
+from retrysafe._exceptions import (
+    ConfigurationError,
+    StoreUnavailableError,
+    SubmitOutcomeUnknownError,
+)
 from retrysafe.cli._common import (
     EXIT_FAILED,
     EXIT_SIGINT,
@@ -1027,9 +1032,16 @@ def jobs_submit(
         _outbox(store, flags=_SUBMIT_FLAGS, max_body=max_body) as outbox,
         limit_hint(MAX_BODY_HINT, "--max-body"),
     ):
-        job = outbox.submit(
-            url, json=payload, method=method, headers=headers, key=key, deadline=deadline
-        )
+        try:
+            job = outbox.submit(
+                url, json=payload, method=method, headers=headers, key=key, deadline=deadline
+            )
+        except SubmitOutcomeUnknownError as exc:
+            fail(
+                f"{exc.__cause__ or exc}; the job may have been recorded all the same: run "
+                f"this command again with --key {shlex.quote(exc.key)} (it returns the stored "
+                "job or records it once; a new key could record it twice)"
+            )
     if as_json:
         _emit(_job_dict(job))
     else:

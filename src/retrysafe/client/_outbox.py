@@ -14,7 +14,13 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from retrysafe._exceptions import JobError, JobNotFoundError, PayloadError
+from retrysafe._exceptions import (
+    JobError,
+    JobNotFoundError,
+    PayloadError,
+    StoreUnavailableError,
+    SubmitOutcomeUnknownError,
+)
 from retrysafe.client._jobs import (
     _MISSING,
     DEFAULT_QUEUE,
@@ -129,10 +135,17 @@ class Outbox:
                 than ``max_body`` bytes (nothing recorded).
             InvalidKeyError: a malformed ``key``.
             JobError: ``key`` is already used by a different request.
-            StoreError: the store failed (nothing was recorded).
+            SubmitOutcomeUnknownError: the store did not answer the write (without
+                ``connection``): the job may be recorded; submit again with its ``key``.
+            StoreError: the store failed otherwise (nothing was recorded).
         """
         new, now = self._new_job(url, json, content, method, headers, key, deadline)
-        created, job = self.store.insert_job(new, now=now, connection=connection)
+        try:
+            created, job = self.store.insert_job(new, now=now, connection=connection)
+        except StoreUnavailableError as exc:
+            if connection is not None:  # the caller's transaction: its commit decides
+                raise
+            raise unknown_submission(exc, new) from exc
         return self._submitted(new, created, job)
 
     def _new_job(
@@ -404,7 +417,10 @@ class AsyncOutbox:
     ) -> Job:
         """See :meth:`Outbox.submit` (without ``connection``)."""
         new, now = self._sync._new_job(url, json, content, method, headers, key, deadline)
-        created, job = await self._astore.insert_job(new, now=now)
+        try:
+            created, job = await self._astore.insert_job(new, now=now)
+        except StoreUnavailableError as exc:
+            raise unknown_submission(exc, new) from exc
         return self._sync._submitted(new, created, job)
 
     async def get(self, job_id: str) -> Job:
@@ -448,3 +464,19 @@ class AsyncOutbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def unknown_submission(exc: StoreUnavailableError, new: NewJob) -> SubmitOutcomeUnknownError:
+    """What a submission whose write got no answer raises: the store's error, and that the
+    job may be recorded under ``new.key`` all the same (the write may have committed before
+    the answer was lost)."""
+    if isinstance(exc, SubmitOutcomeUnknownError):
+        return exc
+    return SubmitOutcomeUnknownError(
+        f"{exc}; the job may have been recorded all the same: submit it again with key="
+        f"{new.key!r} (the same request with the same key returns the stored job or records "
+        "it once; a new key could record it twice)",
+        job_id=new.id,
+        key=new.key,
+        store=exc.store,
+    )
