@@ -94,19 +94,22 @@ class StoreUnavailableError(StoreError):
 
 class SubmitOutcomeUnknownError(StoreUnavailableError):
     """A submission's write went to the store and no answer came back (a timeout, a
-    connection lost mid-commit): the job may have been recorded all the same. Submit it again
-    with ``key`` — the same request with the same key returns the stored job, or records it
-    once; a new key could record it twice (SPEC §2: a timeout is not a failure).
+    connection lost mid-commit): what it records may be recorded all the same. Submit it
+    again with ``key`` — the same request with the same key returns what was stored, or
+    records it once; a new key could record it twice (SPEC §2: a timeout is not a failure).
 
     Attributes:
-        job_id: the id the job was (or would have been) recorded under.
-        key: the job's idempotency key, the one to submit again with.
+        key: what to submit again with: the job's idempotency key (``Outbox.submit``,
+            ``key=``) or the event's id (``Webhooks.send``, ``event_id=``).
+        job_id: the id the job was (or would have been) recorded under; None for an event.
     """
 
-    def __init__(self, message: str, *, job_id: str, key: str, store: str = "") -> None:
+    def __init__(
+        self, message: str, *, key: str, job_id: str | None = None, store: str = ""
+    ) -> None:
         super().__init__(message, store=store)
-        self.job_id = job_id
         self.key = key
+        self.job_id = job_id
 
 
 class DamagedJobError(StoreError):

@@ -177,7 +177,7 @@ def test_a_submit_whose_answer_is_lost_tells_the_key_to_run_it_again_with(
     monkeypatch.setattr(SQLOutboxStore, "insert_job", lost)
     code, out, err = _run("jobs", "submit", "http://example.test/x", "--store", store)
     assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("retrysafe: error: no answer within 15 s; the job may have been")
+    assert err.startswith("retrysafe: error: no answer within 15 s; it may have been recorded")
     key = err.split("--key ", 1)[1].split(" ", 1)[0]
     monkeypatch.undo()
     code, out, _ = _run("jobs", "submit", "http://example.test/x", "--store", store, "--key", key)

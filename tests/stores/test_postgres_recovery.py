@@ -446,3 +446,50 @@ def test_a_submit_whose_answer_is_lost_names_the_key_to_submit_again_with(
     finally:
         relay.close()
         store.close()
+
+
+def test_a_webhook_event_whose_answer_is_lost_names_the_id_to_send_again_with(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for ``Webhooks.send``: an event recorded with its answer lost said nothing
+    was recorded, and a second send under a fresh id reached every endpoint twice, with two
+    webhook-ids the receivers cannot match. It raises SubmitOutcomeUnknownError whose key
+    is the event id; sending again with it returns the stored event."""
+    from retrysafe import SubmitOutcomeUnknownError
+    from retrysafe.stores import _postgres
+    from retrysafe.webhooks import Webhooks
+
+    monkeypatch.setattr(_postgres, "_CLIENT_MARGIN", 0.5)
+    relay = PgRelay(pg_url)
+    store = PostgresStore(relay.url(pg_url), schema=pg_schema, statement_timeout=0.5)
+    try:
+        with Webhooks(store, allow_private=True) as hooks:
+            hooks.add_endpoint("http://127.0.0.1:9/hook")
+            store_of = hooks.dispatcher.store
+            listed = store_of.list_endpoints
+
+            def then_lose_answers() -> Any:  # the endpoints are read; the write's answer lost
+                endpoints = listed()
+                relay.lose_answers.set()
+                return endpoints
+
+            monkeypatch.setattr(store_of, "list_endpoints", then_lose_answers)
+            with pytest.raises(SubmitOutcomeUnknownError) as caught:
+                hooks.send("invoice.paid", {"id": 7})
+            relay.lose_answers.clear()
+            monkeypatch.setattr(store_of, "list_endpoints", listed)
+            lost = caught.value
+            assert lost.job_id is None and f"event_id={lost.key!r}" in str(lost)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    assert hooks.send("invoice.paid", {"id": 7}, event_id=lost.key).id == lost.key
+                    break
+                except StoreUnavailableError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            assert len(hooks.deliveries()) == 1  # one event, one delivery: nothing twice
+    finally:
+        relay.close()
+        store.close()

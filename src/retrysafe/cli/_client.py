@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import select
-import shlex
 import signal
 import sys
 import threading
@@ -30,11 +29,7 @@ from typing import Any, TypeVar
 
 import click
 
-from retrysafe._exceptions import (
-    ConfigurationError,
-    StoreUnavailableError,
-    SubmitOutcomeUnknownError,
-)
+from retrysafe._exceptions import ConfigurationError, StoreUnavailableError
 from retrysafe.cli._common import (
     EXIT_FAILED,
     EXIT_SIGINT,
@@ -55,6 +50,7 @@ from retrysafe.cli._common import (
     plain_table,
     print_table,
     read_json_argument,
+    rerun_with,
     serving_metrics,
     shown_value,
     stdout_may_close,
@@ -1031,17 +1027,11 @@ def jobs_submit(
     with (
         _outbox(store, flags=_SUBMIT_FLAGS, max_body=max_body) as outbox,
         limit_hint(MAX_BODY_HINT, "--max-body"),
+        rerun_with("--key"),
     ):
-        try:
-            job = outbox.submit(
-                url, json=payload, method=method, headers=headers, key=key, deadline=deadline
-            )
-        except SubmitOutcomeUnknownError as exc:
-            fail(
-                f"{exc.__cause__ or exc}; the job may have been recorded all the same: run "
-                f"this command again with --key {shlex.quote(exc.key)} (it returns the stored "
-                "job or records it once; a new key could record it twice)"
-            )
+        job = outbox.submit(
+            url, json=payload, method=method, headers=headers, key=key, deadline=deadline
+        )
     if as_json:
         _emit(_job_dict(job))
     else:

@@ -46,6 +46,7 @@ from retrysafe._exceptions import (
     RetrysafeError,
     SchemaError,
     StoreUnavailableError,
+    SubmitOutcomeUnknownError,
 )
 
 __all__ = [
@@ -284,6 +285,21 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
                 )
             message = message.replace(MIGRATE_HINT, f"run `{command}`")
         fail(f"{flag}: {message}" if flag else message, code)
+
+
+@contextmanager
+def rerun_with(flag: str) -> Iterator[None]:
+    """A submission whose write got no answer (:class:`SubmitOutcomeUnknownError`): one
+    error line naming ``flag`` and the value to run the command again with, so that a rerun
+    returns what was stored instead of recording it again under a fresh key."""
+    try:
+        yield
+    except SubmitOutcomeUnknownError as exc:
+        fail(
+            f"{exc.__cause__ or exc}; it may have been recorded all the same: run this command "
+            f"again with {flag} {shlex.quote(exc.key)} (that returns what was stored or "
+            "records it once; without it, it could be recorded twice)"
+        )
 
 
 @contextmanager

@@ -48,6 +48,7 @@ from retrysafe.cli._common import (
     plain_table,
     print_table,
     read_json_argument,
+    rerun_with,
     serving_metrics,
     shown_value,
     store_option,
@@ -421,7 +422,7 @@ def send(
     flags = {"event_type": "EVENT_TYPE", "event_id": "--id", "payload": "PAYLOAD"}
     policy = WebhookPolicy(max_payload=max_payload)
     with _hooks(store, flags=flags, policy=policy) as hooks:
-        with limit_hint(MAX_PAYLOAD_HINT, "--max-payload"):
+        with limit_hint(MAX_PAYLOAD_HINT, "--max-payload"), rerun_with("--id"):
             event = hooks.send(event_type, value, event_id=event_id)
         deliveries = hooks.deliveries(event_id=event.id, limit=10_000)
     if as_json:

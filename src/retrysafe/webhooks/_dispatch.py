@@ -7,7 +7,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from retrysafe._exceptions import JobNotFoundError, PayloadError, WebhookError
+from retrysafe._exceptions import (
+    JobNotFoundError,
+    PayloadError,
+    StoreUnavailableError,
+    SubmitOutcomeUnknownError,
+    WebhookError,
+)
 from retrysafe.client._jobs import _encode_json, build_job, job_id_prefix, notify_submitted
 from retrysafe.client._models import Attempt, JobState, NewJob, OutboxStore
 from retrysafe.client._policy import count, seconds
@@ -80,7 +86,9 @@ class Dispatcher:
             PayloadError: the payload cannot be serialised to JSON, or its JSON is longer than
                 the policy's ``max_payload`` (1 MiB by default); nothing recorded.
             WebhookError: ``event_id`` was already used for another type or payload.
-            StoreError: the store failed (nothing recorded).
+            SubmitOutcomeUnknownError: the store did not answer the write: the event may be
+                recorded; send it again with ``event_id=`` its ``key``.
+            StoreError: the store failed otherwise (nothing recorded).
         """
         event_type = check_event_type(event_type)
         event_id = new_event_id() if event_id is None else check_event_id(event_id)
@@ -105,7 +113,18 @@ class Dispatcher:
             )
             deliveries.append((job, endpoint.id, not endpoint.enabled))
         event = WebhookEvent(id=event_id, event_type=event_type, payload=body, created_at=now)
-        created, stored = self.store.insert_event(event, deliveries, now=now)
+        try:
+            created, stored = self.store.insert_event(event, deliveries, now=now)
+        except StoreUnavailableError as exc:
+            if isinstance(exc, SubmitOutcomeUnknownError):
+                raise
+            raise SubmitOutcomeUnknownError(
+                f"{exc}; the event may have been recorded all the same: send it again with "
+                f"event_id={event_id!r} (the same event with the same id returns the stored "
+                "one or records it once; a new id could send it twice to every endpoint)",
+                key=event_id,
+                store=exc.store,
+            ) from exc
         if not created:
             same_payload = canonical_body(stored.payload, _JSON) == canonical_body(body, _JSON)
             if stored.event_type != event_type:
