@@ -64,9 +64,13 @@ def test_bad_timing_is_a_configuration_error(
 
 
 def test_a_lease_too_short_for_its_default_heartbeat_is_refused() -> None:
-    """A lease so short that even the shortest heartbeat cannot renew it is an error."""
-    with pytest.raises(ConfigurationError, match="shorter than the lease"):
-        lease_timing(MIN_HEARTBEAT)
+    """A lease so short that even the shortest heartbeat cannot renew it is an error that
+    blames the lease and names the shortest heartbeat (a fresh user's `--lease 0.01` was
+    told about a heartbeat of 0.05 s it never set)."""
+    for lease in (MIN_HEARTBEAT, 0.01):
+        with pytest.raises(ConfigurationError, match=r"lease must be longer than 0\.05") as info:
+            lease_timing(lease)
+        assert info.value.option == "lease" and "must be shorter" not in str(info.value)
 
 
 def test_a_heartbeat_past_half_the_lease_warns() -> None:

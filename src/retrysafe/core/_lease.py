@@ -115,11 +115,18 @@ def lease_timing(
                 f"store write), got {heartbeat!r}",
                 option=f"{prefix}heartbeat",
             )
+    if beat >= lease_s and heartbeat is None:  # only a lease within the shortest heartbeat
+        raise ConfigurationError(
+            f"{prefix}lease must be longer than {MIN_HEARTBEAT:g} seconds, the shortest "
+            f"heartbeat (the default heartbeat is a third of the lease, at least "
+            f"{MIN_HEARTBEAT:g} s): the lease would end before it is renewed, got {lease_s:g}",
+            option=f"{prefix}lease",
+        )
     if beat >= lease_s:
         raise ConfigurationError(
             f"{prefix}heartbeat ({beat:g} s) must be shorter than the {prefix}lease "
             f"({lease_s:g} s): the lease would end before it is renewed",
-            option=f"{prefix}heartbeat" if heartbeat is not None else f"{prefix}lease",
+            option=f"{prefix}heartbeat",
         )
     if beat > lease_s / 2.0:
         warnings.warn(
