@@ -1691,14 +1691,15 @@ class Worker:
 
         lease.recording = (finish, result, step)  # a stop meanwhile records it (_attempt)
         recorded = await self._outage.call(lambda: finishes.submit(finish()), until=math.inf)
-        if recorded is None and await self._landed_before(job, end):
+        if recorded is None and await self._landed_before(job, end, attempt):
             recorded = attempt  # a write that landed, then failed to answer: tried again
         if recorded is None:
             self.stats.lease_lost += 1
             logger.warning(
-                "job=%s not recorded: its lease was taken over, or the job was deleted (a "
-                "webhook delivery with its endpoint), during the attempt",
+                "job=%s key=%s not recorded: its lease was taken over, or the job was deleted "
+                "(a webhook delivery with its endpoint), during the attempt",
                 job.id,
+                job.key,
             )
             return
         self._counted(job, recorded, result, step)
@@ -1707,22 +1708,28 @@ class Worker:
         if self._on_attempt is not None:
             self._on_attempt(job, recorded, step)
 
-    async def _landed_before(self, job: Job, end: float) -> bool:
-        """Whether the store already holds this worker's record of ``job``'s attempt that
-        ended at ``end``: a write through an outage whose commit landed and whose answer was
-        lost is tried again, and the retry, fenced by a token the first write cleared,
-        changes nothing. It was counted as a lost lease, with a false warning (a fresh
-        user's check: 8 of 4,000 deliveries behind a stalled connection). The record's time
-        is the attempt's end, to the bit, and the send count one more than at the claim."""
+    async def _landed_before(self, job: Job, end: float, attempt: Attempt) -> bool:
+        """Whether the store already holds this worker's record of ``job``'s ``attempt``,
+        which ended at ``end``: a write through an outage whose commit landed and whose
+        answer was lost is tried again, and the retry, fenced by a token the first write
+        cleared, changes nothing. It was counted as a lost lease, with a false warning (a
+        fresh user's check: 8 of 4,000 deliveries behind a stalled connection). The job's
+        send count is one more than at the claim, and its update time is the attempt's end
+        to the bit; on a store that stamps updates with its own clock (PostgreSQL), where
+        the time cannot tell, the attempt numbered that count is ours when it started when
+        ours did, to the bit (its start is stored as the worker gave it)."""
         try:
             now = await self._astore.get_job(job.id)
+            if now is None or now.lease_token is not None or now.sends != job.sends + 1:
+                return False
+            if now.updated_at == end:
+                return True
+            recorded = await asyncio.to_thread(self.store.list_attempts, job.id)
         except Exception:  # unreadable: as before, not counted as ours
             return False
-        return (
-            now is not None
-            and now.lease_token is None
-            and now.updated_at == end
-            and now.sends == job.sends + 1
+        return any(
+            a.number == now.sends and a.started_at == attempt.started_at and a.key == attempt.key
+            for a in recorded
         )
 
     def _counted(self, job: Job, recorded: Attempt, result: SendResult, step: Step) -> None:
