@@ -340,3 +340,31 @@ def test_the_top_level_help_loads_no_command() -> None:
         assert out.stdout.rstrip().endswith("loaded:"), out.stdout[-300:]
         for name in ("agents", "proof", "worker", "webhooks"):
             assert f"\n  {name} " in out.stdout + out.stderr, (name, out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("dlq", "purge"),
+        ("webhooks", "dlq", "purge"),
+        ("webhooks", "endpoints", "delete", "ep_0123abcd"),
+    ],
+)
+def test_a_delete_without_yes_off_a_terminal_refuses_at_once(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Every command that asks before deleting refuses at once without ``--yes`` when stdin
+    is no terminal (exit 2, nothing opened or changed), as ``keys evict`` does: they printed
+    the question on stderr, then ``aborted`` with exit 1 (a fresh user's script, ``dlq purge
+    --json``)."""
+    store = tmp_path / "s.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "retrysafe", *args, "--store", f"sqlite:///{store}", "--json"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("retrysafe: error: --yes: stdin is not a terminal"), out.stderr
+    assert out.stdout == "" and not store.exists()

@@ -39,6 +39,7 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
+    check_can_ask,
     driver_lines_to,
     epilog,
     errors,
@@ -1252,12 +1253,13 @@ def dlq_replay(store: str, job_ids: tuple[str, ...], replay_all: bool, as_json: 
 @click.option(
     "--state", "states", multiple=True, type=click.Choice([s.value for s in DEAD_LETTER_STATES])
 )
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--yes", is_flag=True, help="Do not ask (needed when stdin is not a terminal).")
 @json_option
 def dlq_purge(
     store: str, older_than: float, states: tuple[str, ...], yes: bool, as_json: bool
 ) -> None:
     """Delete dead letters (and their attempts)."""
+    check_can_ask(yes, "purge")
     with _outbox(store) as outbox:
         if not yes:
             click.confirm("Delete dead letters permanently?", abort=True, err=True)

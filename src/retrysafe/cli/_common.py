@@ -287,6 +287,18 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
         fail(f"{flag}: {message}" if flag else message, code)
 
 
+def check_can_ask(yes: bool, action: str) -> None:
+    """A command that asks before it deletes: without ``--yes`` and without a terminal on
+    stdin (a script, a pipe) it refuses at once (exit 2, nothing changed) instead of
+    prompting where no answer can come. ``action``: what it does, e.g. ``"purge"``."""
+    if not yes and not sys.stdin.isatty():
+        fail(
+            f"--yes: stdin is not a terminal, so {action} cannot ask; pass --yes to {action} "
+            "without asking (nothing was changed)",
+            EXIT_USAGE,
+        )
+
+
 @contextmanager
 def rerun_with(flag: str) -> Iterator[None]:
     """A submission whose write got no answer (:class:`SubmitOutcomeUnknownError`): one

@@ -46,6 +46,7 @@ from retrysafe.cli._common import (
     StoreURL,
     StrParamType,
     canonical_scheme,
+    check_can_ask,
     clip,
     driver_lines_to,
     epilog,
@@ -833,12 +834,7 @@ def keys_evict(
     that answered 4xx). Asks first (or --yes); refuses a running key whose lease is live
     unless --force. A key released already is nothing to evict (exit 0)."""
     target = _target(key, authorization, scope, hash_prefix)
-    if not yes and not sys.stdin.isatty():
-        fail(
-            "--yes: stdin is not a terminal, so evict cannot ask; pass --yes to evict "
-            "without asking (nothing was changed)",
-            EXIT_USAGE,
-        )
+    check_can_ask(yes, "evict")
     now = time.time()
     with _key_admin(store, write=True, schema=schema, prefix=prefix) as (admin, where):
         entry = _resolve(admin, target, where, now)

@@ -37,6 +37,7 @@ from retrysafe.cli._common import (
     SQL_STORES,
     Number,
     StrParamType,
+    check_can_ask,
     driver_lines_to,
     epilog,
     errors,
@@ -379,10 +380,11 @@ def endpoints_enable(store: str, endpoint_id: str, replay_missed: bool, as_json:
 @endpoints.command("delete", epilog=epilog("(no such endpoint, or not confirmed);"))
 @_STORE
 @click.argument("endpoint_id", type=ENDPOINT_ID)
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--yes", is_flag=True, help="Do not ask (needed when stdin is not a terminal).")
 @json_option
 def endpoints_delete(store: str, endpoint_id: str, yes: bool, as_json: bool) -> None:
     """Delete an endpoint with its deliveries (events stay)."""
+    check_can_ask(yes, "delete")
     with _hooks(store) as hooks:
         full = hooks.resolve_endpoint(endpoint_id)
         if not yes:
@@ -512,7 +514,7 @@ def dlq_replay(
 @_ENDPOINT_FILTER
 @_TYPE_FILTER
 @click.option("--older-than", type=Number(zero=True), default=0.0, help="Seconds.")
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--yes", is_flag=True, help="Do not ask (needed when stdin is not a terminal).")
 @json_option
 def dlq_purge(
     store: str,
@@ -523,6 +525,7 @@ def dlq_purge(
     as_json: bool,
 ) -> None:
     """Delete dead letters and their attempts."""
+    check_can_ask(yes, "purge")
     with _hooks(store) as hooks:
         if not yes:
             click.confirm("delete these dead letters and their attempts?", abort=True, err=True)
