@@ -145,7 +145,7 @@ class Outbox:
         except StoreUnavailableError as exc:
             if connection is not None:  # the caller's transaction: its commit decides
                 raise
-            raise unknown_submission(exc, new) from exc
+            raise _unknown_job(exc, new) from exc
         return self._submitted(new, created, job)
 
     def _new_job(
@@ -420,7 +420,7 @@ class AsyncOutbox:
         try:
             created, job = await self._astore.insert_job(new, now=now)
         except StoreUnavailableError as exc:
-            raise unknown_submission(exc, new) from exc
+            raise _unknown_job(exc, new) from exc
         return self._sync._submitted(new, created, job)
 
     async def get(self, job_id: str) -> Job:
@@ -466,17 +466,29 @@ class AsyncOutbox:
         await self.aclose()
 
 
-def unknown_submission(exc: StoreUnavailableError, new: NewJob) -> SubmitOutcomeUnknownError:
-    """What a submission whose write got no answer raises: the store's error, and that the
-    job may be recorded under ``new.key`` all the same (the write may have committed before
-    the answer was lost)."""
+def _unknown_job(exc: StoreUnavailableError, new: NewJob) -> SubmitOutcomeUnknownError:
+    return unknown_submission(
+        exc,
+        "the job",
+        f"submit it again with key={new.key!r} (the same request with the same key returns "
+        "the stored job or records it once; a new key could record it twice)",
+        key=new.key,
+        job_id=new.id,
+    )
+
+
+def unknown_submission(
+    exc: StoreUnavailableError, what: str, again: str, *, key: str, job_id: str | None = None
+) -> SubmitOutcomeUnknownError:
+    """What a submission whose write got no answer raises (the outbox's jobs, the webhooks'
+    events): the store's error, and that ``what`` may be recorded all the same (the write may
+    have committed before the answer was lost), with ``again``, how to submit it again under
+    the same ``key``."""
     if isinstance(exc, SubmitOutcomeUnknownError):
         return exc
     return SubmitOutcomeUnknownError(
-        f"{exc}; the job may have been recorded all the same: submit it again with key="
-        f"{new.key!r} (the same request with the same key returns the stored job or records "
-        "it once; a new key could record it twice)",
-        job_id=new.id,
-        key=new.key,
+        f"{exc}; {what} may have been recorded all the same: {again}",
+        key=key,
+        job_id=job_id,
         store=exc.store,
     )

@@ -11,11 +11,11 @@ from retrysafe._exceptions import (
     JobNotFoundError,
     PayloadError,
     StoreUnavailableError,
-    SubmitOutcomeUnknownError,
     WebhookError,
 )
 from retrysafe.client._jobs import _encode_json, build_job, job_id_prefix, notify_submitted
 from retrysafe.client._models import Attempt, JobState, NewJob, OutboxStore
+from retrysafe.client._outbox import unknown_submission
 from retrysafe.client._policy import count, seconds
 from retrysafe.core import canonical_body
 from retrysafe.webhooks._admin import EndpointAdmin
@@ -116,14 +116,13 @@ class Dispatcher:
         try:
             created, stored = self.store.insert_event(event, deliveries, now=now)
         except StoreUnavailableError as exc:
-            if isinstance(exc, SubmitOutcomeUnknownError):
-                raise
-            raise SubmitOutcomeUnknownError(
-                f"{exc}; the event may have been recorded all the same: send it again with "
-                f"event_id={event_id!r} (the same event with the same id returns the stored "
-                "one or records it once; a new id could send it twice to every endpoint)",
+            raise unknown_submission(
+                exc,
+                "the event",
+                f"send it again with event_id={event_id!r} (the same event with the same id "
+                "returns the stored one or records it once; a new id could send it twice to "
+                "every endpoint)",
                 key=event_id,
-                store=exc.store,
             ) from exc
         if not created:
             same_payload = canonical_body(stored.payload, _JSON) == canonical_body(body, _JSON)
