@@ -342,29 +342,29 @@ def test_the_top_level_help_loads_no_command() -> None:
             assert f"\n  {name} " in out.stdout + out.stderr, (name, out.stdout, out.stderr)
 
 
+@pytest.mark.parametrize("closed", [False, True], ids=["devnull", "closed"])
 @pytest.mark.parametrize(
     "args",
     [
         ("dlq", "purge"),
         ("webhooks", "dlq", "purge"),
         ("webhooks", "endpoints", "delete", "ep_0123abcd"),
+        ("keys", "evict", "some-key"),
     ],
 )
 def test_a_delete_without_yes_off_a_terminal_refuses_at_once(
-    tmp_path: Path, args: tuple[str, ...]
+    tmp_path: Path, args: tuple[str, ...], closed: bool
 ) -> None:
     """Every command that asks before deleting refuses at once without ``--yes`` when stdin
-    is no terminal (exit 2, nothing opened or changed), as ``keys evict`` does: they printed
-    the question on stderr, then ``aborted`` with exit 1 (a fresh user's script, ``dlq purge
-    --json``)."""
+    is no terminal (exit 2, nothing opened or changed), as ``keys evict`` did: three of them
+    printed the question on stderr, then ``aborted`` with exit 1 (a fresh user's script,
+    ``dlq purge --json``), and with stdin closed (``<&-``) all four ended in a traceback."""
     store = tmp_path / "s.db"
-    out = subprocess.run(
-        [sys.executable, "-m", "retrysafe", *args, "--store", f"sqlite:///{store}", "--json"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-    )
+    command = [sys.executable, "-m", "retrysafe", *args, "--store", f"sqlite:///{store}", "--json"]
+    if closed:
+        command = ["sh", "-c", 'exec "$@" <&-', "sh", *command]
+    stdin = None if closed else subprocess.DEVNULL
+    out = subprocess.run(command, capture_output=True, text=True, stdin=stdin, timeout=60)
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("retrysafe: error: --yes: stdin is not a terminal"), out.stderr
     assert out.stdout == "" and not store.exists()

@@ -164,9 +164,11 @@ def test_a_submit_whose_answer_is_lost_tells_the_key_to_run_it_again_with(
     """`jobs submit` whose write got no answer (the store may have committed it) is one line,
     exit 1, naming the ``--key`` to run the command again with: without it, a second run
     records the job again under a fresh key (tests/stores/test_postgres_recovery.py makes
-    the store lose that answer for real)."""
+    the store lose that answer for real). On SQLite, where a write that raised was not
+    committed, the error is the store's own."""
     from retrysafe import StoreUnavailableError
     from retrysafe.client._store import SQLOutboxStore
+    from retrysafe.stores._sqlite import SQLiteConnector
 
     store = f"sqlite:///{sqlite_path}"
     Outbox(store).close()
@@ -177,11 +179,42 @@ def test_a_submit_whose_answer_is_lost_tells_the_key_to_run_it_again_with(
     monkeypatch.setattr(SQLOutboxStore, "insert_job", lost)
     code, out, err = _run("jobs", "submit", "http://example.test/x", "--store", store)
     assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "may have been" not in err  # SQLite: a write that raised was not committed
+    # A server's store, whose write may have committed before its answer was lost:
+    monkeypatch.setattr(SQLiteConnector, "may_have_written", lambda self, exc: True)
+    code, out, err = _run("jobs", "submit", "http://example.test/x", "--store", store)
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.startswith("retrysafe: error: no answer within 15 s; it may have been recorded")
     key = err.split("--key ", 1)[1].split(" ", 1)[0]
     monkeypatch.undo()
     code, out, _ = _run("jobs", "submit", "http://example.test/x", "--store", store, "--key", key)
     assert code == 0 and f"key={key}" in out
+
+
+def test_a_failed_command_keeps_the_drivers_log_lines_off_stderr(sqlite_path: Path) -> None:
+    """What psycopg's pool logs as it drops a broken connection stays off stderr, where the
+    command's one error line says what failed (a fresh user's `jobs submit` on PostgreSQL
+    printed the pool's line above it; only the `keys` commands kept them off)."""
+    store = f"sqlite:///{sqlite_path}"
+    Outbox(store).close()
+    code = (
+        "import logging, sys\n"
+        "from retrysafe import StoreUnavailableError, cli\n"
+        "from retrysafe.client._store import SQLOutboxStore\n"
+        "def lost(self, job, **kw):\n"
+        "    logging.getLogger('psycopg.pool').warning('discarding closed connection: <BAD>')\n"
+        "    raise StoreUnavailableError('no answer within 15 s')\n"
+        "SQLOutboxStore.insert_job = lost\n"
+        "cli.main(sys.argv[1:])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "jobs", "submit", "http://example.test/x", "--store", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == ["retrysafe: error: no answer within 15 s"], out.stderr
 
 def test_bad_input_is_one_line_naming_the_option_and_exits_2(
     sqlite_path: Path, tmp_path: Path

@@ -4,6 +4,7 @@ do, and so does an outage longer than ``store_outage_limit`` in a run with ``unt
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
@@ -18,6 +19,7 @@ import pytest
 
 from _readonly import ReadOnly
 from retrysafe import (
+    AsyncOutbox,
     ConfigurationError,
     JobState,
     Outbox,
@@ -25,11 +27,13 @@ from retrysafe import (
     SchemaError,
     SQLiteStore,
     StoreUnavailableError,
+    SubmitOutcomeUnknownError,
     Worker,
     reconcile,
 )
 from retrysafe.client import OutboxStore, outbox_store
 from retrysafe.client._worker import DEFAULT_STORE_OUTAGE_LIMIT
+from retrysafe.webhooks import Webhooks
 
 from .conftest import FAST, RecordsDown, Script, Step
 
@@ -454,3 +458,56 @@ def test_store_outage_limit_must_be_positive_seconds(store: SQLiteStore, limit: 
     assert Worker(store, store_outage_limit=None).store_outage_limit is None
     assert Worker(store, store_outage_limit=timedelta(minutes=2)).store_outage_limit == 120.0
 
+
+
+def _submit(store: SQLiteStore, face: str) -> None:
+    """One submission through ``face``: the outbox, its async face, or a webhook send."""
+    if face == "outbox":
+        Outbox(store).submit("http://example.test/x", json={"n": 1})
+    elif face == "async":
+
+        async def main() -> None:
+            async with AsyncOutbox(store) as outbox:
+                await outbox.submit("http://example.test/x", json={"n": 1})
+
+        asyncio.run(main())
+    else:
+        with Webhooks(store, allow_private=True) as hooks:
+            hooks.send("invoice.paid", {"n": 1})
+
+
+@pytest.mark.parametrize("face", ["outbox", "async", "webhooks"])
+def test_a_submission_sqlite_refused_is_no_unknown_outcome(
+    store: SQLiteStore, sqlite_path: Path, face: str
+) -> None:
+    """SQLite commits in this process, so a write that raised was rolled back: a submission
+    refused by a lock held past the busy timeout is the store's own StoreUnavailableError,
+    not "may have been recorded, submit again with key=…" (a fresh user's check: a held
+    lock, a full disk and a read-only file all said so, with nothing recorded)."""
+    if face == "webhooks":
+        with Webhooks(store, allow_private=True) as hooks:
+            hooks.add_endpoint("http://127.0.0.1:9/hook")
+    with _locked(sqlite_path, 0.5), pytest.raises(StoreUnavailableError) as caught:
+        _submit(store, face)
+    assert not isinstance(caught.value, SubmitOutcomeUnknownError)
+    assert outbox_store(store).count_jobs(queue="default")[JobState.PENDING] == 0
+
+
+@pytest.mark.parametrize("face", ["outbox", "async", "webhooks"])
+def test_a_submission_after_the_store_file_was_deleted_is_refused(
+    tmp_path: Path, face: str
+) -> None:
+    """The store's file deleted while the process has it open: the next submission was
+    written into the unlinked file and reported recorded, though no worker could ever see
+    it (a fresh user's check, 2 of 2; a file's replacement was only noticed once a
+    second). A submission now compares the file first: StoreUnavailableError, nothing
+    written, and no empty file created in its place."""
+    path = tmp_path / "gone.db"
+    with SQLiteStore(path) as store:
+        _submit(store, face)  # the connections are open and in use
+        for name in ("gone.db", "gone.db-wal", "gone.db-shm"):
+            (tmp_path / name).unlink(missing_ok=True)
+        with pytest.raises(StoreUnavailableError) as caught:
+            _submit(store, face)
+        assert not isinstance(caught.value, SubmitOutcomeUnknownError)
+    assert not path.exists()

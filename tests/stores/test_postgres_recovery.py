@@ -493,3 +493,34 @@ def test_a_webhook_event_whose_answer_is_lost_names_the_id_to_send_again_with(
     finally:
         relay.close()
         store.close()
+
+
+def test_a_submit_that_got_no_connection_is_no_unknown_outcome(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A submission that never got a connection (the server refusing them: the pool's
+    timeout) sent nothing: the store's own StoreUnavailableError, not "may have been
+    recorded" with a job id that will never exist (a fresh user's check). The one pooled
+    connection, cut under its statement, may have carried it: that one is unknown."""
+    from retrysafe import Outbox, SubmitOutcomeUnknownError
+
+    relay = PgRelay(pg_url)
+    store = PostgresStore(relay.url(pg_url), schema=pg_schema, connect_timeout=1, max_size=1)
+    errors: list[StoreUnavailableError] = []
+    try:
+        Outbox(store).counts()  # the schema and the pool's one connection
+        relay.down()
+        for _ in range(3):
+            with pytest.raises(StoreUnavailableError) as caught:
+                Outbox(store).submit("http://example.test/x", json={})
+            errors.append(caught.value)
+            if not isinstance(caught.value, SubmitOutcomeUnknownError):
+                break
+    finally:
+        relay.close()
+        store.close()
+    assert not isinstance(errors[-1], SubmitOutcomeUnknownError), errors
+    assert len(errors) <= 2, errors
+    with psycopg.connect(pg_url) as conn:
+        query = f"SELECT count(*) FROM {pg_schema}.outbox_jobs".encode()
+        assert conn.execute(query).fetchone() == (0,)

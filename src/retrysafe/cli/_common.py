@@ -250,9 +250,12 @@ def _flag_of(exc: RetrysafeError, flags: Mapping[str, str]) -> str | None:
 def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> Iterator[None]:
     """Turn a retrysafe error into one ``retrysafe: error: …`` line and its exit code
     (:func:`exit_code_of`); bad input names the option (``flags``, see :func:`_flag_of`).
-    A write refused by a store that can only be read says so."""
+    A write refused by a store that can only be read says so. The drivers' own log lines
+    (psycopg's pool discarding a broken connection) are kept off stderr meanwhile: the one
+    error line says what failed (a worker routes them to its JSON lines itself)."""
     try:
-        yield
+        with driver_lines_to(logging.NullHandler()):
+            yield
     except StoreUnavailableError as exc:
         if store is not None and _is_read_only(store, exc):
             fail(
@@ -289,9 +292,9 @@ def errors(store: str | None = None, flags: Mapping[str, str] | None = None) -> 
 
 def check_can_ask(yes: bool, action: str) -> None:
     """A command that asks before it deletes: without ``--yes`` and without a terminal on
-    stdin (a script, a pipe) it refuses at once (exit 2, nothing changed) instead of
+    stdin (a script, a pipe, stdin closed) it refuses at once (exit 2, nothing changed) instead of
     prompting where no answer can come. ``action``: what it does, e.g. ``"purge"``."""
-    if not yes and not sys.stdin.isatty():
+    if not yes and (sys.stdin is None or not sys.stdin.isatty()):  # None: stdin closed
         fail(
             f"--yes: stdin is not a terminal, so {action} cannot ask; pass --yes to {action} "
             "without asking (nothing was changed)",

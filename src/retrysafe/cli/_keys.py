@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import logging
 import math
 import re
 import shlex
@@ -48,7 +47,6 @@ from retrysafe.cli._common import (
     canonical_scheme,
     check_can_ask,
     clip,
-    driver_lines_to,
     epilog,
     errors,
     fail,
@@ -494,7 +492,7 @@ def _key_admin(
     source = ctx.find_object(KeyAdminSource)
     if source is not None and ctx.get_parameter_source("store") is ParameterSource.DEFAULT:
         where = _Where(source.name)
-        with errors(None, _FLAGS), driver_lines_to(logging.NullHandler()), _restated(where):
+        with errors(None, _FLAGS), _restated(where):
             yield source.store, where
         return
     scheme, schema = check_scoping(url, schema, prefix)
@@ -504,7 +502,7 @@ def _key_admin(
         where = _Where(redact_url(url), prefix=prefix or _DEFAULT_PREFIX)
     else:
         where = _Where(redact_url(url))
-    with errors(url, _FLAGS), driver_lines_to(logging.NullHandler()), _restated(where):
+    with errors(url, _FLAGS), _restated(where):
         if where.schema is not None:
             opened: Any = closing(stores.open_store(url, schema=where.schema, create=False))
         elif where.prefix is not None:

@@ -34,6 +34,7 @@ from retrysafe.client._policy import RetryPolicy, count, policy_or_default, seco
 from retrysafe.client._store import StoreArg, open_outbox_store
 from retrysafe.client._worker import ReconcileReport, Worker, areconcile
 from retrysafe.observability._telemetry import Telemetry, telemetry_of
+from retrysafe.stores._connector import before_user_write, may_have_written
 
 __all__ = ["DEAD_LETTER_STATES", "AsyncOutbox", "Outbox"]
 
@@ -135,16 +136,19 @@ class Outbox:
                 than ``max_body`` bytes (nothing recorded).
             InvalidKeyError: a malformed ``key``.
             JobError: ``key`` is already used by a different request.
-            SubmitOutcomeUnknownError: the store did not answer the write (without
-                ``connection``): the job may be recorded; submit again with its ``key``.
-            StoreError: the store failed otherwise (nothing was recorded).
+            SubmitOutcomeUnknownError: the store did not answer a write it may have
+                committed (a server; without ``connection``): the job may be recorded;
+                submit again with its ``key``.
+            StoreError: the store failed otherwise (nothing was recorded; a SQLite file
+                deleted while open included).
         """
         new, now = self._new_job(url, json, content, method, headers, key, deadline)
+        before_user_write(self.store)
         try:
             created, job = self.store.insert_job(new, now=now, connection=connection)
         except StoreUnavailableError as exc:
-            if connection is not None:  # the caller's transaction: its commit decides
-                raise
+            if connection is not None or not may_have_written(self.store, exc):
+                raise  # the caller's transaction (its commit decides), or surely not written
             raise _unknown_job(exc, new) from exc
         return self._submitted(new, created, job)
 
@@ -417,9 +421,12 @@ class AsyncOutbox:
     ) -> Job:
         """See :meth:`Outbox.submit` (without ``connection``)."""
         new, now = self._sync._new_job(url, json, content, method, headers, key, deadline)
+        before_user_write(self._sync.store)
         try:
             created, job = await self._astore.insert_job(new, now=now)
         except StoreUnavailableError as exc:
+            if not may_have_written(self._sync.store, exc):
+                raise
             raise _unknown_job(exc, new) from exc
         return self._sync._submitted(new, created, job)
 

@@ -254,6 +254,11 @@ class DjangoConnector:
             option="STORE",
         )
 
+    def may_have_written(self, exc: StoreUnavailableError) -> bool:
+        """Never on SQLite (it commits in this process); on a server, possibly (Django's
+        errors do not tell whether the statement went out)."""
+        return self.dialect != "sqlite"
+
     def close(self) -> None:
         """Nothing to close: the connections are Django's."""
 

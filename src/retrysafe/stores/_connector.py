@@ -49,7 +49,7 @@ from typing import (
     runtime_checkable,
 )
 
-from retrysafe._exceptions import ConfigurationError
+from retrysafe._exceptions import ConfigurationError, StoreUnavailableError
 
 __all__ = [
     "AsyncConnector",
@@ -478,6 +478,13 @@ class Connector(Protocol):
         """A new async face of the same database (its own connection or pool)."""
         ...
 
+    def may_have_written(self, exc: StoreUnavailableError) -> bool:
+        """Whether a write that raised ``exc`` may have been committed all the same (its
+        answer lost on the way back), so that its outcome is unknown: never on SQLite, which
+        commits in this process (a write that raised was rolled back); on a server, unless
+        nothing was sent (no connection in time, a server that only reads)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -655,3 +662,22 @@ def caller_time(clock: Clock, at: float, now: float) -> dict[str, float | None]:
     absolute time (NULL on the server's clock) and its offset from the caller's now, which a
     server-clock statement adds to the server's now (so hosts whose clocks drift agree)."""
     return {"at": at if clock == "caller" else None, "in": at - now}
+
+
+def before_user_write(store: object) -> None:
+    """Before a write someone asked for (a submit, a send, a console action): a SQLite
+    store's connections compare their file with its path at their next use, whatever the
+    time since the last comparison, so a file deleted a moment ago is a
+    ``StoreUnavailableError``, never a write into the unlinked file that no one will read
+    (:meth:`~retrysafe.stores._sqlite.SQLiteConnector.replaced`). Other stores: nothing."""
+    recheck = getattr(getattr(store, "connector", None), "recheck_files", None)
+    if recheck is not None:
+        recheck()
+
+
+def may_have_written(store: object, exc: StoreUnavailableError) -> bool:
+    """Whether a write of ``store`` that raised ``exc`` may have been committed all the same
+    (:meth:`Connector.may_have_written`); a store without a connector (one of your own):
+    possibly."""
+    connector = getattr(store, "connector", None)
+    return connector is None or bool(connector.may_have_written(exc))

@@ -622,6 +622,14 @@ class PostgresConnector(Transactions):
     def async_connector(self) -> AsyncPostgresConnector:
         return AsyncPostgresConnector(self)
 
+    def may_have_written(self, exc: StoreUnavailableError) -> bool:
+        """Unless nothing was sent: no connection within ``connect_timeout`` (the pool's
+        timeout), or a server that only reads refused the write. A connection lost or
+        silent after the statement went out may have committed it."""
+        return not isinstance(
+            exc.__cause__, psycopg_pool.PoolTimeout | psycopg.errors.ReadOnlySqlTransaction
+        )
+
     # ------------------------------------------------------------------ schema
     def _ensure_schema(self, create: bool) -> None:
         try:

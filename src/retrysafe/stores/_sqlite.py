@@ -567,6 +567,11 @@ class SQLiteConnector(Transactions):
     def async_connector(self) -> AsyncSQLiteConnector:
         return AsyncSQLiteConnector(self)
 
+    def may_have_written(self, exc: StoreUnavailableError) -> bool:
+        """Never: SQLite commits in this process, so a write that raised was rolled back (a
+        lock held too long, a read-only or full disk, a deleted file)."""
+        return False
+
     # ------------------------------------------------------------------ schema
     def _ensure_schema(self, create: bool) -> None:
         where = f"SQLite store {self.url}"

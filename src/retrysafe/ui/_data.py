@@ -30,7 +30,7 @@ from retrysafe._exceptions import (
 )
 from retrysafe.client._models import Attempt, Job, JobState
 from retrysafe.client._store import JOB_COLUMNS, JOB_READS, readable_jobs, states_param
-from retrysafe.stores._connector import Op, Statements, all_rows
+from retrysafe.stores._connector import Op, Statements, all_rows, before_user_write
 
 __all__ = [
     "DEAD_LETTER_STATES",
@@ -289,9 +289,7 @@ class Console:
         """Before an action writes: a SQLite store's connections compare their file with the
         path at their next use (a file deleted a moment ago is a 503, never a change written
         into the unlinked file)."""
-        recheck = getattr(getattr(self.store, "connector", None), "recheck_files", None)
-        if recheck is not None:
-            recheck()
+        before_user_write(self.store)
 
     def jobs_with_prefix(self, prefix: str, queue: str | None) -> list[str]:
         """Up to two ids of jobs whose id starts with ``prefix`` (the short ids the lists

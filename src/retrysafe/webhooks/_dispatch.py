@@ -18,6 +18,7 @@ from retrysafe.client._models import Attempt, JobState, NewJob, OutboxStore
 from retrysafe.client._outbox import unknown_submission
 from retrysafe.client._policy import count, seconds
 from retrysafe.core import canonical_body
+from retrysafe.stores._connector import before_user_write, may_have_written
 from retrysafe.webhooks._admin import EndpointAdmin
 from retrysafe.webhooks._endpoints import check_event_id, check_event_type, matches, new_event_id
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEvent, WebhookStore
@@ -100,6 +101,7 @@ class Dispatcher:
             )
         now = self._clock()
         deliveries: list[tuple[NewJob, str, bool]] = []
+        before_user_write(self.store)
         for endpoint in self.store.list_endpoints():
             if not matches(endpoint, event_type):
                 continue
@@ -116,6 +118,8 @@ class Dispatcher:
         try:
             created, stored = self.store.insert_event(event, deliveries, now=now)
         except StoreUnavailableError as exc:
+            if not may_have_written(self.store, exc):
+                raise
             raise unknown_submission(
                 exc,
                 "the event",
