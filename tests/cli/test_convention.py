@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -29,9 +30,23 @@ def _help(*path: str) -> str:
     return " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("path", [(), ("jobs",), ("dlq",), ("webhooks",), *COMMANDS], ids=" ".join)
+def _every_command(group: click.Group = cli, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every group and command of the command line by path, read from the CLI itself."""
+    found = [path]
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            found += _every_command(command, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+@pytest.mark.parametrize("path", _every_command(), ids=" ".join)
 def test_every_help_states_the_exit_statuses(path: tuple[str, ...]) -> None:
-    """`--help` of the group and of each command ends with the exit statuses of docs/cli.md."""
+    """`--help` of every group and of each command ends with the exit statuses of
+    docs/cli.md (`chaos --help` did not: a fresh user's check)."""
     text = _help(*path)
     assert all(part in text for part in EXIT_STATUS), text[-400:]
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe.cli._common import Number, errors, fail, json_option, parse_listen
+from retrysafe.cli._common import Number, epilog, errors, fail, json_option, parse_listen
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals
 
 if TYPE_CHECKING:
@@ -93,12 +93,12 @@ def _rate_options(fn: _F) -> _F:
     return fn
 
 
-@click.group()
+@click.group(epilog=epilog())
 def chaos() -> None:
     """Fault injection: prove that your client's retries are safe."""
 
 
-@chaos.command()
+@chaos.command(epilog=epilog())
 @click.option("--upstream", required=True, metavar="URL", help="The API to put faults in front of.")
 @click.option(
     "--listen",

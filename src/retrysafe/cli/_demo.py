@@ -19,6 +19,7 @@ import click
 from retrysafe._exceptions import RetrysafeError
 from retrysafe.cli._common import (
     Number,
+    epilog,
     errors,
     fail,
     progress_console,
@@ -54,7 +55,9 @@ _FLAGS = {
 }
 
 
-@click.command()
+@click.command(
+    epilog=epilog("(a protected job duplicated, lost, REJECTED or UNKNOWN, or the service died);")
+)
 @click.option(
     "--jobs",
     "jobs",

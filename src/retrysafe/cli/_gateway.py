@@ -13,6 +13,7 @@ from retrysafe.cli._common import (
     Number,
     check_port_free,
     clip,
+    epilog,
     errors,
     fail,
     metrics_option,
@@ -53,7 +54,7 @@ _FLAGS = {
 }
 
 
-@click.command()
+@click.command(epilog=epilog())
 @click.option("--upstream", required=True, metavar="URL", help="The service to protect.")
 @click.option(
     "--listen",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from retrysafe._exceptions import RetrysafeError
-from retrysafe.cli._common import ProgressStream, errors, fail, progress_console
+from retrysafe.cli._common import ProgressStream, epilog, errors, fail, progress_console
 from retrysafe.cli._signals import SHUTDOWN_SECONDS, Signals, hang_up_as_sigterm
 from retrysafe.proof._run import _plural
 
@@ -48,7 +48,7 @@ def _scenario_help() -> str:
     return ", ".join(s.name for s in SCENARIOS)
 
 
-@click.command()
+@click.command(epilog=epilog("(a scenario failed or was not proven);"))
 @click.option(
     "--jobs",
     type=click.IntRange(min=1, max=_MAX_JOBS),

@@ -18,6 +18,7 @@ from retrysafe.cli._common import (
     SchemaName,
     canonical_scheme,
     check_port_free,
+    epilog,
     errors,
     fail,
     opened_store,
@@ -34,7 +35,7 @@ _CLEANUP = 1.5
 TOKEN_ENV = "RETRYSAFE_UI_TOKEN"  # noqa: S105 - the variable's name, not a token
 
 
-@click.command("ui")
+@click.command("ui", epilog=epilog())
 @store_option(schemes=KEY_STORES)
 @click.option(
     "--listen",
