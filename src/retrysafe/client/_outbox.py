@@ -143,7 +143,8 @@ class Outbox:
                 deleted while open included).
         """
         new, now = self._new_job(url, json, content, method, headers, key, deadline)
-        before_user_write(self.store)
+        if connection is None:  # (your transaction's connection opened the file anew)
+            before_user_write(self.store)
         try:
             created, job = self.store.insert_job(new, now=now, connection=connection)
         except StoreUnavailableError as exc:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import os
 import sqlite3
 import threading
@@ -248,7 +247,7 @@ class _Conn:
     use ends.
     """
 
-    __slots__ = ("__weakref__", "checked", "closing", "conn", "degraded", "file", "lock")
+    __slots__ = ("__weakref__", "asked", "checked", "closing", "conn", "degraded", "file", "lock")
 
     def __init__(
         self,
@@ -262,6 +261,8 @@ class _Conn:
         #: plain file), and when :meth:`SQLiteConnector.replaced` last compared it (monotonic).
         self.file = file
         self.checked = time.monotonic()
+        #: The connector's :meth:`~SQLiteConnector.recheck_files` count at that comparison.
+        self.asked = 0
         self.lock = threading.Lock()
         self.closing = False
 
@@ -308,11 +309,15 @@ class SQLiteConnector(Transactions):
         self, path: str, *, busy_timeout: float, readonly: bool, create: bool = True
     ) -> None:
         self.path = path
+        #: The file's path as ``os.stat`` takes it (``~`` expanded once: each submission
+        #: compares it, see :meth:`replaced`).
+        self._stat_path = os.path.expanduser(path)
         self.busy_timeout = busy_timeout
         self.readonly = readonly
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: weakref.WeakSet[_Conn] = weakref.WeakSet()
+        self._asked = 0  # recheck_files calls (see replaced)
         self._closed = False
         #: What opening did to the schema (``retrysafe migrate`` reports it).
         self.migration = Migration("none", SCHEMA_VERSION)
@@ -373,7 +378,7 @@ class SQLiteConnector(Transactions):
         if self.path == ":memory:" or self.path.startswith("file:"):
             return None
         try:
-            st = os.stat(Path(self.path).expanduser())
+            st = os.stat(self._stat_path)
         except OSError:
             return None
         return (st.st_dev, st.st_ino)
@@ -388,13 +393,12 @@ class SQLiteConnector(Transactions):
         a replacing one."""
         if holder.file is None:
             return False
-        now = time.monotonic()
-        if now - holder.checked < _REPLACED_EVERY:
+        now, asked = time.monotonic(), self._asked
+        if now - holder.checked < _REPLACED_EVERY and holder.asked == asked:
             return False
-        holder.checked = now
-        file = Path(self.path).expanduser()
+        holder.checked, holder.asked = now, asked
         try:
-            st = os.stat(file)
+            st = os.stat(self._stat_path)
         except OSError:
             return True
         return (st.st_dev, st.st_ino) != holder.file
@@ -476,11 +480,10 @@ class SQLiteConnector(Transactions):
 
     def recheck_files(self) -> None:
         """Make the next use of every connection compare its file with the path (see
-        :meth:`replaced`) whatever the time since the last comparison: before a change an
-        operator asked for (the console's actions), the one-second window is closed."""
-        with self._lock:
-            for holder in self._connections:
-                holder.checked = -math.inf
+        :meth:`replaced`) whatever the time since the last comparison: before a change
+        someone asked for (a submission, the console's actions), the one-second window is
+        closed. One count, not a walk of the connections: it runs before every submit."""
+        self._asked += 1  # each connection compares once it sees a count it did not compare at
 
     def track(self, holder: _Conn) -> None:
         with self._lock:
