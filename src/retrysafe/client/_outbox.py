@@ -148,9 +148,11 @@ class Outbox:
         try:
             created, job = self.store.insert_job(new, now=now, connection=connection)
         except StoreUnavailableError as exc:
-            if connection is not None or not may_have_written(self.store, exc):
-                raise  # the caller's transaction (its commit decides), or surely not written
-            raise _unknown_job(exc, new) from exc
+            # In the caller's transaction its commit decides: the store's own error.
+            unknown = None if connection is not None else _unknown_job(self.store, exc, new)
+            if unknown is None:
+                raise
+            raise unknown from exc
         return self._submitted(new, created, job)
 
     def _new_job(
@@ -426,9 +428,10 @@ class AsyncOutbox:
         try:
             created, job = await self._astore.insert_job(new, now=now)
         except StoreUnavailableError as exc:
-            if not may_have_written(self._sync.store, exc):
+            unknown = _unknown_job(self._sync.store, exc, new)
+            if unknown is None:
                 raise
-            raise _unknown_job(exc, new) from exc
+            raise unknown from exc
         return self._sync._submitted(new, created, job)
 
     async def get(self, job_id: str) -> Job:
@@ -474,8 +477,11 @@ class AsyncOutbox:
         await self.aclose()
 
 
-def _unknown_job(exc: StoreUnavailableError, new: NewJob) -> SubmitOutcomeUnknownError:
+def _unknown_job(
+    store: object, exc: StoreUnavailableError, new: NewJob
+) -> SubmitOutcomeUnknownError | None:
     return unknown_submission(
+        store,
         exc,
         "the job",
         f"submit it again with key={new.key!r} (the same request with the same key returns "
@@ -486,14 +492,21 @@ def _unknown_job(exc: StoreUnavailableError, new: NewJob) -> SubmitOutcomeUnknow
 
 
 def unknown_submission(
-    exc: StoreUnavailableError, what: str, again: str, *, key: str, job_id: str | None = None
-) -> SubmitOutcomeUnknownError:
-    """What a submission whose write got no answer raises (the outbox's jobs, the webhooks'
-    events): the store's error, and that ``what`` may be recorded all the same (the write may
-    have committed before the answer was lost), with ``again``, how to submit it again under
-    the same ``key``."""
-    if isinstance(exc, SubmitOutcomeUnknownError):
-        return exc
+    store: object,
+    exc: StoreUnavailableError,
+    what: str,
+    again: str,
+    *,
+    key: str,
+    job_id: str | None = None,
+) -> SubmitOutcomeUnknownError | None:
+    """What a submission (the outbox's jobs, the webhooks' events) whose write to ``store``
+    raised ``exc`` raises instead: None when the write cannot have landed (the store's own
+    error stands: SQLite, or no connection; :func:`may_have_written`), else the error saying
+    ``what`` may have been recorded all the same, with ``again``, how to submit it again
+    under the same ``key``."""
+    if not may_have_written(store, exc):
+        return None
     return SubmitOutcomeUnknownError(
         f"{exc}; {what} may have been recorded all the same: {again}",
         key=key,

@@ -18,7 +18,7 @@ from retrysafe.client._models import Attempt, JobState, NewJob, OutboxStore
 from retrysafe.client._outbox import unknown_submission
 from retrysafe.client._policy import count, seconds
 from retrysafe.core import canonical_body
-from retrysafe.stores._connector import before_user_write, may_have_written
+from retrysafe.stores._connector import before_user_write
 from retrysafe.webhooks._admin import EndpointAdmin
 from retrysafe.webhooks._endpoints import check_event_id, check_event_type, matches, new_event_id
 from retrysafe.webhooks._models import WebhookDelivery, WebhookEvent, WebhookStore
@@ -118,16 +118,18 @@ class Dispatcher:
         try:
             created, stored = self.store.insert_event(event, deliveries, now=now)
         except StoreUnavailableError as exc:
-            if not may_have_written(self.store, exc):
-                raise
-            raise unknown_submission(
+            unknown = unknown_submission(
+                self.store,
                 exc,
                 "the event",
                 f"send it again with event_id={event_id!r} (the same event with the same id "
                 "returns the stored one or records it once; a new id could send it twice to "
                 "every endpoint)",
                 key=event_id,
-            ) from exc
+            )
+            if unknown is None:
+                raise
+            raise unknown from exc
         if not created:
             same_payload = canonical_body(stored.payload, _JSON) == canonical_body(body, _JSON)
             if stored.event_type != event_type:
