@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from retrysafe import JobState, Outbox
-from retrysafe.client import Attempt, outbox_store
+from retrysafe.client import outbox_store
 from retrysafe.client._models import Finish
 from retrysafe.client._store import _SQL, finish_rows
 from retrysafe.stores import PostgresStore
 from retrysafe.stores._connector import JsonText
 
-T0 = 1_700_000_000.0
+from .test_outbox_store_contract import T0, _attempt
 
 
 @pytest.fixture
@@ -56,18 +56,7 @@ def test_a_batch_of_finishes_reads_its_jobs_by_their_ids(store: PostgresStore) -
         Finish(
             job_id=job.id,
             token="t",
-            attempt=Attempt(
-                job_id=job.id,
-                key=job.key,
-                number=0,
-                started_at=T0,
-                duration=0.01,
-                outcome="success",
-                status=201,
-                error_type=None,
-                replayed=False,
-                counted=True,
-            ),
+            attempt=_attempt(job.id, job.key),
             state=JobState.SUCCEEDED,
             due_at=T0,
             last_delay=0.0,
