@@ -612,8 +612,9 @@ class Engine:
             claim=req.claim,
             fencing_token=req.token,
             detail="another attempt took this key over while the handler ran (this process "
-            "stalled past the lease), or the store no longer has it (a Redis without "
-            "persistence that restarted); its result will not be written",
+            "stalled past the lease, or could not reach the store to renew it for that long), "
+            "or the store no longer has it (a Redis without persistence that restarted); its "
+            "result will not be written",
         )
 
     def run_time_exceeded(self, req: RequestState) -> None:
