@@ -371,7 +371,9 @@ class SQLiteConnector(Transactions):
                 conn, degraded = self._connect_writable(busy_timeout)
         except sqlite3.Error as exc:
             raise _translate(exc, self.url) from exc
-        return _Conn(conn, degraded, self._identity())
+        holder = _Conn(conn, degraded, self._identity())
+        holder.asked = self._asked  # its file was just compared: a recheck asked before is met
+        return holder
 
     def _identity(self) -> tuple[int, int] | None:
         """The database file's (device, inode), or None (``:memory:``, a ``file:`` URI)."""
