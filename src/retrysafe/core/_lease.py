@@ -72,7 +72,12 @@ class LeaseTiming:
 
     def keeps_renewing(self, started: float, now: float) -> bool:
         """Whether work that started at ``started`` is still renewed at ``now`` (one clock)."""
-        return now - started < self.max_run_time
+        return self.renewed_for(started, now) > 0
+
+    def renewed_for(self, started: float, now: float) -> float:
+        """Seconds work that started at ``started`` is still renewed for at ``now`` (one
+        clock): ``max_run_time`` less its run so far; zero or less once renewal stopped."""
+        return self.max_run_time - (now - started)
 
 
 def lease_timing(

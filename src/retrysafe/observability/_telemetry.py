@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 #: Engine lines that are events beside a request's decision, not its decision.
-EVENTS = frozenset({"client-gone", "lease-lost", "max-run-time", "stored-late", "renewal-failed"})
+EVENTS = frozenset(
+    {"answered-early", "client-gone", "lease-lost", "max-run-time", "stored-late", "renewal-failed"}
+)
 
 
 def decision_label(decision: str, claim: str | None) -> str:

@@ -8,7 +8,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,7 +37,7 @@ from retrysafe.server._engine import (
     Verdict,
     adrive,
 )
-from retrysafe.server._outcome import SCOPE_KEY, client_stalled, outcome_unknown
+from retrysafe.server._outcome import ANSWER_EARLY, SCOPE_KEY, client_stalled, outcome_unknown
 from retrysafe.server._transaction import effect_opener
 from retrysafe.stores import AsyncKeyStore, KeyStore, as_async_key_store, open_store
 
@@ -307,6 +307,8 @@ class _Responder(Claimant):
         self._soon: asyncio.Handle | None = None  # the record, due at the next loop iteration
         self._recording: asyncio.Task[None] | None = None  # the record, started meanwhile
         self.beat: AsyncHeartbeat = self.heartbeat(AsyncHeartbeat, self._renew)
+        # A cycle (state, method, responder) that end() breaks: every request reaches it.
+        self.state[ANSWER_EARLY] = self.answer_early
 
     async def _renew(self) -> bool:
         if self.write_locked():
@@ -372,6 +374,36 @@ class _Responder(Claimant):
                 await self.wrapped(message)
         except _SEND_ERRORS as exc:
             self._gone(repr(exc))
+
+    async def answer_early(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> float | None:
+        """:func:`~retrysafe.server._outcome.answer_early`: ``status``, ``headers`` and
+        ``body`` go to the client now, unrecorded; the app's own answer is then captured and
+        recorded, never sent. The seconds of renewal left, or None (nothing sent)."""
+        if self.finalized or self.sent or self.gone or self.held:
+            return None
+        engine = self.engine
+        req = self.req
+        left = engine.timing.renewed_for(req.claimed_at, engine.clock())
+        if left <= 0:
+            return None
+        self.gone = True  # nothing of the app's own answer is sent from now on
+        self.state.pop(ANSWER_EARLY, None)
+        engine.log_decision(
+            "answered-early", req.method, req.path, status, req.started, req.key_hash,
+            level=logging.WARNING, renewed_for=round(left, 3),
+            detail="the client got this answer instead of the app's, which is still awaited; "
+            "that one is recorded for a retry of the same key (409 until then)",
+        )  # fmt: skip
+        try:
+            await self.wrapped(
+                {"type": "http.response.start", "status": status, "headers": list(headers)}
+            )
+            await self.wrapped({"type": "http.response.body", "body": body})
+        except _SEND_ERRORS:
+            pass  # the client left first: nothing changes for the record
+        return left
 
     def _gone(self, error: str) -> None:
         """The client left (or stopped taking the answer): nothing more is sent to it."""

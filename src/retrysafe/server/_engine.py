@@ -48,6 +48,7 @@ from retrysafe.core import (
 )
 from retrysafe.observability._telemetry import EVENTS, Telemetry, decision_label
 from retrysafe.server._config import DEFAULT_REPLAY_HEADERS, IdempotencyConfig
+from retrysafe.server._outcome import ANSWER_EARLY
 from retrysafe.testing import waited
 
 __all__ = [
@@ -272,7 +273,9 @@ class Claimant:
         """The response ended (or was given up): nothing more belongs to it, and
         ``transaction()`` may no longer open the handler's transaction."""
         self.finalized = True
-        self.state["begin_effect"] = _after_the_end
+        state = self.state
+        state["begin_effect"] = _after_the_end
+        state.pop(ANSWER_EARLY, None)  # the ASGI responder's: too late for it now
 
     def heartbeat(self, kind: Any, renew: Any) -> Any:
         """Start ``kind`` (:class:`~retrysafe._heartbeat.AsyncHeartbeat` or ``Heartbeat``)
