@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import retrysafe.cli._gateway as cli_gateway_module
+import retrysafe.server._gateway as gateway_module
 from _garbage import cycles_left
 from retrysafe import ConfigurationError
 from retrysafe._serving import ServerThread, free_port
@@ -862,6 +863,101 @@ def test_unknown_outcome_stays_claimed_past_the_lease(
     assert statuses == [409] * 10
     assert effects["ai"] == 1
     store.close()
+
+
+def _until_not_409(url: str, headers: dict[str, str], within: float = 15.0) -> httpx.Response:
+    """POST ``url`` every 0.1 s until the answer is no 409 (or ``within`` seconds pass)."""
+    end = time.monotonic() + within
+    while True:
+        answer = httpx.post(url, json={}, headers=headers)
+        if answer.status_code != 409 or time.monotonic() > end:
+            return answer
+        time.sleep(0.1)
+
+
+def test_a_late_upstream_answer_is_recorded_for_the_retry(
+    upstream: ServerThread,
+    effects: Counter[str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client gets its 504 at the timeout, but the gateway still waits for the upstream
+    (its key renewed) and records the answer that comes late: the retry replays that 201
+    instead of meeting 409 until the lease ends and then running the effect again."""
+    store = SQLiteStore(tmp_path / "late.db")
+    proxy = ReverseProxy(upstream.url, timeout=0.3)
+    app = IdempotencyMiddleware(proxy, store=store, lease=30)
+    headers = {"Idempotency-Key": "late-answer-1"}
+    caplog.set_level("WARNING", logger="retrysafe")
+    with ServerThread(app) as gw:
+        start = time.monotonic()
+        first = httpx.post(gw.url + "/slow", json={}, headers=headers)
+        assert time.monotonic() - start < 0.9  # the 504 came at the timeout, not with the 201
+        assert first.status_code == 504
+        problem = first.json()
+        assert problem["type"] == "urn:retrysafe:problem:gateway-timeout"
+        assert "records it" in problem["detail"]
+        assert httpx.post(gw.url + "/slow", json={}, headers=headers).status_code == 409
+        replay = _until_not_409(gw.url + "/slow", headers)
+    assert replay.status_code == 201, replay.text
+    assert replay.json() == {"done": True}
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert effects["slow"] == 1
+    early = [r for r in caplog.records if getattr(r, "decision", None) == "answered-early"]
+    assert len(early) == 1 and early[0].levelname == "WARNING"
+    assert proxy._awaited == 0  # counted while awaited, no longer
+    store.close()
+
+
+def test_a_late_answer_past_max_run_time_leaves_the_key_to_its_lease(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """An upstream slower than the key's renewal (max_run_time 1.5 s, the upstream 5 s): the
+    gateway stops waiting when renewal stops, the key stays claimed until its lease runs
+    out (409 meanwhile), and only then may a retry send the request again."""
+    store = SQLiteStore(tmp_path / "past.db")
+    proxy = ReverseProxy(upstream.url, timeout=0.3)
+    app = IdempotencyMiddleware(proxy, store=store, lease=1, max_run_time=1.5)
+    headers = {"Idempotency-Key": "past-max-1"}
+    with ServerThread(app) as gw:
+        assert httpx.post(gw.url + "/ai", json={}, headers=headers).status_code == 504
+        assert httpx.post(gw.url + "/ai", json={}, headers=headers).status_code == 409
+        again = _until_not_409(gw.url + "/ai", headers)
+    assert again.status_code == 504  # the retry reached the upstream again: a new attempt
+    assert effects["ai"] == 2
+    assert proxy._awaited == 0
+    store.close()
+
+
+def test_past_the_cap_a_slow_request_is_given_up_at_the_timeout(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With as many requests awaited past the timeout as the cap allows (half the upstream
+    pool, so a wedged upstream cannot take all of it), the next slow one is given up at the
+    timeout: 504, its key kept claimed until the lease ends (no late record)."""
+    monkeypatch.setattr(gateway_module, "MAX_AWAITED", 0)
+    store = SQLiteStore(tmp_path / "cap.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=0.3), store=store, lease=30)
+    headers = {"Idempotency-Key": "cap-1"}
+    with ServerThread(app) as gw:
+        first = httpx.post(gw.url + "/slow", json={}, headers=headers)
+        assert first.status_code == 504
+        assert "stays claimed until its lease ends" in first.json()["detail"]
+        time.sleep(1.2)  # the upstream has answered meanwhile: nobody recorded it
+        assert httpx.post(gw.url + "/slow", json={}, headers=headers).status_code == 409
+    assert effects["slow"] == 1
+    store.close()
+
+
+def test_no_middleware_no_early_answer(upstream: ServerThread, effects: Counter[str]) -> None:
+    """The bare gateway (no key to record into) answers 504 at its timeout and stops
+    waiting: nothing would record the late answer."""
+    with ServerThread(ReverseProxy(upstream.url, timeout=0.3)) as gw:
+        start = time.monotonic()
+        answer = httpx.post(gw.url + "/slow", json={})
+        assert time.monotonic() - start < 0.9
+    assert answer.status_code == 504
+    assert "records it" not in answer.json()["detail"]
 
 
 # --------------------------------------------------------------------------- signals

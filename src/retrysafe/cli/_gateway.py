@@ -106,8 +106,9 @@ _FLAGS = {
     default=30.0,
     show_default=True,
     help="Total seconds per upstream request, from sending it to the last body byte (the "
-    "time the client takes to read the answer not counted); past it the client gets 504 "
-    "and the key is kept as outcome-unknown.",
+    "time the client takes to read the answer not counted); past it the client gets 504. "
+    "An answer head still missing is then awaited while the key is renewed (up to "
+    "--max-run-time) and recorded for the retry; else the key is kept as outcome-unknown.",
 )
 @click.option(
     "--key-required/--key-optional",

@@ -7,12 +7,14 @@ added. An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504`
 5xx: when nothing reached the upstream (connection refused) the middleware releases the key
 and the client's retry runs again; when the request was sent and the answer never came (the
 total deadline passed, a reset), the outcome is unknown and the key stays claimed until its
-lease ends. A body that breaks off mid-answer ends the response unfinished (the server cuts the
+lease ends — except that an answer head merely slow is still awaited after the 504 (while the
+key is renewed) and recorded for the retry. A body that breaks off mid-answer ends the response unfinished (the server cuts the
 connection) and is logged as one line, never a traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -26,7 +28,13 @@ from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP, drop_tracebacks, no_cookie_jar
 from retrysafe.client._jobs import _check_url, shown_url
 from retrysafe.core import Problem
-from retrysafe.server._outcome import SCOPE_KEY, mark_client_stalled, mark_outcome_unknown
+from retrysafe.server._outcome import (
+    SCOPE_KEY,
+    answer_early,
+    can_answer_early,
+    mark_client_stalled,
+    mark_outcome_unknown,
+)
 
 __all__ = ["ReverseProxy", "validate_upstream"]
 
@@ -39,6 +47,13 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("retrysafe.gateway")
+
+#: Connections the gateway's own upstream client keeps (max_connections).
+_CONNECTIONS = 256
+#: Requests awaited past the timeout at once (:meth:`ReverseProxy._head`): half the pool, so a
+#: wedged upstream holding them leaves the rest for requests that answer in time; past it a
+#: slow request is given up at the timeout, as without the middleware.
+MAX_AWAITED = _CONNECTIONS // 2
 
 # Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes.
 _HOP_BY_HOP = HOP_BY_HOP | {b"host"}
@@ -71,7 +86,10 @@ class ReverseProxy:
             The time the client takes to read the answer is not counted (a slow client never
             makes an upstream that answered look timed out); a client that takes nothing for
             ``timeout`` seconds is stalled: nothing more is sent to it, and the idempotency
-            middleware still records the whole answer for its retry.
+            middleware still records the whole answer for its retry. Under the middleware, a
+            request whose answer head has not come by then is answered 504 at once and its
+            head still awaited while its key is renewed, so that the late answer is recorded
+            (:meth:`_head`; at most :data:`MAX_AWAITED` requests at a time).
         client: an ``httpx.AsyncClient`` to use (tests); by default one is created with
             transport-level retries off, so retries happen in one layer only (SPEC §5).
 
@@ -93,13 +111,14 @@ class ReverseProxy:
         self._shown = shown_url(self.upstream)  # as logs show it: no credentials
         self._timeout = timeout
         self._client = client
+        self._awaited = 0  # requests whose client got its 504 while their answer is awaited
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 transport=httpx.AsyncHTTPTransport(retries=0),
                 timeout=httpx.Timeout(self._timeout),
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                limits=httpx.Limits(max_connections=_CONNECTIONS, max_keepalive_connections=64),
                 follow_redirects=False,
                 trust_env=False,
                 # Cookies pass through as headers, both ways; the client keeps none (a jar
@@ -157,9 +176,14 @@ class ReverseProxy:
                 break
 
         client = self._get_client()
+        # Under the middleware, a head slower than the timeout is still awaited (_head):
+        # no read of it may time out before the key's renewal does.
+        early = can_answer_early(scope)
         request = client.build_request(
-            scope["method"], url, headers=headers, content=_body(receive)
-        )
+            scope["method"], url, headers=headers, content=_body(receive),
+            timeout=httpx.Timeout(self._timeout, read=None) if early else httpx.USE_CLIENT_DEFAULT,
+        )  # fmt: skip
+        answered_early = False  # the client got its 504 while the upstream still worked
         response: httpx.Response | None = None
         started = False  # the answer's start went to the client
         broke: BaseException | None = None
@@ -193,7 +217,10 @@ class ReverseProxy:
                     deadline.deadline = anyio.current_time() + left
 
             try:
-                response = await client.send(request, stream=True)
+                if early:
+                    response, answered_early = await self._head(client, request, scope, deadline)
+                else:
+                    response = await client.send(request, stream=True)
                 if not 100 <= response.status_code <= 599:
                     # Three digits, so the parser took it; no HTTP status all the same (RFC
                     # 9110 §15), and the server could not send it on: a malformed answer.
@@ -229,6 +256,8 @@ class ReverseProxy:
             except httpx.HTTPError as exc:
                 broke = drop_tracebacks(exc)
             finally:
+                if answered_early:
+                    self._awaited -= 1  # counted from _head's early answer to here
                 if response is not None:
                     with anyio.CancelScope(shield=True):
                         await response.aclose()
@@ -254,6 +283,12 @@ class ReverseProxy:
         # Releasing the key would let a retry run the effect twice, so the key stays claimed
         # until its lease ends; repeats meanwhile get 409 request-in-progress.
         mark_outcome_unknown(scope)
+        if answered_early:  # the client has its 504; the key is left to its lease
+            log.warning(
+                "upstream outcome unknown: no complete answer while the key was renewed",
+                extra={"upstream": self._shown, "error": repr(broke)},
+            )
+            return
         if not started:
             timeout = isinstance(broke, httpx.TimeoutException)
             await _problem(
@@ -279,6 +314,82 @@ class ReverseProxy:
             extra={"upstream": self._shown, "error": repr(broke)},
         )
 
+    async def _head(
+        self,
+        client: httpx.AsyncClient,
+        request: httpx.Request,
+        scope: Scope,
+        deadline: anyio.CancelScope,
+    ) -> tuple[httpx.Response, bool]:
+        """The upstream's answer head, and whether the client was answered early (then
+        counted in ``_awaited`` until the caller's exchange ends).
+
+        Under the idempotency middleware (:func:`~retrysafe.server._outcome.answer_early`):
+        when no head came within the timeout, the client gets its ``504 gateway-timeout``
+        now and the head is still awaited for as long as the key's claim is renewed (up to
+        ``max_run_time`` from the claim), so that the upstream's late answer is recorded and
+        a retry replays it instead of meeting 409 until the lease ends and then sending the
+        request again. ``deadline`` is moved to the end of the whole exchange: the timeout
+        from the start, or the end of the renewal after an early answer.
+
+        Raises:
+            httpx.ReadTimeout: no head within the timeout and no early answer possible, or
+                none before the renewal ends.
+            httpx.HTTPError: what sending the request raised.
+        """
+        start = anyio.current_time()
+        deadline.deadline = math.inf  # this wait is timed here
+        task = asyncio.ensure_future(client.send(request, stream=True))
+        answered = False
+        try:
+            await asyncio.wait((task,), timeout=self._timeout)
+            end = start + self._timeout
+            if not task.done():
+                problem = Problem(
+                    "gateway-timeout",
+                    504,
+                    f"no answer from the upstream within {self._timeout:g} s; it may still be "
+                    "acting on the request. The gateway waits for its answer and records it: "
+                    "a retry with the same Idempotency-Key gets 409 request-in-progress "
+                    "until then, and that answer after.",
+                )
+                left = None
+                if self._awaited < MAX_AWAITED:
+                    left = await answer_early(scope, problem.status, *_encoded(problem))
+                if left is None:
+                    raise httpx.ReadTimeout(f"no answer head within {self._timeout:g} s")
+                answered = True
+                self._awaited += 1
+                log.warning(
+                    "upstream slow: the client got 504; the answer is awaited up to %g s more "
+                    "and recorded for its retry",
+                    left,
+                    extra={"upstream": self._shown},
+                )
+                end = anyio.current_time() + left
+                await asyncio.wait((task,), timeout=left)
+                if not task.done():
+                    raise httpx.ReadTimeout(
+                        f"no answer head while the key was renewed ({left:g} s more)"
+                    )
+            response = task.result()
+        except BaseException:
+            if answered:
+                self._awaited -= 1
+            if task.done() and not task.cancelled() and task.exception() is None:
+                with anyio.CancelScope(shield=True):
+                    await task.result().aclose()
+            raise
+        finally:
+            if not task.done():
+                task.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait((task,))
+            if not task.cancelled():
+                task.exception()  # retrieved: the failure is the caller's, as raised here
+        deadline.deadline = end
+        return response, answered
+
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:
     while True:
@@ -292,13 +403,13 @@ async def _body(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-async def _problem(send: Send, problem: Problem) -> None:
+def _encoded(problem: Problem) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """``problem``'s ASGI headers and body."""
     body = problem.body()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": problem.status,
-            "headers": [(k.encode(), v.encode()) for k, v in problem.headers(len(body))],
-        }
-    )
+    return [(k.encode(), v.encode()) for k, v in problem.headers(len(body))], body
+
+
+async def _problem(send: Send, problem: Problem) -> None:
+    headers, body = _encoded(problem)
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
