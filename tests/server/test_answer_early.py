@@ -136,6 +136,11 @@ def test_no_early_answer_past_max_run_time(tmp_path: Path) -> None:
         (202, [("content-type", "text/plain")], b""),
         (202, [(b"x",)], b""),
         (202, [], "accepted"),
+        (204, [], b"a body"),
+        (304, [], b"a body"),
+        (202, None, b""),
+        (202, b"content-type", b""),
+        (202, "content-type", b""),
     ],
 )
 def test_an_answer_no_server_could_send_is_refused(status: Any, headers: Any, body: Any) -> None:
@@ -143,3 +148,42 @@ def test_an_answer_no_server_could_send_is_refused(status: Any, headers: Any, bo
     bytes: ValueError or TypeError before anything is sent, with or without the middleware."""
     with pytest.raises((TypeError, ValueError)):
         asyncio.run(answer_early({"type": "http"}, status, headers, body))
+
+
+#: Answers no server could send faithfully: refused by the middleware's own checks.
+UNSENDABLE = [
+    [(b"content-length", b"100")],  # not the body's length: the client would hang
+    [(b"content-length", b"1")],
+    [(b"x-note", b"one\r\nSet-Cookie: evil=1")],  # response splitting
+    [(b"bad name", b"x")],
+]
+
+
+def test_the_middleware_refuses_what_no_server_could_send(tmp_path: Path) -> None:
+    """A Content-Length that is not the body's, CR LF in a value, a name that is no token:
+    ValueError in the handler, nothing sent; the handler's own answer then goes as usual.
+    Headers given as a generator are read once and sent."""
+    refused: list[str] = []
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        for headers in UNSENDABLE:
+            try:
+                await answer_early(scope, 202, headers, b"abc")
+            except ValueError as exc:
+                refused.append(str(exc))
+        pairs = ((name, value) for name, value in [(b"x-early", b"yes")])
+        await answer_early(scope, 202, pairs, b"accepted")
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    store = SQLiteStore(tmp_path / "v.db")
+    app = IdempotencyMiddleware(handler, store=store)
+    headers = {"Idempotency-Key": "refused-1"}
+    with ServerThread(app) as srv:
+        first = httpx.post(srv.url + "/x", headers=headers, timeout=5)
+        replay = _until_not_409(srv.url + "/x", headers)
+    assert (first.status_code, first.content, first.headers["x-early"]) == (202, b"accepted", "yes")
+    assert len(refused) == len(UNSENDABLE)
+    assert all(r.startswith("early answer refused, nothing sent") for r in refused)
+    assert (replay.status_code, replay.content) == (201, b"done")
+    store.close()

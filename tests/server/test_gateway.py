@@ -832,6 +832,7 @@ def test_cli_gateway_refuses_a_memory_store_unless_told(store: str) -> None:
         ["--heartbeat", "5", "--lease", "2"],
         ["--max-run-time", "-1"],
         ["--timeout", "inf"],
+        ["--timeout", "5", "--max-run-time", "2"],
         ["--methods", "PO ST"],
         ["--methods", ","],
     ],
@@ -929,6 +930,57 @@ def test_a_late_answer_past_max_run_time_leaves_the_key_to_its_lease(
     store.close()
 
 
+def test_the_upstream_pool_holds_the_connections_it_is_given() -> None:
+    """The gateway's own upstream client pools 256 connections: limits given beside a
+    transport of one's own are ignored by httpx, which left the pool at its default 100."""
+    proxy = ReverseProxy("http://127.0.0.1:1")
+    pool = proxy._get_client()._transport._pool  # type: ignore[attr-defined]
+    assert pool._max_connections == gateway_module._CONNECTIONS == 256
+    assert pool._max_connections > gateway_module.MAX_AWAITED
+
+
+class _SlowPool(httpx.AsyncBaseTransport):
+    """A transport whose first request waits 2 s for a connection before it goes out (a
+    pool taken by slow requests)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport(retries=0)
+        self.waits = 1
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.waits:
+            self.waits -= 1
+            await asyncio.sleep(2.0)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_a_request_still_waiting_for_a_connection_is_released_not_held(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """A request that has not gone out by the timeout (it waits for a connection) gets no
+    early 504 saying the upstream may have acted: it is given up as never sent, 502, its
+    key released, and its retry runs."""
+    client = httpx.AsyncClient(transport=_SlowPool())
+    store = SQLiteStore(tmp_path / "pool.db")
+    app = IdempotencyMiddleware(
+        ReverseProxy(upstream.url, timeout=0.3, client=client), store=store, lease=30
+    )
+    headers = {"Idempotency-Key": "waits-for-a-connection"}
+    with ServerThread(app) as gw:
+        first = httpx.post(gw.url + "/posts", json={"title": "p"}, headers=headers)
+        assert first.status_code == 502, first.text
+        assert first.json()["type"] == "urn:retrysafe:problem:bad-gateway"
+        time.sleep(2.0)  # had it been sent late, the upstream would have run it by now
+        assert effects["posts"] == 0
+        again = httpx.post(gw.url + "/posts", json={"title": "p"}, headers=headers, timeout=10)
+    assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+    assert effects["posts"] == 1
+    store.close()
+
+
 def test_past_the_cap_a_slow_request_is_given_up_at_the_timeout(
     upstream: ServerThread, effects: Counter[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -942,7 +994,7 @@ def test_past_the_cap_a_slow_request_is_given_up_at_the_timeout(
     with ServerThread(app) as gw:
         first = httpx.post(gw.url + "/slow", json={}, headers=headers)
         assert first.status_code == 504
-        assert "stays claimed until its lease ends" in first.json()["detail"]
+        assert "then until its lease ends" in first.json()["detail"]
         time.sleep(1.2)  # the upstream has answered meanwhile: nobody recorded it
         assert httpx.post(gw.url + "/slow", json={}, headers=headers).status_code == 409
     assert effects["slow"] == 1

@@ -108,7 +108,8 @@ _FLAGS = {
     help="Total seconds per upstream request, from sending it to the last body byte (the "
     "time the client takes to read the answer not counted); past it the client gets 504. "
     "An answer head still missing is then awaited while the key is renewed (up to "
-    "--max-run-time) and recorded for the retry; else the key is kept as outcome-unknown.",
+    "--max-run-time, which must not be shorter) and recorded for the retry; else the key "
+    "is kept as outcome-unknown.",
 )
 @click.option(
     "--key-required/--key-optional",
@@ -275,6 +276,17 @@ def gateway(
             store_server_errors=store_server_errors,
             in_progress_wait=in_progress_wait,
             fail_open=fail_open,
+        )
+    longest = config.lease_timing.max_run_time
+    if timeout > longest:
+        # Renewal would stop while the gateway still waits for the upstream: once the lease
+        # ran out, a retry could take the key over and send the request a second time.
+        raise click.BadParameter(
+            f"{timeout:g} s is longer than --max-run-time ({longest:g} s): the key would "
+            "stop being renewed while the gateway still waits for the "
+            "upstream, and a retry could send the request again; raise --max-run-time or "
+            "lower --timeout",
+            param_hint="--timeout",
         )
     metrics_socket = None
     if metrics_address is not None:

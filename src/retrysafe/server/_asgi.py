@@ -31,6 +31,7 @@ from retrysafe.server._engine import (
     INVALID,
     UNRECORDED,
     Answer,
+    Capture,
     Claimant,
     Engine,
     RequestState,
@@ -381,10 +382,16 @@ class _Responder(Claimant):
         """:func:`~retrysafe.server._outcome.answer_early`: ``status``, ``headers`` and
         ``body`` go to the client now, unrecorded; the app's own answer is then captured and
         recorded, never sent. The seconds of renewal left, or None (nothing sent)."""
-        if self.finalized or self.sent or self.gone or self.held:
-            return None
         engine = self.engine
         req = self.req
+        early = Capture(len(body))
+        early.status, early.headers = status, headers
+        early.add(bytes(body))
+        fault = engine.answer_fault(req, early)
+        if fault is not None:
+            raise ValueError(f"early answer refused, nothing sent: {fault}")
+        if self.finalized or self.sent or self.gone or self.held:
+            return None
         left = engine.timing.renewed_for(req.claimed_at, engine.clock())
         if left <= 0:
             return None

@@ -8,8 +8,9 @@ added. An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504`
 and the client's retry runs again; when the request was sent and the answer never came (the
 total deadline passed, a reset), the outcome is unknown and the key stays claimed until its
 lease ends — except that an answer head merely slow is still awaited after the 504 (while the
-key is renewed) and recorded for the retry. A body that breaks off mid-answer ends the response unfinished (the server cuts the
-connection) and is logged as one line, never a traceback.
+key is renewed) and recorded for the retry. A body that breaks off mid-answer ends the
+response unfinished (the server cuts the connection) and is logged as one line, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -116,9 +117,15 @@ class ReverseProxy:
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(retries=0),
+                # The pool's limits go to the transport: a client given its own transport
+                # ignores its `limits` (the pool was httpx's default 100, not 256).
+                transport=httpx.AsyncHTTPTransport(
+                    retries=0,
+                    limits=httpx.Limits(
+                        max_connections=_CONNECTIONS, max_keepalive_connections=64
+                    ),
+                ),
                 timeout=httpx.Timeout(self._timeout),
-                limits=httpx.Limits(max_connections=_CONNECTIONS, max_keepalive_connections=64),
                 follow_redirects=False,
                 trust_env=False,
                 # Cookies pass through as headers, both ways; the client keeps none (a jar
@@ -180,7 +187,7 @@ class ReverseProxy:
         # no read of it may time out before the key's renewal does.
         early = can_answer_early(scope)
         request = client.build_request(
-            scope["method"], url, headers=headers, content=_body(receive),
+            scope["method"], url, headers=headers, content=(body := _RequestBody(receive)),
             timeout=httpx.Timeout(self._timeout, read=None) if early else httpx.USE_CLIENT_DEFAULT,
         )  # fmt: skip
         answered_early = False  # the client got its 504 while the upstream still worked
@@ -218,7 +225,9 @@ class ReverseProxy:
 
             try:
                 if early:
-                    response, answered_early = await self._head(client, request, scope, deadline)
+                    response, answered_early = await self._head(
+                        client, request, body, scope, deadline
+                    )
                 else:
                     response = await client.send(request, stream=True)
                 if not 100 <= response.status_code <= 599:
@@ -297,9 +306,15 @@ class ReverseProxy:
                     "gateway-timeout" if timeout else "bad-gateway",
                     504 if timeout else 502,
                     f"no complete answer from the upstream ({type(broke).__name__}); it may "
-                    "have acted on the request. The key stays claimed until its lease ends "
-                    "(409 request-in-progress meanwhile); a retry with the same "
-                    "Idempotency-Key after that sends the request to the upstream again.",
+                    "have acted on the request."
+                    + (
+                        " The key stays claimed while this gateway renews it (up to its "
+                        "maximum run time), then until its lease ends (409 "
+                        "request-in-progress meanwhile); a retry with the same "
+                        "Idempotency-Key after that sends the request to the upstream again."
+                        if SCOPE_KEY in scope
+                        else ""
+                    ),
                 ),
             )
             log.warning(
@@ -318,6 +333,7 @@ class ReverseProxy:
         self,
         client: httpx.AsyncClient,
         request: httpx.Request,
+        body: _RequestBody,
         scope: Scope,
         deadline: anyio.CancelScope,
     ) -> tuple[httpx.Response, bool]:
@@ -332,6 +348,11 @@ class ReverseProxy:
         request again. ``deadline`` is moved to the end of the whole exchange: the timeout
         from the start, or the end of the renewal after an early answer.
 
+        A request that has not gone out by the timeout (``body`` never asked for: it waits
+        for a connection of the pool, or for its connect) is given no early answer: httpx's
+        own pool and connect timeouts (the same timeout) end it as never sent, so its key is
+        released (502), never held as if the upstream might have acted.
+
         Raises:
             httpx.ReadTimeout: no head within the timeout and no early answer possible, or
                 none before the renewal ends.
@@ -344,14 +365,22 @@ class ReverseProxy:
         try:
             await asyncio.wait((task,), timeout=self._timeout)
             end = start + self._timeout
+            if not task.done() and not body.started:
+                # Not sent yet: httpx's pool or connect timeout ends it in a moment.
+                await asyncio.wait((task,), timeout=self._timeout)
+                if not task.done():
+                    raise httpx.PoolTimeout(
+                        f"the request did not go out within {2 * self._timeout:g} s"
+                    )
             if not task.done():
                 problem = Problem(
                     "gateway-timeout",
                     504,
                     f"no answer from the upstream within {self._timeout:g} s; it may still be "
-                    "acting on the request. The gateway waits for its answer and records it: "
-                    "a retry with the same Idempotency-Key gets 409 request-in-progress "
-                    "until then, and that answer after.",
+                    "acting on the request. The gateway waits for its answer while it renews "
+                    "the key, and records it: a retry with the same Idempotency-Key gets 409 "
+                    "request-in-progress until then, and that answer after (an error answer "
+                    "- 5xx, 408, 429 - is not kept: that retry is sent again).",
                 )
                 left = None
                 if self._awaited < MAX_AWAITED:
@@ -389,6 +418,23 @@ class ReverseProxy:
                 task.exception()  # retrieved: the failure is the caller's, as raised here
         deadline.deadline = end
         return response, answered
+
+
+class _RequestBody:
+    """The client's request body as httpx streams it on. ``started`` once httpx asked for
+    its first chunk, which it does after writing the request head to the connection
+    (httpcore sends the head, then the body): before that, the request waited for a
+    connection and nothing of it reached the upstream."""
+
+    __slots__ = ("receive", "started")
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.started = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self.started = True
+        return _body(self.receive)
 
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:

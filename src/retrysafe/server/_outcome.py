@@ -10,7 +10,7 @@ while the first attempt may still be committing).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -69,7 +69,7 @@ def can_answer_early(scope: MutableMapping[str, Any]) -> bool:
 async def answer_early(
     scope: MutableMapping[str, Any],
     status: int,
-    headers: Sequence[tuple[bytes, bytes]],
+    headers: Iterable[tuple[bytes, bytes]],
     body: bytes,
 ) -> float | None:
     """Give the client this answer now, in place of the app's own, which is slow to come
@@ -91,13 +91,25 @@ async def answer_early(
         body: the whole body, bytes.
 
     Raises:
-        ValueError: ``status`` outside 200-599 (checked before anything is sent).
+        ValueError: ``status`` outside 200-599, a body with 204 or 304, and under the
+            middleware any answer it would refuse to store (a header name that is no token,
+            a value with CR, LF or another control character, a Content-Length that is not
+            the body's length: :meth:`~retrysafe.server._engine.Engine.answer_fault`).
+            Checked before anything is sent.
         TypeError: headers that are no byte-string pairs, or a body that is no bytes.
     """
     if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
         raise ValueError(f"an early answer's status must be an int in 200-599, got {status!r}")
     if not isinstance(body, (bytes, bytearray, memoryview)):
         raise TypeError(f"an early answer's body must be bytes, got {type(body).__name__}")
+    if body and status in (204, 304):
+        raise ValueError(f"an early answer with status {status} carries no body")
+    given: Any = headers
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        raise TypeError(
+            f"an early answer's headers are (name, value) bytes pairs, got {given!r:.100}"
+        )
+    headers = list(given)  # a generator is read once, here
     for pair in headers:
         if not (
             isinstance(pair, (tuple, list))
