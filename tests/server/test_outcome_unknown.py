@@ -212,9 +212,12 @@ async def test_a_head_answer_keeps_its_content_length_and_is_stored(tmp_path: Pa
         transport=httpx.ASGITransport(app=config_app), base_url="http://t"
     ) as client:
         key = {"Idempotency-Key": "head-1"}
-        assert (await client.head("/x", headers=key)).status_code == 200
+        first = await client.head("/x", headers=key)
+        assert (first.status_code, first.headers["content-length"]) == (200, "9")
         again = await client.head("/x", headers=key)
         assert again.status_code == 200 and again.headers.get("idempotent-replayed") == "true"
+        assert again.headers["content-length"] == "9"  # the GET's length, as answered
+        assert again.headers.get_list("content-length") == ["9"]
     store.close()
 
 

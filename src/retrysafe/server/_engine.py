@@ -498,7 +498,10 @@ class Engine:
             (k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers
         ]
         if response.status >= 200 and response.status not in (204, 304):
-            headers.append((b"content-length", str(len(response.body)).encode("ascii")))
+            body = response.body
+            # A HEAD answer's stored Content-Length (its body is empty) is the one it had.
+            if body or not any(k == "content-length" for k, _ in response.headers):
+                headers.append((b"content-length", str(len(body)).encode("ascii")))
         headers.append(_REPLAYED)
         return Answer(response.status, headers, response.body, "replay")
 
@@ -896,11 +899,15 @@ class Engine:
             retry_after=status == 409 and _has_retry_after(capture.headers),
         ):
             if capture.overflow:
-                response = StoredResponse(capture.status, self._headers(capture), b"", False)
+                response = StoredResponse(
+                    capture.status, self._headers(capture, req.method), b"", False
+                )
             else:
                 chunks = capture.chunks
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                response = StoredResponse(capture.status, self._headers(capture), body)
+                response = StoredResponse(
+                    capture.status, self._headers(capture, req.method), body
+                )
             return (
                 "complete",
                 (req.key_hash, req.token, response),
@@ -912,13 +919,20 @@ class Engine:
         """Release the key (the handler raised or the client went away)."""
         return ("release", (req.key_hash, req.token), {})
 
-    def _headers(self, capture: Capture) -> tuple[tuple[str, str], ...]:
+    def _headers(self, capture: Capture, method: str) -> tuple[tuple[str, str], ...]:
+        """The replayable headers of an answer; a HEAD answer keeps its Content-Length too
+        (the length a GET's body would have, RFC 9110 §9.3.2; its own body is empty)."""
+        replay_bytes, replay_str = self._replay_bytes, self._replay_str
+        if method == "HEAD":
+            replay_bytes, replay_str = replay_bytes | {b"content-length"}, replay_str | {
+                "content-length"
+            }
         out: list[tuple[str, str]] = []
         for name, value in capture.headers:
             if isinstance(name, bytes):
-                if name.lower() in self._replay_bytes:
+                if name.lower() in replay_bytes:
                     out.append((name.decode("latin-1").lower(), value.decode("latin-1")))
-            elif name.lower() in self._replay_str:
+            elif name.lower() in replay_str:
                 out.append((name.lower(), value))
         return tuple(out)
 
