@@ -106,7 +106,8 @@ _FLAGS = {
     default=30.0,
     show_default=True,
     help="Total seconds per upstream request, from sending it to the last body byte (the "
-    "time the client takes to read the answer not counted); past it the client gets 504. "
+    "time the client takes to read the answer not counted); past it the client gets 504 "
+    "(502 when no upstream connection came free for it: never sent, its key released). "
     "An answer head still missing is then awaited while the key is renewed (up to "
     "--max-run-time, which must not be shorter) and recorded for the retry; else the key "
     "is kept as outcome-unknown.",

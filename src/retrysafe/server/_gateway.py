@@ -49,12 +49,10 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("retrysafe.gateway")
 
-#: Connections the gateway's own upstream client keeps (max_connections).
+#: Connections the gateway's own upstream client keeps (max_connections). Requests awaited
+#: past the timeout hold theirs; once all are taken, a new request waits for one and, when
+#: none frees within the timeout, is answered 502 as never sent (its key released).
 _CONNECTIONS = 256
-#: Requests awaited past the timeout at once (:meth:`ReverseProxy._head`): half the pool, so a
-#: wedged upstream holding them leaves the rest for requests that answer in time; past it a
-#: slow request is given up at the timeout, as without the middleware.
-MAX_AWAITED = _CONNECTIONS // 2
 
 # Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes.
 _HOP_BY_HOP = HOP_BY_HOP | {b"host"}
@@ -90,7 +88,7 @@ class ReverseProxy:
             middleware still records the whole answer for its retry. Under the middleware, a
             request whose answer head has not come by then is answered 504 at once and its
             head still awaited while its key is renewed, so that the late answer is recorded
-            (:meth:`_head`; at most :data:`MAX_AWAITED` requests at a time).
+            (:meth:`_head`).
         client: an ``httpx.AsyncClient`` to use (tests); by default one is created with
             transport-level retries off, so retries happen in one layer only (SPEC §5).
 
@@ -112,7 +110,6 @@ class ReverseProxy:
         self._shown = shown_url(self.upstream)  # as logs show it: no credentials
         self._timeout = timeout
         self._client = client
-        self._awaited = 0  # requests whose client got its 504 while their answer is awaited
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -265,8 +262,8 @@ class ReverseProxy:
             except httpx.HTTPError as exc:
                 broke = drop_tracebacks(exc)
             finally:
-                if answered_early:
-                    self._awaited -= 1  # counted from _head's early answer to here
+                if response is None or broke is not None:
+                    _reclaim_orphans(client)  # a cancelled request's connection (see there)
                 if response is not None:
                     with anyio.CancelScope(shield=True):
                         await response.aclose()
@@ -292,7 +289,7 @@ class ReverseProxy:
         # Releasing the key would let a retry run the effect twice, so the key stays claimed
         # until its lease ends; repeats meanwhile get 409 request-in-progress.
         mark_outcome_unknown(scope)
-        if answered_early:  # the client has its 504; the key is left to its lease
+        if answered_early:  # the client has its 504; the key stays claimed (outcome unknown)
             log.warning(
                 "upstream outcome unknown: no complete answer while the key was renewed",
                 extra={"upstream": self._shown, "error": repr(broke)},
@@ -337,8 +334,7 @@ class ReverseProxy:
         scope: Scope,
         deadline: anyio.CancelScope,
     ) -> tuple[httpx.Response, bool]:
-        """The upstream's answer head, and whether the client was answered early (then
-        counted in ``_awaited`` until the caller's exchange ends).
+        """The upstream's answer head, and whether the client was answered early.
 
         Under the idempotency middleware (:func:`~retrysafe.server._outcome.answer_early`):
         when no head came within the timeout, the client gets its ``504 gateway-timeout``
@@ -366,12 +362,13 @@ class ReverseProxy:
             await asyncio.wait((task,), timeout=self._timeout)
             end = start + self._timeout
             if not task.done() and not body.started:
-                # Not sent yet: httpx's pool or connect timeout ends it in a moment.
+                # Not sent yet (it waits for a pooled connection, or connects): httpx's own
+                # pool and connect timeouts, this timeout too, end it as never sent.
                 await asyncio.wait((task,), timeout=self._timeout)
-                if not task.done():
-                    raise httpx.PoolTimeout(
-                        f"the request did not go out within {2 * self._timeout:g} s"
-                    )
+                if not task.done() and not body.started:
+                    # Given up before any of it left: no await between this check and the
+                    # cancel (finally), so it cannot start meanwhile.
+                    raise httpx.PoolTimeout("no connection to the upstream came in time")
             if not task.done():
                 problem = Problem(
                     "gateway-timeout",
@@ -382,13 +379,10 @@ class ReverseProxy:
                     "request-in-progress until then, and that answer after (an error answer "
                     "- 5xx, 408, 429 - is not kept: that retry is sent again).",
                 )
-                left = None
-                if self._awaited < MAX_AWAITED:
-                    left = await answer_early(scope, problem.status, *_encoded(problem))
+                left = await answer_early(scope, problem.status, *_encoded(problem))
                 if left is None:
                     raise httpx.ReadTimeout(f"no answer head within {self._timeout:g} s")
                 answered = True
-                self._awaited += 1
                 log.warning(
                     "upstream slow: the client got 504; the answer is awaited up to %g s more "
                     "and recorded for its retry",
@@ -403,8 +397,6 @@ class ReverseProxy:
                     )
             response = task.result()
         except BaseException:
-            if answered:
-                self._awaited -= 1
             if task.done() and not task.cancelled() and task.exception() is None:
                 with anyio.CancelScope(shield=True):
                     await task.result().aclose()
@@ -418,6 +410,30 @@ class ReverseProxy:
                 task.exception()  # retrieved: the failure is the caller's, as raised here
         deadline.deadline = end
         return response, answered
+
+
+def _reclaim_orphans(client: httpx.AsyncClient) -> int:
+    """Drop from ``client``'s pool the connections cancelled requests left behind: made for
+    a request, never connected, owned by none. httpcore 1.0.9 keeps them for ever (neither
+    idle nor closed nor available) until every slot is taken and each request times out
+    waiting for one (encode/httpcore#1093); the gateway cancels upstream requests at its
+    deadlines and at shutdown. Returns how many; 0 where the pool is not httpcore's."""
+    pool = getattr(getattr(client, "_transport", None), "_pool", None)
+    connections = getattr(pool, "_connections", None)
+    requests = getattr(pool, "_requests", None)
+    if not isinstance(connections, list) or not isinstance(requests, list):
+        return 0
+    owned = {id(getattr(r, "connection", None)) for r in requests}
+    orphans = [
+        c
+        for c in connections
+        if id(c) not in owned
+        and getattr(c, "_connection", False) is None
+        and getattr(c, "_connect_failed", None) is False
+    ]
+    for connection in orphans:
+        connections.remove(connection)
+    return len(orphans)
 
 
 class _RequestBody:
