@@ -145,3 +145,18 @@ def test_retention_longer_than_a_year_is_refused(value: float) -> None:
     with pytest.raises(ConfigurationError) as info:
         IdempotencyConfig(retention=value)
     assert info.value.option == "retention"
+
+
+@pytest.mark.parametrize(
+    "name", ["Content-Length", "transfer-encoding", " Connection ", "Idempotent-Replayed", "TE"]
+)
+def test_replay_headers_refuse_what_a_replay_writes_itself(name: str) -> None:
+    """Content-Length (a replay frames its own body: a stored one came out twice),
+    Idempotent-Replayed and hop-by-hop fields are never replayed from the first answer."""
+    with pytest.raises(ConfigurationError) as err:
+        IdempotencyConfig(replay_headers=[name])
+    assert err.value.option == "replay_headers"
+    assert name.strip().lower() in str(err.value)
+    assert IdempotencyConfig(replay_headers=["X-Request-Cost"]).replay_headers == {
+        "x-request-cost"
+    }

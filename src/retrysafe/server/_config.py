@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from retrysafe._exceptions import ConfigurationError, RetrysafeWarning
+from retrysafe._http import HOP_BY_HOP
 from retrysafe.core import LeaseTiming, lease_timing, scope_from_authorization
 
 __all__ = [
@@ -35,6 +36,9 @@ DEFAULT_REPLAY_HEADERS = frozenset(
 KeyRequired = Callable[[str, str], bool]
 #: ``scope(headers) -> str``: who owns a key; ``headers`` has lower-case names.
 ScopeFunction = Callable[[Mapping[str, str]], str]
+
+#: Response fields a replay writes itself: never stored from the handler's answer.
+_SET_BY_REPLAY = frozenset({"content-length", "idempotent-replayed"})
 
 _MIB = 1024 * 1024
 #: Longest accepted retention, in seconds (one year): stores turn it into absolute expiry times
@@ -96,7 +100,8 @@ class IdempotencyConfig:
         max_replay_size: largest response body stored for replay (default 1 MiB); a larger
             response still completes the key, and a repeat gets ``replay-unavailable``.
         replay_headers: extra response header names replayed besides Content-Type, Location,
-            ETag, Cache-Control (and Content-Encoding); case-insensitive.
+            ETag, Cache-Control (and Content-Encoding); case-insensitive. Not Content-Length,
+            Idempotent-Replayed (the replay sets them) or a hop-by-hop field.
         store_server_errors: store 5xx answers too (Stripe's behaviour) instead of releasing
             the key; for handlers that cannot safely run again (default False).
         key_reused_status: status of the ``key-reused`` problem (default 422, IETF draft §2.7).
@@ -170,9 +175,18 @@ class IdempotencyConfig:
                 "replay_headers must be a collection of header names, not a string",
                 option="replay_headers",
             )
-        object.__setattr__(
-            self, "replay_headers", frozenset(h.strip().lower() for h in self.replay_headers)
+        names = frozenset(h.strip().lower() for h in self.replay_headers)
+        framing = sorted(
+            n for n in names if n in _SET_BY_REPLAY or n.encode("latin-1", "replace") in HOP_BY_HOP
         )
+        if framing:
+            raise ConfigurationError(
+                f"replay_headers: {', '.join(framing)} cannot be replayed: a replay frames its "
+                "own body (Content-Length) and says Idempotent-Replayed itself, and hop-by-hop "
+                "fields belong to one connection (RFC 9110 §7.6.1)",
+                option="replay_headers",
+            )
+        object.__setattr__(self, "replay_headers", names)
         timing = lease_timing(
             self.lease, heartbeat=self.heartbeat, max_run_time=self.max_run_time
         )
