@@ -211,7 +211,9 @@ def gateway(
 
     On SIGINT or SIGTERM it stops accepting, gives in-flight requests 3 seconds, closes the
     store and exits within 5 seconds (a second signal stops it at once). A request cut short
-    keeps its key claimed until the lease ends, as if the gateway had crashed.
+    keeps its key claimed until the lease ends, as if the gateway had crashed; so does one
+    answered 504 whose upstream answer it still awaited (a retry after the lease sends it
+    again).
     """
     import httpx
 

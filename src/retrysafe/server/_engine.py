@@ -689,8 +689,8 @@ class Engine:
                 level=logging.ERROR,
                 error=repr(exc),
                 detail="the answer could not be recorded: the client gets 503 "
-                "store-unavailable; the record is retried in the background while the lease "
-                "is renewed",
+                "store-unavailable (unless it left, or had an early answer); the record is "
+                "retried in the background while the lease is renewed",
             )
             return UNRECORDED
         self.log_finish(req, op, ok, capture.status)

@@ -377,7 +377,9 @@ class ReverseProxy:
                     "acting on the request. The gateway waits for its answer while it renews "
                     "the key, and records it: a retry with the same Idempotency-Key gets 409 "
                     "request-in-progress until then, and that answer after (an error answer "
-                    "- 5xx, 408, 429 - is not kept: that retry is sent again).",
+                    "- 5xx, 408, 429 - is not kept: that retry is sent again). Should the "
+                    "gateway stop first, the key stays claimed until its lease ends, and a "
+                    "retry after that sends the request again.",
                 )
                 left = await answer_early(scope, problem.status, *_encoded(problem))
                 if left is None:
