@@ -187,3 +187,4 @@ def test_the_middleware_refuses_what_no_server_could_send(tmp_path: Path) -> Non
     assert all(r.startswith("early answer refused, nothing sent") for r in refused)
     assert (replay.status_code, replay.content) == (201, b"done")
     store.close()
+

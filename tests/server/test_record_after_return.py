@@ -168,3 +168,53 @@ async def test_finished_requests_leave_nothing_for_the_garbage_collector(
         if kind == "sqlite":
             await app.store.aclose()  # type: ignore[attr-defined]
             store.close()
+
+
+@pytest.mark.anyio
+async def test_a_stop_while_the_answer_is_recorded_is_logged_for_its_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server cancels a request (its shutdown grace ran out) while its answer is being
+    recorded (the store hangs): one ``outcome-unknown`` line names the key, so an operator
+    can tell which effects happened (helper-54: none did)."""
+    store = MemoryStore()
+    app = IdempotencyMiddleware(_plain, store=store)
+    recording = asyncio.Event()
+
+    async def hang(*args: Any, **kwargs: Any) -> Any:
+        recording.set()
+        await asyncio.sleep(3600)
+
+    app.store.complete = hang  # type: ignore[method-assign]
+    scope = {
+        "type": "http", "method": "POST", "path": "/x", "raw_path": b"/x", "query_string": b"",
+        "headers": [(b"idempotency-key", b"stop-1")], "client": ("127.0.0.1", 1),
+        "scheme": "http", "http_version": "1.1", "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    caplog.set_level("WARNING", logger="retrysafe")
+    call = asyncio.ensure_future(app(scope, receive, send))
+    await asyncio.wait_for(recording.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    lines = [r for r in caplog.records if getattr(r, "decision", None) == "outcome-unknown"]
+    assert len(lines) == 1
+    assert getattr(lines[0], "key_hash", "")
+    assert "stopped while the answer was being recorded" in lines[0].getMessage() + str(
+        getattr(lines[0], "error", "")
+    )
+    store.close()
+
+
+async def _plain(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 201, "headers": []})
+    await send({"type": "http.response.body", "body": b"done"})

@@ -462,9 +462,19 @@ class _Responder(Claimant):
                 verdict = await self._end_effect(unknown, None)
                 unknown = False  # rolled back: nothing is left to keep claimed
             else:
-                verdict = await adrive(
-                    self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
-                )
+                try:
+                    verdict = await adrive(
+                        self.engine.conclude(self.req, self.capture, unknown=unknown), self.store
+                    )
+                except asyncio.CancelledError:
+                    # The server stopped mid-record (its shutdown grace ran out): whether the
+                    # record landed is unknown, and the handler acted; say so for this key.
+                    self.engine.log_unknown(
+                        self.req,
+                        self.capture.status,
+                        error="the server stopped while the answer was being recorded",
+                    )
+                    raise
         finally:
             if verdict == UNRECORDED and self.req.pending is not None:
                 task = asyncio.get_running_loop().create_task(self._record_later())

@@ -1015,8 +1015,8 @@ class Engine:
             status,
             level=logging.WARNING,
             claim=req.claim,
-            detail="the effect may have happened; the key stays claimed (renewed up to "
-            "max_run_time from its claim), then its lease runs out",
+            detail="the effect may have happened; the key stays claimed (renewed while this "
+            "process runs, up to max_run_time from its claim), then its lease runs out",
             **fields,
         )
 
