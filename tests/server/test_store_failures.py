@@ -3,18 +3,21 @@ the handler unprotected (fail open). Nothing is ever corrupted."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from _readonly import ReadOnly
-from retrysafe.stores import SQLiteStore
+from retrysafe.server import IdempotencyMiddleware
+from retrysafe.stores import MemoryStore, SQLiteStore
 
 from .harness import HOLD, Harness, Serve, assert_problem, is_replay, records
 
@@ -345,3 +348,32 @@ def test_a_completion_that_landed_while_the_store_seemed_down_counts_as_written(
     assert _settled([down, False], None)[0] is False
     # No failed try before: a False is a take-over, with no extra read.
     assert _settled([False], ours) == (False, ["complete"])
+
+
+def test_a_renewal_beside_a_pending_record_says_no_lease_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A renewal that went out beside the background record finds the key completed once the
+    record landed: no ``lease-lost`` ERROR then (the record says ``stored-late`` a moment
+    later; helper-54 saw both lines for one key). Without a pending record it is said."""
+    from retrysafe.server._engine import RequestState
+
+    engine = IdempotencyMiddleware(_noop_app, store=MemoryStore())._engine
+    caplog.set_level(logging.WARNING, logger="retrysafe.server")
+    req = RequestState("POST", "/x", "k" * 64, "f" * 64, time.perf_counter())
+    req.pending = ("complete", (req.key_hash, 1, None), {})
+    engine.lease_lost(req)
+    assert not _lost(req)
+    assert [r for r in caplog.records if getattr(r, "decision", "") == "lease-lost"] == []
+    req.pending = None
+    engine.lease_lost(req)
+    assert _lost(req)
+    assert [getattr(r, "decision", "") for r in caplog.records] == ["lease-lost"]
+
+
+async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
+    return None
+
+
+def _lost(req: Any) -> bool:
+    return bool(req.lost)  # read afresh (a narrowed attribute would stay narrowed for mypy)

@@ -607,8 +607,13 @@ class Engine:
         """A renewal found the key taken over while the handler still runs: say so loudly.
 
         Nothing this request writes will land (every write is fenced); its effect may have
-        run twice, which only a process stalled for longer than the lease can cause.
+        run twice, which only a process stalled for longer than the lease can cause. Not said
+        while the answer's record is pending in the background (:meth:`record_later`): a
+        renewal that went out beside it finds the key completed once the record landed, and
+        the record's own outcome (``stored-late``, or ``fenced``) is the one to tell.
         """
+        if req.pending is not None:
+            return
         req.lost = True
         self.log_request(
             "lease-lost",
