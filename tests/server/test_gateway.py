@@ -979,6 +979,50 @@ def test_a_request_still_waiting_for_a_connection_is_released_not_held(
     store.close()
 
 
+def test_past_the_pool_a_request_waits_at_the_gate_and_is_released_not_sent(
+    upstream: ServerThread,
+    effects: Counter[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every upstream connection held (one here: a slow request awaited after its 504),
+    a new request waits at the gateway's own gate, not in httpx's queue (whose passes cost
+    queued requests x connections), and after the timeout gets 502, never sent, its key
+    released; its retry runs once the connection frees."""
+    monkeypatch.setattr(gateway_module, "_CONNECTIONS", 1)
+    store = SQLiteStore(tmp_path / "gate.db")
+    proxy = ReverseProxy(upstream.url, timeout=0.3)
+    app = IdempotencyMiddleware(proxy, store=store, lease=30)
+    answers: list[httpx.Response] = []
+    with ServerThread(app) as gw:
+        slow = httpx.post(gw.url + "/slow", json={}, headers={"Idempotency-Key": "holds-it"})
+        assert slow.status_code == 504  # answered early; its request still holds the slot
+        start = time.monotonic()
+        post = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(
+                    gw.url + "/posts", json={"title": "g"},
+                    headers={"Idempotency-Key": "at-the-gate"},
+                )
+            )
+        )  # fmt: skip
+        post.start()
+        time.sleep(0.15)
+        pool = proxy._client._transport._pool  # type: ignore[union-attr]
+        assert len(pool._requests) == 1  # only the slow one: the other waits at the gate
+        post.join()
+        (waiting,) = answers
+        assert waiting.status_code == 502, waiting.text
+        assert time.monotonic() - start < 0.9  # the timeout, not twice it
+        assert effects["posts"] == 0
+        late = _until_not_409(gw.url + "/slow", {"Idempotency-Key": "holds-it"})
+        again = _until_not_409(gw.url + "/posts", {"Idempotency-Key": "at-the-gate"})
+    assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+    assert late.status_code == 201 and late.headers["idempotent-replayed"] == "true"
+    assert effects["posts"] == 1 and effects["slow"] == 1
+    store.close()
+
+
 def test_a_request_that_goes_out_late_is_awaited_not_released(
     upstream: ServerThread, effects: Counter[str], tmp_path: Path
 ) -> None:

@@ -110,9 +110,15 @@ class ReverseProxy:
         self._shown = shown_url(self.upstream)  # as logs show it: no credentials
         self._timeout = timeout
         self._client = client
+        # Requests in flight to the upstream, at most the pool's connections (our own client
+        # only): the rest wait here, not in httpcore's queue, whose every pass compares each
+        # queued request with each connection (a burst of 300 slow requests made the
+        # gateway CPU-bound there). None with a client of one's own: its limits are its own.
+        self._gate: anyio.Semaphore | None = None
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
+            self._gate = anyio.Semaphore(_CONNECTIONS)
             self._client = httpx.AsyncClient(
                 # The pool's limits go to the transport: a client given its own transport
                 # ignores its `limits` (the pool was httpx's default 100, not 256).
@@ -180,6 +186,30 @@ class ReverseProxy:
                 break
 
         client = self._get_client()
+        gate = self._gate
+        if gate is None:
+            await self._exchange(client, scope, send, url, headers, receive)
+            return
+        with anyio.move_on_after(self._timeout) as waited:
+            await gate.acquire()
+        if waited.cancelled_caught:  # every connection busy for the timeout: never sent
+            await self._unreachable(send, httpx.PoolTimeout("no upstream connection came free"))
+            return
+        try:
+            await self._exchange(client, scope, send, url, headers, receive)
+        finally:
+            gate.release()
+
+    async def _exchange(
+        self,
+        client: httpx.AsyncClient,
+        scope: Scope,
+        send: Send,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+    ) -> None:
+        """One upstream exchange, its answer sent on (or the problem that replaces it)."""
         # Under the middleware, a head slower than the timeout is still awaited (_head):
         # no read of it may time out before the key's renewal does.
         early = can_answer_early(scope)
@@ -270,15 +300,7 @@ class ReverseProxy:
         # Answers leave outside the deadline's scope: the last one records the key, and a
         # record must never be cancelled half-way.
         if unreachable is not None:
-            # Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4).
-            await _problem(
-                send,
-                Problem("bad-gateway", 502, f"upstream unreachable: {type(unreachable).__name__}"),
-            )
-            log.warning(
-                "upstream unreachable",
-                extra={"upstream": self._shown, "error": repr(unreachable)},
-            )
+            await self._unreachable(send, unreachable)
             return
         if deadline.cancelled_caught:
             broke = httpx.ReadTimeout(f"no complete answer within {self._timeout:g} s")
@@ -325,6 +347,13 @@ class ReverseProxy:
             "upstream body broke off",
             extra={"upstream": self._shown, "error": repr(broke)},
         )
+
+    async def _unreachable(self, send: Send, error: BaseException) -> None:
+        """Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4)."""
+        await _problem(
+            send, Problem("bad-gateway", 502, f"upstream unreachable: {type(error).__name__}")
+        )
+        log.warning("upstream unreachable", extra={"upstream": self._shown, "error": repr(error)})
 
     async def _head(
         self,
