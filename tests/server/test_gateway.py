@@ -1023,6 +1023,64 @@ def test_past_the_pool_a_request_waits_at_the_gate_and_is_released_not_sent(
     store.close()
 
 
+def _leave(url: str, request: bytes, after: float = 0.1) -> None:
+    """Send ``request`` raw to the server at ``url``, then close the connection after
+    ``after`` seconds without reading an answer (a client that leaves)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(request)
+        time.sleep(after)
+
+
+def test_a_client_that_leaves_mid_upload_never_completes_its_request_upstream(
+    upstream: ServerThread, effects: Counter[str]
+) -> None:
+    """A chunked upload cut off by its client (no last chunk) is cut off upstream too: the
+    upstream never gets a shorter body as the whole one (helper-55: `{"qty": 100000` reached
+    it, properly ended)."""
+    with ServerThread(ReverseProxy(upstream.url, timeout=5)) as gw:
+        _leave(
+            gw.url,
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n9\r\n{\"qty\": 1\r\n5\r\n00000\r\n",
+        )
+        time.sleep(0.5)
+        assert httpx.get(gw.url + "/echo").status_code == 202  # the gateway still serves
+    assert effects["echo"] == 1  # the GET only
+
+
+def test_a_client_that_leaves_while_waiting_at_the_gate_sends_nothing(
+    upstream: ServerThread,
+    effects: Counter[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the one connection held, a request whose client leaves while it waits at the
+    gate is never sent, not sent later with an empty body (helper-55)."""
+    monkeypatch.setattr(gateway_module, "_CONNECTIONS", 1)
+    store = SQLiteStore(tmp_path / "left.db")
+    app = IdempotencyMiddleware(ReverseProxy(upstream.url, timeout=2), store=store, lease=30)
+    with ServerThread(app) as gw:
+        holder = threading.Thread(
+            target=httpx.post,
+            args=(gw.url + "/slow",),
+            kwargs={"json": {}, "headers": {"Idempotency-Key": "hold"}, "timeout": 10},
+        )
+        holder.start()
+        time.sleep(0.2)  # the slow request has the connection
+        _leave(
+            gw.url,
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nc\r\n{\"order\": 1}\r\n0\r\n\r\n",
+            after=0.2,
+        )
+        holder.join()
+        time.sleep(0.5)  # the connection is free: had it been queued, it went out by now
+    assert effects["slow"] == 1
+    assert effects["echo"] == 0
+    store.close()
+
+
 def test_a_request_that_goes_out_late_is_awaited_not_released(
     upstream: ServerThread, effects: Counter[str], tmp_path: Path
 ) -> None:

@@ -210,14 +210,22 @@ class ReverseProxy:
         receive: Receive,
     ) -> None:
         """One upstream exchange, its answer sent on (or the problem that replaces it)."""
+        first = await receive()  # after the gate: a client that left meanwhile sends nothing
+        if first["type"] == "http.disconnect":
+            log.warning(
+                "client left before its request went out: nothing sent upstream",
+                extra={"upstream": self._shown},
+            )
+            return
         # Under the middleware, a head slower than the timeout is still awaited (_head):
         # no read of it may time out before the key's renewal does.
         early = can_answer_early(scope)
         request = client.build_request(
-            scope["method"], url, headers=headers, content=(body := _RequestBody(receive)),
+            scope["method"], url, headers=headers, content=(body := _RequestBody(receive, first)),
             timeout=httpx.Timeout(self._timeout, read=None) if early else httpx.USE_CLIENT_DEFAULT,
         )  # fmt: skip
         answered_early = False  # the client got its 504 while the upstream still worked
+        left_mid_body = False  # the client left before the end of its request body
         response: httpx.Response | None = None
         started = False  # the answer's start went to the client
         broke: BaseException | None = None
@@ -287,6 +295,8 @@ class ReverseProxy:
                     started = True
             # Kept without their tracebacks (drop_tracebacks): this frame is in them, and
             # a local naming the error would make a cycle holding the frames' buffers.
+            except _ClientLeft:
+                left_mid_body = True
             except _NOT_SENT as exc:
                 unreachable = drop_tracebacks(exc)
             except httpx.HTTPError as exc:
@@ -299,6 +309,12 @@ class ReverseProxy:
                         await response.aclose()
         # Answers leave outside the deadline's scope: the last one records the key, and a
         # record must never be cancelled half-way.
+        if left_mid_body:  # cut off upstream, never complete: nobody is left to answer
+            log.warning(
+                "client left mid-upload: the request was cut off upstream, never completed",
+                extra={"upstream": self._shown},
+            )
+            return
         if unreachable is not None:
             await self._unreachable(send, unreachable)
             return
@@ -467,33 +483,42 @@ def _reclaim_orphans(client: httpx.AsyncClient) -> int:
     return len(orphans)
 
 
+class _ClientLeft(Exception):
+    """The client left before the end of its request body: the upstream must never get the
+    request as complete (httpcore then cuts the connection instead of ending the body)."""
+
+
 class _RequestBody:
-    """The client's request body as httpx streams it on. ``started`` once httpx asked for
-    its first chunk, which it does after writing the request head to the connection
-    (httpcore sends the head, then the body): before that, the request waited for a
-    connection and nothing of it reached the upstream."""
+    """The client's request body as httpx streams it on, from its ``first`` message (read
+    before anything is sent). ``started`` once httpx asked for its first chunk, which it
+    does after writing the request head to the connection (httpcore sends the head, then
+    the body): before that, the request waited for a connection and nothing of it reached
+    the upstream."""
 
-    __slots__ = ("receive", "started")
+    __slots__ = ("first", "receive", "started")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, first: Message) -> None:
         self.receive = receive
+        self.first = first
         self.started = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self.started = True
-        return _body(self.receive)
+        return _body(self.first, self.receive)
 
 
-async def _body(receive: Receive) -> AsyncIterator[bytes]:
+async def _body(message: Message, receive: Receive) -> AsyncIterator[bytes]:
+    """The body's chunks from ``message`` on; :class:`_ClientLeft` when the client leaves
+    before its end (a shortened body must not reach the upstream as the whole one)."""
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
-            return
+            raise _ClientLeft("the client left before the end of its request body")
         chunk = message.get("body", b"")
         if chunk:
             yield chunk
         if not message.get("more_body", False):
             return
+        message = await receive()
 
 
 def _encoded(problem: Problem) -> tuple[list[tuple[bytes, bytes]], bytes]:
