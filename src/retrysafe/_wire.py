@@ -58,6 +58,7 @@ __all__ = [
     "Engine",
     "HttpxEngine",
     "WireError",
+    "aiohttp_session",
     "check_aiohttp",
     "check_transport",
     "make_engine",
@@ -232,6 +233,71 @@ def _user_agent() -> str:
         return "retrysafe"
 
 
+def aiohttp_session(
+    *,
+    limit: int,
+    connect_timeout: float,
+    read_timeout: float | None,
+    guard: AddressGuard | None = None,
+    headers: Mapping[str, str] | None = None,
+    skip_auto_headers: Sequence[str] = (),
+    request_class: type[aiohttp.ClientRequest] | None = None,
+) -> aiohttp.ClientSession:
+    """A pooled aiohttp session as every client-side path of retrysafe sends with (the
+    outbox's engine, the gateway's upstream side), opened in the running event loop: at most
+    ``limit`` connections in all, a TCP connect bounded by ``connect_timeout`` seconds and
+    each read by ``read_timeout`` (None: the caller bounds the exchange), the connections on
+    :func:`_connector_class`'s protocol (the answer's head and framing capped, a connection
+    closed at the first byte nobody asked for), the SSRF ``guard`` (every new connection
+    resolved and checked; no DNS cache then), answers read as sent (never decompressed), no
+    redirects, no proxies or credentials from the environment, no cookie jar, and **no
+    retries inside** (SPEC §5). ``headers`` go on every request; ``skip_auto_headers`` are
+    the fields aiohttp would otherwise add; ``request_class`` replaces aiohttp's own."""
+    import aiohttp
+
+    resolver = None if guard is None else _guard_resolver(guard)
+    connector = _connector_class()(
+        limit=limit,
+        limit_per_host=0,
+        # With the guard, every new connection resolves and checks (no DNS cache):
+        # nothing connects to an address that was not checked for it.
+        use_dns_cache=guard is None,
+        resolver=resolver,
+        ssl=True,
+    )
+    extra: dict[str, Any] = {}
+    if request_class is not None:
+        extra["request_class"] = request_class
+    if skip_auto_headers:
+        extra["skip_auto_headers"] = tuple(skip_auto_headers)
+    session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout, sock_read=read_timeout
+        ),
+        headers=headers,
+        # aiohttp's defaults (8,190-byte lines and fields, 128 fields) refuse answers that
+        # other clients take; an answer over these is a protocol error (sent, unknown).
+        max_line_size=_MAX_HEADER_LINE,
+        max_field_size=_MAX_HEADER_LINE,
+        max_headers=_MAX_HEADER_FIELDS,
+        auto_decompress=False,
+        trust_env=False,
+        raise_for_status=False,
+        # No cookie jar: each job is its own request, and a Set-Cookie in one answer (an
+        # API's session, a webhook receiver's, one gateway client's) must never ride along
+        # on the next request to that host — it may be another tenant's.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        **extra,
+    )
+    # aiohttp re-sends PUT, DELETE (and GET, HEAD, OPTIONS, TRACE) once, by itself, when the
+    # connection breaks (ClientOSError, ServerDisconnectedError), on any connection: a second
+    # request per attempt, after the first may have committed. No retries inside (SPEC §5):
+    # there is no public switch, only this attribute.
+    session._retry_connection = False
+    return session
+
+
 class AiohttpEngine:
     """The default engine: aiohttp, one pooled ``ClientSession``, opened on first use in the
     running event loop (so construct it anywhere; use it in one loop).
@@ -269,47 +335,15 @@ class AiohttpEngine:
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
-        import aiohttp
-
-        resolver = None if self._guard is None else _guard_resolver(self._guard)
-        connector = _connector_class()(
+        self._session = aiohttp_session(
             limit=self._max_connections,
-            limit_per_host=0,
-            # With the guard, every new connection resolves and checks (no DNS cache):
-            # nothing connects to an address that was not checked for it.
-            use_dns_cache=self._guard is None,
-            resolver=resolver,
-            ssl=True,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=None,
-                sock_connect=self._connect_timeout,
-                sock_read=self._read_timeout if self._timed_reads else None,
-            ),
+            connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout if self._timed_reads else None,
+            guard=self._guard,
             # "identity" said out loud: without Accept-Encoding a server may use any coding
             # (RFC 9110 §12.5.3), and a compressed problem document would lose its type.
             headers={"User-Agent": _user_agent(), "Accept-Encoding": "identity"},
-            # aiohttp's defaults (8,190-byte lines and fields, 128 fields) refuse answers that
-            # other clients take; an answer over these is a protocol error (sent, unknown).
-            max_line_size=_MAX_HEADER_LINE,
-            max_field_size=_MAX_HEADER_LINE,
-            max_headers=_MAX_HEADER_FIELDS,
-            auto_decompress=False,
-            trust_env=False,
-            raise_for_status=False,
-            # No cookie jar: each job is its own request, and a Set-Cookie in one answer (an
-            # API's session, a webhook receiver's) must never ride along on the next job's
-            # request to that host — it may be another tenant's.
-            cookie_jar=aiohttp.DummyCookieJar(),
         )
-        # aiohttp re-sends PUT, DELETE (and GET, HEAD, OPTIONS, TRACE) once, by itself, when
-        # the connection breaks (ClientOSError, ServerDisconnectedError), on any connection:
-        # a second request per attempt, after the first may have committed. No retries
-        # inside (SPEC §5): there is no public switch, only this attribute.
-        self._session._retry_connection = False
         return self._session
 
     def _check_literal(self, url: str) -> None:

@@ -1937,30 +1937,34 @@ def test_a_cookie_one_answer_sets_is_never_sent_with_another_request(engine_kind
 
 
 def test_the_gateway_keeps_no_upstream_cookie_for_another_client() -> None:
-    """The gateway's one upstream client serves every caller: user A's ``Set-Cookie`` passes
+    """The gateway's one upstream pool serves every caller: user A's ``Set-Cookie`` passes
     to A (as a header) and is never added to B's request (a shared jar would hand B A's
     session)."""
+    from retrysafe._serving import ServerThread
     from retrysafe.server._gateway import ReverseProxy
 
-    seen: list[httpx.Request] = []
+    seen: list[str | None] = []
 
-    def upstream(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, headers={"set-cookie": "session=user-a; Path=/"}, text="ok")
+    async def upstream(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append(dict(scope["headers"]).get(b"cookie", b"").decode() or None)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"set-cookie", b"session=user-a; Path=/")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"ok"})
 
-    async def main() -> list[str]:
-        gateway = ReverseProxy("http://api.example")
-        client = gateway._get_client()
-        client._transport = httpx.MockTransport(upstream)
-        try:
-            first = await client.get("http://api.example/me")
-            await client.get("http://api.example/me")
-        finally:
-            await gateway.aclose()
-        return first.headers.get_list("set-cookie")
-
-    assert asyncio.run(main()) == ["session=user-a; Path=/"]
-    assert [r.headers.get("cookie") for r in seen] == [None, None]
+    with ServerThread(upstream) as up, ServerThread(
+        ReverseProxy(up.url.replace("127.0.0.1", "localhost"))  # a jar keeps no IP cookie
+    ) as gw:
+        first = httpx.get(gw.url + "/me")
+        httpx.get(gw.url + "/me")
+    assert first.headers.get_list("set-cookie") == ["session=user-a; Path=/"]
+    assert seen == [None, None]
 
 
 # ---------------------------------------------------------------------- the attempt's timeout

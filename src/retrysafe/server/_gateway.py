@@ -1,14 +1,19 @@
 """A reverse proxy ASGI app: the gateway forwards every request to one HTTP upstream.
 
 Wrapped in :class:`~retrysafe.server.IdempotencyMiddleware` it gives idempotency to a service
-nobody can modify, whatever its language. Request and response bodies stream through (httpx on
-the upstream side); hop-by-hop headers (RFC 9110 §7.6.1) are dropped; ``X-Forwarded-*`` are
-added. An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504``; both are
-5xx: when nothing reached the upstream (connection refused) the middleware releases the key
-and the client's retry runs again; when the request was sent and the answer never came (the
+nobody can modify, whatever its language. Request and response bodies stream through (aiohttp
+on the upstream side, as every client-side path of retrysafe sends: httpx's own pool made the
+gateway 0.07 x the upstream's rate on 3,000 small keyed POSTs); hop-by-hop headers (RFC 9110
+§7.6.1) are dropped; ``X-Forwarded-*`` are added; nothing else is added (no ``User-Agent``,
+``Accept`` or ``Accept-Encoding`` of the client library's own). A request body goes on framed
+as it came: with its ``Content-Length``, or chunked when the client chunked it.
+
+An unreachable upstream answers ``502 bad-gateway`` and a slow one ``504``; both are 5xx:
+when nothing reached the upstream (connection refused) the middleware releases the key and
+the client's retry runs again; when the request was sent and the answer never came (the
 total deadline passed, a reset), the outcome is unknown and the key stays claimed until its
-lease ends — except that an answer head merely slow is still awaited after the 504 (while the
-key is renewed) and recorded for the retry. A body that breaks off mid-answer ends the
+lease ends — except that an answer head merely slow is still awaited after the 504 (while
+the key is renewed) and recorded for the retry. A body that breaks off mid-answer ends the
 response unfinished (the server cuts the connection) and is logged as one line, never a
 traceback.
 """
@@ -16,17 +21,19 @@ traceback.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
-import httpx
 
 from retrysafe._exceptions import ConfigurationError
-from retrysafe._http import HOP_BY_HOP, drop_tracebacks, no_cookie_jar
+from retrysafe._http import HOP_BY_HOP, drop_tracebacks
+from retrysafe._wire import WireError, _as_sent, _from_aiohttp, _Stalled, aiohttp_session
 from retrysafe.client._jobs import _check_url, shown_url
 from retrysafe.core import Problem
 from retrysafe.server._outcome import (
@@ -37,10 +44,10 @@ from retrysafe.server._outcome import (
     mark_outcome_unknown,
 )
 
-__all__ = ["ReverseProxy", "validate_upstream"]
+if TYPE_CHECKING:
+    import aiohttp
 
-# Failures that prove the request never reached the upstream.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+__all__ = ["ReverseProxy", "validate_upstream"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,13 +56,27 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("retrysafe.gateway")
 
-#: Connections the gateway's own upstream client keeps (max_connections). Requests awaited
-#: past the timeout hold theirs; once all are taken, a new request waits for one and, when
-#: none frees within the timeout, is answered 502 as never sent (its key released).
+#: Connections the gateway's upstream pool keeps. Requests awaited past the timeout hold
+#: theirs; once all are taken, a new request waits for one at the gateway's own gate and,
+#: when none frees within the timeout, is answered 502 as never sent (its key released).
 _CONNECTIONS = 256
 
-# Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes.
-_HOP_BY_HOP = HOP_BY_HOP | {b"host"}
+# Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes (Host, from the
+# upstream's URL). ``Expect: 100-continue`` is answered here (the ASGI server sends the 100
+# when the body is read) and not passed on: aiohttp would hold the body back for an interim
+# answer many upstreams never send.
+_HOP_BY_HOP = HOP_BY_HOP | {b"host", b"expect"}
+
+#: Fields aiohttp adds to a request that lacks them; a proxy sends the client's own only
+#: (an ``Accept-Encoding: gzip`` of the proxy's would get a client that never asked for it a
+#: compressed answer). Host is always set (from the upstream's URL).
+_NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+#: The request on its way out, as the upstream pool's request class sees it (a context
+#: variable of the task that sends it): see :class:`_Sending`.
+_SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
+    "retrysafe_gateway_sending", default=None
+)
 
 
 def validate_upstream(url: str) -> str:
@@ -89,16 +110,17 @@ class ReverseProxy:
             request whose answer head has not come by then is answered 504 at once and its
             head still awaited while its key is renewed, so that the late answer is recorded
             (:meth:`_head`).
-        client: an ``httpx.AsyncClient`` to use (tests); by default one is created with
-            transport-level retries off, so retries happen in one layer only (SPEC §5).
+
+    The upstream side is one pooled aiohttp session (:func:`~retrysafe._wire.aiohttp_session`,
+    the outbox's): :data:`_CONNECTIONS` connections, no retries inside (SPEC §5), no
+    redirects, no cookie jar (cookies pass through as headers, both ways), answers passed on
+    as sent (never decompressed), answer heads and chunk framing capped as for the outbox.
 
     Raises:
         ConfigurationError: bad upstream URL or timeout <= 0.
     """
 
-    def __init__(
-        self, upstream: str, *, timeout: float = 30.0, client: httpx.AsyncClient | None = None
-    ) -> None:
+    def __init__(self, upstream: str, *, timeout: float = 30.0) -> None:
         if isinstance(timeout, bool) or not (
             isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
         ):
@@ -109,38 +131,22 @@ class ReverseProxy:
         self.upstream = validate_upstream(upstream)
         self._shown = shown_url(self.upstream)  # as logs show it: no credentials
         self._timeout = timeout
-        self._client = client
-        # Requests in flight to the upstream, at most the pool's connections (our own client
-        # only): the rest wait here, not in httpcore's queue, whose every pass compares each
-        # queued request with each connection (a burst of 300 slow requests made the
-        # gateway CPU-bound there). None with a client of one's own: its limits are its own.
+        self._session: aiohttp.ClientSession | None = None
+        # Requests in flight to the upstream, at most the pool's connections: the rest wait
+        # here, each bounded by the timeout, and one that waited it out was never sent.
         self._gate: anyio.Semaphore | None = None
 
-    def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _open(self) -> tuple[aiohttp.ClientSession, anyio.Semaphore]:
+        """The upstream session and the gate, opened in the running event loop on first use."""
+        if self._session is None or self._gate is None:
+            self._session = _session(self._timeout)
             self._gate = anyio.Semaphore(_CONNECTIONS)
-            self._client = httpx.AsyncClient(
-                # The pool's limits go to the transport: a client given its own transport
-                # ignores its `limits` (the pool was httpx's default 100, not 256).
-                transport=httpx.AsyncHTTPTransport(
-                    retries=0,
-                    limits=httpx.Limits(
-                        max_connections=_CONNECTIONS, max_keepalive_connections=64
-                    ),
-                ),
-                timeout=httpx.Timeout(self._timeout),
-                follow_redirects=False,
-                trust_env=False,
-                # Cookies pass through as headers, both ways; the client keeps none (a jar
-                # would add one user's session cookie to the next anonymous request).
-                cookies=no_cookie_jar(),
-            )
-        return self._client
+        return self._session, self._gate
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -185,24 +191,22 @@ class ReverseProxy:
                 headers.append((b"x-forwarded-host", v))
                 break
 
-        client = self._get_client()
-        gate = self._gate
-        if gate is None:
-            await self._exchange(client, scope, send, url, headers, receive)
-            return
+        session, gate = self._open()
         with anyio.move_on_after(self._timeout) as waited:
             await gate.acquire()
         if waited.cancelled_caught:  # every connection busy for the timeout: never sent
-            await self._unreachable(send, httpx.PoolTimeout("no upstream connection came free"))
+            await self._unreachable(
+                send, WireError("PoolTimeout", "no upstream connection came free", sent=False)
+            )
             return
         try:
-            await self._exchange(client, scope, send, url, headers, receive)
+            await self._exchange(session, scope, send, url, headers, receive)
         finally:
             gate.release()
 
     async def _exchange(
         self,
-        client: httpx.AsyncClient,
+        session: aiohttp.ClientSession,
         scope: Scope,
         send: Send,
         url: str,
@@ -217,23 +221,21 @@ class ReverseProxy:
                 extra={"upstream": self._shown},
             )
             return
-        # Under the middleware, a head slower than the timeout is still awaited (_head):
-        # no read of it may time out before the key's renewal does.
-        early = can_answer_early(scope)
-        request = client.build_request(
-            scope["method"], url, headers=headers, content=(body := _RequestBody(receive, first)),
-            timeout=httpx.Timeout(self._timeout, read=None) if early else httpx.USE_CLIENT_DEFAULT,
-        )  # fmt: skip
+        sending = _Sending()
+        try:
+            request = _request(session, scope["method"], url, headers, first, receive, sending)
+        except WireError as exc:  # a URL or header field the upstream side cannot send
+            await self._unreachable(send, exc)
+            return
         answered_early = False  # the client got its 504 while the upstream still worked
-        left_mid_body = False  # the client left before the end of its request body
-        response: httpx.Response | None = None
+        response: aiohttp.ClientResponse | None = None
+        complete = False  # the whole answer was read from the upstream
         started = False  # the answer's start went to the client
-        broke: BaseException | None = None
-        unreachable: BaseException | None = None
-        # One deadline for the whole exchange (httpx's own timeouts are per read), on the
-        # upstream's time only: it is stopped while the client takes the answer. A client
-        # that takes nothing for as long is stalled: nothing more is sent to it, and the
-        # middleware still records the whole answer for the retry (as if it had left).
+        broke: WireError | None = None
+        # One deadline for the whole exchange, on the upstream's time only: it is stopped
+        # while the client takes the answer. A client that takes nothing for as long is
+        # stalled: nothing more is sent to it, and the middleware still records the whole
+        # answer for the retry (as if it had left).
         stalled = False
         with anyio.move_on_after(self._timeout) as deadline:
 
@@ -259,67 +261,74 @@ class ReverseProxy:
                     deadline.deadline = anyio.current_time() + left
 
             try:
-                if early:
+                # Under the middleware, a head slower than the timeout is still awaited.
+                if can_answer_early(scope):
                     response, answered_early = await self._head(
-                        client, request, body, scope, deadline
+                        request, sending, scope, deadline
                     )
                 else:
-                    response = await client.send(request, stream=True)
-                if not 100 <= response.status_code <= 599:
+                    response = await request
+                if not 100 <= response.status <= 599:
                     # Three digits, so the parser took it; no HTTP status all the same (RFC
                     # 9110 §15), and the server could not send it on: a malformed answer.
-                    raise httpx.RemoteProtocolError(
-                        f"the upstream answered status {response.status_code}, which is "
-                        "no HTTP status (100-599)"
+                    raise WireError(
+                        "RemoteProtocolError",
+                        f"the upstream answered status {response.status}, which is no HTTP "
+                        "status (100-599)",
+                        sent=True,
                     )
                 out_headers = [
-                    (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP
+                    (k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP
                 ]
                 head: Message = {
                     "type": "http.response.start",
-                    "status": response.status_code,
+                    "status": response.status,
                     "headers": out_headers,
                 }
                 # The head leaves with the first bytes of the body (or its end): a body that
                 # breaks before any of it came is a 502, not a head the server must cut.
-                async for chunk in response.aiter_raw():
-                    if chunk:
-                        if not started:
-                            await to_client(head)
-                            started = True
-                        await to_client(
-                            {"type": "http.response.body", "body": chunk, "more_body": True}
-                        )
+                async for chunk in response.content.iter_any():
+                    if not started:
+                        await to_client(head)
+                        started = True
+                    await to_client(
+                        {"type": "http.response.body", "body": chunk, "more_body": True}
+                    )
+                complete = True
                 if not started:
                     await to_client(head)
                     started = True
             # Kept without their tracebacks (drop_tracebacks): this frame is in them, and
             # a local naming the error would make a cycle holding the frames' buffers.
-            except _ClientLeft:
-                left_mid_body = True
-            except _NOT_SENT as exc:
-                unreachable = drop_tracebacks(exc)
-            except httpx.HTTPError as exc:
+            except WireError as exc:
                 broke = drop_tracebacks(exc)
+            except _Stalled as exc:  # a body that broke HTTP's grammar in a later read
+                broke = drop_tracebacks(exc.take())
+            except _aiohttp_errors() as exc:
+                broke = _from_aiohttp(drop_tracebacks(exc))
             finally:
-                if response is None or broke is not None:
-                    _reclaim_orphans(client)  # a cancelled request's connection (see there)
                 if response is not None:
-                    with anyio.CancelScope(shield=True):
-                        await response.aclose()
+                    # A whole answer's connection goes back to the pool; any other is closed
+                    # (its request body may still be on its way: cut off, never completed).
+                    if complete:
+                        response.release()
+                    else:
+                        response.close()
         # Answers leave outside the deadline's scope: the last one records the key, and a
         # record must never be cancelled half-way.
-        if left_mid_body:  # cut off upstream, never complete: nobody is left to answer
+        if sending.left:  # cut off upstream, never complete: nobody is left to answer
             log.warning(
                 "client left mid-upload: the request was cut off upstream, never completed",
                 extra={"upstream": self._shown},
             )
             return
-        if unreachable is not None:
-            await self._unreachable(send, unreachable)
+        if broke is not None and not broke.sent:
+            await self._unreachable(send, broke)
             return
         if deadline.cancelled_caught:
-            broke = httpx.ReadTimeout(f"no complete answer within {self._timeout:g} s")
+            broke = WireError(
+                "ReadTimeout", f"no complete answer within {self._timeout:g} s", sent=True
+            )
         if broke is None:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
@@ -330,17 +339,17 @@ class ReverseProxy:
         if answered_early:  # the client has its 504; the key stays claimed (outcome unknown)
             log.warning(
                 "upstream outcome unknown: no complete answer while the key was renewed",
-                extra={"upstream": self._shown, "error": repr(broke)},
+                extra={"upstream": self._shown, "error": _shown_error(broke)},
             )
             return
         if not started:
-            timeout = isinstance(broke, httpx.TimeoutException)
+            timeout = broke.kind == "ReadTimeout"
             await _problem(
                 send,
                 Problem(
                     "gateway-timeout" if timeout else "bad-gateway",
                     504 if timeout else 502,
-                    f"no complete answer from the upstream ({type(broke).__name__}); it may "
+                    f"no complete answer from the upstream ({broke.kind}); it may "
                     "have acted on the request."
                     + (
                         " The key stays claimed while this gateway renews it (up to its "
@@ -354,31 +363,35 @@ class ReverseProxy:
             )
             log.warning(
                 "upstream outcome unknown",
-                extra={"upstream": self._shown, "error": repr(broke)},
+                extra={"upstream": self._shown, "error": _shown_error(broke)},
             )
             return
         # The answer broke off mid-body: returning without its end makes the server cut the
         # connection, so the client sees a broken answer (never a complete-looking one).
         log.warning(
             "upstream body broke off",
-            extra={"upstream": self._shown, "error": repr(broke)},
+            extra={"upstream": self._shown, "error": _shown_error(broke)},
         )
 
-    async def _unreachable(self, send: Send, error: BaseException) -> None:
+    async def _unreachable(self, send: Send, error: WireError) -> None:
         """Nothing reached the upstream: a plain 5xx, the key is released (SPEC §4)."""
-        await _problem(
-            send, Problem("bad-gateway", 502, f"upstream unreachable: {type(error).__name__}")
+        if error.kind == "UnsupportedProtocol":  # the request itself cannot go on
+            why = f"the request was not sent upstream: {error}"
+        else:
+            why = f"upstream unreachable: {error.kind}"
+        await _problem(send, Problem("bad-gateway", 502, why))
+        log.warning(
+            "upstream unreachable" if error.kind != "UnsupportedProtocol" else "request not sent",
+            extra={"upstream": self._shown, "error": _shown_error(error)},
         )
-        log.warning("upstream unreachable", extra={"upstream": self._shown, "error": repr(error)})
 
     async def _head(
         self,
-        client: httpx.AsyncClient,
-        request: httpx.Request,
-        body: _RequestBody,
+        request: Awaitable[aiohttp.ClientResponse],
+        sending: _Sending,
         scope: Scope,
         deadline: anyio.CancelScope,
-    ) -> tuple[httpx.Response, bool]:
+    ) -> tuple[aiohttp.ClientResponse, bool]:
         """The upstream's answer head, and whether the client was answered early.
 
         Under the idempotency middleware (:func:`~retrysafe.server._outcome.answer_early`):
@@ -389,31 +402,39 @@ class ReverseProxy:
         request again. ``deadline`` is moved to the end of the whole exchange: the timeout
         from the start, or the end of the renewal after an early answer.
 
-        A request that has not gone out by the timeout (``body`` never asked for: it waits
-        for a connection of the pool, or for its connect) is given no early answer: httpx's
-        own pool and connect timeouts (the same timeout) end it as never sent, so its key is
-        released (502), never held as if the upstream might have acted.
+        A request that has not gone out by the timeout (``sending.started`` unset: it is
+        still connecting) is given no early answer: the connect timeout (the same timeout)
+        ends it as never sent, so its key is released (502), never held as if the upstream
+        might have acted.
 
         Raises:
-            httpx.ReadTimeout: no head within the timeout and no early answer possible, or
-                none before the renewal ends.
-            httpx.HTTPError: what sending the request raised.
+            WireError: no head within the timeout and no early answer possible, or none
+                before the renewal ends (``ReadTimeout``, sent); still not sent after twice
+                the timeout (``ConnectTimeout``, not sent); what sending the request raised.
         """
         start = anyio.current_time()
         deadline.deadline = math.inf  # this wait is timed here
-        task = asyncio.ensure_future(client.send(request, stream=True))
+        # The task copies the context it is made in (Python 3.10 takes no context argument):
+        # this one, where _SENDING names this request.
+        context = contextvars.copy_context()
+        context.run(_SENDING.set, sending)
+        task: asyncio.Task[aiohttp.ClientResponse] = context.run(
+            asyncio.ensure_future, _await(request)
+        )
         answered = False
         try:
             await asyncio.wait((task,), timeout=self._timeout)
             end = start + self._timeout
-            if not task.done() and not body.started:
-                # Not sent yet (it waits for a pooled connection, or connects): httpx's own
-                # pool and connect timeouts, this timeout too, end it as never sent.
+            if not task.done() and not sending.started:
+                # Not sent yet (it connects): the connect timeout, this timeout too, ends it
+                # as never sent.
                 await asyncio.wait((task,), timeout=self._timeout)
-                if not task.done() and not body.started:
+                if not task.done() and not sending.started:
                     # Given up before any of it left: no await between this check and the
                     # cancel (finally), so it cannot start meanwhile.
-                    raise httpx.PoolTimeout("no connection to the upstream came in time")
+                    raise WireError(
+                        "ConnectTimeout", "no connection to the upstream came in time", sent=False
+                    )
             if not task.done():
                 problem = Problem(
                     "gateway-timeout",
@@ -428,7 +449,9 @@ class ReverseProxy:
                 )
                 left = await answer_early(scope, problem.status, *_encoded(problem))
                 if left is None:
-                    raise httpx.ReadTimeout(f"no answer head within {self._timeout:g} s")
+                    raise WireError(
+                        "ReadTimeout", f"no answer head within {self._timeout:g} s", sent=True
+                    )
                 answered = True
                 log.warning(
                     "upstream slow: the client got 504; the answer is awaited up to %g s more "
@@ -439,14 +462,15 @@ class ReverseProxy:
                 end = anyio.current_time() + left
                 await asyncio.wait((task,), timeout=left)
                 if not task.done():
-                    raise httpx.ReadTimeout(
-                        f"no answer head while the key was renewed ({left:g} s more)"
+                    raise WireError(
+                        "ReadTimeout",
+                        f"no answer head while the key was renewed ({left:g} s more)",
+                        sent=True,
                     )
             response = task.result()
         except BaseException:
             if task.done() and not task.cancelled() and task.exception() is None:
-                with anyio.CancelScope(shield=True):
-                    await task.result().aclose()
+                task.result().close()
             raise
         finally:
             if not task.done():
@@ -459,59 +483,113 @@ class ReverseProxy:
         return response, answered
 
 
-def _reclaim_orphans(client: httpx.AsyncClient) -> int:
-    """Drop from ``client``'s pool the connections cancelled requests left behind: made for
-    a request, never connected, owned by none. httpcore 1.0.9 keeps them for ever (neither
-    idle nor closed nor available) until every slot is taken and each request times out
-    waiting for one (encode/httpcore#1093); the gateway cancels upstream requests at its
-    deadlines and at shutdown. Returns how many; 0 where the pool is not httpcore's."""
-    pool = getattr(getattr(client, "_transport", None), "_pool", None)
-    connections = getattr(pool, "_connections", None)
-    requests = getattr(pool, "_requests", None)
-    if not isinstance(connections, list) or not isinstance(requests, list):
-        return 0
-    owned = {id(getattr(r, "connection", None)) for r in requests}
-    orphans = [
-        c
-        for c in connections
-        if id(c) not in owned
-        and getattr(c, "_connection", False) is None
-        and getattr(c, "_connect_failed", None) is False
-    ]
-    for connection in orphans:
-        connections.remove(connection)
-    return len(orphans)
+class _Sending:
+    """One request on its way upstream: ``started`` once the pool's request class began to
+    write it on a connection (before that, it waited for its connect and nothing of it can
+    have reached the upstream; see :func:`_session`); ``left`` once its client left before
+    the end of its body."""
+
+    __slots__ = ("left", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.left = False
+
+
+def _session(timeout: float) -> aiohttp.ClientSession:
+    """The upstream pool: :data:`_CONNECTIONS` connections, a connect bounded by
+    ``timeout``, reads bounded by the exchange's own deadline, nothing added to a request
+    (:data:`_NOT_ADDED`), and requests that say when they start to be written."""
+    return aiohttp_session(
+        limit=_CONNECTIONS,
+        connect_timeout=timeout,
+        read_timeout=None,
+        skip_auto_headers=_NOT_ADDED,
+        request_class=_marking_request_class(),
+    )
+
+
+@functools.cache
+def _marking_request_class() -> type[aiohttp.ClientRequest]:
+    """aiohttp's request class, marking the :data:`_SENDING` request ``started`` as it is
+    handed its connection, just before its head is written."""
+    import aiohttp
+
+    class Marking(aiohttp.ClientRequest):
+        async def send(self, conn: Any) -> aiohttp.ClientResponse:
+            sending = _SENDING.get()
+            if sending is not None:
+                sending.started = True
+            return await super().send(conn)
+
+    return Marking
+
+
+@functools.cache
+def _aiohttp_errors() -> type[aiohttp.ClientError]:
+    """aiohttp's error base class (imported on first use)."""
+    import aiohttp
+
+    return aiohttp.ClientError
+
+
+def _request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    headers: list[tuple[bytes, bytes]],
+    first: Message,
+    receive: Receive,
+    sending: _Sending,
+) -> Awaitable[aiohttp.ClientResponse]:
+    """The upstream request, not yet sent: its answer head when awaited. The body streams
+    from the client's ``first`` message on, framed as the client framed it: with its
+    ``Content-Length`` (kept in ``headers``), else chunked; an empty first message that is
+    also the last one is no body at all (aiohttp adds ``Content-Length: 0`` to a request
+    other than GET, HEAD, OPTIONS or TRACE that lacks one).
+
+    Raises:
+        WireError: ``UnsupportedProtocol`` (not sent): a header field that is not UTF-8 (the
+            upstream side writes fields as UTF-8, so another byte would change on the way)
+            or a URL that cannot be sent.
+    """
+    fields: list[tuple[str, str]] = []
+    for name, value in headers:
+        try:
+            fields.append((name.decode("ascii"), value.decode("utf-8")))
+        except UnicodeDecodeError:
+            raise WireError(
+                "UnsupportedProtocol",
+                f"the request's {name.decode('latin-1')!r} header field is neither ASCII nor "
+                "UTF-8: the gateway forwards only those",
+                sent=False,
+            ) from None
+    empty = not first.get("body") and not first.get("more_body", False)
+    data = None if empty else _body(first, receive, sending)
+    return session.request(
+        method, _as_sent(url), headers=fields, data=data, allow_redirects=False
+    )
+
+
+async def _await(request: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
+    return await request
+
+
+def _shown_error(error: WireError) -> str:
+    return f"{error.kind}: {error}"
 
 
 class _ClientLeft(Exception):
     """The client left before the end of its request body: the upstream must never get the
-    request as complete (httpcore then cuts the connection instead of ending the body)."""
+    request as complete (aiohttp then cuts the connection instead of ending the body)."""
 
 
-class _RequestBody:
-    """The client's request body as httpx streams it on, from its ``first`` message (read
-    before anything is sent). ``started`` once httpx asked for its first chunk, which it
-    does after writing the request head to the connection (httpcore sends the head, then
-    the body): before that, the request waited for a connection and nothing of it reached
-    the upstream."""
-
-    __slots__ = ("first", "receive", "started")
-
-    def __init__(self, receive: Receive, first: Message) -> None:
-        self.receive = receive
-        self.first = first
-        self.started = False
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        self.started = True
-        return _body(self.first, self.receive)
-
-
-async def _body(message: Message, receive: Receive) -> AsyncIterator[bytes]:
+async def _body(message: Message, receive: Receive, sending: _Sending) -> AsyncIterator[bytes]:
     """The body's chunks from ``message`` on; :class:`_ClientLeft` when the client leaves
     before its end (a shortened body must not reach the upstream as the whole one)."""
     while True:
         if message["type"] == "http.disconnect":
+            sending.left = True
             raise _ClientLeft("the client left before the end of its request body")
         chunk = message.get("body", b"")
         if chunk:
