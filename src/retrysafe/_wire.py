@@ -242,6 +242,7 @@ def aiohttp_session(
     headers: Mapping[str, str] | None = None,
     skip_auto_headers: Sequence[str] = (),
     request_class: type[aiohttp.ClientRequest] | None = None,
+    keepalive_timeout: float = 15.0,
 ) -> aiohttp.ClientSession:
     """A pooled aiohttp session as every client-side path of retrysafe sends with (the
     outbox's engine, the gateway's upstream side), opened in the running event loop: at most
@@ -252,7 +253,8 @@ def aiohttp_session(
     resolved and checked; no DNS cache then), answers read as sent (never decompressed), no
     redirects, no proxies or credentials from the environment, no cookie jar, and **no
     retries inside** (SPEC §5). ``headers`` go on every request; ``skip_auto_headers`` are
-    the fields aiohttp would otherwise add; ``request_class`` replaces aiohttp's own."""
+    the fields aiohttp would otherwise add; ``request_class`` replaces aiohttp's own; an idle
+    connection is kept ``keepalive_timeout`` seconds (aiohttp's default 15)."""
     import aiohttp
 
     resolver = None if guard is None else _guard_resolver(guard)
@@ -264,6 +266,7 @@ def aiohttp_session(
         use_dns_cache=guard is None,
         resolver=resolver,
         ssl=True,
+        keepalive_timeout=keepalive_timeout,
     )
     extra: dict[str, Any] = {}
     if request_class is not None:

@@ -61,6 +61,12 @@ log = logging.getLogger("retrysafe.gateway")
 #: when none frees within the timeout, is answered 502 as never sent (its key released).
 _CONNECTIONS = 256
 
+#: Seconds an idle upstream connection is kept for the next request: shorter than the idle
+#: timeouts of common servers (gunicorn 2 s; uvicorn, Node.js, Apache 5 s; aiohttp's default
+#: is 15 s). A request written to a connection the upstream is closing at that moment fails
+#: as possibly sent (the upstream may have read it): a 502 whose key stays claimed.
+_KEEPALIVE = 1.5
+
 # Hop-by-hop fields (RFC 9110 §7.6.1) and fields this proxy recomputes (Host, from the
 # upstream's URL). ``Expect: 100-continue`` is answered here (the ASGI server sends the 100
 # when the body is read) and not passed on: aiohttp would hold the body back for an interim
@@ -497,15 +503,17 @@ class _Sending:
 
 
 def _session(timeout: float) -> aiohttp.ClientSession:
-    """The upstream pool: :data:`_CONNECTIONS` connections, a connect bounded by
-    ``timeout``, reads bounded by the exchange's own deadline, nothing added to a request
-    (:data:`_NOT_ADDED`), and requests that say when they start to be written."""
+    """The upstream pool: :data:`_CONNECTIONS` connections kept idle :data:`_KEEPALIVE`
+    seconds, a connect bounded by ``timeout``, reads bounded by the exchange's own deadline,
+    nothing added to a request (:data:`_NOT_ADDED`), and requests that say when they start
+    to be written."""
     return aiohttp_session(
         limit=_CONNECTIONS,
         connect_timeout=timeout,
         read_timeout=None,
         skip_auto_headers=_NOT_ADDED,
         request_class=_marking_request_class(),
+        keepalive_timeout=_KEEPALIVE,
     )
 
 
