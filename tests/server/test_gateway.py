@@ -1135,7 +1135,9 @@ def test_no_middleware_no_early_answer(upstream: ServerThread, effects: Counter[
 
 
 # --------------------------------------------------------------------------- signals
-def _gateway_process(upstream: ServerThread, store: Path, port: int) -> subprocess.Popen[str]:
+def _gateway_process(
+    upstream: ServerThread | _RawUpstream, store: Path, port: int
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         _cli(
             "gateway", "--upstream", upstream.url, "--listen", f"127.0.0.1:{port}",
@@ -1385,6 +1387,7 @@ class _RawUpstream:
     ``100 Continue``."""
 
     def __init__(self) -> None:
+        self.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
         self.heads: list[bytes] = []
         self.bodies: list[bytes] = []
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -1425,7 +1428,7 @@ class _RawUpstream:
                     body = b""
                 self.heads.append(head)
                 self.bodies.append(body)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                conn.sendall(self.answer)
 
     def fields(self, n: int) -> dict[bytes, bytes]:
         """Request ``n``'s header fields, lower-cased names."""
@@ -1525,3 +1528,112 @@ def test_a_header_field_that_is_not_utf8_is_not_sent_and_its_key_released(
     assert len(raw_upstream.heads) == 1
     assert raw_upstream.fields(0)[b"x-name"] == "café".encode()
     store.close()
+
+
+def test_a_target_that_is_no_path_is_not_forwarded_anywhere(raw_upstream: _RawUpstream) -> None:
+    """A request target that is no path would name another server once joined to the
+    upstream's URL (helper-56: ``GET @127.0.0.1:P/secret`` went to port P, the client's
+    X-Api-Key with it): 400 not-forwarded, nothing sent anywhere. An absolute-form target
+    goes on by its path."""
+    elsewhere = _RawUpstream()
+    port = elsewhere.url.rsplit(":", 1)[1]
+    try:
+        with ServerThread(ReverseProxy(raw_upstream.url, timeout=5)) as gw:
+            answers = [
+                _raw(gw.url, b"GET @127.0.0.1:%s/secret HTTP/1.1\r\nHost: t\r\n"
+                     b"X-Api-Key: k\r\nConnection: close\r\n\r\n" % port.encode()),
+                _raw(gw.url, b"OPTIONS * HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
+                _raw(gw.url, b"GET 127.0.0.1:%s HTTP/1.1\r\nHost: t\r\nConnection: close"
+                     b"\r\n\r\n" % port.encode()),
+            ]  # fmt: skip
+            absolute = _raw(
+                gw.url,
+                b"GET http://elsewhere.example/abs/x?q=1 HTTP/1.1\r\nHost: t\r\n"
+                b"Connection: close\r\n\r\n",
+            )
+    finally:
+        elsewhere.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b"urn:retrysafe:problem:not-forwarded" in answer
+    assert absolute.startswith(b"HTTP/1.1 200"), absolute
+    assert elsewhere.heads == []
+    assert [h.split(b"\r\n")[0] for h in raw_upstream.heads] == [b"GET /abs/x?q=1 HTTP/1.1"]
+
+
+def test_a_path_reaches_the_upstream_as_sent(raw_upstream: _RawUpstream) -> None:
+    """Dot segments, doubled slashes and percent-encodings reach the upstream byte for byte
+    (helper-56: ``/ok/a/../b`` arrived as ``/ok/b``): the upstream resolves its own paths."""
+    targets = [b"/ok/a/../b", b"/ok/a/..", b"/../ok/x", b"/ok/%2e%2e/x", b"/a//b?x=%2F", b"/a/./b"]
+    with ServerThread(ReverseProxy(raw_upstream.url, timeout=5)) as gw:
+        for target in targets:
+            _raw(gw.url, b"GET %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n" % target)
+    sent = [h.split(b"\r\n")[0].split(b" ")[1] for h in raw_upstream.heads]
+    assert sent == targets
+
+
+def test_a_method_that_is_not_upper_case_is_not_forwarded(
+    raw_upstream: _RawUpstream, tmp_path: Path
+) -> None:
+    """``post`` is not ``POST`` (RFC 9110 §9.1): it escaped the middleware's POST and went
+    upstream upper-cased, an effect per retry (helper-56). Now 400 not-forwarded, nothing
+    sent; an upper-case method of any name goes on as it is."""
+    store = SQLiteStore(tmp_path / "case.db")
+    app = IdempotencyMiddleware(ReverseProxy(raw_upstream.url, timeout=5), store=store)
+    with ServerThread(app) as gw:
+        lower = [
+            _raw(gw.url, b"post /charge HTTP/1.1\r\nHost: t\r\nIdempotency-Key: low-1\r\n"
+                 b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+            for _ in range(2)
+        ]  # fmt: skip
+        purge = _raw(gw.url, b"PURGE /cache HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    for answer in lower:
+        assert answer.startswith(b"HTTP/1.1 400") and b"not-forwarded" in answer, answer
+    assert purge.startswith(b"HTTP/1.1 200"), purge
+    assert [h.split(b"\r\n")[0] for h in raw_upstream.heads] == [b"PURGE /cache HTTP/1.1"]
+    store.close()
+
+
+def test_fields_a_connection_field_names_are_not_passed_on(raw_upstream: _RawUpstream) -> None:
+    """A field named by a Connection field belongs to that connection (RFC 9110 §7.6.1),
+    both ways: the request's X-Hop does not reach the upstream, the answer's X-Secret does
+    not reach the client (helper-56: x-hop went on)."""
+    raw_upstream.answer = (
+        b"HTTP/1.1 200 OK\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nX-Kept: k\r\n"
+        b"Content-Length: 2\r\n\r\nok"
+    )
+    with ServerThread(ReverseProxy(raw_upstream.url, timeout=5)) as gw:
+        answer = _raw(
+            gw.url,
+            b"GET /h HTTP/1.1\r\nHost: t\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\n"
+            b"X-Other: o\r\n\r\n",
+        )
+    fields = raw_upstream.fields(0)
+    assert b"x-hop" not in fields and fields[b"x-other"] == b"o"
+    head = answer.split(b"\r\n\r\n")[0].lower()
+    assert b"x-secret" not in head and b"x-kept: k" in head
+
+
+def test_x_forwarded_for_keeps_the_chain_and_adds_the_peer(
+    raw_upstream: _RawUpstream, tmp_path: Path
+) -> None:
+    """``retrysafe gateway`` adds the peer it saw to the client's X-Forwarded-For, in one
+    field, and writes X-Forwarded-Proto and -Host itself: a local client's forwarding fields
+    were taken at face value and the real peer lost (helper-56: two fields of 1.2.3.4)."""
+    port = free_port()
+    proc = _gateway_process(raw_upstream, tmp_path / "xff.db", port)
+    try:
+        _raw(
+            f"http://127.0.0.1:{port}",
+            b"GET /f HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 1.2.3.4\r\n"
+            b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\nConnection: close\r\n\r\n",
+        )
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    lines = raw_upstream.heads[0].lower().split(b"\r\n")
+    assert [x for x in lines if x.startswith(b"x-forwarded-for:")] == [
+        b"x-forwarded-for: 1.2.3.4, 127.0.0.1"
+    ]
+    assert [x for x in lines if x.startswith(b"x-forwarded-proto:")] == [b"x-forwarded-proto: http"]
+    assert [x for x in lines if x.startswith(b"x-forwarded-host:")] == [b"x-forwarded-host: t"]

@@ -329,6 +329,9 @@ def gateway(
                         lifespan="on",
                         # The upstream's own Date header passes through.
                         date_header=False,
+                        # The peer is the peer: uvicorn would take a loopback client's
+                        # X-Forwarded-For as its address (the gateway adds the peer to it).
+                        proxy_headers=False,
                     )
                 )
                 if signals.received is None:

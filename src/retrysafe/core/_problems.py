@@ -25,6 +25,7 @@ _TITLES = {
     "replay-unavailable": "Stored response cannot be replayed",
     "bad-gateway": "Upstream unavailable",
     "gateway-timeout": "Upstream did not answer in time",
+    "not-forwarded": "The gateway does not forward this request",
     "server-stopped": "Server stopped while the request ran",
     "incomplete-body": "Request body ended early",
     "invalid-answer": "The handler's answer is not a valid HTTP response",

@@ -25,15 +25,17 @@ import contextvars
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
+from yarl import URL
 
 from retrysafe._exceptions import ConfigurationError
 from retrysafe._http import HOP_BY_HOP, drop_tracebacks
-from retrysafe._wire import WireError, _as_sent, _from_aiohttp, _Stalled, aiohttp_session
+from retrysafe._wire import WireError, _from_aiohttp, _Stalled, aiohttp_session
 from retrysafe.client._jobs import _check_url, shown_url
 from retrysafe.core import Problem
 from retrysafe.server._outcome import (
@@ -173,24 +175,40 @@ class ReverseProxy:
                 return
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("raw_path") or scope["path"].encode("utf-8")
-        if isinstance(path, bytes):
-            path = path.decode("latin-1")
+        path, refused = _target(scope)
+        if refused is None and scope["method"] != scope["method"].upper():
+            # aiohttp would send it upper-cased: a different method (RFC 9110 §9.1: names
+            # are case-sensitive), and `post` under a key would escape the middleware's POST.
+            refused = (
+                f"the method {scope['method']!r} is not upper-case; method names are "
+                "case-sensitive (RFC 9110 §9.1) and the gateway forwards upper-case ones only"
+            )
+        if refused is not None:
+            await _problem(send, Problem("not-forwarded", 400, refused))
+            log.warning("request not forwarded: %s", refused, extra={"upstream": self._shown})
+            return
         url = self.upstream + path
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         # A request framed by Transfer-Encoding has reached us de-chunked: a Content-Length
         # beside it is not the body's (RFC 9112 §6.3: the encoding wins, and a proxy must
-        # not send the length on), so the body goes on chunked.
-        drop = _HOP_BY_HOP
+        # not send the length on), so the body goes on chunked. The fields a Connection
+        # field names are that connection's only (RFC 9110 §7.6.1), and the forwarding
+        # fields are this proxy's to write.
+        drop = _connection_fields(scope["headers"]) | _FORWARDING
         if any(k.lower() == b"transfer-encoding" for k, _ in scope["headers"]):
-            drop = _HOP_BY_HOP | {b"content-length"}
+            drop |= {b"content-length"}
         headers: list[tuple[bytes, bytes]] = [
             (k, v) for k, v in scope["headers"] if k.lower() not in drop
         ]
+        # X-Forwarded-For goes on with this client's address added (as proxies do); the
+        # client's own X-Forwarded-Proto and -Host are replaced by what this hop saw.
+        chain = [v for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"]
         client_addr = scope.get("client")
         if client_addr:
-            headers.append((b"x-forwarded-for", str(client_addr[0]).encode("latin-1")))
+            chain.append(str(client_addr[0]).encode("latin-1"))
+        if chain:
+            headers.append((b"x-forwarded-for", b", ".join(chain)))
         headers.append((b"x-forwarded-proto", str(scope.get("scheme", "http")).encode("latin-1")))
         for k, v in scope["headers"]:
             if k == b"host":
@@ -283,8 +301,9 @@ class ReverseProxy:
                         "status (100-599)",
                         sent=True,
                     )
+                hop = _connection_fields(response.raw_headers)
                 out_headers = [
-                    (k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP
+                    (k, v) for k, v in response.raw_headers if k.lower() not in hop
                 ]
                 head: Message = {
                     "type": "http.response.start",
@@ -558,8 +577,7 @@ def _request(
 
     Raises:
         WireError: ``UnsupportedProtocol`` (not sent): a header field that is not UTF-8 (the
-            upstream side writes fields as UTF-8, so another byte would change on the way)
-            or a URL that cannot be sent.
+            upstream side writes fields as UTF-8, so another byte would change on the way).
     """
     fields: list[tuple[str, str]] = []
     for name, value in headers:
@@ -574,13 +592,53 @@ def _request(
             ) from None
     empty = not first.get("body") and not first.get("more_body", False)
     data = None if empty else _body(first, receive, sending)
+    # As received, byte for byte: yarl keeps an encoded URL's dot segments and escapes.
     return session.request(
-        method, _as_sent(url), headers=fields, data=data, allow_redirects=False
+        method, URL(url, encoded=True), headers=fields, data=data, allow_redirects=False
     )
 
 
 async def _await(request: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
     return await request
+
+
+#: The forwarding fields this proxy writes itself (the client's X-Forwarded-For is kept in
+#: the one it writes).
+_FORWARDING = frozenset({b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"})
+
+_ABSOLUTE = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
+
+
+def _target(scope: Scope) -> tuple[str, str | None]:
+    """The path to forward (the request target's, from its first ``/``, as received: dot
+    segments and percent-encodings kept), or why the request is not forwarded: a target
+    that is no path (``@host/x``, ``*``, ``host:port``) would name another server once
+    joined to the upstream's URL (``http://upstream:8000@host/x`` sends to ``host``). An
+    absolute-form target (RFC 9112 §3.2.2) goes on by its path (and query): this proxy has
+    one upstream."""
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+    if not raw.startswith(b"/"):
+        absolute = _ABSOLUTE.match(raw)
+        if absolute is None:
+            shown = raw[:100].decode("latin-1")
+            return "", (
+                f"the request target {shown!r} is not a path starting with '/' (origin "
+                "form, RFC 9112 §3.2.1): the gateway forwards paths only, to its one upstream"
+            )
+        raw = raw[absolute.end() :] or b"/"
+    if not raw.isascii():
+        return "", "the request target holds bytes that are not ASCII; it is not forwarded"
+    return raw.decode("ascii"), None
+
+
+def _connection_fields(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The fields not to pass on: hop-by-hop ones (RFC 9110 §7.6.1), Host and Expect
+    (:data:`_HOP_BY_HOP`), and every field a Connection field names, lower-case."""
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return _HOP_BY_HOP | named if named else _HOP_BY_HOP
 
 
 def _shown_error(error: WireError) -> str:
