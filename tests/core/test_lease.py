@@ -221,6 +221,30 @@ def test_unbounded_heartbeat_ignores_max_run_time() -> None:
     beat.stop()
 
 
+def test_progress_moves_max_run_time_on() -> None:
+    """progressed() (a body chunk reached the server) counts max_run_time from now: renewal
+    goes on past it from the start while the answer keeps moving, and stops once it has not
+    moved for max_run_time."""
+    clock = _Clock()
+    calls: list[float] = []
+    expired = threading.Event()
+    beat = Heartbeat(
+        _counting(calls), lease_timing(0.2, max_run_time=60), clock=clock, on_expired=expired.set
+    ).start()
+    for _ in range(3):  # 150 s from the start, the answer moving every 50 s
+        clock.now += 50
+        beat.progressed()
+    seen = len(calls)
+    _wait(lambda: len(calls) >= seen + 2)
+    assert not expired.is_set()
+    clock.now += 61  # no progress for longer than max_run_time: wedged after all
+    assert expired.wait(5)
+    beat.progressed()  # too late: renewal stays stopped
+    seen = len(calls)
+    _two_more_intervals(lease_timing(0.2))
+    assert len(calls) == seen
+
+
 @pytest.mark.anyio
 async def test_async_heartbeat_renews_on_the_loop_until_stopped() -> None:
     """The event-loop driver renews every interval and stops on stop()."""

@@ -1637,3 +1637,43 @@ def test_x_forwarded_for_keeps_the_chain_and_adds_the_peer(
     ]
     assert [x for x in lines if x.startswith(b"x-forwarded-proto:")] == [b"x-forwarded-proto: http"]
     assert [x for x in lines if x.startswith(b"x-forwarded-host:")] == [b"x-forwarded-host: t"]
+
+
+def test_a_client_reading_a_long_answer_slowly_keeps_its_key(
+    upstream: ServerThread, effects: Counter[str], tmp_path: Path
+) -> None:
+    """An answer that keeps moving to a slow client is no wedged request: renewal goes on
+    past max_run_time (1 s here, from the claim) while its body moves, so a retry meanwhile
+    gets 409 and one after it no second effect (helper-56: a 20 MB answer read at 1.3 MB/s,
+    the lease ran out mid-read and the retry ran the effect again)."""
+    store = SQLiteStore(tmp_path / "slow-read.db")
+    app = IdempotencyMiddleware(
+        ReverseProxy(upstream.url, timeout=1.0),
+        store=store, lease=0.6, heartbeat=0.2, max_run_time=1.0,
+        max_replay_size=32 * 1024 * 1024,
+    )  # fmt: skip
+    headers = {"Idempotency-Key": "slow-reader"}
+    with ServerThread(app) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            b"POST /big HTTP/1.1\r\nHost: t\r\nIdempotency-Key: slow-reader\r\n"
+            b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+        )
+        start, got, during = time.monotonic(), 0, None
+        with sock:
+            while chunk := sock.recv(32 * 1024):
+                got += len(chunk)
+                time.sleep(0.004)  # a few MB/s: some 5 s for 16 MiB
+                if during is None and time.monotonic() - start > 2.5:  # past run time + lease
+                    retry = httpx.post(gw.url + "/big", content=b"{}", headers=headers)
+                    during = retry.status_code
+        took = time.monotonic() - start
+        after = httpx.post(gw.url + "/big", content=b"{}", headers=headers)
+    assert took > 2.5 and during == 409, (took, during)
+    assert got > 16 * 1024 * 1024
+    assert after.status_code == 200 and after.headers["idempotent-replayed"] == "true"
+    assert effects["big"] == 1
+    store.close()

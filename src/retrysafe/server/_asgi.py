@@ -340,6 +340,7 @@ class _Responder(Claimant):
                     self.held.append(message)  # completes the declared body: wait for the record
                 else:
                     await self._forward(message)
+                    self.beat.progressed()  # the answer moves: max_run_time counts from now
                 return
             capture.complete = True
             self.held.append(message)

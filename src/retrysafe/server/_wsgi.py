@@ -356,6 +356,7 @@ class _Response:
                     run.start_out()
                     yield from held
                     held = []
+                    run.beat.progressed()  # the answer moves: max_run_time counts from now
                 held.append(chunk)
         except GeneratorExit:
             raise
