@@ -50,19 +50,30 @@ def endpoint(status: int = 201) -> Iterator[str]:
     code = _SERVER.replace("{port}", str(port)).replace("{status}", str(status))
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("the benchmark endpoint did not start") from None
-                time.sleep(0.05)
+        wait_listening(port, proc, "the benchmark endpoint", within=15)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def wait_listening(
+    port: int, proc: subprocess.Popen[bytes], what: str, *, within: float = 30
+) -> None:
+    """Wait until ``proc`` listens on 127.0.0.1:``port``.
+
+    Raises:
+        SystemExit: ``proc`` exited, or did not listen within ``within`` seconds.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{what} did not start") from None
+            time.sleep(0.05)
 
 
 async def _loop(n: int, concurrency: int, post: object) -> float:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 from benchmarks._args import positive_int
-from benchmarks._wire import endpoint
+from benchmarks._wire import endpoint, wait_listening
 from benchmarks.instructions import _baseline_tree, check_revision
 from retrysafe._serving import free_port
 
@@ -84,15 +83,7 @@ def _gateway(upstream: str, db: Path, src: Path | None) -> Iterator[str]:
         env=env, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the gateway did not start") from None
-                time.sleep(0.05)
+        wait_listening(port, proc, "the gateway")
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
