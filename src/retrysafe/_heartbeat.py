@@ -26,8 +26,8 @@ Both call ``renew()`` about every ``timing.heartbeat`` seconds (monotonic time) 
   on at the next beat (a store hiccup must not give the claim away while the lease lasts).
 * While ``bounded``, renewal stops once ``timing.keeps_renewing(started, clock())`` is false
   (the work ran past ``max_run_time``: a wedged claimant) and ``on_expired()`` runs once; the
-  lease then runs out. :meth:`progressed` moves ``started`` to now: an answer that is moving
-  to the client (a streamed body) is not wedged. Set ``bounded = False`` when the work
+  lease then runs out. Time the work spent waiting for its client is not counted
+  (:meth:`excuse`). Set ``bounded = False`` when the work
   itself is over and only its result is still being recorded.
 
 A renewal that finishes after :meth:`stop` is ignored, whatever it returned.
@@ -124,14 +124,15 @@ class _Base(Generic[_R]):
         self.on_lost = self.on_expired = _nothing
         self.on_error = _ignore
 
-    def progressed(self) -> None:
-        """The work's answer moved on (a body chunk reached the server): ``max_run_time``
-        counts from now. An answer that keeps moving to a slow client is no wedged claimant;
-        cut off at ``max_run_time`` from the start, its key ran out of lease while the client
-        still read, and a retry ran the effect again (helper-56: a 20 MB answer read at
-        1.3 MB/s). A no-op once renewal has stopped."""
-        if not self.stopped:
-            self.started = self.clock()
+    def excuse(self, seconds: float) -> None:
+        """The work waited ``seconds`` for its client (a send of its answer held back by a
+        slow reader): not counted toward ``max_run_time``, which bounds the work's own time.
+        An answer that is done but moves slowly to its client is no wedged claimant; cut off
+        at ``max_run_time`` from the start, its key ran out of lease while the client still
+        read, and a retry ran the effect again (helper-56: a 20 MB answer read at 1.3 MB/s).
+        A no-op once renewal has stopped."""
+        if not self.stopped and seconds > 0:
+            self.started += seconds
 
     def _before(self) -> bool:
         """Whether to renew now: not past ``max_run_time`` while bounded (else say so once)."""

@@ -221,25 +221,25 @@ def test_unbounded_heartbeat_ignores_max_run_time() -> None:
     beat.stop()
 
 
-def test_progress_moves_max_run_time_on() -> None:
-    """progressed() (a body chunk reached the server) counts max_run_time from now: renewal
-    goes on past it from the start while the answer keeps moving, and stops once it has not
-    moved for max_run_time."""
+def test_time_waiting_for_the_client_is_not_counted() -> None:
+    """excuse(seconds) (the answer's send waited for a slow reader) keeps max_run_time to
+    the work's own time: renewal goes on past it from the start while the waits are
+    excused, and stops once the work's own time passes it."""
     clock = _Clock()
     calls: list[float] = []
     expired = threading.Event()
     beat = Heartbeat(
         _counting(calls), lease_timing(0.2, max_run_time=60), clock=clock, on_expired=expired.set
     ).start()
-    for _ in range(3):  # 150 s from the start, the answer moving every 50 s
+    for _ in range(3):  # 150 s from the start: 10 s of work and 40 s of waiting, three times
         clock.now += 50
-        beat.progressed()
+        beat.excuse(40)
     seen = len(calls)
     _wait(lambda: len(calls) >= seen + 2)
     assert not expired.is_set()
-    clock.now += 61  # no progress for longer than max_run_time: wedged after all
+    clock.now += 31  # 61 s of the work's own time
     assert expired.wait(5)
-    beat.progressed()  # too late: renewal stays stopped
+    beat.excuse(100)  # too late: renewal stays stopped
     seen = len(calls)
     _two_more_intervals(lease_timing(0.2))
     assert len(calls) == seen

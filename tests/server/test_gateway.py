@@ -1467,7 +1467,9 @@ def test_the_gateway_adds_no_header_field_of_its_own(raw_upstream: _RawUpstream)
         answer = _raw(gw.url, b"GET /plain HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200"), answer
     fields = raw_upstream.fields(0)
-    assert set(fields) == {b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"}
+    assert set(fields) == {
+        b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"
+    }
 
 
 def test_a_request_body_goes_on_framed_as_it_came(raw_upstream: _RawUpstream) -> None:
@@ -1545,6 +1547,10 @@ def test_a_target_that_is_no_path_is_not_forwarded_anywhere(raw_upstream: _RawUp
                 _raw(gw.url, b"OPTIONS * HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
                 _raw(gw.url, b"GET 127.0.0.1:%s HTTP/1.1\r\nHost: t\r\nConnection: close"
                      b"\r\n\r\n" % port.encode()),
+                # aiohttp sends CONNECT to the authority it names (helper-57: /m went up as
+                # the upstream's host:port, and the server broke on the switched protocol).
+                _raw(gw.url, b"CONNECT /m HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+                     b"Connection: close\r\n\r\nz"),
             ]  # fmt: skip
             absolute = _raw(
                 gw.url,
@@ -1608,8 +1614,17 @@ def test_fields_a_connection_field_names_are_not_passed_on(raw_upstream: _RawUps
             b"GET /h HTTP/1.1\r\nHost: t\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\n"
             b"X-Other: o\r\n\r\n",
         )
+        _raw(
+            gw.url,
+            b"POST /n HTTP/1.1\r\nHost: t\r\nConnection: close, Content-Length, Host\r\n"
+            b"Content-Length: 2\r\n\r\n{}",
+        )
     fields = raw_upstream.fields(0)
     assert b"x-hop" not in fields and fields[b"x-other"] == b"o"
+    # Framing and route are no connection options (helper-57: the body went chunked).
+    named = raw_upstream.fields(1)
+    assert named[b"content-length"] == b"2" and b"transfer-encoding" not in named
+    assert raw_upstream.bodies[1] == b"{}"
     head = answer.split(b"\r\n\r\n")[0].lower()
     assert b"x-secret" not in head and b"x-kept: k" in head
 
@@ -1619,14 +1634,16 @@ def test_x_forwarded_for_keeps_the_chain_and_adds_the_peer(
 ) -> None:
     """``retrysafe gateway`` adds the peer it saw to the client's X-Forwarded-For, in one
     field, and writes X-Forwarded-Proto and -Host itself: a local client's forwarding fields
-    were taken at face value and the real peer lost (helper-56: two fields of 1.2.3.4)."""
+    were taken at face value and the real peer lost (helper-56: two fields of 1.2.3.4), and
+    a client's Forwarded went on as the client wrote it (helper-57): this hop is added."""
     port = free_port()
     proc = _gateway_process(raw_upstream, tmp_path / "xff.db", port)
     try:
         _raw(
             f"http://127.0.0.1:{port}",
             b"GET /f HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 1.2.3.4\r\n"
-            b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\nConnection: close\r\n\r\n",
+            b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\nForwarded: for=1.1.1.1\r\n"
+            b"Connection: close\r\n\r\n",
         )
     finally:
         proc.terminate()
@@ -1637,6 +1654,9 @@ def test_x_forwarded_for_keeps_the_chain_and_adds_the_peer(
     ]
     assert [x for x in lines if x.startswith(b"x-forwarded-proto:")] == [b"x-forwarded-proto: http"]
     assert [x for x in lines if x.startswith(b"x-forwarded-host:")] == [b"x-forwarded-host: t"]
+    assert [x for x in lines if x.startswith(b"forwarded:")] == [
+        b"forwarded: for=1.1.1.1, for=127.0.0.1;proto=http;host=t"
+    ]
 
 
 def test_a_client_reading_a_long_answer_slowly_keeps_its_key(
@@ -1677,3 +1697,36 @@ def test_a_client_reading_a_long_answer_slowly_keeps_its_key(
     assert after.status_code == 200 and after.headers["idempotent-replayed"] == "true"
     assert effects["big"] == 1
     store.close()
+
+
+def test_an_endless_answer_is_still_bounded_by_max_run_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Time waiting for the client is not counted, but the app's own is: an answer that
+    streams without end to a client that takes it at once stops being renewed at
+    max_run_time (helper-57: a first form counted from each chunk, and a 1-byte-a-second
+    stream held its key for ever)."""
+
+    async def drip(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(60):  # 6 s, a byte every 0.1 s
+            await asyncio.sleep(0.1)
+            await send({"type": "http.response.body", "body": b".", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    store = SQLiteStore(tmp_path / "drip.db")
+    app = IdempotencyMiddleware(drip, store=store, lease=0.6, heartbeat=0.2, max_run_time=1.0)
+    caplog.set_level("WARNING", logger="retrysafe")
+    with ServerThread(app) as server, httpx.stream(
+        "POST", server.url + "/drip", content=b"{}", headers={"Idempotency-Key": "drip"}
+    ) as answer:
+        start = time.monotonic()
+        for _ in answer.iter_bytes():
+            if time.monotonic() - start > 2.0:
+                break
+    assert [r for r in caplog.records if getattr(r, "decision", None) == "max-run-time"]
+    store.close()
+

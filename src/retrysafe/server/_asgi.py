@@ -339,8 +339,10 @@ class _Responder(Claimant):
                 if 0 <= self.length <= capture.size:
                     self.held.append(message)  # completes the declared body: wait for the record
                 else:
+                    beat = self.beat
+                    began = beat.clock()
                     await self._forward(message)
-                    self.beat.progressed()  # the answer moves: max_run_time counts from now
+                    beat.excuse(beat.clock() - began)  # the client's time, not the app's
                 return
             capture.complete = True
             self.held.append(message)

@@ -1021,7 +1021,8 @@ class Engine:
             level=logging.WARNING,
             claim=req.claim,
             detail="the effect may have happened; the key stays claimed (renewed while this "
-            "process runs, up to max_run_time from its claim), then its lease runs out",
+            "process runs, up to max_run_time of the handler's own time), then its lease runs "
+            "out",
             **fields,
         )
 

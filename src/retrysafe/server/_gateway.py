@@ -176,6 +176,9 @@ class ReverseProxy:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, refused = _target(scope)
+        if refused is None and scope["method"].upper() == "CONNECT":
+            # A tunnel to the authority it names: the upstream side would send it there.
+            refused = "CONNECT (a tunnel) is not forwarded: the gateway forwards requests only"
         if refused is None and scope["method"] != scope["method"].upper():
             # aiohttp would send it upper-cased: a different method (RFC 9110 §9.1: names
             # are case-sensitive), and `post` under a key would escape the middleware's POST.
@@ -195,25 +198,40 @@ class ReverseProxy:
         # not send the length on), so the body goes on chunked. The fields a Connection
         # field names are that connection's only (RFC 9110 §7.6.1), and the forwarding
         # fields are this proxy's to write.
-        drop = _connection_fields(scope["headers"]) | _FORWARDING
+        dropped = _connection_fields(scope["headers"])
         if any(k.lower() == b"transfer-encoding" for k, _ in scope["headers"]):
-            drop |= {b"content-length"}
-        headers: list[tuple[bytes, bytes]] = [
-            (k, v) for k, v in scope["headers"] if k.lower() not in drop
-        ]
-        # X-Forwarded-For goes on with this client's address added (as proxies do); the
-        # client's own X-Forwarded-Proto and -Host are replaced by what this hop saw.
-        chain = [v for k, v in scope["headers"] if k.lower() == b"x-forwarded-for"]
+            dropped |= {b"content-length"}
+        headers: list[tuple[bytes, bytes]] = []
+        # X-Forwarded-For and Forwarded go on with this hop added to the client's chain (as
+        # proxies do); the client's own X-Forwarded-Proto and -Host are replaced by what
+        # this hop saw.
+        chain: list[bytes] = []
+        elements: list[bytes] = []
+        host = b""
+        for k, v in scope["headers"]:
+            name = k.lower()
+            if name == b"host" and not host:
+                host = v
+            if name in dropped:
+                continue
+            if name == b"x-forwarded-for":
+                chain.append(v)
+            elif name == b"forwarded":
+                elements.append(v)
+            elif name not in _FORWARDING:
+                headers.append((k, v))
+        scheme = str(scope.get("scheme", "http")).encode("latin-1")
         client_addr = scope.get("client")
-        if client_addr:
-            chain.append(str(client_addr[0]).encode("latin-1"))
+        peer = str(client_addr[0]).encode("latin-1") if client_addr else b""
+        if peer:
+            chain.append(peer)
         if chain:
             headers.append((b"x-forwarded-for", b", ".join(chain)))
-        headers.append((b"x-forwarded-proto", str(scope.get("scheme", "http")).encode("latin-1")))
-        for k, v in scope["headers"]:
-            if k == b"host":
-                headers.append((b"x-forwarded-host", v))
-                break
+        elements.append(_forwarded_element(peer, scheme, host))
+        headers.append((b"forwarded", b", ".join(elements)))
+        headers.append((b"x-forwarded-proto", scheme))
+        if host:
+            headers.append((b"x-forwarded-host", host))
 
         session, gate = self._open()
         with anyio.move_on_after(self._timeout) as waited:
@@ -602,9 +620,35 @@ async def _await(request: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientRe
     return await request
 
 
-#: The forwarding fields this proxy writes itself (the client's X-Forwarded-For is kept in
-#: the one it writes).
-_FORWARDING = frozenset({b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"})
+#: The forwarding fields this proxy writes itself (the client's X-Forwarded-For and
+#: Forwarded are kept in the ones it writes, this hop added).
+_FORWARDING = frozenset(
+    {b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"}
+)
+
+#: Fields no Connection field can make hop-by-hop here: the body's framing (dropping
+#: Content-Length would send the body chunked) and the route (RFC 9110 §7.6.1: a field meant
+#: for every recipient is no connection option).
+_NOT_CONNECTION_OPTIONS = frozenset({b"content-length", b"transfer-encoding", b"host"})
+
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _forwarded_element(peer: bytes, scheme: bytes, host: bytes) -> bytes:
+    """This hop's element of a Forwarded field (RFC 7239 §4): ``for`` the peer (an IPv6
+    address bracketed, quoted), ``proto`` and ``host`` as seen here; a value that is no
+    token is a quoted string."""
+
+    def value(v: bytes) -> bytes:
+        if _TOKEN.fullmatch(v):
+            return v
+        return b'"' + v.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+
+    node = b"[" + peer + b"]" if b":" in peer else peer
+    parts = [b"for=" + value(node or b"unknown"), b"proto=" + value(scheme)]
+    if host:
+        parts.append(b"host=" + value(host))
+    return b";".join(parts)
 
 _ABSOLUTE = re.compile(rb"[A-Za-z][A-Za-z0-9+.-]*://[^/]*")
 
@@ -633,11 +677,13 @@ def _target(scope: Scope) -> tuple[str, str | None]:
 
 def _connection_fields(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
     """The fields not to pass on: hop-by-hop ones (RFC 9110 §7.6.1), Host and Expect
-    (:data:`_HOP_BY_HOP`), and every field a Connection field names, lower-case."""
+    (:data:`_HOP_BY_HOP`), and every field a Connection field names but those of
+    :data:`_NOT_CONNECTION_OPTIONS`, lower-case."""
     named: set[bytes] = set()
     for name, value in headers:
         if name.lower() == b"connection":
             named.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    named -= _NOT_CONNECTION_OPTIONS
     return _HOP_BY_HOP | named if named else _HOP_BY_HOP
 
 

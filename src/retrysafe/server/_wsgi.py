@@ -354,9 +354,11 @@ class _Response:
                 capture.add(chunk)
                 if held and not 0 <= run.length <= capture.size:
                     run.start_out()
-                    yield from held
+                    beat = run.beat
+                    began = beat.clock()
+                    yield from held  # the server writes them to the client meanwhile
+                    beat.excuse(beat.clock() - began)  # the client's time, not the app's
                     held = []
-                    run.beat.progressed()  # the answer moves: max_run_time counts from now
                 held.append(chunk)
         except GeneratorExit:
             raise
