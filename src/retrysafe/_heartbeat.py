@@ -26,8 +26,8 @@ Both call ``renew()`` about every ``timing.heartbeat`` seconds (monotonic time) 
   on at the next beat (a store hiccup must not give the claim away while the lease lasts).
 * While ``bounded``, renewal stops once ``timing.keeps_renewing(started, clock())`` is false
   (the work ran past ``max_run_time``: a wedged claimant) and ``on_expired()`` runs once; the
-  lease then runs out. Time the work spent waiting for its client is not counted
-  (:meth:`excuse`). Set ``bounded = False`` when the work
+  lease then runs out. Time the work spends waiting for its client is not counted
+  (:meth:`wait_begins`). Set ``bounded = False`` when the work
   itself is over and only its result is still being recorded.
 
 A renewal that finishes after :meth:`stop` is ignored, whatever it returned.
@@ -90,6 +90,7 @@ class _Base(Generic[_R]):
         "started",
         "stopped",
         "timing",
+        "waiting_since",
     )
 
     def __init__(
@@ -111,6 +112,7 @@ class _Base(Generic[_R]):
         self.on_expired = on_expired
         self.on_error = on_error
         self.bounded = True
+        self.waiting_since: float | None = None  # on ``clock``: a wait for the client
         self.stopped = False
         self.busy = False  # a renewal is in flight
         self.due = 0.0  # monotonic time of the next renewal
@@ -124,21 +126,35 @@ class _Base(Generic[_R]):
         self.on_lost = self.on_expired = _nothing
         self.on_error = _ignore
 
-    def excuse(self, seconds: float) -> None:
-        """The work waited ``seconds`` for its client (a send of its answer held back by a
-        slow reader): not counted toward ``max_run_time``, which bounds the work's own time.
-        An answer that is done but moves slowly to its client is no wedged claimant; cut off
-        at ``max_run_time`` from the start, its key ran out of lease while the client still
-        read, and a retry ran the effect again (helper-56: a 20 MB answer read at 1.3 MB/s).
-        A no-op once renewal has stopped."""
-        if not self.stopped and seconds > 0:
-            self.started += seconds
+    def wait_begins(self) -> None:
+        """The work waits for its client from now (a send of its answer, held back by a slow
+        or paused reader) until :meth:`wait_ends`: that time, the current wait's included,
+        is not counted toward ``max_run_time``, which bounds the work's own time. An answer
+        that is done but moves slowly to its client is no wedged claimant: cut off at
+        ``max_run_time`` from the start, its key ran out of lease while the client still read
+        and a retry ran the effect again (helper-56: a 20 MB answer read at 1.3 MB/s; helper-58:
+        one send waiting longer than ``max_run_time`` for a client that paused). A client that
+        never reads again holds its own key while its connection lasts."""
+        self.waiting_since = self.clock()
+
+    def wait_ends(self) -> None:
+        """The wait :meth:`wait_begins` started is over; its time is left out of the run."""
+        since, self.waiting_since = self.waiting_since, None
+        if since is not None and not self.stopped:
+            self.started += max(0.0, self.clock() - since)
+
+    def _run_start(self) -> float:
+        """``started`` moved on by the wait in progress, if any (not the work's time)."""
+        since = self.waiting_since
+        if since is None:
+            return self.started
+        return self.started + max(0.0, self.clock() - since)
 
     def _before(self) -> bool:
         """Whether to renew now: not past ``max_run_time`` while bounded (else say so once)."""
         if self.stopped:
             return False
-        if self.bounded and not self.timing.keeps_renewing(self.started, self.clock()):
+        if self.bounded and not self.timing.keeps_renewing(self._run_start(), self.clock()):
             self.stopped = True
             self.on_expired()
             return False

@@ -222,24 +222,28 @@ def test_unbounded_heartbeat_ignores_max_run_time() -> None:
 
 
 def test_time_waiting_for_the_client_is_not_counted() -> None:
-    """excuse(seconds) (the answer's send waited for a slow reader) keeps max_run_time to
-    the work's own time: renewal goes on past it from the start while the waits are
-    excused, and stops once the work's own time passes it."""
+    """A wait for the client (wait_begins .. wait_ends: a send held back by a slow reader)
+    is left out of max_run_time, the one in progress too: renewal goes on past max_run_time
+    from the start while the waits last, and stops once the work's own time passes it."""
     clock = _Clock()
     calls: list[float] = []
     expired = threading.Event()
     beat = Heartbeat(
         _counting(calls), lease_timing(0.2, max_run_time=60), clock=clock, on_expired=expired.set
     ).start()
-    for _ in range(3):  # 150 s from the start: 10 s of work and 40 s of waiting, three times
-        clock.now += 50
-        beat.excuse(40)
+    for _ in range(3):  # 10 s of work, then a 40-s wait, three times: 150 s from the start
+        clock.now += 10
+        beat.wait_begins()
+        clock.now += 40
+        beat.wait_ends()
+    beat.wait_begins()  # a client that pauses for longer than max_run_time in one wait
+    clock.now += 500
     seen = len(calls)
     _wait(lambda: len(calls) >= seen + 2)
     assert not expired.is_set()
-    clock.now += 31  # 61 s of the work's own time
+    beat.wait_ends()
+    clock.now += 31  # the work's own time reaches 61 s
     assert expired.wait(5)
-    beat.excuse(100)  # too late: renewal stays stopped
     seen = len(calls)
     _two_more_intervals(lease_timing(0.2))
     assert len(calls) == seen

@@ -371,6 +371,26 @@ def test_a_renewal_beside_a_pending_record_says_no_lease_lost(
     assert [getattr(r, "decision", "") for r in caplog.records] == ["lease-lost"]
 
 
+def test_a_renewal_beside_the_record_says_no_lease_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once the response ended, its record tells what happened to the key: a renewal that
+    went out just before it and found the key completed by it logs no ``lease-lost`` ERROR
+    (helper-58: both lines for one stored key, PostgreSQL under load)."""
+    from retrysafe.server._engine import Claimant, RequestState
+
+    engine = IdempotencyMiddleware(_noop_app, store=MemoryStore())._engine
+    caplog.set_level(logging.WARNING, logger="retrysafe.server")
+    req = RequestState("POST", "/x", "k" * 64, "f" * 64, time.perf_counter())
+    claimant = Claimant(engine, MemoryStore(), req, None)
+    claimant.end()
+    claimant.lease_lost()
+    assert [r for r in caplog.records if getattr(r, "decision", "") == "lease-lost"] == []
+    claimant.finalized = False  # still running: a real take-over, said loudly
+    claimant.lease_lost()
+    assert [getattr(r, "decision", "") for r in caplog.records] == ["lease-lost"]
+
+
 async def _noop_app(scope: Any, receive: Any, send: Any) -> None:
     return None
 

@@ -340,9 +340,11 @@ class _Responder(Claimant):
                     self.held.append(message)  # completes the declared body: wait for the record
                 else:
                     beat = self.beat
-                    began = beat.clock()
-                    await self._forward(message)
-                    beat.excuse(beat.clock() - began)  # the client's time, not the app's
+                    beat.wait_begins()  # the client's time, not the app's
+                    try:
+                        await self._forward(message)
+                    finally:
+                        beat.wait_ends()
                 return
             capture.complete = True
             self.held.append(message)

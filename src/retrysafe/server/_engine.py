@@ -299,7 +299,11 @@ class Claimant:
         return effect is not None and bool(effect.holds_write_lock)
 
     def lease_lost(self) -> None:
-        self.engine.lease_lost(self.req)
+        # After the response's end the record decides: a renewal that went out just before
+        # it finds the key completed by it (helper-58: `lease-lost` and `stored` in the same
+        # millisecond, PostgreSQL under load); a real take-over makes the record `fenced`.
+        if not self.finalized:
+            self.engine.lease_lost(self.req)
 
     def run_time_exceeded(self) -> None:
         self.engine.run_time_exceeded(self.req)

@@ -355,9 +355,11 @@ class _Response:
                 if held and not 0 <= run.length <= capture.size:
                     run.start_out()
                     beat = run.beat
-                    began = beat.clock()
-                    yield from held  # the server writes them to the client meanwhile
-                    beat.excuse(beat.clock() - began)  # the client's time, not the app's
+                    beat.wait_begins()  # the client's time, not the app's
+                    try:
+                        yield from held  # the server writes them to the client meanwhile
+                    finally:
+                        beat.wait_ends()
                     held = []
                 held.append(chunk)
         except GeneratorExit:
