@@ -244,7 +244,12 @@ class _Run(Claimant):
         self.capture.add(data)
         self.start_out()
         assert self._write is not None, "write() called before start_response()"
-        return self._write(data)
+        beat = self.beat
+        beat.wait_begins()  # the server writes it to the client: the client's time
+        try:
+            return self._write(data)
+        finally:
+            beat.wait_ends()
 
     def answer_instead(self, answer: Answer) -> bytes:
         """Replace the unsent answer with ``answer`` (its status line and headers go to the

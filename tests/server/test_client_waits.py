@@ -1,0 +1,81 @@
+"""max_run_time counts the handler's own time: a paused client's waits are left out, on
+every way an answer leaves (ASGI sends, WSGI iterables, WSGI's legacy ``write()``)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from retrysafe.server import WSGIIdempotencyMiddleware
+from retrysafe.stores import SQLiteStore
+
+from .harness import WSGIServerThread
+
+_CHUNKS, _SIZE = 40, 200_000  # 8 MB, more than the sockets' buffers hold
+
+
+def _paused_read(url: str, key: bytes, pause: float, during: Callable[[], int]) -> tuple[int, int]:
+    """POST with ``key`` on a socket with a small receive buffer, read 100 kB, pause
+    ``pause`` seconds (connection open), call ``during``, read the rest; returns the bytes
+    read and what ``during`` returned."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(
+        b"POST /x HTTP/1.1\r\nHost: t\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n{}" % key
+    )
+    with sock:
+        got = 0
+        while got < 100_000:
+            got += len(sock.recv(65536))
+        time.sleep(pause)
+        status = during()
+        while chunk := sock.recv(1 << 20):
+            got += len(chunk)
+    return got, status
+
+
+def test_a_wsgi_write_waiting_for_a_paused_client_is_not_the_handlers_time(
+    tmp_path: Path,
+) -> None:
+    """An app that answers through the legacy ``write()`` callable, its own time 0.4 s, to a
+    client that pauses 2.5 s (past max_run_time 1 s and the lease after it): the key keeps
+    being renewed, a retry meanwhile gets 409, the app runs once (helper-59: write()'s waits
+    were counted, the retry ran the app again and the first answer was fenced)."""
+    effects: Counter[str] = Counter()
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        effects["x"] += 1
+        write = start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        for _ in range(_CHUNKS):
+            time.sleep(0.01)
+            write(b"w" * _SIZE)
+        return []
+
+    store = SQLiteStore(tmp_path / "write.db")
+    wrapped = WSGIIdempotencyMiddleware(
+        app, store=store, lease=0.6, heartbeat=0.2, max_run_time=1.0,
+        max_replay_size=16 * 1024 * 1024,
+    )  # fmt: skip
+    headers = {"Idempotency-Key": "writes"}
+    with WSGIServerThread(wrapped) as server:
+
+        def retry() -> int:
+            return httpx.post(server.url + "/x", content=b"{}", headers=headers).status_code
+
+        got, during = _paused_read(server.url, b"writes", 2.5, retry)
+        after = httpx.post(server.url + "/x", content=b"{}", headers=headers)
+    assert during == 409, during
+    assert got > _CHUNKS * _SIZE
+    assert after.status_code == 200 and after.headers["idempotent-replayed"] == "true"
+    assert effects["x"] == 1
+    store.close()
