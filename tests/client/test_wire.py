@@ -1783,8 +1783,11 @@ def body_then_trailer_flood(conn: Conn, request: Request) -> None:
 @pytest.mark.parametrize(
     ("handler", "why"),
     [
-        (trailer_flood, "without any body"),
-        (body_then_trailer_flood, "without any body"),
+        # A trailer flood is refused by either rule: the body-less run's, or the framing
+        # rule's when the first read held the last chunk and trailers together (the body
+        # grew in that read, so its trailers count as framing; a CI run saw it once).
+        (trailer_flood, "without any body|framing"),
+        (body_then_trailer_flood, "without any body|framing"),
         (tiny_chunks, "framing"),
         (sixteen_byte_chunks, "framing"),
         (six_byte_chunks, "framing"),
@@ -1803,7 +1806,7 @@ def test_framing_past_the_cap_and_more_than_the_body_is_refused(
     error = send(server.url + "/bad", read_timeout=5, warm=server.url + "/warm", measure=peak)
     assert isinstance(error, WireError), f"an answer, status {error.status}"
     assert (error.kind, error.sent) == ("RemoteProtocolError", True), error
-    assert why in str(error), error  # not the read timeout
+    assert any(w in str(error) for w in why.split("|")), error  # not the read timeout
     assert peak[0] < 8 * MB, f"peak {peak[0] / MB:.1f} MB"
 
 
