@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from retrysafe import StoreUnavailableError
 from retrysafe.server import WSGIIdempotencyMiddleware
 from retrysafe.stores import SQLiteStore
 
@@ -77,5 +78,44 @@ def test_a_wsgi_write_waiting_for_a_paused_client_is_not_the_handlers_time(
     assert during == 409, during
     assert got > _CHUNKS * _SIZE
     assert after.status_code == 200 and after.headers["idempotent-replayed"] == "true"
+    assert effects["x"] == 1
+    store.close()
+
+
+def test_write_bytes_completing_a_content_length_wait_for_the_record(tmp_path: Path) -> None:
+    """An app that declares a Content-Length and writes its body with ``write()``: the bytes
+    that complete it wait for the record, so when the record cannot land the client gets a
+    cut answer, never the whole one (they all went out at once; helper-59 saw a fenced
+    answer arrive complete)."""
+    effects: Counter[str] = Counter()
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        effects["x"] += 1
+        write = start_response("200 OK", [("Content-Length", "200000")])
+        write(b"a" * 100_000)
+        write(b"b" * 100_000)
+        return []
+
+    store = SQLiteStore(tmp_path / "cl.db")
+    wrapped = WSGIIdempotencyMiddleware(app, store=store)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("the store is down", store="test")
+
+    store.complete = down  # type: ignore[method-assign]
+    with WSGIServerThread(wrapped) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"POST /x HTTP/1.1\r\nHost: t\r\nIdempotency-Key: cl\r\n"
+                b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+            )
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert len(body) < 200_000 and b"b" not in body
     assert effects["x"] == 1
     store.close()

@@ -214,7 +214,15 @@ def _status_code(status: object) -> int:
 class _Run(Claimant):
     """Per-request state of a handler that runs under a claimed key; renews its lease."""
 
-    __slots__ = ("_start_response", "_write", "beat", "head", "length", "started_out")
+    __slots__ = (
+        "_start_response",
+        "_write",
+        "beat",
+        "head",
+        "held",
+        "length",
+        "started_out",
+    )
 
     def __init__(
         self,
@@ -230,6 +238,7 @@ class _Run(Claimant):
         self.head: tuple[str, list[tuple[str, str]], ExcInfo | None] | None = None
         self.started_out = False  # the server's start_response was called
         self.length = -1  # the declared Content-Length, or -1
+        self.held: list[bytes] = []  # write()s that complete that length: after the record
         self.beat: Heartbeat = self.heartbeat(Heartbeat, self._renew)
 
     def start_out(self) -> None:
@@ -240,8 +249,14 @@ class _Run(Claimant):
             self._write = self._start_response(status, headers, exc_info)
 
     def write(self, data: bytes) -> object:
-        """The legacy ``write()`` callable: captured, and it sends the headers first."""
+        """The legacy ``write()`` callable: captured, and it sends the headers first. Bytes
+        that complete a declared Content-Length wait for the record, as the iterable's do
+        (SPEC §3 "Record before answer": they went out at once, so a client got the whole
+        answer of a key whose record then failed)."""
         self.capture.add(data)
+        if 0 <= self.length <= self.capture.size:
+            self.held.append(data)  # buffered for transmission (PEP 3333), after the record
+            return None
         self.start_out()
         assert self._write is not None, "write() called before start_response()"
         beat = self.beat
@@ -351,8 +366,10 @@ class _Response:
         run = self._run
         capture = run.capture
         # Chunks waiting for the record: always the latest one (a one-chunk look-ahead, so a
-        # one-chunk answer can still be replaced), and all that complete a Content-Length.
-        held: list[bytes] = []
+        # one-chunk answer can still be replaced), and all that complete a Content-Length
+        # (write()'s among them).
+        held: list[bytes] = run.held
+        run.held = []
         it = self._it = iter(self._result)
         try:
             for chunk in it:
