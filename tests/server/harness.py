@@ -9,6 +9,7 @@ effects their handlers perform, so a test can assert how often a handler really 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections import Counter
@@ -328,6 +329,24 @@ def flask_app(effects: Effects) -> Any:
 class _QuietHandler(WSGIRequestHandler):
     def log_request(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+def keyed_post(
+    url: str, key: bytes, *, path: bytes = b"/x", rcvbuf: int | None = None
+) -> socket.socket:
+    """A socket to the server at ``url`` that has sent ``POST path`` with Idempotency-Key
+    ``key`` and the body ``{}`` (``Connection: close``), its receive buffer ``rcvbuf`` bytes
+    when given (a small one makes a slow reader's pauses reach the server at once)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((host, int(port)))
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: t\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n{}" % (path, key)
+    )
+    return sock
 
 
 class WSGIServerThread:

@@ -36,6 +36,8 @@ from retrysafe.server import IdempotencyMiddleware
 from retrysafe.server._gateway import ReverseProxy
 from retrysafe.stores import SQLiteStore
 
+from .harness import keyed_post
+
 
 def _upstream(effects: Counter[str]) -> Starlette:
     async def posts(request: Request) -> Response:
@@ -1674,14 +1676,7 @@ def test_a_client_reading_a_long_answer_slowly_keeps_its_key(
     )  # fmt: skip
     headers = {"Idempotency-Key": "slow-reader"}
     with ServerThread(app) as gw:
-        host, port = gw.url.removeprefix("http://").split(":")
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-        sock.connect((host, int(port)))
-        sock.sendall(
-            b"POST /big HTTP/1.1\r\nHost: t\r\nIdempotency-Key: slow-reader\r\n"
-            b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
-        )
+        sock = keyed_post(gw.url, b"slow-reader", path=b"/big", rcvbuf=16 * 1024)
         start, got, during = time.monotonic(), 0, None
         with sock:
             while chunk := sock.recv(32 * 1024):
@@ -1731,52 +1726,3 @@ def test_an_endless_answer_is_still_bounded_by_max_run_time(
     store.close()
 
 
-
-def test_a_client_that_pauses_longer_than_max_run_time_keeps_its_key(
-    tmp_path: Path,
-) -> None:
-    """One send of the answer that waits longer than max_run_time for a client that paused
-    (connection open) is the client's time, not the handler's: the key keeps being renewed,
-    a retry meanwhile gets 409 and the handler runs once (helper-58: the wait in progress
-    was counted, and the retry ran the handler again, under ASGI and WSGI alike)."""
-    effects: Counter[str] = Counter()
-
-    async def big(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        await receive()
-        effects["big"] += 1
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        for _ in range(256):  # 16 MiB, more than the sockets' buffers hold
-            await send({"type": "http.response.body", "body": b"b" * 65536, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-
-    store = SQLiteStore(tmp_path / "pause.db")
-    app = IdempotencyMiddleware(
-        big, store=store, lease=0.6, heartbeat=0.2, max_run_time=1.0,
-        max_replay_size=32 * 1024 * 1024,
-    )  # fmt: skip
-    headers = {"Idempotency-Key": "pauses"}
-    with ServerThread(app) as server:
-        host, port = server.url.removeprefix("http://").split(":")
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        sock.connect((host, int(port)))
-        sock.sendall(
-            b"POST /big HTTP/1.1\r\nHost: t\r\nIdempotency-Key: pauses\r\n"
-            b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
-        )
-        with sock:
-            got = 0
-            while got < 1024 * 1024:
-                got += len(sock.recv(65536))
-            time.sleep(2.5)  # paused, past max_run_time and the lease after it
-            during = httpx.post(server.url + "/big", content=b"{}", headers=headers)
-            while chunk := sock.recv(1024 * 1024):
-                got += len(chunk)
-        after = httpx.post(server.url + "/big", content=b"{}", headers=headers)
-    assert during.status_code == 409, during.status_code
-    assert got > 16 * 1024 * 1024
-    assert after.status_code == 200 and after.headers["idempotent-replayed"] == "true"
-    assert effects["big"] == 1
-    store.close()
